@@ -1,0 +1,7 @@
+"""``python -m pipeopt`` runs the command line."""
+
+import sys
+
+from pipeopt.cli import main
+
+sys.exit(main())

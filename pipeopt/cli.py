@@ -1,0 +1,201 @@
+"""The ``pipeopt`` command line: parse, call the API, print. No scheduling logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pipeopt.config import ConfigError, load_config
+from pipeopt.io import dump_schedule, load_schedule
+from pipeopt.problem import ProblemError
+from pipeopt.schedule import Schedule
+from pipeopt.schedules import NotApplicable
+from pipeopt.simulate import ScheduleError, retime
+from pipeopt.solvers import Progress, UnknownMethod, compare, solve
+
+#: Errors caused by the user's input: one clear line and exit status 2, never a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ScheduleError, ProblemError,
+                                            NotApplicable, UnknownMethod)
+
+EXAMPLES = {
+    "solve": "pipeopt solve examples/uniform.yaml --method cpsat --time-limit 30 -o out.json",
+    "simulate": "pipeopt simulate out.json",
+    "compare": "pipeopt compare examples/cross_dc.yaml",
+}
+
+#: Extra subcommands contributed by other modules: name -> (module, function that adds the
+#: subparser). Kept as names so that `pipeopt --help` imports nothing heavy.
+PLUGINS: dict[str, tuple[str, str]] = {}
+
+
+def _fmt_bytes(x: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:g}"
+
+
+def _fmt(x: float | None, digits: int = 6) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def print_summary(s: Schedule, out: Any = None) -> None:
+    """A short human summary of one schedule."""
+    out = out or sys.stdout
+    gap = s.gap
+    print(f"method        {s.method}", file=out)
+    print(f"status        {s.solver.status}"
+          + (f" (lower bound {_fmt(s.lower_bound)}, gap {gap:.2%})" if gap is not None else ""),
+          file=out)
+    print(f"makespan      {_fmt(s.makespan)} s", file=out)
+    if s.iteration_time != s.makespan:
+        print(f"iteration     {_fmt(s.iteration_time)} s (with gradient reduction)", file=out)
+    print(f"bubble ratio  {s.bubble_ratio:.2%}", file=out)
+    print("peak memory   " + ", ".join(_fmt_bytes(x) for x in s.peak_memory), file=out)
+    print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
+
+
+def _progress_printer(quiet: bool) -> Callable[[Progress], None] | None:
+    if quiet or not sys.stderr.isatty():
+        return None
+
+    def show(p: Progress) -> None:
+        gap = p.gap
+        sys.stderr.write(f"\r  {p.elapsed:7.1f}s  best {_fmt(p.objective)}  bound "
+                         f"{_fmt(p.bound)}  gap {'-' if gap is None else f'{gap:.2%}'}   ")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
+                      seed=args.seed, objective=args.objective)
+    sc = cfg.solver
+    progress = _progress_printer(args.quiet or args.json)
+    sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
+                  objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
+                  resolution=sc.resolution, on_progress=progress, log=args.verbose)
+    if progress is not None:
+        sys.stderr.write("\n")
+    if args.output:
+        dump_schedule(sched, args.output)
+    if args.json:
+        print(json.dumps(sched.summary()))
+    else:
+        print_summary(sched)
+        if args.output:
+            print(f"written       {args.output}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    sched = load_schedule(args.schedule)
+    again = retime(sched)
+    if args.json:
+        print(json.dumps({"valid": True, **sched.summary(),
+                          "resimulated_makespan": again.makespan}))
+    else:
+        print(f"{args.schedule}: valid")
+        print_summary(sched)
+        print(f"re-simulated  {_fmt(again.makespan)} s (same device orders, earliest starts)")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, time_limit=args.time_limit)
+    names = args.methods.split(",") if args.methods else None
+    rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit, seed=cfg.solver.seed,
+                   objective=cfg.solver.objective)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows]))
+        return 0
+    head = ["method", "makespan", "vs best", "bubble", "peak mem (max)", "fits", "status"]
+    table = [head]
+    for r in rows:
+        if r.schedule is None:
+            table.append([r.method, "-", "-", "-", "-", "-", f"n/a: {r.error}"])
+            continue
+        s = r.schedule
+        table.append([r.method, _fmt(s.makespan), f"{r.ratio:.3f}", f"{s.bubble_ratio:.1%}",
+                      _fmt_bytes(max(s.peak_memory)), "yes" if r.fits else "no",
+                      s.solver.status])
+    widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
+    for i, row in enumerate(table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    if args.plot:
+        from pipeopt.plot import plot_compare  # type: ignore[import-not-found]
+
+        plot_compare([r.schedule for r in rows if r.schedule is not None], args.plot)
+        print(f"written {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipeopt", description="Schedule search for pipeline-parallel training.",
+        epilog="Example: " + EXAMPLES["solve"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=help_,
+                              epilog="Example: " + EXAMPLES.get(name, f"pipeopt {name} --help"))
+
+    p = add("solve", "Find a schedule for a config and write it as JSON.")
+    p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form)")
+    p.add_argument("--method", help="override solver.method (auto, cpsat, greedy, 1f1b, ...)")
+    p.add_argument("--time-limit", type=float, help="override solver.time_limit (seconds)")
+    p.add_argument("--seed", type=int, help="override solver.seed")
+    p.add_argument("--objective", choices=["makespan", "span"], help="override solver.objective")
+    p.add_argument("-o", "--output", help="write the schedule JSON here (atomically)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on the terminal")
+    p.add_argument("-v", "--verbose", action="store_true", help="log solver details")
+    p.set_defaults(func=cmd_solve)
+
+    p = add("simulate", "Validate a schedule JSON file and re-simulate its device orders.")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_simulate)
+
+    p = add("compare", "Run every applicable method on a config and rank them.")
+    p.add_argument("config")
+    p.add_argument("--methods", help="comma-separated method names (default: all)")
+    p.add_argument("--time-limit", type=float, help="time limit per search method (seconds)")
+    p.add_argument("--plot", help="also draw the schedules side by side into this PNG")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=cmd_compare)
+
+    import importlib
+
+    for _name, (module, func) in PLUGINS.items():
+        getattr(importlib.import_module(module), func)(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pipeopt``; returns the exit status (2 for bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as exc:
+        print(f"pipeopt: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pipeopt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+

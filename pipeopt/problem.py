@@ -1,0 +1,383 @@
+"""The immutable problem instance every solver takes.
+
+A :class:`Problem` is fully resolved: every per-stage, per-device and per-link value is spelled
+out, so solvers, the simulator and the validator never have to interpret config shorthands.
+Times are in seconds and memory in bytes (any consistent units work).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from typing import Any, Literal, NamedTuple
+
+Kind = Literal["F", "B", "W"]
+Placement = Literal["loop", "vshape"]
+KINDS: tuple[Kind, ...] = ("F", "B", "W")
+
+
+class ProblemError(ValueError):
+    """A problem instance that cannot exist (the message names the field and the reason)."""
+
+
+class Op(NamedTuple):
+    """One operation: ``kind`` of global ``stage`` on ``microbatch``.
+
+    ``kind`` is ``F`` (forward), ``B`` (backward for inputs, or the whole backward when the
+    problem does not split it) or ``W`` (backward for weights).
+    """
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        # The compact form of torch.distributed.pipelining: stage, kind, micro-batch.
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+def stage_device_map(devices: int, virtual_stages: int, placement: str) -> tuple[int, ...]:
+    """Device of every global stage for a placement (``loop``: k % p; ``vshape``: a V)."""
+    p, v = devices, virtual_stages
+    if placement == "loop":
+        return tuple(k % p for k in range(p * v))
+    if placement == "vshape":
+        # Chunk c runs down the devices when c is even and back up when it is odd, so the
+        # V's tip (stages p-1 and p) stays on the last device, as in ZB-V.
+        out = []
+        for k in range(p * v):
+            c, r = divmod(k, p)
+            out.append(r if c % 2 == 0 else p - 1 - r)
+        return tuple(out)
+    raise ProblemError(f"placement: must be 'loop' or 'vshape', got {placement!r}")
+
+
+def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = False,
+            positive: bool = False) -> tuple[float, ...]:
+    vals = tuple(float(x) for x in values)
+    if len(vals) != n:
+        raise ProblemError(f"{name}: expected {n} values, got {len(vals)}")
+    for i, x in enumerate(vals):
+        if math.isnan(x) or (math.isinf(x) and not allow_inf):
+            raise ProblemError(f"{name}[{i}]: must be a finite number, got {x}")
+        if x < 0 or (positive and x == 0):
+            rel = "> 0" if positive else ">= 0"
+            raise ProblemError(f"{name}[{i}]: must be {rel}, got {x}")
+    return vals
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A pipeline scheduling instance.
+
+    Per-stage tuples have ``stages = devices * virtual_stages`` entries; per-device tuples have
+    ``devices`` entries; ``latency`` and ``bandwidth`` are ``devices x devices`` matrices (seconds,
+    bytes/s) between any two devices; ``message_size`` has one entry per stage boundary
+    (``stages - 1``; bytes of the activation sent from stage k to k+1 and of the gradient sent
+    back). ``grad_reduce`` is a per-stage data-parallel gradient reduction (seconds on the
+    network, after the stage's last W), counted in :attr:`iteration time` but not in the makespan.
+    """
+
+    devices: int
+    microbatches: int
+    forward: tuple[float, ...]
+    backward_input: tuple[float, ...]
+    backward_weight: tuple[float, ...]
+    virtual_stages: int = 1
+    placement: Placement = "loop"
+    split_backward: bool = True
+    activation_memory: tuple[float, ...] = ()
+    weight_grad_memory: tuple[float, ...] = ()
+    latency: tuple[tuple[float, ...], ...] = ()
+    bandwidth: tuple[tuple[float, ...], ...] = ()
+    message_size: tuple[float, ...] = ()
+    memory_limit: tuple[float | None, ...] = ()
+    static_memory: tuple[float, ...] = ()
+    grad_reduce: tuple[float, ...] = ()
+    meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        p, m, v = self.devices, self.microbatches, self.virtual_stages
+        for name, val in (("devices", p), ("microbatches", m), ("virtual_stages", v)):
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise ProblemError(f"{name}: must be an integer >= 1, got {val!r}")
+        if self.placement not in ("loop", "vshape"):
+            raise ProblemError(f"placement: must be 'loop' or 'vshape', got {self.placement!r}")
+        s = p * v
+        set_ = object.__setattr__
+        set_(self, "forward", _floats("forward", self.forward, s))
+        set_(self, "backward_input", _floats("backward_input", self.backward_input, s))
+        set_(self, "backward_weight", _floats("backward_weight", self.backward_weight, s))
+        act = self.activation_memory or (0.0,) * s
+        set_(self, "activation_memory", _floats("activation_memory", act, s))
+        wgm = self.weight_grad_memory or self.activation_memory
+        set_(self, "weight_grad_memory", _floats("weight_grad_memory", wgm, s))
+        for k, (a, w) in enumerate(zip(self.activation_memory, self.weight_grad_memory,
+                                       strict=True)):
+            if w > a:
+                raise ProblemError(
+                    f"weight_grad_memory[{k}]: must be <= activation_memory[{k}] ({a}), got {w}")
+        lat = self.latency or tuple((0.0,) * p for _ in range(p))
+        bw = self.bandwidth or tuple((math.inf,) * p for _ in range(p))
+        set_(self, "latency", _matrix("latency", lat, p, allow_inf=False))
+        set_(self, "bandwidth", _matrix("bandwidth", bw, p, allow_inf=True, positive=True))
+        msg = self.message_size or (0.0,) * (s - 1)
+        set_(self, "message_size", _floats("message_size", msg, s - 1))
+        static = self.static_memory or (0.0,) * p
+        set_(self, "static_memory", _floats("static_memory", static, p))
+        limit = self.memory_limit or (None,) * p
+        if len(limit) != p:
+            raise ProblemError(f"memory_limit: expected {p} values, got {len(limit)}")
+        lim: list[float | None] = []
+        for i, x in enumerate(limit):
+            if x is None or (isinstance(x, float) and math.isinf(x)):
+                lim.append(None)
+                continue
+            x = float(x)
+            if math.isnan(x) or x < 0:
+                raise ProblemError(f"memory_limit[{i}]: must be >= 0 or null, got {x}")
+            lim.append(x)
+        set_(self, "memory_limit", tuple(lim))
+        red = self.grad_reduce or (0.0,) * s
+        set_(self, "grad_reduce", _floats("grad_reduce", red, s))
+        if not isinstance(self.meta, tuple):
+            set_(self, "meta", tuple(dict(self.meta).items()))
+
+    # ----- derived structure ---------------------------------------------------------------
+    @property
+    def stages(self) -> int:
+        """Number of global stages ``devices * virtual_stages``."""
+        return self.devices * self.virtual_stages
+
+    @cached_property
+    def stage_device(self) -> tuple[int, ...]:
+        """Device of each global stage."""
+        return stage_device_map(self.devices, self.virtual_stages, self.placement)
+
+    @cached_property
+    def device_stages(self) -> tuple[tuple[int, ...], ...]:
+        """Stages held by each device, in increasing stage order."""
+        out: list[list[int]] = [[] for _ in range(self.devices)]
+        for k, d in enumerate(self.stage_device):
+            out[d].append(k)
+        return tuple(tuple(x) for x in out)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Op kinds of this problem: F, B, W, or F, B when the backward is fused."""
+        return ("F", "B", "W") if self.split_backward else ("F", "B")
+
+    def duration(self, op: Op) -> float:
+        """Duration of ``op`` in seconds."""
+        k = op.stage
+        if op.kind == "F":
+            return self.forward[k]
+        if op.kind == "B":
+            if self.split_backward:
+                return self.backward_input[k]
+            return self.backward_input[k] + self.backward_weight[k]
+        if op.kind == "W":
+            return self.backward_weight[k]
+        raise ProblemError(f"unknown op kind {op.kind!r}")
+
+    @cached_property
+    def durations(self) -> dict[str, tuple[float, ...]]:
+        """Per-stage duration of each op kind (seconds)."""
+        if self.split_backward:
+            return {"F": self.forward, "B": self.backward_input, "W": self.backward_weight}
+        fused = tuple(b + w for b, w in zip(self.backward_input, self.backward_weight,
+                                            strict=True))
+        return {"F": self.forward, "B": fused}
+
+    def ops(self) -> Iterator[Op]:
+        """Every op of the problem exactly once."""
+        for kind in self.kinds:
+            for k in range(self.stages):
+                for j in range(self.microbatches):
+                    yield Op(kind, k, j)
+
+    @property
+    def num_ops(self) -> int:
+        """Number of ops (``len(kinds) * stages * microbatches``)."""
+        return len(self.kinds) * self.stages * self.microbatches
+
+    def device_work(self, device: int) -> float:
+        """Total busy time of ``device`` over one iteration (seconds)."""
+        per_mb = sum(self.forward[k] + self.backward_input[k] + self.backward_weight[k]
+                     for k in self.device_stages[device])
+        return per_mb * self.microbatches
+
+    # ----- links ---------------------------------------------------------------------------
+    def transfer(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
+        """(transmission seconds, latency seconds) of one message between two adjacent stages.
+
+        The transmission occupies the directed link between the two devices; the latency is a
+        pure delay after it. Both are 0 when the stages share a device.
+        """
+        a, b = self.stage_device[src_stage], self.stage_device[dst_stage]
+        if a == b:
+            return 0.0, 0.0
+        size = self.message_size[min(src_stage, dst_stage)]
+        bw = self.bandwidth[a][b]
+        tx = 0.0 if size == 0 or math.isinf(bw) else size / bw
+        return tx, self.latency[a][b]
+
+    def delay(self, src_stage: int, dst_stage: int) -> float:
+        """Delay of one message between adjacent stages on an idle link (seconds)."""
+        tx, lat = self.transfer(src_stage, dst_stage)
+        return tx + lat
+
+    @cached_property
+    def has_link_contention(self) -> bool:
+        """True when some message occupies its link for a positive time (links serialize)."""
+        return any(self.transfer(k, k + 1)[0] > 0 for k in range(self.stages - 1))
+
+    # ----- memory --------------------------------------------------------------------------
+    def memory_delta(self, op: Op) -> tuple[float, float]:
+        """(allocated at op start, released at op end) in bytes for ``op``."""
+        k = op.stage
+        act, wgm = self.activation_memory[k], self.weight_grad_memory[k]
+        if op.kind == "F":
+            return act, 0.0
+        if op.kind == "B":
+            return 0.0, (act - wgm) if self.split_backward else act
+        return 0.0, wgm
+
+    def replace(self, **changes: Any) -> Problem:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of every field plus ``stages`` and ``stage_device``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            val = getattr(self, f.name)
+            if f.name == "meta":
+                out[f.name] = dict(val)
+            elif f.name in ("latency", "bandwidth"):
+                out[f.name] = [[_json_float(x) for x in row] for row in val]
+            elif isinstance(val, tuple):
+                out[f.name] = [_json_float(x) for x in val]
+            else:
+                out[f.name] = val
+        out["stages"] = self.stages
+        out["stage_device"] = list(self.stage_device)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Problem:
+        """Inverse of :meth:`to_dict` (derived keys are checked, not trusted)."""
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, val in data.items():
+            if key in ("stages", "stage_device"):
+                continue
+            if key not in known:
+                raise ProblemError(f"problem.{key}: unknown field")
+            if key == "meta":
+                kwargs[key] = tuple((val or {}).items())
+            elif key in ("latency", "bandwidth"):
+                kwargs[key] = tuple(tuple(_from_json_float(x) for x in row) for row in val)
+            elif isinstance(val, list):
+                kwargs[key] = tuple(_from_json_float(x) if x is not None else None for x in val)
+            else:
+                kwargs[key] = val
+        try:
+            prob = cls(**kwargs)
+        except TypeError as exc:
+            raise ProblemError(f"problem: {exc}") from None
+        if "stage_device" in data and list(data["stage_device"]) != list(prob.stage_device):
+            raise ProblemError("problem.stage_device: does not match devices/placement")
+        return prob
+
+
+def _matrix(name: str, rows: Sequence[Sequence[float]], p: int, *, allow_inf: bool,
+            positive: bool = False) -> tuple[tuple[float, ...], ...]:
+    if len(rows) != p:
+        raise ProblemError(f"{name}: expected a {p}x{p} matrix, got {len(rows)} rows")
+    return tuple(_floats(f"{name}[{i}]", row, p, allow_inf=allow_inf, positive=positive)
+                 for i, row in enumerate(rows))
+
+
+def _json_float(x: Any) -> Any:
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _from_json_float(x: Any) -> Any:
+    if isinstance(x, str) and x in ("inf", "-inf", ".inf", "Infinity"):
+        return math.inf if not x.startswith("-") else -math.inf
+    return x
+
+
+def chain_links(devices: int, latency: Sequence[float], bandwidth: Sequence[float]
+                ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+    """Device-to-device latency and bandwidth matrices from per-neighbour values.
+
+    ``latency[i]`` / ``bandwidth[i]`` describe the link between devices i and i+1. Devices that
+    are not neighbours (the interleaved wrap-around from the last device to device 0) talk
+    through the slowest tier between them, as in a switched hierarchy: the largest latency and
+    the smallest bandwidth on the chain between them. Pass full matrices to ``Problem`` for
+    anything else.
+    """
+    p = devices
+    lat = [[0.0] * p for _ in range(p)]
+    bw = [[math.inf] * p for _ in range(p)]
+    for a in range(p):
+        for b in range(a + 1, p):
+            lat[a][b] = lat[b][a] = float(max(latency[a:b]))
+            bw[a][b] = bw[b][a] = float(min(bandwidth[a:b]))
+    return tuple(map(tuple, lat)), tuple(map(tuple, bw))
+
+
+def uniform_problem(devices: int, microbatches: int, f: float = 1.0, b: float = 1.0,
+                    w: float = 1.0, *, virtual_stages: int = 1, placement: Placement = "loop",
+                    split_backward: bool = True, activation: float = 1.0,
+                    weight_grad: float | None = None, latency: float = 0.0,
+                    memory_limit: float | None = None) -> Problem:
+    """A problem whose stages all cost the same; ``f, b, w`` are per-device times split evenly
+    over the device's ``virtual_stages`` chunks (the convention of the published formulas)."""
+    p, v = devices, virtual_stages
+    s = p * v
+    lat, bw = chain_links(p, [latency] * (p - 1), [math.inf] * (p - 1))
+    return Problem(
+        devices=p, microbatches=microbatches, virtual_stages=v, placement=placement,
+        split_backward=split_backward,
+        forward=(f / v,) * s, backward_input=(b / v,) * s, backward_weight=(w / v,) * s,
+        activation_memory=(activation / v,) * s,
+        weight_grad_memory=((activation if weight_grad is None else weight_grad) / v,) * s,
+        latency=lat, bandwidth=bw,
+        memory_limit=(memory_limit,) * p,
+    )
+
+
+def rechunk(problem: Problem, virtual_stages: int, placement: Placement) -> Problem:
+    """The same devices and work with every device's share cut into ``virtual_stages`` equal
+    chunks (stage costs, activation memory and gradient reductions divided evenly).
+
+    Only for problems with one stage per device; it assumes each device's layers split into
+    equal parts. Messages between the new stages all have the largest original message size.
+    """
+    if problem.virtual_stages != 1:
+        raise ProblemError("virtual_stages: rechunking needs a problem with one stage per "
+                           f"device, got {problem.virtual_stages}")
+    v = virtual_stages
+    p = problem.devices
+    sd = stage_device_map(p, v, placement)
+    msg = max(problem.message_size, default=0.0)
+
+    def per(values: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(values[d] / v for d in sd)
+
+    return replace(
+        problem, virtual_stages=v, placement=placement,
+        forward=per(problem.forward), backward_input=per(problem.backward_input),
+        backward_weight=per(problem.backward_weight),
+        activation_memory=per(problem.activation_memory),
+        weight_grad_memory=per(problem.weight_grad_memory),
+        grad_reduce=per(problem.grad_reduce),
+        message_size=(msg,) * (p * v - 1),
+    )

@@ -1,0 +1,237 @@
+"""Schedule: the one result type every method returns, with its metrics.
+
+A schedule is a set of timed ops (and the timed messages between devices) for a
+:class:`~pipeopt.problem.Problem`. Metrics are derived from the times, never stored separately,
+so a schedule cannot disagree with itself. Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, NamedTuple
+
+from pipeopt.problem import Op, Problem
+
+Status = Literal["optimal", "feasible", "heuristic"]
+
+
+class TimedOp(NamedTuple):
+    """An op placed on ``device`` from ``start`` to ``end`` (seconds)."""
+
+    device: int
+    stage: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+
+    @property
+    def op(self) -> Op:
+        """The untimed op."""
+        return Op(self.kind, self.stage, self.microbatch)
+
+
+class Message(NamedTuple):
+    """A p2p message: the output of ``kind`` of ``src_stage`` on ``microbatch`` for ``dst_stage``.
+
+    It occupies the directed link ``src_device -> dst_device`` from ``start`` to ``end`` and is
+    usable by the receiver at ``arrival`` (= end + latency), all in seconds.
+    """
+
+    src_device: int
+    dst_device: int
+    src_stage: int
+    dst_stage: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+    arrival: float
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """How a schedule was found.
+
+    ``status`` is ``optimal`` (proven), ``feasible`` (a search stopped at its limit) or
+    ``heuristic`` (constructed, no search). ``lower_bound`` is a proven lower bound on the
+    objective (seconds) or None; ``objective`` names what was minimised.
+    """
+
+    status: Status = "heuristic"
+    lower_bound: float | None = None
+    wall_time: float = 0.0
+    objective: str = "makespan"
+    details: tuple[tuple[str, Any], ...] = ()
+
+    def detail(self, key: str, default: Any = None) -> Any:
+        """One entry of ``details`` (solver-specific facts, e.g. the time resolution)."""
+        return dict(self.details).get(key, default)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Timed ops for a problem, and the metrics that follow from them."""
+
+    problem: Problem
+    method: str
+    ops: tuple[TimedOp, ...]
+    messages: tuple[Message, ...] = ()
+    solver: SolverInfo = field(default_factory=SolverInfo)
+
+    # ----- metrics -------------------------------------------------------------------------
+    @cached_property
+    def makespan(self) -> float:
+        """Latest op end (seconds); every device starts at 0."""
+        return max((o.end for o in self.ops), default=0.0)
+
+    @cached_property
+    def iteration_time(self) -> float:
+        """Makespan, or later if a stage's gradient reduction ends after it (seconds)."""
+        red = self.problem.grad_reduce
+        if not any(red):
+            return self.makespan
+        last_w: dict[int, float] = {}
+        final = "W" if self.problem.split_backward else "B"
+        for o in self.ops:
+            if o.kind == final and o.end > last_w.get(o.stage, -1.0):
+                last_w[o.stage] = o.end
+        return max([self.makespan] + [t + red[k] for k, t in last_w.items()])
+
+    @cached_property
+    def busy_time(self) -> tuple[float, ...]:
+        """Per device, the total time spent computing (seconds)."""
+        busy = [0.0] * self.problem.devices
+        for o in self.ops:
+            busy[o.device] += o.end - o.start
+        return tuple(busy)
+
+    @cached_property
+    def bubble_ratio(self) -> float:
+        """1 - busy time / (devices * makespan)."""
+        if self.makespan <= 0:
+            return 0.0
+        # Clamped: float rounding can make a gap-free schedule's ratio -1e-16.
+        return max(0.0, 1.0 - sum(self.busy_time) / (self.problem.devices * self.makespan))
+
+    @cached_property
+    def spans(self) -> tuple[float, ...]:
+        """Per device, last op end minus first op start (the Zero Bubble papers' span)."""
+        first = [float("inf")] * self.problem.devices
+        last = [0.0] * self.problem.devices
+        for o in self.ops:
+            first[o.device] = min(first[o.device], o.start)
+            last[o.device] = max(last[o.device], o.end)
+        return tuple(max(0.0, b - a) for a, b in zip(first, last, strict=True))
+
+    @cached_property
+    def max_span(self) -> float:
+        """Largest per-device span (seconds): CrossPipe's objective."""
+        return max(self.spans, default=0.0)
+
+    @cached_property
+    def memory_timeline(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """Per device, (time, bytes in use) after each change, static memory included."""
+        return memory_timeline(self.problem, self.ops)
+
+    @cached_property
+    def peak_memory(self) -> tuple[float, ...]:
+        """Per device, static memory plus the peak of live activation memory (bytes)."""
+        return tuple(max((b for _, b in tl), default=self.problem.static_memory[d])
+                     for d, tl in enumerate(self.memory_timeline))
+
+    @cached_property
+    def peak_activations(self) -> tuple[float, ...]:
+        """Per device, peak activation memory without static memory (bytes)."""
+        return tuple(pk - st for pk, st in zip(self.peak_memory, self.problem.static_memory,
+                                               strict=True))
+
+    @property
+    def lower_bound(self) -> float | None:
+        """Proven lower bound on the objective, if any (seconds)."""
+        return self.solver.lower_bound
+
+    @property
+    def objective_value(self) -> float:
+        """The value of the objective the solver minimised (seconds)."""
+        if self.solver.objective == "span":
+            return self.max_span
+        return self.iteration_time
+
+    @property
+    def gap(self) -> float | None:
+        """(objective - lower bound) / objective, or None without a bound."""
+        lb = self.solver.lower_bound
+        val = self.objective_value
+        if lb is None or val <= 0:
+            return None
+        return max(0.0, (val - lb) / val)
+
+    # ----- views ---------------------------------------------------------------------------
+    def device_orders(self) -> tuple[tuple[Op, ...], ...]:
+        """Per device, its ops sorted by start time (the input form of the simulator)."""
+        per: list[list[TimedOp]] = [[] for _ in range(self.problem.devices)]
+        for o in self.ops:
+            per[o.device].append(o)
+        return tuple(tuple(o.op for o in sorted(lst, key=lambda o: (o.start, o.end)))
+                     for lst in per)
+
+    def op_times(self) -> dict[Op, tuple[float, float]]:
+        """Map from op to its (start, end)."""
+        return {o.op: (o.start, o.end) for o in self.ops}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule JSON document (SPEC section 2)."""
+        from pipeopt.io import schedule_to_dict
+
+        return schedule_to_dict(self)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        """The schedule JSON text (SPEC section 2)."""
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def summary(self) -> dict[str, Any]:
+        """A few headline numbers, for printing."""
+        return {
+            "method": self.method,
+            "makespan": self.makespan,
+            "iteration_time": self.iteration_time,
+            "bubble_ratio": self.bubble_ratio,
+            "max_span": self.max_span,
+            "peak_memory": list(self.peak_memory),
+            "status": self.solver.status,
+            "lower_bound": self.solver.lower_bound,
+            "gap": self.gap,
+            "wall_time": self.solver.wall_time,
+        }
+
+
+def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
+                    ) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per device, the (time, bytes) steps of memory in use.
+
+    Activation memory is allocated when an F starts and released when its B / W ends; at equal
+    times releases happen before allocations, so memory freed by an op ending at t is reusable by
+    an op starting at t.
+    """
+    events: list[list[tuple[float, int, float]]] = [[] for _ in range(problem.devices)]
+    for o in ops:
+        alloc, free = problem.memory_delta(o.op)
+        if alloc:
+            events[o.device].append((o.start, 1, alloc))
+        if free:
+            events[o.device].append((o.end, 0, -free))
+    out = []
+    for d, ev in enumerate(events):
+        ev.sort()
+        cur = problem.static_memory[d]
+        steps = [(0.0, cur)]
+        for t, _, delta in ev:
+            cur += delta
+            steps.append((t, cur))
+        out.append(tuple(steps))
+    return tuple(out)

@@ -1,0 +1,26 @@
+"""Hand-made schedules as per-device order generators (baselines and warm starts)."""
+
+from __future__ import annotations
+
+from pipeopt.schedules.base import Generator, NotApplicable, Orders
+from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
+from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
+
+#: Every hand-made schedule by its method name.
+GENERATORS: dict[str, Generator] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved-1f1b": interleaved_1f1b,
+    "looped-bfs": looped_bfs,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+    "zb-v": zb_v,
+}
+
+#: Schedules whose published form runs the whole backward as one op: the gradient leaves only
+#: when both the input and the weight gradients are done (as autograd computes them together).
+#: They are timed on the fused variant of the problem, which is how their published bubble
+#: formulas, e.g. 1F1B's (p - 1)(F + B + W), arise.
+FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
+
+__all__ = ["FUSED_BACKWARD", "GENERATORS", "Generator", "NotApplicable", "Orders"]

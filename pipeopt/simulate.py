@@ -1,0 +1,505 @@
+"""The simulator, single source of truth for timings, and the validator.
+
+:func:`simulate` turns an ordered list of ops per device into a timed :class:`Schedule`: every op
+starts as early as its device and its inputs allow. Inputs are:
+
+* F of stage k+1 needs F of stage k of the same micro-batch, plus the link delay;
+* B of stage k needs its own F and B of stage k+1 (plus the link delay); the last stage's B
+  needs only its F (the loss);
+* W needs its own B;
+* a device runs one op at a time, in the given order;
+* a message occupies its directed link for ``message_size / bandwidth`` seconds, one message at
+  a time per direction, in the order the messages became ready; latency is a pure delay after.
+
+:func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
+code that shares nothing with the simulator.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeopt.problem import Op, Problem
+from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
+
+_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
+_KIND_NAMES = ("F", "B", "W")
+
+
+class ScheduleError(ValueError):
+    """A schedule that breaks the problem's rules; the message names the first violation."""
+
+    def __init__(self, message: str, violations: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.violations = list(violations) or [message]
+
+
+class DeadlockError(ScheduleError):
+    """The device orders wait on each other in a cycle; ``cycle`` lists the waiting ops."""
+
+    def __init__(self, message: str, cycle: Sequence[tuple[int, Op, Op]]) -> None:
+        super().__init__(message)
+        self.cycle = list(cycle)
+
+
+Orders = Sequence[Sequence[Op]]
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Integer ids for ops: id = (kind * stages + stage) * microbatches + microbatch."""
+
+    stages: int
+    microbatches: int
+
+    def id(self, op: Op) -> int:
+        return (_KIND_INDEX[op.kind] * self.stages + op.stage) * self.microbatches + op.microbatch
+
+    def op(self, i: int) -> Op:
+        km, j = divmod(i, self.microbatches)
+        kind, k = divmod(km, self.stages)
+        return Op(_KIND_NAMES[kind], k, j)
+
+
+def _check_orders(problem: Problem, orders: Orders) -> None:
+    """Every op exactly once, each on the device that holds its stage."""
+    p = problem.devices
+    if len(orders) != p:
+        raise ScheduleError(f"orders: expected {p} device lists, got {len(orders)}")
+    seen: set[Op] = set()
+    kinds = set(problem.kinds)
+    s, m = problem.stages, problem.microbatches
+    for d, order in enumerate(orders):
+        for pos, op in enumerate(order):
+            if op.kind not in kinds or not (0 <= op.stage < s) or not (0 <= op.microbatch < m):
+                raise ScheduleError(f"orders[{d}][{pos}]: {op} is not an op of this problem")
+            if problem.stage_device[op.stage] != d:
+                raise ScheduleError(
+                    f"orders[{d}][{pos}]: {op} belongs on device {problem.stage_device[op.stage]}")
+            if op in seen:
+                raise ScheduleError(f"orders[{d}][{pos}]: {op} appears twice")
+            seen.add(op)
+    if len(seen) != problem.num_ops:
+        missing = next(op for op in problem.ops() if op not in seen)
+        raise ScheduleError(f"orders: {problem.num_ops - len(seen)} ops missing, e.g. {missing}")
+
+
+def simulate(problem: Problem, orders: Orders, method: str = "custom",
+             solver: SolverInfo | None = None, *, check: bool = True) -> Schedule:
+    """Time the per-device op ``orders`` as early as possible.
+
+    Raises :class:`ScheduleError` when an order misses or repeats an op, and
+    :class:`DeadlockError` when the orders wait on each other in a cycle.
+    """
+    if check:
+        _check_orders(problem, orders)
+    if problem.has_link_contention:
+        ops, msgs = _simulate_events(problem, orders)
+    else:
+        ops, msgs = _simulate_fast(problem, orders), ()
+    return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
+                    solver=solver or SolverInfo())
+
+
+def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
+    """Delay of the activation into stage k (from k-1) and of the gradient into stage k (from
+    k+1), both seconds on an idle link."""
+    s = problem.stages
+    fwd = [0.0] + [problem.delay(k - 1, k) for k in range(1, s)]
+    bwd = [problem.delay(k + 1, k) for k in range(s - 1)] + [0.0]
+    return fwd, bwd
+
+
+def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
+    """Dependency-driven timing when no message occupies a link (delays are plain offsets).
+
+    Each op is visited once: when an op is timed, only its few possible successors (device
+    successor, next stage's F, own B / W, previous stage's B) are checked for readiness.
+    """
+    s, m = problem.stages, problem.microbatches
+    sm = s * m
+    nkinds = len(problem.kinds)
+    n = nkinds * sm
+    dur: list[float] = []
+    for kind in problem.kinds:
+        per_stage = problem.durations[kind]
+        for k in range(s):
+            dur.extend([per_stage[k]] * m)
+    dfwd, dbwd = _stage_delays(problem)
+    split = nkinds == 3
+    last = s - 1
+
+    nxt = [-1] * n  # next op id on the same device
+    prv = [-1] * n  # previous op id on the same device
+    heads = []
+    for order in orders:
+        ids = [(_KIND_INDEX[o.kind] * s + o.stage) * m + o.microbatch for o in order]
+        for a, b in zip(ids, ids[1:], strict=False):
+            nxt[a] = b
+            prv[b] = a
+        if ids:
+            heads.append(ids[0])
+
+    nan = math.nan
+    end = [nan] * n
+    start = [nan] * n
+
+    def ready(i: int) -> bool:
+        """All inputs of op i are timed (its device predecessor included)."""
+        pv = prv[i]
+        if pv >= 0 and end[pv] != end[pv]:  # NaN check: predecessor not timed yet
+            return False
+        if i < sm:  # F
+            return i < m or end[i - m] == end[i - m]
+        if i < 2 * sm:  # B
+            f = i - sm
+            if end[f] != end[f]:
+                return False
+            return (f // m) == last or end[i + m] == end[i + m]
+        b = i - sm  # W
+        return end[b] == end[b]
+
+    queued = bytearray(n)  # an op can be the device successor and an input successor at once
+    stack = [h for h in heads if ready(h)]
+    for h in stack:
+        queued[h] = 1
+    done = 0
+    push = stack.append
+    pop = stack.pop
+    while stack:
+        i = pop()
+        pv = prv[i]
+        t = end[pv] if pv >= 0 else 0.0
+        if i < sm:
+            k = i // m
+            if k > 0:
+                a = end[i - m] + dfwd[k]
+                if a > t:
+                    t = a
+        elif i < 2 * sm:
+            f = i - sm
+            a = end[f]
+            if a > t:
+                t = a
+            k = f // m
+            if k < last:
+                a = end[i + m] + dbwd[k]
+                if a > t:
+                    t = a
+        else:
+            a = end[i - sm]
+            if a > t:
+                t = a
+        start[i] = t
+        end[i] = t + dur[i]
+        done += 1
+        # Successors whose readiness may have changed.
+        nx = nxt[i]
+        if nx >= 0 and not queued[nx] and ready(nx):
+            queued[nx] = 1
+            push(nx)
+        if i < sm:
+            y = i + m
+            if (i // m) < last and not queued[y] and ready(y):
+                queued[y] = 1
+                push(y)
+            y = i + sm
+            if not queued[y] and ready(y):
+                queued[y] = 1
+                push(y)
+        elif i < 2 * sm:
+            y = i - m
+            if ((i - sm) // m) > 0 and not queued[y] and ready(y):
+                queued[y] = 1
+                push(y)
+            y = i + sm
+            if split and not queued[y] and ready(y):
+                queued[y] = 1
+                push(y)
+
+    if done < n:
+        _raise_deadlock(problem, orders, end)
+
+    sd = problem.stage_device
+    out = []
+    for i in range(n):
+        km, j = divmod(i, m)
+        kind, k = divmod(km, s)
+        out.append(TimedOp(sd[k], k, j, _KIND_NAMES[kind], start[i], end[i]))
+    return tuple(out)
+
+
+def _simulate_events(problem: Problem, orders: Orders
+                     ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
+    """Event-driven timing with serialized links: messages are sent in the order they become
+    ready (ties in order of the producing op's end event)."""
+    idx = _Index(problem.stages, problem.microbatches)
+    s = problem.stages
+    sd = problem.stage_device
+    pos: dict[Op, tuple[int, int]] = {}
+    for d, order in enumerate(orders):
+        for q, op in enumerate(order):
+            pos[op] = (d, q)
+    end: dict[Op, float] = {}
+    start: dict[Op, float] = {}
+    arrival: dict[tuple[Op, Op], float] = {}  # (producer, consumer) -> time usable
+    ptr = [0] * problem.devices
+    dev_free = [0.0] * problem.devices
+    link_free: dict[tuple[int, int], float] = {}
+    messages: list[Message] = []
+    heap: list[tuple[float, int, int, Op, Op | None]] = []  # (time, seq, type, op, consumer)
+    seq = 0
+
+    def try_start(d: int) -> None:
+        nonlocal seq
+        order = orders[d]
+        if ptr[d] >= len(order):
+            return
+        op = order[ptr[d]]
+        t = dev_free[d]
+        for src in _inputs(problem, op):
+            a = arrival.get((src, op))
+            if a is None:
+                return
+            t = max(t, a)
+        start[op] = t
+        end[op] = t + problem.duration(op)
+        dev_free[d] = end[op]
+        ptr[d] += 1
+        heapq.heappush(heap, (end[op], seq, 0, op, None))
+        seq += 1
+
+    for d in range(problem.devices):
+        try_start(d)
+    while heap:
+        t, _, typ, op, dst = heapq.heappop(heap)
+        if typ == 0:  # op ended: hand its outputs on, then let its device continue
+            d = sd[op.stage]
+            for c in _dependents(problem, op):
+                tx, lat = problem.transfer(op.stage, c.stage)
+                if tx > 0:
+                    heapq.heappush(heap, (t, seq, 1, op, c))
+                    seq += 1
+                else:
+                    arrival[(op, c)] = t + lat
+                    try_start(sd[c.stage])
+            try_start(d)
+        else:  # a message is ready: queue it on its directed link
+            assert dst is not None
+            a, b = sd[op.stage], sd[dst.stage]
+            tx, lat = problem.transfer(op.stage, dst.stage)
+            t0 = max(t, link_free.get((a, b), 0.0))
+            link_free[(a, b)] = t0 + tx
+            arrival[(op, dst)] = t0 + tx + lat
+            messages.append(Message(a, b, op.stage, dst.stage, op.microbatch, op.kind,
+                                    t0, t0 + tx, t0 + tx + lat))
+            try_start(b)
+
+    if len(end) < problem.num_ops:
+        nan_end = [end.get(idx.op(i), math.nan) for i in range(problem.num_ops)]
+        _raise_deadlock(problem, orders, nan_end)
+    ops = tuple(TimedOp(sd[op.stage], op.stage, op.microbatch, op.kind, start[op], end[op])
+                for op in problem.ops())
+    return ops, tuple(messages)
+
+
+def _inputs(problem: Problem, op: Op) -> list[Op]:
+    k, j = op.stage, op.microbatch
+    if op.kind == "F":
+        return [Op("F", k - 1, j)] if k > 0 else []
+    if op.kind == "B":
+        return [Op("F", k, j)] + ([Op("B", k + 1, j)] if k < problem.stages - 1 else [])
+    return [Op("B", k, j)]
+
+
+def _raise_deadlock(problem: Problem, orders: Orders, end: Sequence[float]) -> None:
+    """Find a cycle of waits among the devices' blocked head ops and raise it."""
+    idx = _Index(problem.stages, problem.microbatches)
+
+    def done(op: Op) -> bool:
+        return not math.isnan(end[idx.id(op)])
+
+    head: dict[int, Op] = {}
+    for d, order in enumerate(orders):
+        for op in order:
+            if not done(op):
+                head[d] = op
+                break
+    # Each blocked head waits for an input that is not done; that input's device is stuck at
+    # its own head. Following these waits must revisit a device: that is the cycle.
+    sd = problem.stage_device
+    d = next(iter(head))
+    path: list[tuple[int, Op, Op]] = []
+    visited: dict[int, int] = {}
+    while d not in visited:
+        visited[d] = len(path)
+        op = head[d]
+        waiting = next(x for x in _inputs(problem, op) if not done(x))
+        path.append((d, op, waiting))
+        d = sd[waiting.stage]
+    cycle = path[visited[d]:]
+    text = "; ".join(f"device {dv} waits at {op} for {w} (device {sd[w.stage]})"
+                     for dv, op, w in cycle)
+    raise DeadlockError(f"deadlock: {text}", cycle)
+
+
+# ----- validation --------------------------------------------------------------------------
+
+def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
+    """Every violation of the problem's rules in ``schedule`` (an empty list when valid).
+
+    Checks: every op exactly once on its stage's device, durations, starts >= 0, inputs
+    finished (plus link delays) before each op starts, links carrying one message at a time, no
+    overlap on a device, memory within the limits. ``tolerance`` is relative to the makespan.
+    """
+    problem = schedule.problem
+    tol = tolerance * max(1.0, schedule.makespan)
+    out: list[str] = []
+    times: dict[Op, TimedOp] = {}
+    kinds = set(problem.kinds)
+    for o in schedule.ops:
+        op = o.op
+        if o.kind not in kinds or not (0 <= o.stage < problem.stages) or not (
+                0 <= o.microbatch < problem.microbatches):
+            out.append(f"{op}: not an op of this problem")
+            continue
+        if op in times:
+            out.append(f"{op}: scheduled twice")
+            continue
+        times[op] = o
+        if o.device != problem.stage_device[o.stage]:
+            out.append(f"{op}: on device {o.device}, its stage is on device "
+                       f"{problem.stage_device[o.stage]}")
+        if not (math.isfinite(o.start) and math.isfinite(o.end)):
+            out.append(f"{op}: start/end must be finite numbers")
+            continue
+        if o.start < -tol:
+            out.append(f"{op}: starts at {o.start:g} < 0")
+        want = problem.duration(op)
+        if abs((o.end - o.start) - want) > tol:
+            out.append(f"{op}: lasts {o.end - o.start:g}, its duration is {want:g}")
+    missing = [op for op in problem.ops() if op not in times]
+    if missing:
+        out.append(f"{len(missing)} ops missing, first {missing[0]}")
+
+    # Messages on links: given by the schedule, or rebuilt first-come-first-served.
+    msgs = {(mm.src_stage, mm.dst_stage, mm.microbatch, mm.kind): mm for mm in schedule.messages}
+    if problem.has_link_contention and not schedule.messages and not missing:
+        msgs = _fifo_messages(problem, times)
+    out.extend(_check_links(problem, msgs, times, tol))
+
+    for op, o in times.items():
+        for src in _inputs(problem, op):
+            so = times.get(src)
+            if so is None:
+                continue
+            tx, lat = problem.transfer(src.stage, op.stage)
+            if tx > 0:
+                mm = msgs.get((src.stage, op.stage, src.microbatch, src.kind))
+                if mm is None:
+                    out.append(f"{op}: no message carries its input {src} across the link")
+                    continue
+                ready = mm.arrival
+            else:
+                ready = so.end + lat
+            if o.start < ready - tol:
+                out.append(f"{op}: starts at {o.start:g} before its input {src} is available at "
+                           f"{ready:g}")
+
+    per_dev: list[list[TimedOp]] = [[] for _ in range(problem.devices)]
+    for o in times.values():
+        if 0 <= o.device < problem.devices:
+            per_dev[o.device].append(o)
+    for d, lst in enumerate(per_dev):
+        lst.sort(key=lambda o: (o.start, o.end))
+        for a, b in zip(lst, lst[1:], strict=False):
+            if b.start < a.end - tol:
+                out.append(f"device {d}: {b.op} starts at {b.start:g} while {a.op} runs until "
+                           f"{a.end:g}")
+
+    if not missing:
+        for d, (peak, lim) in enumerate(zip(schedule.peak_memory, problem.memory_limit,
+                                            strict=True)):
+            if lim is not None and peak > lim * (1 + 1e-9) + 1e-12:
+                out.append(f"device {d}: peak memory {peak:g} exceeds the limit {lim:g}")
+    return out
+
+
+def _fifo_messages(problem: Problem, times: dict[Op, TimedOp]
+                   ) -> dict[tuple[int, int, int, str], Message]:
+    """Messages sent first-ready-first-served on each directed link (the simulator's rule)."""
+    pending = []
+    for op, o in times.items():
+        for dst in _dependents(problem, op):
+            tx, lat = problem.transfer(op.stage, dst.stage)
+            if tx > 0:
+                pending.append((o.end, op.stage, op.microbatch, op.kind, dst.stage, tx, lat))
+    pending.sort()
+    free: dict[tuple[int, int], float] = {}
+    out = {}
+    sd = problem.stage_device
+    for t, k, j, kind, dk, tx, lat in pending:
+        a, b = sd[k], sd[dk]
+        t0 = max(t, free.get((a, b), 0.0))
+        free[(a, b)] = t0 + tx
+        out[(k, dk, j, kind)] = Message(a, b, k, dk, j, kind, t0, t0 + tx, t0 + tx + lat)
+    return out
+
+
+def _dependents(problem: Problem, op: Op) -> list[Op]:
+    """The ops that take ``op``'s output as an input (the reverse of :func:`_inputs`)."""
+    k, j = op.stage, op.microbatch
+    if op.kind == "F":
+        return ([Op("F", k + 1, j)] if k < problem.stages - 1 else []) + [Op("B", k, j)]
+    if op.kind == "B":
+        out = [Op("B", k - 1, j)] if k > 0 else []
+        return out + ([Op("W", k, j)] if problem.split_backward else [])
+    return []
+
+
+def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message],
+                 times: dict[Op, TimedOp], tol: float) -> list[str]:
+    out = []
+    per_link: dict[tuple[int, int], list[Message]] = {}
+    sd = problem.stage_device
+    for (k, dk, j, kind), mm in msgs.items():
+        if not (0 <= k < problem.stages and 0 <= dk < problem.stages) or abs(k - dk) != 1:
+            out.append(f"message {k}->{dk} mb {j}: not between adjacent stages")
+            continue
+        tx, lat = problem.transfer(k, dk)
+        name = f"message {kind} {k}->{dk} mb {j}"
+        if (mm.src_device, mm.dst_device) != (sd[k], sd[dk]):
+            out.append(f"{name}: on link {mm.src_device}->{mm.dst_device}, expected "
+                       f"{sd[k]}->{sd[dk]}")
+        if abs((mm.end - mm.start) - tx) > tol or abs(mm.arrival - mm.end - lat) > tol:
+            out.append(f"{name}: takes {mm.end - mm.start:g}+{mm.arrival - mm.end:g}, "
+                       f"expected {tx:g}+{lat:g}")
+        src = times.get(Op(kind, k, j))
+        if src is not None and mm.start < src.end - tol:
+            out.append(f"{name}: sent at {mm.start:g} before {src.op} ends at {src.end:g}")
+        per_link.setdefault((mm.src_device, mm.dst_device), []).append(mm)
+    for (a, b), lst in per_link.items():
+        lst.sort(key=lambda mm: mm.start)
+        for x, y in zip(lst, lst[1:], strict=False):
+            if y.start < x.end - tol:
+                out.append(f"link {a}->{b}: message {y.kind} {y.src_stage}->{y.dst_stage} mb "
+                           f"{y.microbatch} overlaps the previous one")
+    return out
+
+
+def validate(schedule: Schedule, *, tolerance: float = 1e-9) -> Schedule:
+    """Return ``schedule`` if it obeys every rule, else raise :class:`ScheduleError` naming the
+    first violation."""
+    violations = check(schedule, tolerance=tolerance)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)
+    return schedule
+
+
+def retime(schedule: Schedule) -> Schedule:
+    """Re-simulate a schedule's device orders (the earliest-start timing of the same orders)."""
+    return simulate(schedule.problem, schedule.device_orders(), schedule.method, schedule.solver)

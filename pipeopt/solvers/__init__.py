@@ -1,0 +1,193 @@
+"""Every scheduling method behind one entry point: :func:`solve` returns a :class:`Schedule`.
+
+Methods are looked up by name: the hand-made schedules of :mod:`pipeopt.schedules`, the
+``greedy`` list scheduler, the ``cpsat`` search and ``auto`` (the best of them). Each result is
+timed by the simulator or checked by the validator before it is returned.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pipeopt.bounds import makespan_lower_bound, span_lower_bound
+from pipeopt.problem import Problem, rechunk
+from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable
+from pipeopt.simulate import simulate, validate
+
+Objective = Literal["makespan", "span"]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report of a search: elapsed seconds, best objective and bound so far."""
+
+    elapsed: float
+    objective: float | None
+    bound: float | None
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap between the best objective and the bound, when both are known."""
+        if self.objective is None or self.bound is None or self.objective <= 0:
+            return None
+        return max(0.0, (self.objective - self.bound) / self.objective)
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Settings shared by every method (searches use them; hand-made schedules ignore them).
+
+    ``time_limit`` in seconds; ``workers`` None = all cores; ``resolution`` is the time unit of
+    the CP-SAT model in seconds (None = chosen from the problem); ``on_progress`` receives
+    :class:`Progress` reports; ``hint`` is a schedule to start from.
+    """
+
+    time_limit: float = 60.0
+    seed: int = 0
+    workers: int | None = None
+    objective: Objective = "makespan"
+    relative_gap: float = 0.0
+    resolution: float | None = None
+    on_progress: Callable[[Progress], None] | None = None
+    hint: Schedule | None = None
+    log: bool = False
+
+
+Method = Callable[[Problem, SolveOptions], Schedule]
+
+#: Search methods, imported on first use (module path, function name).
+_SEARCH: dict[str, tuple[str, str]] = {
+    "greedy": ("pipeopt.solvers.greedy", "solve_greedy"),
+    "cpsat": ("pipeopt.solvers.cpsat", "solve_cpsat"),
+    "auto": ("pipeopt.solvers.auto", "solve_auto"),
+}
+
+
+class UnknownMethod(ValueError):
+    """A method name that pipeopt does not know."""
+
+
+def methods() -> list[str]:
+    """Names of every method :func:`solve` accepts (searches whose module is present)."""
+    found = [name for name, (module, _) in _SEARCH.items() if importlib.util.find_spec(module)]
+    return [*found, *GENERATORS]
+
+
+def classic_methods() -> list[str]:
+    """Names of the hand-made schedules."""
+    return list(GENERATORS)
+
+
+def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
+    """The analytic lower bound on ``objective`` for ``problem`` (seconds)."""
+    return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)
+
+
+def run_classic(problem: Problem, name: str) -> Schedule:
+    """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
+
+    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem.
+    """
+    t0 = time.perf_counter()
+    prob = problem.replace(split_backward=False) if name in FUSED_BACKWARD else problem
+    orders = GENERATORS[name](prob)
+    sched = simulate(prob, orders, method=name)
+    info = SolverInfo(status="heuristic", lower_bound=lower_bound(problem),
+                      wall_time=time.perf_counter() - t0)
+    return replace(sched, solver=info)
+
+
+def solve(problem: Problem, method: str = "auto", options: SolveOptions | None = None,
+          **kwargs: Any) -> Schedule:
+    """Schedule ``problem`` with ``method``; keyword arguments override ``options`` fields.
+
+    The result has passed the validator. Raises :class:`UnknownMethod` for an unknown name and
+    :class:`~pipeopt.schedules.NotApplicable` when the method cannot express the problem.
+    """
+    opts = replace(options or SolveOptions(), **kwargs)
+    if method in GENERATORS:
+        return validate(run_classic(problem, method))
+    if method in _SEARCH and method in methods():
+        module, func = _SEARCH[method]
+        fn: Method = getattr(importlib.import_module(module), func)
+        return validate(fn(problem, opts))
+    raise UnknownMethod(f"method: unknown method {method!r}; choose one of {', '.join(methods())}")
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One method's result on a problem: its schedule, or why it does not apply."""
+
+    method: str
+    schedule: Schedule | None
+    error: str | None = None
+    ratio: float = math.inf  # objective / best objective among schedules that fit in memory
+    fits: bool = False  # peak memory within every device's limit
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        out: dict[str, Any] = {"method": self.method, "error": self.error, "fits": self.fits,
+                               "ratio": None if math.isinf(self.ratio) else self.ratio}
+        if self.schedule is not None:
+            out.update(self.schedule.summary())
+        return out
+
+
+def fits_memory(schedule: Schedule, problem: Problem | None = None) -> bool:
+    """True when the schedule's peak memory is within every device's limit of ``problem``."""
+    limits = (problem or schedule.problem).memory_limit
+    return all(lim is None or pk <= lim * (1 + 1e-9) + 1e-12
+               for pk, lim in zip(schedule.peak_memory, limits, strict=True))
+
+
+#: Hand-made schedules that need several chunks per device: (chunks, placement) that
+#: :func:`compare` uses for them on a problem with one stage per device.
+CHUNKED: dict[str, tuple[int, str]] = {"interleaved-1f1b": (2, "loop"), "zb-v": (2, "vshape")}
+
+
+def compare(problem: Problem, names: list[str] | None = None, **options: Any) -> list[CompareRow]:
+    """Run ``names`` (default: every method) on ``problem``; rows sorted best first.
+
+    Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
+    ``ratio`` compares objectives against the best schedule that fits.
+    """
+    names = names or methods()
+    rows: list[CompareRow] = []
+    for name in names:
+        prob, label = problem, name
+        if name in CHUNKED and problem.virtual_stages == 1 and problem.devices > 1:
+            # Run it on the same work cut into equal chunks, and say so in the row's name.
+            v, placement = CHUNKED[name]
+            prob, label = rechunk(problem, v, placement), f"{name} (v={v})"
+        try:
+            if name in GENERATORS:
+                sched = validate_loose(run_classic(prob, name))
+            else:
+                sched = solve(prob, name, **options)
+        except (NotApplicable, UnknownMethod) as exc:
+            rows.append(CompareRow(label, None, str(exc)))
+            continue
+        rows.append(CompareRow(label, sched, fits=fits_memory(sched, prob)))
+    fitting = [r.schedule.objective_value for r in rows if r.schedule is not None and r.fits]
+    best = min(fitting, default=None)
+    out = []
+    for r in rows:
+        if r.schedule is not None and best:
+            r = replace(r, ratio=r.schedule.objective_value / best)
+        out.append(r)
+    out.sort(key=lambda r: (r.schedule is None, not r.fits, r.ratio))
+    return out
+
+
+def validate_loose(schedule: Schedule) -> Schedule:
+    """Validate everything but the memory limits (hand-made schedules do not know them)."""
+    unlimited = schedule.problem.replace(memory_limit=())
+    validate(replace(schedule, problem=unlimited))
+    return schedule
