@@ -28,7 +28,11 @@ EXAMPLES = {
 
 #: Extra subcommands contributed by other modules: name -> (module, function that adds the
 #: subparser). Kept as names so that `pipeopt --help` imports nothing heavy.
-PLUGINS: dict[str, tuple[str, str]] = {}
+PLUGINS: dict[str, tuple[str, str]] = {
+    "plot/trace": ("pipeopt.views_cli", "add_commands"),
+    "profile": ("pipeopt.costs.cli", "add_commands"),
+    "run/export": ("pipeopt.executor.cli", "add_commands"),
+}
 
 
 def _fmt_bytes(x: float) -> str:
@@ -174,9 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     import importlib
+    import importlib.util
 
     for _name, (module, func) in PLUGINS.items():
-        getattr(importlib.import_module(module), func)(sub)
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is absent
+            found = False
+        if found:
+            getattr(importlib.import_module(module), func)(sub)
     return parser
 
 

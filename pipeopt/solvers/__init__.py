@@ -114,6 +114,14 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     opts = replace(options or SolveOptions(), **kwargs)
     if method in GENERATORS:
         return validate(run_classic(problem, method))
+    if method.startswith("torch:"):
+        # PyTorch's built-in schedules, imported as orders and timed by our simulator.
+        try:
+            from pipeopt.executor.torch_schedules import solve_torch
+        except ImportError as exc:
+            raise UnknownMethod(f"method: {method} needs the torch extra "
+                                f"(pip install 'pipeopt[torch]'): {exc}") from None
+        return validate(solve_torch(problem, method.split(":", 1)[1], opts))
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
