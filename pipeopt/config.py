@@ -62,7 +62,7 @@ class LinksConfig(_Strict):
 class MemoryConfig(_Strict):
     """``memory:`` — per-device limit (null = unlimited) and static memory (bytes)."""
 
-    limit: float | None | list[float | None] = None
+    limit: float | list[float | None] | None = None
     static: Scalars = 0.0
 
 
@@ -285,7 +285,7 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     try:
-        data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_SafeLoader)
     except yaml.constructor.ConstructorError as exc:
         raise ConfigError(f"{path}: refused a YAML tag that would build a Python object "
                           f"({exc.problem})") from None

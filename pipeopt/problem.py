@@ -191,6 +191,20 @@ class Problem:
                                             strict=True))
         return {"F": self.forward, "B": fused}
 
+    @cached_property
+    def op_table(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                tuple[str, ...]]:
+        """Columns (device, stage, microbatch, kind) of every op, indexed by op id
+        ``(kind_index * stages + stage) * microbatches + microbatch`` in :attr:`kinds` order."""
+        s, m = self.stages, self.microbatches
+        sd = self.stage_device
+        nk = len(self.kinds)
+        dev = tuple(sd[k] for _ in range(nk) for k in range(s) for _ in range(m))
+        stage = tuple(k for _ in range(nk) for k in range(s) for _ in range(m))
+        mb = tuple(range(m)) * (nk * s)
+        kind = tuple(x for x in self.kinds for _ in range(s * m))
+        return dev, stage, mb, kind
+
     def ops(self) -> Iterator[Op]:
         """Every op of the problem exactly once."""
         for kind in self.kinds:

@@ -21,6 +21,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise, repeat
 
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
@@ -114,122 +115,98 @@ def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
 
 
 def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
-    """Dependency-driven timing when no message occupies a link (delays are plain offsets).
+    """Dependency-counting timing when no message occupies a link (delays are plain offsets).
 
-    Each op is visited once: when an op is timed, only its few possible successors (device
-    successor, next stage's F, own B / W, previous stage's B) are checked for readiness.
+    Every op keeps a count of unfinished prerequisites (its device predecessor and its data
+    inputs) and the latest time one of them made it ready; timing an op updates its at most
+    three successors, so the work is linear in the number of ops.
     """
     s, m = problem.stages, problem.microbatches
     sm = s * m
-    nkinds = len(problem.kinds)
-    n = nkinds * sm
+    split = problem.split_backward
+    n = (3 if split else 2) * sm
     dur: list[float] = []
     for kind in problem.kinds:
         per_stage = problem.durations[kind]
         for k in range(s):
             dur.extend([per_stage[k]] * m)
     dfwd, dbwd = _stage_delays(problem)
-    split = nkinds == 3
-    last = s - 1
+    # Per op id: delay of its activation to the next stage's F / of its gradient to the
+    # previous stage's B (only F and B ids use these).
+    fdelay = [d for k in range(s) for d in [dfwd[k + 1] if k + 1 < s else 0.0] * m]
+    bdelay = [d for k in range(s) for d in [dbwd[k - 1] if k > 0 else 0.0] * m]
 
+    # Prerequisites: F(k>0) waits for F(k-1); B for its F and (k < last) B(k+1); W for its B.
+    need = [0] * m + [1] * (sm - m) + [2] * (sm - m) + [1] * m + ([1] * sm if split else [])
     nxt = [-1] * n  # next op id on the same device
-    prv = [-1] * n  # previous op id on the same device
-    heads = []
+    first = []
     for order in orders:
         ids = [(_KIND_INDEX[o.kind] * s + o.stage) * m + o.microbatch for o in order]
-        for a, b in zip(ids, ids[1:], strict=False):
+        for a, b in pairwise(ids):
             nxt[a] = b
-            prv[b] = a
+            need[b] += 1
         if ids:
-            heads.append(ids[0])
+            first.append(ids[0])
 
-    nan = math.nan
-    end = [nan] * n
-    start = [nan] * n
-
-    def ready(i: int) -> bool:
-        """All inputs of op i are timed (its device predecessor included)."""
-        pv = prv[i]
-        if pv >= 0 and end[pv] != end[pv]:  # NaN check: predecessor not timed yet
-            return False
-        if i < sm:  # F
-            return i < m or end[i - m] == end[i - m]
-        if i < 2 * sm:  # B
-            f = i - sm
-            if end[f] != end[f]:
-                return False
-            return (f // m) == last or end[i + m] == end[i + m]
-        b = i - sm  # W
-        return end[b] == end[b]
-
-    queued = bytearray(n)  # an op can be the device successor and an input successor at once
-    stack = [h for h in heads if ready(h)]
-    for h in stack:
-        queued[h] = 1
+    ready_at = [0.0] * n  # latest prerequisite end (plus delay) seen so far
+    start = [math.nan] * n  # NaN until timed (the deadlock report relies on it)
+    end = [math.nan] * n
+    stack = [i for i in first if need[i] == 0]
+    push, pop = stack.append, stack.pop
+    last_f = sm - m  # first id of the last stage's F
     done = 0
-    push = stack.append
-    pop = stack.pop
     while stack:
         i = pop()
-        pv = prv[i]
-        t = end[pv] if pv >= 0 else 0.0
-        if i < sm:
-            k = i // m
-            if k > 0:
-                a = end[i - m] + dfwd[k]
-                if a > t:
-                    t = a
-        elif i < 2 * sm:
-            f = i - sm
-            a = end[f]
-            if a > t:
-                t = a
-            k = f // m
-            if k < last:
-                a = end[i + m] + dbwd[k]
-                if a > t:
-                    t = a
-        else:
-            a = end[i - sm]
-            if a > t:
-                t = a
+        t = ready_at[i]
         start[i] = t
-        end[i] = t + dur[i]
+        e = t + dur[i]
+        end[i] = e
         done += 1
-        # Successors whose readiness may have changed.
-        nx = nxt[i]
-        if nx >= 0 and not queued[nx] and ready(nx):
-            queued[nx] = 1
-            push(nx)
-        if i < sm:
-            y = i + m
-            if (i // m) < last and not queued[y] and ready(y):
-                queued[y] = 1
+        y = nxt[i]
+        if y >= 0:
+            if e > ready_at[y]:
+                ready_at[y] = e
+            c = need[y] - 1
+            need[y] = c
+            if not c:
                 push(y)
+        if i < sm:  # F: the next stage's F, and its own B
+            if i < last_f:
+                y = i + m
+                a = e + fdelay[i]
+                if a > ready_at[y]:
+                    ready_at[y] = a
+                c = need[y] - 1
+                need[y] = c
+                if not c:
+                    push(y)
             y = i + sm
-            if not queued[y] and ready(y):
-                queued[y] = 1
-                push(y)
-        elif i < 2 * sm:
-            y = i - m
-            if ((i - sm) // m) > 0 and not queued[y] and ready(y):
-                queued[y] = 1
-                push(y)
+        elif i < 2 * sm:  # B: the previous stage's B, and its own W
+            if i >= sm + m:
+                y = i - m
+                a = e + bdelay[i - sm]
+                if a > ready_at[y]:
+                    ready_at[y] = a
+                c = need[y] - 1
+                need[y] = c
+                if not c:
+                    push(y)
+            if not split:
+                continue
             y = i + sm
-            if split and not queued[y] and ready(y):
-                queued[y] = 1
-                push(y)
+        else:
+            continue
+        if e > ready_at[y]:
+            ready_at[y] = e
+        c = need[y] - 1
+        need[y] = c
+        if not c:
+            push(y)
 
     if done < n:
         _raise_deadlock(problem, orders, end)
-
-    sd = problem.stage_device
-    out = []
-    for i in range(n):
-        km, j = divmod(i, m)
-        kind, k = divmod(km, s)
-        out.append(TimedOp(sd[k], k, j, _KIND_NAMES[kind], start[i], end[i]))
-    return tuple(out)
+    return tuple(map(tuple.__new__, repeat(TimedOp),
+                     zip(*problem.op_table[:4], start, end, strict=False)))
 
 
 def _simulate_events(problem: Problem, orders: Orders
@@ -237,7 +214,6 @@ def _simulate_events(problem: Problem, orders: Orders
     """Event-driven timing with serialized links: messages are sent in the order they become
     ready (ties in order of the producing op's end event)."""
     idx = _Index(problem.stages, problem.microbatches)
-    s = problem.stages
     sd = problem.stage_device
     pos: dict[Op, tuple[int, int]] = {}
     for d, order in enumerate(orders):
@@ -415,7 +391,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
             per_dev[o.device].append(o)
     for d, lst in enumerate(per_dev):
         lst.sort(key=lambda o: (o.start, o.end))
-        for a, b in zip(lst, lst[1:], strict=False):
+        for a, b in pairwise(lst):
             if b.start < a.end - tol:
                 out.append(f"device {d}: {b.op} starts at {b.start:g} while {a.op} runs until "
                            f"{a.end:g}")
@@ -483,7 +459,7 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
         per_link.setdefault((mm.src_device, mm.dst_device), []).append(mm)
     for (a, b), lst in per_link.items():
         lst.sort(key=lambda mm: mm.start)
-        for x, y in zip(lst, lst[1:], strict=False):
+        for x, y in pairwise(lst):
             if y.start < x.end - tol:
                 out.append(f"link {a}->{b}: message {y.kind} {y.src_stage}->{y.dst_stage} mb "
                            f"{y.microbatch} overlaps the previous one")

@@ -5,8 +5,8 @@ import itertools
 import pytest
 
 from pipeopt.problem import uniform_problem
-from pipeopt.solvers import run_classic
 from pipeopt.simulate import validate
+from pipeopt.solvers import run_classic
 
 TIMES = [(1.0, 1.0, 1.0), (1.0, 1.2, 0.8), (1.0, 1.5, 0.5), (2.0, 3.0, 1.0)]
 GRID = list(itertools.product([2, 3, 4, 8], [1, 2, 3, 4, 8, 16, 24], TIMES))

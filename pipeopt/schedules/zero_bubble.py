@@ -82,7 +82,8 @@ def zb_v(problem: Problem) -> Orders:
         cnt = {"f0": 0, "f1": 0, "b0": 0, "b1": 0}
         order: list[Op] = []
 
-        def add(kind: str, chunk: int, counter: str | None = None) -> None:
+        def add(kind: str, chunk: int, counter: str | None = None, *, order: list[Op] = order,
+                lo: int = lo, hi: int = hi, cnt: dict[str, int] = cnt) -> None:
             key = counter or f"{kind.lower() if kind == 'F' else 'b'}{chunk}"
             order.append(Op(kind, lo if chunk == 0 else hi, cnt[key]))
             if counter is None:
