@@ -1,0 +1,466 @@
+"""``cpsat``: an exact schedule search with OR-Tools CP-SAT.
+
+The model itself lives in :mod:`pipeopt.solvers.cpsat_model` and the float-to-integer grids in
+:mod:`pipeopt.solvers.cpsat_grid`. This module prepares the data, warm-starts the search from the
+best heuristic schedule, runs the solver (Ctrl-C stops it and keeps the best schedule so far) and
+turns its answer into a :class:`~pipeopt.schedule.Schedule` with an honest status and a proven
+lower bound:
+
+* the solver's per-device orders are re-timed exactly (in floats) by the simulator; on an exact
+  grid the solver's own timing is kept instead when it is better (serialized links, span);
+* the bound combines the analytic bounds with CP-SAT's bound, which is proven for the real
+  problem because durations and delays are rounded *down* on the time grid (any real schedule,
+  floored, is a solution of the model);
+* memory demands are rounded *up* when they sit on no exact grid, so the orders keep the real
+  limits; CP-SAT's bound then proves nothing and only the analytic bound is reported;
+* ``optimal`` only when the schedule meets that proven bound (no search at all when the warm
+  start already does).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import signal
+import threading
+import time
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from pipeopt.bounds import iteration_lower_bound
+from pipeopt.problem import Op, Problem
+from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
+from pipeopt.schedules import GENERATORS, NotApplicable
+from pipeopt.simulate import ScheduleError, check, simulate
+from pipeopt.solvers import Progress, SolveOptions, fits_memory, lower_bound, run_classic
+from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
+from pipeopt.solvers.cpsat_model import (
+    IntData,
+    ScheduleModel,
+    add_hints,
+    build_model,
+    edges,
+    topological_ops,
+)
+
+logger = logging.getLogger("pipeopt.cpsat")
+logger.addHandler(logging.NullHandler())
+
+#: Share of the time limit the greedy warm start may use.
+_GREEDY_SHARE = 0.1
+
+
+def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
+    """Search for the schedule minimising ``options.objective`` (see the module docstring).
+
+    Raises :class:`~pipeopt.schedules.NotApplicable` when no schedule fits the memory limits.
+    """
+    t0 = time.perf_counter()
+    objective = options.objective
+    if objective not in ("makespan", "span"):
+        raise ValueError(f"objective: must be 'makespan' or 'span', got {objective!r}")
+    require_memory(problem)
+    warm = warm_start(problem, options)
+    analytic = lower_bound(problem, objective)
+    if objective == "makespan":
+        analytic = max(analytic, iteration_lower_bound(problem))  # with gradient reductions
+    workers = options.workers or _cpu_count()
+    tgrid = time_grid(_time_values(problem), options.resolution)
+    if _objective(warm, objective) <= analytic * (1 + 1e-9):
+        # The warm start meets a proven bound: it is optimal, no search needed.
+        return _result(warm, "warm start", analytic, objective, t0, options, (
+            ("resolution_s", tgrid.unit), ("time_grid_exact", tgrid.exact),
+            ("cpsat_status", "SKIPPED"),
+            ("warm_start", warm.method), ("num_workers", workers)), interrupted=False)
+
+    data, mem_exact = int_data(problem, tgrid)
+    horizon = _horizon(problem, warm, tgrid, objective)
+    # On an exact time grid every model solution is a real schedule, so the analytic bound
+    # holds in the model too.
+    lower = tgrid.up(analytic * (1 - 1e-9)) if tgrid.exact else 0
+    sm = build_model(data, objective, horizon, lower)
+    starts_u, msgs_u = _hint_units(warm, tgrid, sm)
+    add_hints(sm, starts_u, msgs_u)
+
+    def bound_s(units: float) -> float:
+        """A proven bound in seconds from the model's bound in units."""
+        if not mem_exact:
+            return analytic  # the model is a restriction on memory: its bound proves nothing
+        b = math.ceil(units - 1e-6)  # the objective is an integer
+        if objective == "span" and not tgrid.exact:
+            b -= 1  # floored start and end can stretch a span by one unit
+        return max(analytic, tgrid.seconds(b))
+
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.num_workers = workers
+    prm.max_time_in_seconds = max(0.01, options.time_limit - (time.perf_counter() - t0))
+    prm.relative_gap_limit = options.relative_gap
+    prm.random_seed = options.seed
+    prm.catch_sigint_signal = False  # our own handler stops the search and keeps the best
+    prm.log_search_progress = options.log
+    prm.log_to_stdout = False
+    if options.log:
+        solver.log_callback = lambda line: logger.info("%s", line)
+    cb = _ProgressCallback(t0, tgrid, bound_s, options)
+    if options.on_progress is not None:
+        solver.best_bound_callback = cb.on_bound  # the bound moves between solutions too
+    status, interrupted = _solve_interruptible(solver, sm.model, cb)
+
+    cands: list[tuple[Schedule, str]] = []
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        cands.extend(_solution_schedules(problem, sm, solver, tgrid))
+    cands.append((warm, "warm start"))
+    best, timing = min(cands, key=lambda c: _objective(c[0], objective))
+
+    lb = analytic
+    if status not in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+        lb = max(lb, bound_s(solver.best_objective_bound))
+    details: list[tuple[str, Any]] = [
+        ("resolution_s", tgrid.unit), ("time_grid_exact", tgrid.exact),
+        ("memory_grid_exact", mem_exact), ("num_workers", workers),
+        ("cpsat_status", solver.status_name(status)), ("cpsat_wall_time", solver.wall_time),
+        ("branches", solver.num_branches), ("conflicts", solver.num_conflicts),
+        ("warm_start", warm.method), ("warm_start_objective", _objective(warm, objective)),
+        ("horizon_units", horizon),
+    ]
+    return _result(best, timing, lb, objective, t0, options, tuple(details), interrupted)
+
+
+def _result(best: Schedule, timing: str, bound: float, objective: str, t0: float,
+            options: SolveOptions, details: tuple[tuple[str, Any], ...],
+            interrupted: bool) -> Schedule:
+    """``best`` labelled with its status: optimal only when it meets the proven ``bound``."""
+    value = _objective(best, objective)
+    if bound <= value * (1 + 1e-9):
+        bound = min(bound, value)  # a proven bound exceeds the value by float noise at most
+    optimal = value <= bound * (1 + 1e-9) and not interrupted
+    extra: tuple[tuple[str, Any], ...] = (("timing", timing),)
+    if interrupted:
+        extra += (("interrupted", True),)
+    info = SolverInfo(status="optimal" if optimal else "feasible", lower_bound=bound,
+                      wall_time=time.perf_counter() - t0, objective=objective,
+                      details=details + extra)
+    if options.on_progress is not None:
+        options.on_progress(Progress(info.wall_time, value, bound))
+    return replace(best, method="cpsat", solver=info)
+
+
+# ----- data on the grids -------------------------------------------------------------------
+
+def require_memory(problem: Problem) -> None:
+    """Raise :class:`NotApplicable` unless every device can hold what any schedule needs.
+
+    When a device starts F of its last stage for a micro-batch, that micro-batch's activations
+    on all of the device's stages are alive (their B's need this F first). Running the
+    micro-batches one after another needs exactly that much, so the condition is also enough.
+    """
+    for d, lim in enumerate(problem.memory_limit):
+        if lim is None:
+            continue
+        stages = problem.device_stages[d]
+        act = sum(problem.activation_memory[k] for k in stages)
+        need = problem.static_memory[d] + act
+        if lim < need * (1 - 1e-12) - 1e-12:
+            raise NotApplicable(
+                f"cpsat: no schedule fits memory_limit[{d}] = {lim:g}: device {d} needs at "
+                f"least {need:g} (static memory {problem.static_memory[d]:g} plus one "
+                f"micro-batch's activations on its stages {list(stages)}, {act:g}); the "
+                f"cheapest schedule, one micro-batch at a time, needs exactly that")
+
+
+def _time_values(problem: Problem) -> list[float]:
+    vals: list[float] = []
+    for kind in problem.kinds:
+        vals.extend(problem.durations[kind])
+    for k in range(problem.stages - 1):
+        for a, b in ((k, k + 1), (k + 1, k)):
+            vals.extend(problem.transfer(a, b))
+    vals.extend(problem.grad_reduce)
+    return vals
+
+
+def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
+    """The problem on the grids, and whether the memory grid is exact.
+
+    Times are rounded down (a relaxation); memory demands up and capacities down (a
+    restriction), so that the model's orders always keep the real memory limits.
+    """
+    dur = {kind: [tgrid.down(x) for x in problem.durations[kind]] for kind in problem.kinds}
+    tx: dict[tuple[int, int], int] = {}
+    lat: dict[tuple[int, int], int] = {}
+    for k in range(problem.stages - 1):
+        for a, b in ((k, k + 1), (k + 1, k)):
+            t, la = problem.transfer(a, b)
+            if t > 0:
+                tx[(a, b)] = tgrid.down(t)
+            if la > 0:
+                lat[(a, b)] = tgrid.down(la)
+    reduce = [tgrid.down(x) for x in problem.grad_reduce]
+    memory: dict[int, tuple[int, dict[int, tuple[int, int]]]] = {}
+    exact = True
+    for d, lim in enumerate(problem.memory_limit):
+        if lim is None:
+            continue
+        cap = lim - problem.static_memory[d]
+        held = {}
+        for k in problem.device_stages[d]:
+            a, w = problem.activation_memory[k], problem.weight_grad_memory[k]
+            held[k] = (a - w, w) if problem.split_backward else (a, 0.0)
+        mgrid = memory_grid([x for pair in held.values() for x in pair], cap)
+        exact = exact and mgrid.exact
+        memory[d] = (max(0, mgrid.down(cap)),
+                     {k: (mgrid.up(b), mgrid.up(w)) for k, (b, w) in held.items()})
+    return IntData(problem, dur, tx, lat, reduce, memory), exact
+
+
+def _horizon(problem: Problem, warm: Schedule, tgrid: Grid, objective: str) -> int:
+    """Units by which every op ends in some optimal schedule.
+
+    ``makespan``: the warm start's iteration time. ``span``: a span-optimal schedule can be
+    shifted left until, at every moment, some op runs or some message travels, so all work plus
+    every message's delay bounds its makespan.
+    """
+    if objective == "makespan":
+        return tgrid.up(warm.iteration_time)
+    total = sum(problem.duration(op) for op in problem.ops())
+    total += sum(problem.delay(src.stage, dst.stage) for src, dst in edges(problem))
+    return max(tgrid.up(total), tgrid.up(warm.makespan))
+
+
+# ----- warm start --------------------------------------------------------------------------
+
+def _objective(schedule: Schedule, objective: str) -> float:
+    return schedule.max_span if objective == "span" else schedule.iteration_time
+
+
+def sequential_orders(problem: Problem) -> list[list[Op]]:
+    """One micro-batch at a time, all the way forward and back: the least memory possible."""
+    glob: list[Op] = []
+    s = problem.stages
+    for j in range(problem.microbatches):
+        glob += [Op("F", k, j) for k in range(s)]
+        glob += [Op("B", k, j) for k in reversed(range(s))]
+        if problem.split_backward:
+            glob += [Op("W", k, j) for k in reversed(range(s))]
+    orders: list[list[Op]] = [[] for _ in range(problem.devices)]
+    for op in glob:
+        orders[problem.stage_device[op.stage]].append(op)
+    return orders
+
+
+def on_problem(problem: Problem, schedule: Schedule) -> Schedule | None:
+    """``schedule`` as a valid schedule of ``problem`` that keeps its memory limits, or None.
+
+    A schedule of the fused (or split) variant is converted through its device orders: a fused
+    B becomes B then W, a split B and W become one fused B.
+    """
+    try:
+        if schedule.problem == problem:
+            return schedule if not check(schedule) else None
+        orders = []
+        for order in schedule.device_orders():
+            out: list[Op] = []
+            for op in order:
+                if op.kind == "W" and not problem.split_backward:
+                    continue
+                out.append(op)
+                if op.kind == "B" and problem.split_backward and not \
+                        schedule.problem.split_backward:
+                    out.append(Op("W", op.stage, op.microbatch))
+            orders.append(out)
+        sched = simulate(problem, orders, method=schedule.method)
+    except (ScheduleError, ValueError):
+        return None
+    return sched if fits_memory(sched, problem) else None
+
+
+def warm_start(problem: Problem, options: SolveOptions) -> Schedule:
+    """The best schedule that fits: ``options.hint`` if given, else the best classic schedule
+    and the greedy; the one-micro-batch-at-a-time schedule when nothing else fits."""
+    cands: list[Schedule] = []
+    if options.hint is not None:
+        cands.append(options.hint)
+    else:
+        classic = _best_classic(problem, options.objective)
+        if classic is not None:
+            cands.append(classic)
+        bound = lower_bound(problem, options.objective)
+        if classic is None or _objective(classic, options.objective) > bound * (1 + 1e-9):
+            greedy = _greedy(problem, options)  # only when the classic one is not optimal
+            if greedy is not None:
+                cands.append(greedy)
+    cands.append(simulate(problem, sequential_orders(problem), method="sequential"))
+    fitting = [s for s in (on_problem(problem, c) for c in cands) if s is not None]
+    return min(fitting, key=lambda s: _objective(s, options.objective))
+
+
+def _best_classic(problem: Problem, objective: str) -> Schedule | None:
+    """The best hand-made schedule that fits, each timed on ``problem`` itself (a fused one is
+    split into B then W, which is never slower)."""
+    best: Schedule | None = None
+    for name in GENERATORS:
+        try:
+            sched = on_problem(problem, run_classic(problem, name))
+        except (NotApplicable, ScheduleError):
+            continue
+        if sched is not None and (best is None or _objective(sched, objective)
+                                  < _objective(best, objective)):
+            best = sched
+    return best
+
+
+def _greedy(problem: Problem, options: SolveOptions) -> Schedule | None:
+    """The greedy's schedule, if that module exists (it is optional here)."""
+    try:
+        fn = importlib.import_module("pipeopt.solvers.greedy").solve_greedy
+    except (ImportError, AttributeError):
+        return None
+    opts = replace(options, hint=None, on_progress=None, log=False,
+                   time_limit=max(0.1, _GREEDY_SHARE * options.time_limit))
+    try:
+        return fn(problem, opts)
+    except (NotApplicable, ScheduleError):
+        return None
+
+
+def _hint_units(warm: Schedule, tgrid: Grid, sm: ScheduleModel
+                ) -> tuple[dict[Op, int], dict[tuple[Op, Op], int]]:
+    """The warm start's start times in units, relabelled so that every (kind, stage) runs its
+    micro-batches in order (as the model requires; the relabelled schedule is just as valid).
+
+    Times are floored like the durations, so the hint is a solution of the model."""
+    groups: dict[tuple[str, int], list[TimedOp]] = defaultdict(list)
+    for o in warm.ops:
+        groups[(o.kind, o.stage)].append(o)
+    starts: dict[Op, int] = {}
+    for (kind, k), lst in groups.items():
+        lst.sort(key=lambda o: (o.start, o.end, o.microbatch))
+        for j, o in enumerate(lst):
+            starts[Op(kind, k, j)] = tgrid.down(o.start)
+    mgroups: dict[tuple[str, int, int], list[Message]] = defaultdict(list)
+    for mm in warm.messages:
+        mgroups[(mm.kind, mm.src_stage, mm.dst_stage)].append(mm)
+    by_key = {(src.kind, src.stage, dst.stage, src.microbatch): (src, dst)
+              for src, dst in sm.msg_start}
+    msgs: dict[tuple[Op, Op], int] = {}
+    for (kind, a, b), lst in mgroups.items():
+        lst.sort(key=lambda mm: (mm.start, mm.microbatch))
+        for j, mm in enumerate(lst):
+            edge = by_key.get((kind, a, b, j))
+            if edge is not None:
+                msgs[edge] = tgrid.down(mm.start)
+    return starts, msgs
+
+
+# ----- solving -----------------------------------------------------------------------------
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+class _ProgressCallback(cp_model.CpSolverSolutionCallback):
+    """Sends each improving solution (objective and bound, seconds) to ``on_progress``."""
+
+    def __init__(self, t0: float, tgrid: Grid, bound_s: Any, options: SolveOptions) -> None:
+        super().__init__()
+        self._t0, self._grid, self._bound_s = t0, tgrid, bound_s
+        self._on_progress = options.on_progress
+
+        self._objective: float | None = None
+        self._bound: float | None = None
+        self._lock = threading.Lock()
+
+    def on_solution_callback(self) -> None:
+        # The model's objective is a lower-rounded value on an inexact grid; the re-timed
+        # schedule is reported at the end.
+        obj = self._grid.seconds(round(self.objective_value))
+        bound = self._bound_s(self.best_objective_bound)
+        logger.debug("solution %.6g s, bound %.6g s", obj, bound)
+        self._report(obj, bound)
+
+    def on_bound(self, units: float) -> None:
+        """Called by the solver when its best bound improves (units)."""
+        self._report(None, self._bound_s(units))
+
+    def _report(self, obj: float | None, bound: float) -> None:
+        with self._lock:  # the solver calls from its own threads
+            if obj is not None:
+                self._objective = obj
+            self._bound = bound if self._bound is None else max(self._bound, bound)
+            if self._on_progress is not None:
+                self._on_progress(Progress(time.perf_counter() - self._t0, self._objective,
+                                           self._bound))
+
+
+def _solve_interruptible(solver: cp_model.CpSolver, model: cp_model.CpModel,
+                         cb: _ProgressCallback) -> tuple[int, bool]:
+    """Run the search; Ctrl-C stops it (the best solution so far is kept).
+
+    The solve runs in a worker thread so that the main thread stays free to take the signal
+    (Python runs signal handlers only in the main thread, between bytecodes)."""
+    interrupted = threading.Event()
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["status"] = solver.solve(model, cb)
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    if threading.current_thread() is not threading.main_thread():
+        run()
+    else:
+        def on_sigint(signum: int, frame: Any) -> None:
+            interrupted.set()
+            solver.stop_search()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            worker = threading.Thread(target=run, name="pipeopt-cpsat", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.05)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    if "error" in result:
+        raise result["error"]
+    return result["status"], interrupted.is_set()
+
+
+def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.CpSolver,
+                        tgrid: Grid) -> list[tuple[Schedule, str]]:
+    """The solver's orders re-timed by the simulator and, on an exact grid, the solver's own
+    timing when the validator accepts it."""
+    start_u = {op: solver.value(var) for op, var in sm.start.items()}
+    dur = sm.data.dur
+    rank = {op: i for i, op in enumerate(topological_ops(problem))}  # ties: zero-length ops
+    per_dev: list[list[Op]] = [[] for _ in range(problem.devices)]
+    for op in problem.ops():
+        per_dev[problem.stage_device[op.stage]].append(op)
+    orders = [sorted(lst, key=lambda op: (start_u[op], start_u[op] + dur[op.kind][op.stage],
+                                          rank[op]))
+              for lst in per_dev]
+    out = [(simulate(problem, orders, method="cpsat"), "simulated")]
+    if tgrid.exact:
+        sd = problem.stage_device
+        ops = tuple(TimedOp(sd[op.stage], op.stage, op.microbatch, op.kind,
+                            tgrid.seconds(start_u[op]),
+                            tgrid.seconds(start_u[op]) + problem.duration(op))
+                    for op in problem.ops())
+        msgs = []
+        for (src, dst), var in sm.msg_start.items():
+            t = tgrid.seconds(solver.value(var))
+            tx, lat = problem.transfer(src.stage, dst.stage)
+            msgs.append(Message(sd[src.stage], sd[dst.stage], src.stage, dst.stage,
+                                src.microbatch, src.kind, t, t + tx, t + tx + lat))
+        direct = Schedule(problem, "cpsat", ops, tuple(msgs))
+        if not check(direct):
+            out.append((direct, "solver"))
+    return out

@@ -1,0 +1,152 @@
+"""``auto``: never worse than the best hand-made schedule; honest bounds; CP-SAT when useful."""
+
+import importlib.util
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeopt.problem import uniform_problem
+from pipeopt.schedule import SolverInfo
+from pipeopt.schedules import NotApplicable
+from pipeopt.simulate import validate
+from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, run_classic, solve
+from pipeopt.solvers import auto as auto_mod
+from pipeopt.solvers.auto import best_classic, cpsat_skip_reason, solve_auto
+from pipeopt.solvers.greedy import min_memory
+from tests.strategies import problems
+
+HAVE_CPSAT = importlib.util.find_spec("pipeopt.solvers.cpsat") is not None
+
+
+@pytest.fixture
+def no_cpsat(monkeypatch):
+    """auto without CP-SAT (fast): hand-made schedules and the greedy only."""
+    real = auto_mod._load
+
+    def load(module, func):
+        return None if module.endswith("cpsat") else real(module, func)
+
+    monkeypatch.setattr(auto_mod, "_load", load)
+
+
+def _value(s, objective="makespan"):
+    return s.max_span if objective == "span" else s.iteration_time
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # the patch is constant
+@given(problems(max_devices=4, max_microbatches=6), st.sampled_from([None, 0.0, 0.5, 2.0]),
+       st.sampled_from(["makespan", "span"]))
+def test_never_worse_than_best_classic(no_cpsat, prob, slack, objective):
+    if slack is not None:
+        prob = prob.replace(memory_limit=tuple(x + slack for x in min_memory(prob)))
+    s = validate(solve(prob, "auto", objective=objective))
+    assert fits_memory(s, prob)
+    assert s.method.startswith("auto:")
+    assert s.problem.split_backward == prob.split_backward  # a schedule of the problem given
+    classic = best_classic(prob, objective)
+    if classic is not None:
+        assert _value(s, objective) <= _value(classic, objective) * (1 + 1e-9)
+    bound = s.solver.lower_bound
+    assert bound >= lower_bound(prob, objective) * (1 - 1e-12)
+    assert bound <= _value(s, objective) * (1 + 1e-9)
+    if s.solver.status == "optimal":
+        assert _value(s, objective) <= bound * (1 + 1e-9)
+    assert s.solver.detail("skipped_cpsat")
+
+
+@pytest.mark.skipif(not HAVE_CPSAT, reason="pipeopt.solvers.cpsat not present")
+@settings(max_examples=8)
+@given(problems(max_devices=3, max_microbatches=3), st.sampled_from([None, 0.5]))
+def test_never_worse_than_best_classic_with_cpsat(prob, slack):
+    if slack is not None:
+        prob = prob.replace(memory_limit=tuple(x + slack for x in min_memory(prob)))
+    s = validate(solve(prob, "auto", time_limit=2.0, workers=1))
+    classic = best_classic(prob)
+    if classic is not None:
+        assert s.iteration_time <= classic.iteration_time * (1 + 1e-9)
+    if s.solver.status == "optimal":
+        assert s.iteration_time <= s.solver.lower_bound * (1 + 1e-9)
+
+
+def test_chooses_the_best_and_names_it(no_cpsat):
+    # 1F1B's memory on a slow cross-datacenter link: the greedy beats every classic schedule.
+    from pipeopt.problem import chain_links
+
+    p = 8
+    lat, bw = chain_links(p, [0, 0, 0, 4.0, 0, 0, 0], [float("inf")] * (p - 1))
+    prob = uniform_problem(p, 16, 1.0, 1.2, 0.8, weight_grad=0.5).replace(
+        latency=lat, bandwidth=bw, memory_limit=(8.0,) * p)
+    s = solve(prob, "auto")
+    assert s.method == "auto:greedy"
+    assert s.solver.detail("chosen") == "greedy"
+    assert s.makespan < 0.75 * best_classic(prob).makespan
+    # With no limit and no latency, ZB-H2 is already optimal: auto keeps a schedule that good.
+    easy = uniform_problem(4, 16, 1.0, 1.0, 1.0)
+    e = solve(easy, "auto")
+    assert e.makespan == pytest.approx(lower_bound(easy))
+    assert e.solver.status == "optimal"
+
+
+def test_nothing_fits(no_cpsat):
+    prob = uniform_problem(4, 8, activation=2.0, memory_limit=1.0)
+    with pytest.raises(NotApplicable, match="auto: no method"):
+        solve(prob, "auto")
+
+
+def test_skips_cpsat_on_huge_instances():
+    huge = uniform_problem(32, 256, 1.0, 1.2, 0.8, weight_grad=0.5, memory_limit=32.0)
+    assert cpsat_skip_reason(huge, 60.0)
+    assert cpsat_skip_reason(uniform_problem(4, 8), 60.0) is None
+    assert cpsat_skip_reason(uniform_problem(4, 8), 0.1)  # no time left
+    s = solve(huge, "auto", time_limit=60.0)
+    reason = s.solver.detail("skipped_cpsat")
+    assert reason and "ops" in reason
+    assert s.makespan <= run_classic(huge, "zb-h1").makespan
+
+
+def test_hint_and_proof_from_cpsat(monkeypatch):
+    """A stand-in CP-SAT: it gets the best schedule so far as its hint and the remaining time;
+    its proven bound and status carry over; a worse answer is not chosen."""
+    seen = {}
+
+    def fake_cpsat(problem, options):
+        seen["hint"] = options.hint
+        seen["time_limit"] = options.time_limit
+        hint = options.hint
+        bound = seen.get("bound", lower_bound(problem))
+        slower = replace(hint, method="cpsat", ops=tuple(
+            o._replace(start=o.start * 2, end=o.start * 2 + (o.end - o.start))
+            for o in hint.ops), messages=())
+        status = seen.get("status", "feasible")
+        out = hint if status == "optimal" else slower
+        return replace(out, method="cpsat", solver=SolverInfo(
+            status=status, lower_bound=bound, objective=options.objective))
+
+    real = auto_mod._load
+    monkeypatch.setattr(auto_mod, "_load", lambda module, func: fake_cpsat
+                        if module.endswith("cpsat") else real(module, func))
+    prob = uniform_problem(4, 8, 1.0, 1.2, 0.8, weight_grad=0.5, latency=0.5,
+                           memory_limit=4.0)
+    s = solve_auto(prob, SolveOptions(time_limit=30.0))
+    best_before = min(best_classic(prob).makespan, solve(prob, "greedy").makespan)
+    assert seen["hint"].makespan == pytest.approx(best_before)
+    assert 0 < seen["time_limit"] <= 30.0
+    assert s.method != "auto:cpsat"  # the stand-in's answer was slower
+    assert s.makespan == pytest.approx(best_before)
+    assert s.solver.status != "optimal"
+    # Now the stand-in proves that the hint is optimal.
+    seen["status"], seen["bound"] = "optimal", best_before
+    s = solve_auto(prob, SolveOptions(time_limit=30.0))
+    assert s.solver.status == "optimal"
+    assert s.solver.lower_bound == pytest.approx(best_before)
+
+
+@pytest.mark.skipif(not HAVE_CPSAT, reason="pipeopt.solvers.cpsat not present")
+def test_runs_cpsat_on_small_instances():
+    prob = uniform_problem(3, 4, 1.0, 1.2, 0.8, weight_grad=0.5, latency=0.5, memory_limit=3.0)
+    s = validate(solve(prob, "auto", time_limit=10.0, workers=1))
+    assert s.solver.detail("skipped_cpsat") is None
+    assert any(m == "cpsat" for m, _ in s.solver.detail("candidates"))
+    assert s.solver.status == "optimal"
