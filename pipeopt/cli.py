@@ -81,6 +81,12 @@ def cmd_solve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
+    if not args.json:
+        from pipeopt.costs import describe_partition
+
+        table = describe_partition(cfg)
+        if table:
+            print(table)
     progress = _progress_printer(args.quiet or args.json)
     sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
                   objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
@@ -135,7 +141,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     if args.plot:
-        from pipeopt.plot import plot_compare  # type: ignore[import-not-found]
+        from pipeopt.plot import plot_compare
 
         plot_compare([r.schedule for r in rows if r.schedule is not None], args.plot)
         print(f"written {args.plot}")

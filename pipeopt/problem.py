@@ -205,6 +205,16 @@ class Problem:
         kind = tuple(x for x in self.kinds for _ in range(s * m))
         return dev, stage, mb, kind
 
+    def inputs(self, op: Op) -> list[Op]:
+        """The ops whose outputs ``op`` needs: F(k) needs F(k-1); B(k) needs F(k) and, below
+        the last stage, B(k+1); W(k) needs B(k)."""
+        k, j = op.stage, op.microbatch
+        if op.kind == "F":
+            return [Op("F", k - 1, j)] if k > 0 else []
+        if op.kind == "B":
+            return [Op("F", k, j)] + ([Op("B", k + 1, j)] if k < self.stages - 1 else [])
+        return [Op("B", k, j)]
+
     def ops(self) -> Iterator[Op]:
         """Every op of the problem exactly once."""
         for kind in self.kinds:
@@ -394,4 +404,6 @@ def rechunk(problem: Problem, virtual_stages: int, placement: Placement) -> Prob
         weight_grad_memory=per(problem.weight_grad_memory),
         grad_reduce=per(problem.grad_reduce),
         message_size=(msg,) * (p * v - 1),
+        # The per-layer partition no longer describes these stages.
+        meta=tuple((k, x) for k, x in problem.meta if k not in ("partition", "stage_costs")),
     )

@@ -1,0 +1,434 @@
+"""The model/cluster form of ``config.yaml``: layers -> partition -> :class:`Problem`.
+
+Flow: validate ``model:``, ``cluster:``, ``training:``; list the pipeline layers (analytic
+transformer, explicit ``layer_costs`` or a measured profile); place the pipeline ranks on the
+cluster (:mod:`pipeopt.topology`); search the stage partition (:mod:`pipeopt.partition`); build
+the problem with per-stage costs, link matrices and memory, and record the partition in
+``Problem.meta`` so that the schedule JSON carries it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeopt.config import Config, ConfigError, ConfigFile
+from pipeopt.costs.config import (
+    ClusterConfig,
+    ModelConfig,
+    TrainingConfig,
+    parse_cluster,
+    parse_model,
+    parse_training,
+)
+from pipeopt.costs.gpus import GPU, lookup
+from pipeopt.costs.transformer import LayerCost, TransformerShape, efficiency_at, total_params
+from pipeopt.costs.transformer import transformer_layers as _transformer_layers
+from pipeopt.partition import (
+    ChainCosts,
+    Partition,
+    PartitionError,
+    check_partition,
+    evaluate,
+    from_counts,
+    inflight_microbatches,
+    uniform_partition,
+)
+from pipeopt.problem import Problem, ProblemError, stage_device_map
+from pipeopt.topology import Datacenter, Tier, Topology, TopologyError
+
+
+# ----- layers ------------------------------------------------------------------------------
+def shape_of(cfg: ModelConfig) -> TransformerShape:
+    """The :class:`TransformerShape` of a validated transformer ``model:`` section."""
+    assert cfg.layers and cfg.hidden and cfg.heads and cfg.seq_len and cfg.vocab
+    return TransformerShape(
+        layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, seq_len=cfg.seq_len,
+        vocab=cfg.vocab, kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden,
+        micro_batch_size=cfg.micro_batch_size, dtype=cfg.dtype, activation=cfg.activation,
+        norm=cfg.norm, bias=cfg.bias, position_embedding=cfg.position_embedding,
+        tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout, recompute=cfg.recompute,
+        tensor_parallel=cfg.tensor_parallel, sequence_parallel=cfg.sequence_parallel)
+
+
+def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[LayerCost], str]:
+    """The pipeline layers of a ``model:`` section and where their costs come from
+    (``analytic``, ``layer_costs`` or ``profile``)."""
+    if cfg.profile is not None:
+        from pipeopt.costs.profiler import ProfileError, load_profile
+
+        path = Path(cfg.profile)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        try:
+            return load_profile(path), "profile"
+        except ProfileError as exc:
+            raise ConfigError(f"model.profile: {exc}") from None
+    if cfg.layer_costs is not None:
+        out = []
+        for spec in cfg.layer_costs:
+            fwd = spec.forward
+            for i in range(spec.count):
+                name = spec.name if spec.count == 1 else f"{spec.name}{i}"
+                wgb = spec.activation_bytes if spec.weight_grad_bytes is None else min(
+                    spec.weight_grad_bytes, spec.activation_bytes)
+                ff = spec.forward_flops or 0.0
+                out.append(LayerCost(
+                    name=name, forward_flops=ff,
+                    backward_input_flops=(spec.backward_input_flops
+                                          if spec.backward_input_flops is not None else ff),
+                    backward_weight_flops=(spec.backward_weight_flops
+                                           if spec.backward_weight_flops is not None else ff),
+                    params=spec.params, activation_bytes=spec.activation_bytes,
+                    weight_grad_bytes=wgb, output_bytes=spec.output_bytes,
+                    forward_time=fwd,
+                    backward_input_time=(spec.backward_input if spec.backward_input is not None
+                                         else fwd),
+                    backward_weight_time=(spec.backward_weight if spec.backward_weight
+                                          is not None else fwd)))
+        return out, "layer_costs"
+    overrides: dict[int, dict[str, object]] = {}
+    for ov in cfg.overrides:
+        change = {k: v for k, v in ov.model_dump(exclude={"layers"}).items() if v is not None}
+        for b in ov.layers:
+            overrides.setdefault(b, {}).update(change)
+    return _transformer_layers(shape_of(cfg), overrides), "analytic"
+
+
+# ----- cluster -----------------------------------------------------------------------------
+def topology_of(cfg: ClusterConfig) -> Topology:
+    """The :class:`Topology` of a validated ``cluster:`` section."""
+    tiers = {name: Tier(t["bandwidth"], t["latency"])
+             for name, t in cfg.tiers.model_dump().items() if t is not None}
+    if isinstance(cfg.datacenters, int):
+        dcs = [Datacenter(lookup(cfg.gpu), cfg.nodes_per_datacenter, cfg.gpus_per_node)
+               ] * cfg.datacenters
+    else:
+        dcs = [Datacenter(lookup(dc.gpu or cfg.gpu), dc.nodes or cfg.nodes_per_datacenter,
+                          dc.gpus_per_node or cfg.gpus_per_node) for dc in cfg.datacenters]
+    return Topology(dcs, tiers)
+
+
+def _per_device(name: str, value: Any, p: int) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != p:
+            raise ConfigError(f"{name}: expected {p} values (one per device), got {len(value)}")
+        return list(value)
+    return [value] * p
+
+
+# ----- the plan: everything needed to turn a partition into a Problem ----------------------
+@dataclass
+class ModelPlan:
+    """Layers, devices and settings of a model/cluster config (times in seconds, bytes)."""
+
+    layers: list[LayerCost]
+    source: str
+    topology: Topology
+    rank_gpus: list[int]
+    devices: int
+    microbatches: int
+    virtual_stages: int
+    placement: str
+    split_backward: bool
+    dtype: str
+    efficiency: float | list[tuple[float, float]]
+    peak_override: float | None
+    memory_limit: list[float | None]
+    extra_static: list[float]
+    training: TrainingConfig
+    model_params: float | None = None
+
+    @property
+    def stages(self) -> int:
+        """Global stages p·v."""
+        return self.devices * self.virtual_stages
+
+    @property
+    def stage_device(self) -> tuple[int, ...]:
+        """Device of each stage."""
+        return stage_device_map(self.devices, self.virtual_stages, self.placement)
+
+    def gpu(self, device: int) -> GPU:
+        """GPU model of a pipeline rank."""
+        return self.topology.gpu_models[self.rank_gpus[device]]
+
+    def peak(self, device: int) -> float:
+        """Dense peak FLOP/s of a rank's GPU for the model's dtype."""
+        return self.peak_override or self.gpu(device).peak_flops(self.dtype)
+
+    def layer_times(self, device: int) -> np.ndarray:
+        """(L, 3) seconds of forward, backward-input, backward-weight of each layer."""
+        peak = self.peak(device)
+        return np.array([lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))
+                         for lc in self.layers])
+
+    def chain_costs(self) -> ChainCosts:
+        """Inputs of the partition search."""
+        sd = self.stage_device
+        per_dev = {d: self.layer_times(d).sum(axis=1) for d in set(sd)}
+        compute = np.stack([per_dev[d] for d in sd])
+        out_bytes = np.array([lc.output_bytes for lc in self.layers])
+        comm = np.zeros((self.stages - 1, len(self.layers)))
+        for k in range(self.stages - 1):
+            a, b = self.rank_gpus[sd[k]], self.rank_gpus[sd[k + 1]]
+            if a != b:
+                lat, bw = self.topology.link(a, b)
+                comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
+        static = np.array([lc.params * self.training.bytes_per_param for lc in self.layers])
+        act = np.array([lc.activation_bytes for lc in self.layers])
+        inflight = inflight_microbatches(self.devices, self.virtual_stages, self.microbatches,
+                                         self.training.inflight)
+        lim = [math.inf if x is None else x - s
+               for x, s in zip(self.memory_limit, self.extra_static, strict=True)]
+        return ChainCosts(compute=compute, comm=comm, static=static, activation=act,
+                          inflight=np.array(inflight, float), stage_device=sd,
+                          device_limit=np.array(lim, float), microbatches=self.microbatches)
+
+    def uniform(self) -> Partition:
+        """Megatron's default: transformer blocks split evenly, embedding on the first stage
+        and LM head on the last; equal layer counts for other models."""
+        names = [lc.name for lc in self.layers]
+        n, s = len(names), self.stages
+        if names and names[0] == "embedding" and names[-1] == "head" and n - 2 >= s:
+            inner = uniform_partition(n - 2, s)
+            return tuple((0 if k == 0 else a + 1, n if k == s - 1 else b + 1)
+                         for k, (a, b) in enumerate(inner))
+        return uniform_partition(n, s)
+
+    def stage_costs(self, partition: Partition) -> list[dict[str, Any]]:
+        """Per-stage figures (JSON-able): layers, times, memory."""
+        sd = self.stage_device
+        times = {d: self.layer_times(d) for d in set(sd)}
+        inflight = inflight_microbatches(self.devices, self.virtual_stages, self.microbatches,
+                                         self.training.inflight)
+        out = []
+        for k, (a, b) in enumerate(partition):
+            t = times[sd[k]][a:b].sum(axis=0)
+            seg = self.layers[a:b]
+            act = sum(lc.activation_bytes for lc in seg)
+            static = sum(lc.params for lc in seg) * self.training.bytes_per_param
+            out.append({
+                "stage": k, "device": sd[k], "layers": [a, b],
+                "first": seg[0].name, "last": seg[-1].name,
+                "forward_s": float(t[0]), "backward_input_s": float(t[1]),
+                "backward_weight_s": float(t[2]),
+                "activation_bytes": float(act),
+                "weight_grad_bytes": float(sum(lc.weight_grad_bytes for lc in seg)),
+                "params": float(sum(lc.params for lc in seg)),
+                "static_bytes": float(static),
+                "inflight_microbatches": inflight[k],
+                "memory_estimate_bytes": float(static + inflight[k] * act),
+                "output_bytes": float(seg[-1].output_bytes),
+            })
+        return out
+
+    def problem(self, partition: Partition, meta: dict[str, Any] | None = None) -> Problem:
+        """The scheduling problem of ``partition``."""
+        check_partition(partition, len(self.layers), self.stages)
+        p, sd = self.devices, self.stage_device
+        rows = self.stage_costs(partition)
+        static = [0.0] * p
+        for r in rows:
+            static[r["device"]] += r["static_bytes"]
+        static = [s + e for s, e in zip(static, self.extra_static, strict=True)]
+        lat, bw = self.topology.matrices(self.rank_gpus)
+        reduce = [0.0] * self.stages
+        dp = self.training.data_parallel
+        if dp > 1:
+            ib = self.topology.tiers["infiniband"]
+            for k, r in enumerate(rows):
+                nbytes = r["params"] * self.training.grad_bytes_per_param
+                # Ring all-reduce: 2(d-1)/d of the bytes over each link, 2(d-1) latencies.
+                reduce[k] = 2 * (dp - 1) / dp * nbytes / ib.bandwidth + 2 * (dp - 1) * ib.latency
+        info = {
+            "partition": [list(r["layers"]) for r in rows],
+            "layer_names": [lc.name for lc in self.layers],
+            "stage_costs": rows,
+            "devices": [{"device": d, "gpu": self.topology.gpus[g],
+                         "model": self.topology.gpu_models[g].name,
+                         "datacenter": self.topology.datacenter_of(g),
+                         "memory_limit": self.memory_limit[d]}
+                        for d, g in enumerate(self.rank_gpus)],
+            "cross_datacenter_cuts": self.topology.cross_datacenter_cuts(
+                [self.rank_gpus[d] for d in sd]),
+            "cost_model": {"source": self.source, "dtype": self.dtype,
+                           "compute_efficiency": self.efficiency,
+                           "bytes_per_param": self.training.bytes_per_param,
+                           "model_params": self.model_params},
+            **(meta or {}),
+        }
+        return Problem(
+            devices=p, microbatches=self.microbatches, virtual_stages=self.virtual_stages,
+            placement=self.placement,  # type: ignore[arg-type]
+            split_backward=self.split_backward,
+            forward=tuple(r["forward_s"] for r in rows),
+            backward_input=tuple(r["backward_input_s"] for r in rows),
+            backward_weight=tuple(r["backward_weight_s"] for r in rows),
+            activation_memory=tuple(r["activation_bytes"] for r in rows),
+            weight_grad_memory=tuple(min(r["weight_grad_bytes"], r["activation_bytes"])
+                                     for r in rows),
+            latency=lat, bandwidth=bw,
+            message_size=tuple(r["output_bytes"] for r in rows[:-1]),
+            memory_limit=tuple(self.memory_limit), static_memory=tuple(static),
+            grad_reduce=tuple(reduce), meta=tuple(info.items()))
+
+
+def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
+    """Validate the sections of a model/cluster config and collect what the search needs."""
+    if cfg.model is None:
+        raise ConfigError("model: missing (a cluster: needs a model: to place)")
+    mcfg = parse_model(cfg.model)
+    ccfg = parse_cluster(cfg.cluster or {})
+    tcfg = parse_training(cfg.training or {})
+    base = Path(source).parent if source and not source.startswith("<") else None
+    layers, origin = model_layers(mcfg, base)
+    pl = cfg.pipeline
+    s = pl.devices * pl.virtual_stages
+    if len(layers) < s:
+        raise ConfigError(f"pipeline.devices: {pl.devices} devices x {pl.virtual_stages} "
+                          f"virtual stages need at least {s} layers, the model has "
+                          f"{len(layers)}")
+    topo = topology_of(ccfg)
+    group = mcfg.tensor_parallel if origin == "analytic" else 1
+    try:
+        ranks = topo.place(pl.devices, group)
+    except TopologyError as exc:
+        raise ConfigError(f"cluster: {exc}") from None
+    limits: list[float | None]
+    if cfg.memory.limit is None:
+        limits = []
+        for g in ranks:
+            cap = ccfg.memory_bytes or topo.gpu_models[g].memory_bytes
+            limits.append(cap * (1 - ccfg.memory_reserve))
+    else:
+        limits = _per_device("memory.limit", cfg.memory.limit, pl.devices)
+    extra = [float(x) for x in _per_device("memory.static", cfg.memory.static, pl.devices)]
+    params = total_params(shape_of(mcfg)) if origin == "analytic" else None
+    return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
+                     devices=pl.devices, microbatches=pl.microbatches,
+                     virtual_stages=pl.virtual_stages, placement=pl.placement,
+                     split_backward=pl.split_backward, dtype=mcfg.dtype,
+                     efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
+                     memory_limit=limits, extra_static=extra, training=tcfg,
+                     model_params=params)
+
+
+def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
+    """Run the partition search the ``training:`` section asks for; returns the partition and
+    a JSON-able report (method, objective values, wall time, the uniform baseline)."""
+    from pipeopt.partition.dp import best_partition
+
+    tc = plan.training
+    costs = plan.chain_costs()
+    t0 = time.perf_counter()
+    uniform = plan.uniform()
+    report: dict[str, Any] = {"method": tc.partition, "objective": tc.partition_objective}
+    try:
+        if tc.stage_layers is not None:
+            if len(tc.stage_layers) != plan.stages:
+                raise ConfigError(f"training.stage_layers: expected {plan.stages} values (one "
+                                  f"per stage), got {len(tc.stage_layers)}")
+            if sum(tc.stage_layers) != len(plan.layers):
+                raise ConfigError(f"training.stage_layers: must add up to the model's "
+                                  f"{len(plan.layers)} layers, got {sum(tc.stage_layers)}")
+            part = from_counts(tc.stage_layers)
+            report["method"] = "explicit"
+        elif tc.partition == "uniform":
+            part = uniform
+        elif tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
+            from pipeopt.partition.ilp import ilp_partition
+
+            part = ilp_partition(costs, tc.partition_objective).partition
+            report["method"] = "ilp"
+        elif tc.partition == "joint":
+            from pipeopt.partition.joint import joint_search
+
+            res = joint_search(costs, plan.problem, top_k=tc.top_k,
+                               objective=tc.partition_objective, method=tc.joint_method,
+                               time_limit=tc.joint_time_limit, extra=[uniform])
+            part = res.partition
+            report["scheduler"] = res.method
+            report["candidates"] = [
+                {"stage_layers": [b - a for a, b in r.partition], "analytic_s": r.analytic,
+                 "iteration_time_s": None if r.schedule is None else r.schedule.iteration_time,
+                 "uniform": r.partition == uniform, "error": r.error}
+                for r in res.rows]
+        else:
+            part = best_partition(costs, tc.partition_objective).partition
+    except PartitionError as exc:
+        raise ConfigError(f"memory: {exc}") from None
+    ev = evaluate(costs, part)
+    if not ev.fits:  # only an explicit or uniform partition can get here
+        worst = max(range(len(ev.device_memory)),
+                    key=lambda d: ev.device_memory[d] - costs.device_limit[d])
+        over = ev.device_memory[worst] - costs.device_limit[worst]
+        raise ConfigError(f"memory: the {report['method']} partition does not fit: device "
+                          f"{worst} needs {ev.device_memory[worst]:.4g} bytes, {over:.4g} bytes "
+                          f"over its limit of {costs.device_limit[worst]:.4g} bytes")
+    uev = evaluate(costs, uniform)
+    report.update({"wall_time_s": time.perf_counter() - t0,
+                   "analytic_objective_s": ev.objective, "max_stage_time_s": ev.max_time,
+                   "uniform_stage_layers": [b - a for a, b in uniform],
+                   "uniform_analytic_objective_s": uev.objective, "uniform_fits": uev.fits})
+    return part, report
+
+
+def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:
+    """The :class:`Config` of a model/cluster config: search the partition and build the
+    problem (its ``meta`` holds the partition and per-stage costs)."""
+    if cfg.stages is not None:
+        raise ConfigError("stages: cannot be combined with model:/cluster: (give per-stage "
+                          "costs or a model, not both)")
+    if "links" in data:
+        raise ConfigError("links: not used with cluster: (the topology gives the links); "
+                          "remove it or set cluster.tiers")
+    plan = make_plan(cfg, source)
+    part, report = search_partition(plan)
+    try:
+        problem = plan.problem(part, {"partition_search": report})
+    except ProblemError as exc:
+        raise ConfigError(f"model: {exc}") from None
+    meta = dict(problem.meta)
+    extras = (("partition", meta["partition"]), ("layer_names", meta["layer_names"]),
+              ("stage_costs", meta["stage_costs"]), ("partition_search", report),
+              ("devices", meta["devices"]), ("plan", plan))
+    return Config(problem=problem, solver=cfg.solver, source=source, extras=extras)
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**30:.1f}"
+
+
+def describe_partition(config: Config) -> str:
+    """A table of the partition of a model/cluster config ("" for an explicit config)."""
+    meta = dict(config.problem.meta)
+    rows = meta.get("stage_costs")
+    if not rows:
+        return ""
+    names = meta.get("layer_names", [])
+    devs = meta.get("devices", [])
+    lines = [f"{'stage':>5} {'dev':>3} {'gpu':<16} {'layers':<26} {'F ms':>8} {'B ms':>8} "
+             f"{'W ms':>8} {'act GiB':>8} {'static GiB':>10} {'est GiB':>8} {'limit':>6}"]
+    for r in rows:
+        a, b = r["layers"]
+        span = f"{b - a:>3}: {names[a] if names else a}..{names[b - 1] if names else b - 1}"
+        dev = devs[r["device"]] if r["device"] < len(devs) else {}
+        lines.append(
+            f"{r['stage']:>5} {r['device']:>3} {dev.get('gpu', '-'):<16} {span:<26} "
+            f"{r['forward_s'] * 1e3:>8.2f} {r['backward_input_s'] * 1e3:>8.2f} "
+            f"{r['backward_weight_s'] * 1e3:>8.2f} {_gib(r['activation_bytes']):>8} "
+            f"{_gib(r['static_bytes']):>10} {_gib(r['memory_estimate_bytes']):>8} "
+            f"{_gib(dev.get('memory_limit')):>6}")
+    rep = meta.get("partition_search") or {}
+    if rep:
+        lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}), "
+                     f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
+                     f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "
+                     f"cross-datacenter cuts {meta.get('cross_datacenter_cuts', 0)}")
+    return "\n".join(lines)

@@ -1,0 +1,313 @@
+"""Validated ``model:``, ``cluster:`` and ``training:`` sections (pydantic, unknown keys refused).
+
+Every error is raised as :class:`pipeopt.config.ConfigError` whose message starts with the key
+path, e.g. ``model.hidden: must be > 0, got -1``. Units: bytes, seconds, bytes/s, FLOP/s.
+See docs/model_config.md for the reference of every key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeopt.config import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----- model: ------------------------------------------------------------------------------
+class LayerOverride(_Strict):
+    """Changes to some transformer blocks (0-based block indices, embedding/head excluded)."""
+
+    layers: list[int] = Field(min_length=1)
+    ffn_hidden: int | None = Field(None, gt=0)
+    heads: int | None = Field(None, gt=0)
+    kv_heads: int | None = Field(None, gt=0)
+    activation: Literal["gelu", "swiglu"] | None = None
+    recompute: Literal["none", "selective", "full"] | None = None
+    time_scale: float = Field(1.0, gt=0, description="multiplies the layer's op times")
+
+
+class LayerCostSpec(_Strict):
+    """One explicit layer (or ``count`` identical layers) of an arbitrary model.
+
+    Times in seconds per micro-batch, or FLOPs (turned into times with the GPU's peak and the
+    compute efficiency); backward defaults to the forward for each of B and W.
+    """
+
+    name: str = "layer"
+    count: int = Field(1, ge=1)
+    forward: float | None = Field(None, ge=0)
+    backward_input: float | None = Field(None, ge=0)
+    backward_weight: float | None = Field(None, ge=0)
+    forward_flops: float | None = Field(None, ge=0)
+    backward_input_flops: float | None = Field(None, ge=0)
+    backward_weight_flops: float | None = Field(None, ge=0)
+    params: float = Field(0.0, ge=0, description="parameter count")
+    activation_bytes: float = Field(0.0, ge=0)
+    weight_grad_bytes: float | None = Field(None, ge=0)
+    output_bytes: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _needs_cost(self) -> LayerCostSpec:
+        if self.forward is None and self.forward_flops is None:
+            raise ValueError("give forward (seconds) or forward_flops")
+        return self
+
+
+class ModelConfig(_Strict):
+    """``model:`` — a transformer shape, an explicit layer list, or a measured profile."""
+
+    preset: str | None = None
+    profile: str | None = None
+    layer_costs: list[LayerCostSpec] | None = None
+    layers: int | None = Field(None, gt=0)
+    hidden: int | None = Field(None, gt=0)
+    heads: int | None = Field(None, gt=0)
+    kv_heads: int | None = Field(None, gt=0)
+    ffn_hidden: int | None = Field(None, gt=0)
+    seq_len: int | None = Field(None, gt=0)
+    vocab: int | None = Field(None, gt=0)
+    micro_batch_size: int = Field(1, gt=0)
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = True
+    position_embedding: Literal["learned", "rotary"] = "learned"
+    tie_embeddings: bool = False
+    dropout: bool = True
+    recompute: Literal["none", "selective", "full"] = "none"
+    tensor_parallel: int = Field(1, ge=1)
+    sequence_parallel: bool = True
+    overrides: list[LayerOverride] = []
+
+
+#: Published shapes; any key given next to ``preset`` wins over the preset's value.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Brown et al. 2020, table 2.1; GPT-2 tokenizer; tied input/output embedding.
+    "gpt3-175b": dict(layers=96, hidden=12288, heads=96, ffn_hidden=4 * 12288, seq_len=2048,
+                      vocab=50257, activation="gelu", norm="layernorm", bias=True,
+                      position_embedding="learned", tie_embeddings=True, dropout=True),
+    # Touvron et al. 2023 (Llama 2), table 1 and the released configs.
+    "llama2-7b": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008,
+                      seq_len=4096, vocab=32000, activation="swiglu", norm="rmsnorm",
+                      bias=False, position_embedding="rotary", tie_embeddings=False,
+                      dropout=False),
+    "llama2-13b": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=13824,
+                       seq_len=4096, vocab=32000, activation="swiglu", norm="rmsnorm",
+                       bias=False, position_embedding="rotary", tie_embeddings=False,
+                       dropout=False),
+    "llama2-70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
+                       seq_len=4096, vocab=32000, activation="swiglu", norm="rmsnorm",
+                       bias=False, position_embedding="rotary", tie_embeddings=False,
+                       dropout=False),
+    # GPT-2 small (Radford et al. 2019).
+    "gpt2-small": dict(layers=12, hidden=768, heads=12, ffn_hidden=3072, seq_len=1024,
+                       vocab=50257, activation="gelu", norm="layernorm", bias=True,
+                       position_embedding="learned", tie_embeddings=True, dropout=True),
+}
+
+
+# ----- cluster: ----------------------------------------------------------------------------
+class TierConfig(_Strict):
+    """One link tier: bandwidth per direction (bytes/s) and one-way latency (seconds)."""
+
+    bandwidth: float = Field(gt=0)
+    latency: float = Field(ge=0)
+
+
+class TiersConfig(_Strict):
+    """Overrides of the default link tiers (see :mod:`pipeopt.topology`)."""
+
+    nvlink: TierConfig | None = None
+    pcie: TierConfig | None = None
+    infiniband: TierConfig | None = None
+    wan: TierConfig | None = None
+
+
+class DatacenterConfig(_Strict):
+    """One datacenter of a heterogeneous cluster (missing keys come from ``cluster:``)."""
+
+    gpu: str | None = None
+    nodes: int | None = Field(None, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1)
+
+
+class ClusterConfig(_Strict):
+    """``cluster:`` — GPUs, their grouping into nodes and datacenters, and link tiers."""
+
+    gpu: str = "H100-SXM"
+    datacenters: int | list[DatacenterConfig] = 1
+    nodes_per_datacenter: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=1)
+    tiers: TiersConfig = TiersConfig()
+    compute_efficiency: float | list[tuple[float, float]] = 0.5
+    peak_flops: float | None = Field(None, gt=0, description="FLOP/s, overrides the catalog")
+    memory_bytes: float | None = Field(None, gt=0, description="bytes, overrides the catalog")
+    memory_reserve: float = Field(0.1, ge=0, lt=1, description="fraction of memory kept free")
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if isinstance(self.datacenters, int) and self.datacenters < 1:
+            raise ValueError(f"datacenters: must be >= 1, got {self.datacenters}")
+        eff = self.compute_efficiency
+        points = [(None, eff)] if isinstance(eff, float | int) else list(eff)
+        if not points:
+            raise ValueError("compute_efficiency: give a number or a list of [flops, efficiency]")
+        for _, e in points:
+            if not 0 < e <= 1:
+                raise ValueError(f"compute_efficiency: must be in (0, 1], got {e}")
+        return self
+
+
+# ----- training: ---------------------------------------------------------------------------
+class TrainingConfig(_Strict):
+    """``training:`` — optimizer state, data parallelism and the stage-partition search."""
+
+    bytes_per_param: float = Field(16.0, gt=0, description="weights + grads + optimizer state")
+    grad_bytes_per_param: float = Field(2.0, gt=0, description="gradient bytes reduced per param")
+    data_parallel: int = Field(1, ge=1)
+    partition: Literal["dp", "ilp", "joint", "uniform"] = "dp"
+    partition_objective: Literal["pipeline", "minmax"] = "pipeline"
+    stage_layers: list[int] | None = Field(None, description="explicit layers per stage")
+    top_k: int = Field(4, ge=1)
+    joint_method: str | None = None
+    joint_time_limit: float = Field(5.0, gt=0, description="seconds per candidate schedule")
+    inflight: Literal["1f1b", "gpipe"] = "1f1b"
+
+
+# ----- validation with key-path messages ---------------------------------------------------
+def _loc(prefix: str, loc: tuple[Any, ...]) -> str:
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and (part.startswith(("list[", "tuple[", "function-"))
+                                        or part in ("int", "float", "str", "bool", "none")):
+            continue
+        else:
+            out += f".{part}"
+    return out
+
+
+def _message(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    val = err.get("input")
+    got = "" if isinstance(val, dict) else f", got {val!r:.60}"
+    for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if key in ctx and kind.startswith(("greater", "less")):
+            return f"must be {op} {ctx[key]}{got}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected', 'one of the listed values')}{got}"
+    if kind == "missing":
+        return "missing"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    msg = err["msg"]
+    return msg[0].lower() + msg[1:] + got
+
+
+def validate_section(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    """Validate ``data`` against ``model``; errors become ConfigError("prefix.key: reason")."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix}: expected a mapping, got {type(data).__name__}")
+    for key in data:
+        if key not in model.model_fields:
+            close = difflib.get_close_matches(str(key), list(model.model_fields), n=1,
+                                              cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{prefix}.{key}: unknown key{hint}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errs = exc.errors()
+        # A union field reports one error per alternative: prefer a value error if any.
+        err = next((e for e in errs if e["type"] == "value_error"), errs[0])
+        loc = err["loc"]
+        if err["type"] == "value_error" and not loc:
+            msg = _message(err)
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            field, _, rest = msg.partition(": ")
+            if rest and field in model.model_fields:
+                raise ConfigError(f"{prefix}.{field}: {rest}") from None
+            raise ConfigError(f"{prefix}: {msg}") from None
+        raise ConfigError(f"{_loc(prefix, loc)}: {_message(err)}") from None
+
+
+def parse_model(data: Any) -> ModelConfig:
+    """Validate ``model:`` after filling in a preset's keys."""
+    if isinstance(data, dict) and data.get("preset") is not None:
+        name = str(data["preset"]).lower()
+        if name not in PRESETS:
+            close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(PRESETS)}"
+            raise ConfigError(f"model.preset: unknown preset {data['preset']!r}{hint}")
+        data = {**PRESETS[name], **data}
+    cfg = validate_section(ModelConfig, data, "model")
+    forms = [k for k in ("profile", "layer_costs") if getattr(cfg, k) is not None]
+    if len(forms) > 1:
+        raise ConfigError("model.layer_costs: cannot be combined with model.profile")
+    if forms:
+        shape = [k for k in ("layers", "hidden", "heads", "seq_len", "vocab")
+                 if isinstance(data, dict) and k in data]
+        if shape:
+            raise ConfigError(f"model.{forms[0]}: cannot be combined with model.{shape[0]} "
+                              "(give a transformer shape or explicit layers, not both)")
+        return cfg
+    for key in ("layers", "hidden", "heads", "seq_len", "vocab"):
+        if getattr(cfg, key) is None:
+            raise ConfigError(f"model.{key}: missing (give a transformer shape, a preset, "
+                              "layer_costs or a profile)")
+    assert cfg.hidden is not None and cfg.heads is not None
+    if cfg.hidden % cfg.heads:
+        raise ConfigError(f"model.heads: must divide model.hidden ({cfg.hidden}), "
+                          f"got {cfg.heads}")
+    kv = cfg.kv_heads or cfg.heads
+    if cfg.heads % kv:
+        raise ConfigError(f"model.kv_heads: must divide model.heads ({cfg.heads}), got {kv}")
+    t = cfg.tensor_parallel
+    if cfg.heads % t or (kv % t and t % kv):
+        raise ConfigError(f"model.tensor_parallel: must divide model.heads ({cfg.heads}), "
+                          f"got {t}")
+    for i, ov in enumerate(cfg.overrides):
+        for b in ov.layers:
+            if not 0 <= b < (cfg.layers or 0):
+                raise ConfigError(f"model.overrides[{i}].layers: block index must be in "
+                                  f"0..{(cfg.layers or 0) - 1}, got {b}")
+    return cfg
+
+
+def parse_cluster(data: Any) -> ClusterConfig:
+    """Validate ``cluster:`` (GPU names are checked against the catalog)."""
+    from pipeopt.costs.gpus import lookup
+
+    cfg = validate_section(ClusterConfig, data, "cluster")
+    names = [("cluster.gpu", cfg.gpu)]
+    if isinstance(cfg.datacenters, list):
+        names += [(f"cluster.datacenters[{i}].gpu", dc.gpu)
+                  for i, dc in enumerate(cfg.datacenters) if dc.gpu]
+    for where, name in names:
+        try:
+            lookup(name)
+        except KeyError as exc:
+            raise ConfigError(f"{where}: {exc.args[0]}") from None
+    return cfg
+
+
+def parse_training(data: Any) -> TrainingConfig:
+    """Validate ``training:``."""
+    cfg = validate_section(TrainingConfig, data, "training")
+    if cfg.stage_layers is not None:
+        for i, n in enumerate(cfg.stage_layers):
+            if n < 1:
+                raise ConfigError(f"training.stage_layers[{i}]: must be >= 1 (no empty "
+                                  f"stage), got {n}")
+    return cfg

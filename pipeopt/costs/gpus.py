@@ -1,0 +1,75 @@
+"""GPU catalog: dense peak matrix throughput (FLOP/s) and memory capacity (bytes).
+
+All figures are the *dense* tensor-core peaks. Vendor spec sheets often print the 2:4
+structured-sparsity figure (twice the dense one, footnoted "with sparsity"); those are not used
+here. Sources (checked December 2026):
+
+- A100: NVIDIA A100 datasheet — BF16/FP16 tensor 312 TFLOP/s dense (624 sparse), TF32 156
+  dense; 40 GB or 80 GB HBM (nvidia-smi reports 40960 / 81920 MiB).
+- H100 SXM5: NVIDIA H100 datasheet / Hopper whitepaper — BF16 989.4 TFLOP/s dense (1978.9
+  with sparsity), TF32 494.7 dense; 80 GB HBM3 (e.g. glennklockwood.com/garden/processors/h100;
+  hpctech's datasheet copy: "shown with sparsity, specifications 1/2 lower without").
+- H200: the H100 compute die with 141 GB of usable HBM3e (144 GB physical); same peaks.
+- B200: HGX B200 — 36 PFLOP/s BF16 with sparsity for 8 GPUs, i.e. 2.25 PFLOP/s dense per GPU;
+  180 GB HBM3e usable per GPU in DGX/HGX B200 (192 GB physical).
+- L4: 121 TFLOP/s BF16 dense (242 with sparsity), 24 GB GDDR6.
+- L40S: 362 TFLOP/s BF16 dense (733 with sparsity), 48 GB GDDR6.
+- MI300X: AMD datasheet — 1307.4 TFLOP/s BF16 dense (2614.9 with sparsity), TF32 653.7;
+  192 GB HBM3.
+
+FP32 training runs on the TF32 tensor-core path, so ``dtype: fp32`` uses the TF32 figure.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+TERA = 1e12
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator model: dense peaks in FLOP/s and memory capacity in bytes."""
+
+    name: str
+    bf16_flops: float
+    tf32_flops: float
+    memory_bytes: float
+    #: Default per-direction bandwidth of the intra-node fabric (bytes/s).
+    nvlink_bandwidth: float = 450e9
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak matrix throughput for ``dtype`` (bf16/fp16 -> tensor 16-bit; fp32 -> TF32)."""
+        return self.tf32_flops if dtype == "fp32" else self.bf16_flops
+
+
+CATALOG: dict[str, GPU] = {g.name: g for g in (
+    GPU("A100-40GB", 312 * TERA, 156 * TERA, 40 * GIB, nvlink_bandwidth=300e9),
+    GPU("A100-80GB", 312 * TERA, 156 * TERA, 80 * GIB, nvlink_bandwidth=300e9),
+    GPU("H100-SXM", 989.4 * TERA, 494.7 * TERA, 80 * GIB, nvlink_bandwidth=450e9),
+    GPU("H200", 989.4 * TERA, 494.7 * TERA, 141e9, nvlink_bandwidth=450e9),
+    GPU("B200", 2250 * TERA, 1125 * TERA, 180e9, nvlink_bandwidth=900e9),
+    GPU("L4", 121 * TERA, 60 * TERA, 24e9, nvlink_bandwidth=32e9),  # PCIe only
+    GPU("L40S", 362 * TERA, 183 * TERA, 48e9, nvlink_bandwidth=32e9),  # PCIe only
+    GPU("MI300X", 1307.4 * TERA, 653.7 * TERA, 192e9, nvlink_bandwidth=64e9),  # Infinity Fabric
+)}
+
+_ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H100SXM": "H100-SXM",
+            "A100-40G": "A100-40GB", "A100-80G": "A100-80GB"}
+
+
+def lookup(name: str) -> GPU:
+    """The catalog entry for ``name`` (case-insensitive; a few aliases).
+
+    Raises KeyError with a "did you mean" hint.
+    """
+    by_upper = {k.upper(): v for k, v in CATALOG.items()}
+    key = _ALIASES.get(name.upper(), name).upper()
+    if key in by_upper:
+        return by_upper[key]
+    close = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=0.5)
+    hint = (f"; did you mean {by_upper[close[0]].name!r}?" if close
+            else f"; known: {', '.join(CATALOG)}")
+    raise KeyError(f"unknown GPU {name!r}{hint}")

@@ -1,0 +1,318 @@
+"""Analytic per-layer costs of a GPT / Llama style transformer.
+
+Sources of the formulas (re-derived here matmul by matmul):
+
+- FLOPs: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", SC'21, appendix: a dense block's forward is 24·b·s·h² + 4·b·s²·h FLOPs (2 FLOPs
+  per multiply-add; QKV, projection and the two 4h MLP matrices, plus the two attention matmuls
+  QKᵀ and softmax·V), and the LM head 2·b·s·h·V. Generalised here to grouped-query attention
+  (K and V project to ``kv_heads · h/heads`` columns) and to SwiGLU MLPs (three h×f matrices).
+- Activation bytes: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+  Models", 2022, section 4: s·b·h·(34 + 5·a·s/h) bytes per block with 16-bit values and
+  dropout; with tensor parallelism t and sequence parallelism everything is divided by t; without
+  sequence parallelism s·b·h·(10 + 24/t + 5·a·s/(h·t)); selective recomputation drops the
+  5·a·s²·b attention-core term; full recomputation keeps only the block input (2·s·b·h).
+  The output layer keeps fp32 logits for the loss: 4·s·b·V/t bytes.
+- Parameters: 12h² + 13h per GPT block (with biases and two LayerNorms) — GPT-3 175B gives
+  174.6e9 with its embeddings; Llama blocks have 2h² + 2·h·kv_dim + 3·h·f + 2h (no biases,
+  RMSNorm).
+
+Backward split used here (stated, since papers only give "backward ≈ 2× forward"): every matmul
+y = x·W costs the forward's FLOPs again for the input gradient (B) and again for the weight
+gradient (W). The two attention matmuls have no weights; both of their operands are activations,
+so their backward (2× their forward) is all input-gradient work. Hence per block
+B = linear + 2·attention, W = linear, and B + W = 2 × forward. Recomputation adds the recomputed
+forward to B (full: the whole block; selective: the attention core).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one pipeline layer for one micro-batch on one tensor-parallel rank.
+
+    FLOPs are per micro-batch; ``params`` is the parameter count this rank stores;
+    ``activation_bytes`` is allocated when the forward starts and freed by the backward;
+    ``weight_grad_bytes`` (<= activation) is the part kept after B until W; ``output_bytes`` is
+    the p2p message to the next layer. Measured times (seconds), when given, win over FLOPs.
+    """
+
+    name: str
+    forward_flops: float = 0.0
+    backward_input_flops: float = 0.0
+    backward_weight_flops: float = 0.0
+    params: float = 0.0
+    activation_bytes: float = 0.0
+    weight_grad_bytes: float = 0.0
+    output_bytes: float = 0.0
+    forward_time: float | None = None
+    backward_input_time: float | None = None
+    backward_weight_time: float | None = None
+    time_scale: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        """Forward + backward FLOPs per micro-batch."""
+        return self.forward_flops + self.backward_input_flops + self.backward_weight_flops
+
+    def times(self, flop_rate: float, efficiency: float = 1.0) -> tuple[float, float, float]:
+        """(forward, backward_input, backward_weight) seconds at ``flop_rate`` FLOP/s peak and
+        ``efficiency`` (a fraction of that peak); measured times are used as they are."""
+        rate = flop_rate * efficiency
+        out = []
+        for t, f in ((self.forward_time, self.forward_flops),
+                     (self.backward_input_time, self.backward_input_flops),
+                     (self.backward_weight_time, self.backward_weight_flops)):
+            out.append((t if t is not None else f / rate) * self.time_scale)
+        return out[0], out[1], out[2]
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A transformer and its training setup (see :mod:`pipeopt.costs.config` for keys)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    kv_heads: int | None = None
+    ffn_hidden: int | None = None
+    micro_batch_size: int = 1
+    dtype: str = "bf16"
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    bias: bool = True
+    position_embedding: str = "learned"
+    tie_embeddings: bool = False
+    dropout: bool = True
+    recompute: str = "none"
+    tensor_parallel: int = 1
+    sequence_parallel: bool = True
+
+    @property
+    def kv(self) -> int:
+        """Number of key/value heads."""
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the K (and V) projection: kv_heads · head_dim."""
+        return self.kv * (self.hidden // self.heads)
+
+    @property
+    def ffn(self) -> int:
+        """MLP inner width (default 4h)."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def mlp_matrices(self) -> int:
+        """h×f matrices in the MLP: 2 (GeLU) or 3 (SwiGLU: gate, up, down)."""
+        return 3 if self.activation == "swiglu" else 2
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per activation element."""
+        return DTYPE_BYTES[self.dtype]
+
+
+# ----- FLOPs -------------------------------------------------------------------------------
+def block_flops(shape: TransformerShape) -> tuple[float, float]:
+    """(linear, attention) forward FLOPs of one block for one micro-batch (whole layer, t=1).
+
+    linear = 2bs·(h² [Q] + 2·h·kv_dim [K, V] + h² [out] + n·h·f [MLP]);
+    attention = 2·(2·b·s²·h) for QKᵀ and softmax·V. Dense GPT (kv = heads, f = 4h, n = 2):
+    24bsh² + 4bs²h (Narayanan et al. 2021).
+    """
+    b, s, h = shape.micro_batch_size, shape.seq_len, shape.hidden
+    weights = 2 * h * h + 2 * h * shape.kv_dim + shape.mlp_matrices * h * shape.ffn
+    return 2.0 * b * s * weights, 4.0 * b * s * s * h
+
+
+def head_flops(shape: TransformerShape) -> float:
+    """Forward FLOPs of the LM head (logits): 2·b·s·h·V."""
+    return 2.0 * shape.micro_batch_size * shape.seq_len * shape.hidden * shape.vocab
+
+
+def model_flops_per_iteration(shape: TransformerShape, microbatches: int = 1) -> float:
+    """Forward + backward FLOPs of the whole model (no recomputation): 3 × forward.
+
+    For GPT this is 72·b·s·L·h²·(1 + s/(6h) + V/(12hL)) per micro-batch, the expression of
+    Narayanan et al. 2021.
+    """
+    lin, att = block_flops(shape)
+    return 3.0 * (shape.layers * (lin + att) + head_flops(shape)) * microbatches
+
+
+# ----- parameters --------------------------------------------------------------------------
+def block_params(shape: TransformerShape) -> float:
+    """Parameters of one block (whole layer, not divided by tensor parallelism)."""
+    h, f, kvd = shape.hidden, shape.ffn, shape.kv_dim
+    weights = 2 * h * h + 2 * h * kvd + shape.mlp_matrices * h * f
+    norms = 2 * (2 * h if shape.norm == "layernorm" else h)
+    biases = 0
+    if shape.bias:
+        # QKV, output projection, MLP inner (f per up-projection) and MLP output.
+        biases = (h + 2 * kvd) + h + (shape.mlp_matrices - 1) * f + h
+    return float(weights + norms + biases)
+
+
+def embedding_params(shape: TransformerShape) -> float:
+    """Token (and learned position) embedding parameters."""
+    pos = shape.seq_len * shape.hidden if shape.position_embedding == "learned" else 0
+    return float(shape.vocab * shape.hidden + pos)
+
+
+def head_params(shape: TransformerShape, *, stored: bool = True) -> float:
+    """Final norm + output matrix. With tied embeddings the matrix is the embedding's: it is
+    *stored* again on the last stage (its copy is counted when ``stored``) but is not a new
+    parameter of the model."""
+    norm = 2 * shape.hidden if shape.norm == "layernorm" else shape.hidden
+    matrix = shape.vocab * shape.hidden
+    if shape.tie_embeddings and not stored:
+        matrix = 0
+    return float(norm + matrix)
+
+
+def total_params(shape: TransformerShape) -> float:
+    """Unique parameters of the whole model (tied embeddings counted once)."""
+    return (embedding_params(shape) + shape.layers * block_params(shape)
+            + head_params(shape, stored=False))
+
+
+# ----- activations -------------------------------------------------------------------------
+def block_activation_bytes(shape: TransformerShape, recompute: str | None = None) -> float:
+    """Bytes one block keeps for its backward, per micro-batch, on one tensor-parallel rank.
+
+    Korthikanti et al. 2022, term by term with e bytes per value (e = 2 gives the paper's
+    numbers) and one byte per dropout-mask entry:
+    replicated across tensor-parallel ranks unless sequence parallel — both norm inputs (2e·sbh),
+    the QKV and MLP inputs (2e·sbh), two dropout masks (2·sbh);
+    split over ranks — Q, K, V (e·sb·(h + 2·kv_dim)), projection input (e·sbh), MLP inner values
+    (GeLU: its input and output, 2e·sbf; SwiGLU: gate, up and their product, 3e·sbf);
+    attention core — softmax output (e·a·s²b), its dropout mask (a·s²b) and dropout output
+    (e·a·s²b). GPT with e = 2: sbh·(34 + 5as/h).
+    """
+    rc = recompute or shape.recompute
+    b, s, h, a = shape.micro_batch_size, shape.seq_len, shape.hidden, shape.heads
+    e, t = shape.dtype_bytes, shape.tensor_parallel
+    sb = s * b
+    sp = t if shape.sequence_parallel else 1
+    if rc == "full":
+        return e * sb * h / sp
+    mask = 1 if shape.dropout else 0
+    replicated = 4 * e * sb * h + 2 * mask * sb * h
+    mlp_inner = (3 if shape.activation == "swiglu" else 2) * e * sb * shape.ffn
+    split = e * sb * (h + 2 * shape.kv_dim) + e * sb * h + mlp_inner
+    core = (2 * e + mask) * a * s * sb if shape.dropout else e * a * s * sb
+    if rc == "selective":
+        core = 0
+    return replicated / sp + (split + core) / t
+
+
+def block_weight_grad_bytes(shape: TransformerShape) -> float:
+    """Bytes still held after the input-gradient op until the weight-gradient op: the inputs of
+    the four linear layers and the gradients of their outputs (the two factors of each weight
+    gradient), capped at :func:`block_activation_bytes`. An approximation: frameworks differ."""
+    b, s, h = shape.micro_batch_size, shape.seq_len, shape.hidden
+    e, t, f = shape.dtype_bytes, shape.tensor_parallel, shape.ffn
+    sb = s * b
+    up = (shape.mlp_matrices - 1) * f
+    inputs = e * sb * (h + h + h + f)
+    out_grads = e * sb * ((h + 2 * shape.kv_dim) + h + up + h)
+    return min((inputs + out_grads) / t, block_activation_bytes(shape))
+
+
+def message_bytes(shape: TransformerShape) -> float:
+    """P2P message between stages: one b·s·h activation (or its gradient), e bytes per value."""
+    return float(shape.micro_batch_size * shape.seq_len * shape.hidden * shape.dtype_bytes)
+
+
+def embedding_activation_bytes(shape: TransformerShape) -> float:
+    """Token ids (int64, needed for the embedding's weight gradient) and the dropout mask."""
+    sb = shape.seq_len * shape.micro_batch_size
+    mask = sb * shape.hidden if shape.dropout else 0
+    sp = shape.tensor_parallel if shape.sequence_parallel else 1
+    return 8.0 * sb + mask / sp
+
+
+def head_activation_bytes(shape: TransformerShape) -> float:
+    """Final norm input and head input (e·sbh each) plus fp32 logits for the loss, 4·s·b·V/t
+    (Korthikanti et al. 2022, section 4.3)."""
+    sb = shape.seq_len * shape.micro_batch_size
+    t = shape.tensor_parallel
+    sp = t if shape.sequence_parallel else 1
+    return 2.0 * shape.dtype_bytes * sb * shape.hidden / sp + 4.0 * sb * shape.vocab / t
+
+
+# ----- the layer list ----------------------------------------------------------------------
+def block_cost(shape: TransformerShape, name: str, time_scale: float = 1.0) -> LayerCost:
+    """The :class:`LayerCost` of one transformer block on one tensor-parallel rank."""
+    t = shape.tensor_parallel
+    lin, att = block_flops(shape)
+    extra = {"full": lin + att, "selective": att}.get(shape.recompute, 0.0)
+    norm_params = 2 * (2 * shape.hidden if shape.norm == "layernorm" else shape.hidden)
+    params = (block_params(shape) - norm_params) / t + norm_params
+    act = block_activation_bytes(shape)
+    return LayerCost(
+        name=name, forward_flops=(lin + att) / t,
+        backward_input_flops=(lin + 2 * att + extra) / t, backward_weight_flops=lin / t,
+        params=params, activation_bytes=act,
+        weight_grad_bytes=min(act, block_weight_grad_bytes(shape)),
+        output_bytes=message_bytes(shape), time_scale=time_scale)
+
+
+def transformer_layers(shape: TransformerShape,
+                       overrides: dict[int, dict[str, object]] | None = None
+                       ) -> list[LayerCost]:
+    """Embedding, ``layers`` blocks and the LM head as pipeline layers (in order).
+
+    ``overrides`` maps a block index to changed shape fields (``ffn_hidden``, ``heads``,
+    ``kv_heads``, ``activation``, ``recompute``) and an optional ``time_scale``.
+    """
+    t = shape.tensor_parallel
+    sb = shape.seq_len * shape.micro_batch_size
+    emb_act = embedding_activation_bytes(shape)
+    out: list[LayerCost] = [LayerCost(
+        name="embedding", params=embedding_params(shape) / t,
+        activation_bytes=emb_act, weight_grad_bytes=min(emb_act, 8.0 * sb),
+        output_bytes=message_bytes(shape))]
+    for i in range(shape.layers):
+        change = dict((overrides or {}).get(i, {}))
+        scale = float(change.pop("time_scale", 1.0))  # type: ignore[arg-type]
+        sh = replace(shape, **change) if change else shape
+        out.append(block_cost(sh, f"block{i}", scale))
+    hf = head_flops(shape) / t
+    head_act = head_activation_bytes(shape)
+    head_w = shape.dtype_bytes * sb * (shape.hidden + shape.vocab / t)
+    norm = 2 * shape.hidden if shape.norm == "layernorm" else shape.hidden
+    out.append(LayerCost(
+        name="head", forward_flops=hf, backward_input_flops=hf, backward_weight_flops=hf,
+        params=(head_params(shape) - norm) / t + norm, activation_bytes=head_act,
+        weight_grad_bytes=min(head_act, head_w), output_bytes=0.0))
+    return out
+
+
+def efficiency_at(flops: float, curve: float | list[tuple[float, float]]) -> float:
+    """Compute efficiency for an op of ``flops`` FLOPs: a constant, or a curve of
+    ``(flops, efficiency)`` points interpolated linearly in log10(flops), flat outside."""
+    if isinstance(curve, int | float):
+        return float(curve)
+    pts = sorted(curve)
+    if flops <= pts[0][0]:
+        return pts[0][1]
+    if flops >= pts[-1][0]:
+        return pts[-1][1]
+    x = math.log10(flops)
+    for (f0, e0), (f1, e1) in itertools.pairwise(pts):
+        if f0 <= flops <= f1:
+            x0, x1 = math.log10(f0), math.log10(f1)
+            return e0 + (e1 - e0) * (x - x0) / (x1 - x0) if x1 > x0 else e1
+    return pts[-1][1]

@@ -1,0 +1,180 @@
+"""Cluster topology: datacenters -> nodes -> GPUs, as a networkx graph with tiered links.
+
+Each edge carries a one-way ``latency`` (seconds) and a per-direction ``bandwidth`` (bytes/s).
+GPUs of a node are fully connected by NVLink (through NVSwitch); each GPU reaches its node's
+network interface over PCIe; nodes reach their datacenter's switch over InfiniBand / RoCE; the
+datacenter switches are connected pairwise by WAN links. Edges through a hub (node NIC, switch)
+carry half the tier latency, so that two hops through it add up to one tier latency.
+
+The point-to-point delay of ``n`` bytes between two GPUs is the latency of the lowest-latency
+path plus ``n`` over the path's bottleneck bandwidth.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from pipeopt.costs.gpus import GPU, lookup
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A class of links: per-direction bandwidth (bytes/s) and one-way latency (seconds)."""
+
+    bandwidth: float
+    latency: float
+
+
+#: Defaults (bytes/s, seconds). NVLink: from the GPU catalog (H100: 900 GB/s bidirectional,
+#: 450 GB/s per direction); PCIe Gen5 x16: ~64 GB/s per direction; InfiniBand NDR 400 Gb/s per
+#: GPU: 50 GB/s; WAN between datacenters: 100 Gb/s (12.5 GB/s) and 5 ms one way (~1000 km
+#: of fibre at 2/3 c).
+DEFAULT_TIERS: dict[str, Tier] = {
+    "nvlink": Tier(450e9, 2e-6),
+    "pcie": Tier(64e9, 2e-6),
+    "infiniband": Tier(50e9, 5e-6),
+    "wan": Tier(12.5e9, 5e-3),
+}
+
+
+@dataclass(frozen=True)
+class Datacenter:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs of model ``gpu``."""
+
+    gpu: GPU
+    nodes: int
+    gpus_per_node: int
+
+
+class TopologyError(ValueError):
+    """A placement that the cluster cannot hold."""
+
+
+class Topology:
+    """The cluster graph; GPUs are numbered 0..n-1 in datacenter, node, slot order."""
+
+    def __init__(self, datacenters: list[Datacenter],
+                 tiers: dict[str, Tier] | None = None) -> None:
+        self.datacenters = list(datacenters)
+        self.tiers = {**DEFAULT_TIERS, **(tiers or {})}
+        self.graph = nx.Graph()
+        self.gpus: list[str] = []
+        self.gpu_info: list[tuple[int, int, int]] = []  # (datacenter, node, slot)
+        self.gpu_models: list[GPU] = []
+        self._paths: dict[str, dict[str, list[str]]] = {}  # Dijkstra results per source
+        nv_given = tiers is not None and "nvlink" in tiers
+        for d, dc in enumerate(self.datacenters):
+            switch = f"dc{d}"
+            self.graph.add_node(switch, kind="switch")
+            nv = self.tiers["nvlink"] if nv_given else Tier(dc.gpu.nvlink_bandwidth,
+                                                            self.tiers["nvlink"].latency)
+            for n in range(dc.nodes):
+                nic = f"dc{d}/n{n}"
+                self.graph.add_node(nic, kind="nic")
+                self._edge(nic, switch, self.tiers["infiniband"], "infiniband", half=True)
+                members = []
+                for g in range(dc.gpus_per_node):
+                    name = f"dc{d}/n{n}/g{g}"
+                    self.graph.add_node(name, kind="gpu", index=len(self.gpus))
+                    self.gpus.append(name)
+                    self.gpu_info.append((d, n, g))
+                    self.gpu_models.append(dc.gpu)
+                    self._edge(name, nic, self.tiers["pcie"], "pcie", half=True)
+                    members.append(name)
+                for i, a in enumerate(members):
+                    for b in members[i + 1:]:
+                        self._edge(a, b, nv, "nvlink")
+        for a in range(len(self.datacenters)):
+            for b in range(a + 1, len(self.datacenters)):
+                self._edge(f"dc{a}", f"dc{b}", self.tiers["wan"], "wan")
+
+    def _edge(self, a: str, b: str, tier: Tier, kind: str, half: bool = False) -> None:
+        self.graph.add_edge(a, b, latency=tier.latency / 2 if half else tier.latency,
+                            bandwidth=tier.bandwidth, tier=kind)
+
+    @property
+    def num_gpus(self) -> int:
+        """Number of GPUs in the cluster."""
+        return len(self.gpus)
+
+    def path(self, a: int, b: int) -> list[str]:
+        """Lowest-latency path between GPUs ``a`` and ``b`` (graph node names)."""
+        src = self.gpus[a]
+        if src not in self._paths:
+            self._paths[src] = nx.single_source_dijkstra_path(self.graph, src, weight="latency")
+        return self._paths[src][self.gpus[b]]
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(latency seconds, bottleneck bandwidth bytes/s) between GPUs ``a`` and ``b``;
+        (0, inf) for a GPU with itself."""
+        if a == b:
+            return 0.0, math.inf
+        nodes = self.path(a, b)
+        lat, bw = 0.0, math.inf
+        for u, v in itertools.pairwise(nodes):
+            e = self.graph.edges[u, v]
+            lat += e["latency"]
+            bw = min(bw, e["bandwidth"])
+        return lat, bw
+
+    def p2p_time(self, a: int, b: int, nbytes: float) -> float:
+        """Seconds to send ``nbytes`` from GPU ``a`` to GPU ``b`` on idle links."""
+        lat, bw = self.link(a, b)
+        return lat + (0.0 if nbytes == 0 or math.isinf(bw) else nbytes / bw)
+
+    def datacenter_of(self, gpu: int) -> int:
+        """Datacenter index of a GPU."""
+        return self.gpu_info[gpu][0]
+
+    def place(self, ranks: int, group: int = 1) -> list[int]:
+        """First GPU of each pipeline rank, when every rank takes ``group`` GPUs of one node
+        (its tensor-parallel group).
+
+        Ranks fill nodes in order (datacenter, node, slot), so pipeline neighbours share a node
+        or a datacenter whenever possible and the chain crosses each datacenter boundary once.
+        """
+        slots: list[int] = []
+        g0 = 0
+        for dc in self.datacenters:
+            if group > dc.gpus_per_node:
+                raise TopologyError(
+                    f"a tensor-parallel group of {group} GPUs does not fit in a node of "
+                    f"{dc.gpus_per_node} GPUs")
+            per_node = dc.gpus_per_node // group
+            for n in range(dc.nodes):
+                base = g0 + n * dc.gpus_per_node
+                slots.extend(base + i * group for i in range(per_node))
+            g0 += dc.nodes * dc.gpus_per_node
+        if ranks > len(slots):
+            raise TopologyError(
+                f"{ranks} pipeline ranks x {group} GPU(s) need {ranks * group} GPUs in groups "
+                f"within nodes; the cluster holds {len(slots)} such group(s) "
+                f"({self.num_gpus} GPUs)")
+        return slots[:ranks]
+
+    def matrices(self, gpus: list[int]) -> tuple[tuple[tuple[float, ...], ...],
+                                                 tuple[tuple[float, ...], ...]]:
+        """(latency, bandwidth) matrices between the given GPUs, in their order."""
+        lat = tuple(tuple(self.link(a, b)[0] for b in gpus) for a in gpus)
+        bw = tuple(tuple(self.link(a, b)[1] for b in gpus) for a in gpus)
+        return lat, bw
+
+    def cross_datacenter_cuts(self, gpus: list[int]) -> int:
+        """Pipeline neighbours (rank r, r+1) that sit in different datacenters."""
+        return sum(self.datacenter_of(a) != self.datacenter_of(b)
+                   for a, b in itertools.pairwise(gpus))
+
+    def describe(self, gpu: int) -> str:
+        """A GPU's name, e.g. ``dc1/n0/g4 (H100-SXM)``."""
+        return f"{self.gpus[gpu]} ({self.gpu_models[gpu].name})"
+
+
+def uniform_cluster(gpu: str = "H100-SXM", datacenters: int = 1, nodes: int = 1,
+                    gpus_per_node: int = 8, tiers: dict[str, Tier] | None = None) -> Topology:
+    """A cluster of identical datacenters."""
+    model = lookup(gpu)
+    return Topology([Datacenter(model, nodes, gpus_per_node)] * datacenters, tiers)

@@ -1,0 +1,147 @@
+"""Analytic cost formulas against hand-computed values for published model shapes."""
+
+import math
+
+import pytest
+
+from pipeopt.costs.config import PRESETS
+from pipeopt.costs.gpus import CATALOG, lookup
+from pipeopt.costs.transformer import (
+    LayerCost,
+    TransformerShape,
+    block_activation_bytes,
+    block_flops,
+    block_params,
+    efficiency_at,
+    model_flops_per_iteration,
+    total_params,
+    transformer_layers,
+)
+
+
+def shape(name: str, **kw) -> TransformerShape:
+    return TransformerShape(**{**PRESETS[name], **kw})
+
+
+def test_gpt3_175b_parameters():
+    sh = shape("gpt3-175b")
+    h = 12288
+    # 12h² + 13h per block, token + position embeddings, final LayerNorm; head tied.
+    hand = 96 * (12 * h * h + 13 * h) + 50257 * h + 2048 * h + 2 * h
+    assert total_params(sh) == hand
+    assert total_params(sh) == pytest.approx(174.6e9, rel=1e-3)
+    assert block_params(sh) == 12 * h * h + 13 * h
+
+
+def test_llama2_parameters():
+    assert total_params(shape("llama2-7b")) == 6_738_415_616  # the released checkpoint's count
+    assert total_params(shape("llama2-7b")) == pytest.approx(6.74e9, rel=1e-3)
+    h, f, kvd = 8192, 28672, 8 * 128
+    hand_block = 2 * h * h + 2 * h * kvd + 3 * h * f + 2 * h
+    sh = shape("llama2-70b")
+    assert block_params(sh) == hand_block
+    assert total_params(sh) == 80 * hand_block + 2 * 32000 * h + h
+    assert total_params(sh) == pytest.approx(68.98e9, rel=1e-3)
+
+
+def test_gpt3_flops_match_narayanan():
+    b, s, h, L, V = 1, 2048, 12288, 96, 50257
+    sh = shape("gpt3-175b", micro_batch_size=b)
+    lin, att = block_flops(sh)
+    assert lin + att == 24 * b * s * h * h + 4 * b * s * s * h
+    total = model_flops_per_iteration(sh)
+    assert total == pytest.approx(72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)),
+                                  rel=1e-12)
+
+
+def test_llama70b_block_flops_gqa_swiglu():
+    b, s, h = 2, 4096, 8192
+    sh = shape("llama2-70b", micro_batch_size=b)
+    lin, att = block_flops(sh)
+    assert lin == 2 * b * s * (2 * h * h + 2 * h * 1024 + 3 * h * 28672)
+    assert att == 4 * b * s * s * h
+
+
+def test_backward_split_is_twice_the_forward():
+    sh = shape("llama2-7b")
+    blk = transformer_layers(sh)[1]
+    lin, att = block_flops(sh)
+    assert blk.backward_input_flops == lin + 2 * att
+    assert blk.backward_weight_flops == lin
+    assert blk.backward_input_flops + blk.backward_weight_flops == pytest.approx(
+        2 * blk.forward_flops)
+    full = transformer_layers(shape("llama2-7b", recompute="full"))[1]
+    assert full.backward_input_flops == blk.backward_input_flops + blk.forward_flops
+
+
+def test_activation_bytes_korthikanti():
+    s, b, h, a = 2048, 1, 12288, 96
+    sh = shape("gpt3-175b", micro_batch_size=b)
+    assert block_activation_bytes(sh) == s * b * h * (34 + 5 * a * s / h)
+    for t in (2, 8):
+        no_sp = shape("gpt3-175b", tensor_parallel=t, sequence_parallel=False)
+        assert block_activation_bytes(no_sp) == pytest.approx(
+            s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
+        sp = shape("gpt3-175b", tensor_parallel=t)
+        assert block_activation_bytes(sp) == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)
+        sel = shape("gpt3-175b", tensor_parallel=t, recompute="selective")
+        assert block_activation_bytes(sel) == pytest.approx(s * b * h * 34 / t)
+    assert block_activation_bytes(shape("gpt3-175b", recompute="full")) == 2 * s * b * h
+
+
+def test_activation_bytes_llama70b_by_hand():
+    s, b, h, a, f, kvd = 4096, 1, 8192, 64, 28672, 1024
+    sh = shape("llama2-70b", micro_batch_size=b)
+    # No dropout: 2 norms + QKV input + MLP input, Q/K/V, projection input, 3 SwiGLU tensors,
+    # softmax output; 2 bytes each.
+    hand = 2 * s * b * (4 * h + (h + 2 * kvd) + h + 3 * f) + 2 * a * s * s * b
+    assert block_activation_bytes(sh) == hand
+
+
+def test_embedding_and_head_are_layers():
+    sh = shape("llama2-7b", micro_batch_size=1)
+    layers = transformer_layers(sh)
+    assert [lc.name for lc in (layers[0], layers[-1])] == ["embedding", "head"]
+    assert len(layers) == 34
+    head = layers[-1]
+    assert head.forward_flops == 2 * 4096 * 4096 * 32000
+    assert head.activation_bytes >= 4 * 4096 * 32000  # fp32 logits
+    assert layers[0].forward_flops == 0
+    assert all(lc.weight_grad_bytes <= lc.activation_bytes for lc in layers)
+    assert layers[5].output_bytes == 4096 * 4096 * 2
+
+
+def test_tensor_parallel_divides_compute_and_params():
+    one = transformer_layers(shape("llama2-7b"))[1]
+    four = transformer_layers(shape("llama2-7b", tensor_parallel=4))[1]
+    assert four.forward_flops == pytest.approx(one.forward_flops / 4)
+    assert four.params == pytest.approx((one.params - 2 * 4096) / 4 + 2 * 4096)
+
+
+def test_time_from_flops_and_measured():
+    lc = LayerCost("x", forward_flops=1e12, backward_input_flops=1e12, backward_weight_flops=5e11)
+    assert lc.times(1e12, 0.5) == (2.0, 2.0, 1.0)
+    measured = LayerCost("m", forward_flops=1e12, forward_time=0.1, backward_input_time=0.2,
+                         backward_weight_time=0.3, time_scale=2.0)
+    assert measured.times(1e15) == pytest.approx((0.2, 0.4, 0.6))
+
+
+def test_efficiency_curve_interpolates_in_log_flops():
+    curve = [(1e9, 0.2), (1e11, 0.6)]
+    assert efficiency_at(1e8, curve) == 0.2
+    assert efficiency_at(1e10, curve) == pytest.approx(0.4)
+    assert efficiency_at(1e12, curve) == 0.6
+    assert efficiency_at(1e10, 0.5) == 0.5
+
+
+def test_gpu_catalog_uses_dense_figures():
+    assert lookup("H100-SXM").bf16_flops == pytest.approx(989.4e12)
+    assert lookup("h100").name == "H100-SXM"
+    assert lookup("A100-80GB").bf16_flops == 312e12
+    assert lookup("MI300X").memory_bytes == 192e9
+    for gpu in CATALOG.values():
+        assert gpu.bf16_flops < 2.3e15  # no 2:4-sparse figure slipped in
+        assert gpu.peak_flops("fp32") < gpu.peak_flops("bf16")
+    with pytest.raises(KeyError, match="did you mean 'H200'"):
+        lookup("H300")
+    assert not math.isnan(lookup("B200").bf16_flops)

@@ -1,0 +1,133 @@
+"""The model/cluster form of config.yaml: validation messages, problem building, the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeopt.config import ConfigError, load_config, parse_config
+from pipeopt.costs import describe_partition
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg(**sections):
+    base = {"pipeline": {"devices": 4, "microbatches": 8},
+            "model": {"layers": 8, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 1000},
+            "cluster": {"gpu": "A100-80GB", "gpus_per_node": 4}}
+    for key, val in sections.items():
+        if val is None:
+            base.pop(key, None)
+        elif isinstance(val, dict) and key in base and key != "pipeline":
+            base[key] = {**base[key], **val}
+        else:
+            base[key] = val
+    return base
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model": {"hidden": -1}}, r"^model\.hidden: must be > 0, got -1"),
+    ({"cluster": {"gpu": "H300"}}, r"^cluster\.gpu: unknown GPU 'H300'; did you mean 'H200'\?"),
+    ({"model": {"hiden": 3}}, r"^model\.hiden: unknown key; did you mean 'hidden'\?"),
+    ({"model": {"recompute": "some"}}, r"^model\.recompute: must be 'none', 'selective'"),
+    ({"model": {"heads": 3}}, r"^model\.heads: must divide model\.hidden"),
+    ({"model": {"preset": "llama9"}}, r"^model\.preset: unknown preset"),
+    ({"stages": {"forward": 1, "backward_input": 1, "backward_weight": 1}}, r"^stages: cannot"),
+    ({"links": {"latency": 0.1}}, r"^links: not used with cluster"),
+    ({"model": None}, r"^model: missing"),
+    ({"training": {"stage_layers": [1, 2, 3, 3]}}, r"^training\.stage_layers: must add up"),
+    ({"training": {"stage_layers": [0, 2, 3, 5]}}, r"^training\.stage_layers\[0\]: must be >= 1"),
+    ({"pipeline": {"devices": 16, "microbatches": 8}}, r"^pipeline\.devices: .*at least 16"),
+    ({"cluster": {"compute_efficiency": 1.5}}, r"^cluster\.compute_efficiency: must be in"),
+    ({"model": {"layer_costs": [{"forward": 1}]}}, r"^model\.layer_costs: cannot be combined"),
+])
+def test_errors_name_the_key(change, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(cfg(**change))
+
+
+def test_problem_carries_partition_and_costs():
+    c = parse_config(cfg())
+    p = c.problem
+    meta = dict(p.meta)
+    part = meta["partition"]
+    assert len(part) == 4 and part[0][0] == 0 and part[-1][1] == 10  # 8 blocks + emb + head
+    assert all(b > a for a, b in part)
+    assert [r["forward_s"] for r in meta["stage_costs"]] == list(p.forward)
+    assert meta["layer_names"][0] == "embedding" and meta["layer_names"][-1] == "head"
+    # Default memory limit: HBM minus the 10% reserve; static = params x 16 bytes.
+    assert p.memory_limit[0] == pytest.approx(80 * 2**30 * 0.9)
+    assert p.static_memory[0] == pytest.approx(meta["stage_costs"][0]["params"] * 16)
+    assert len(p.latency) == 4 and p.latency[0][1] > 0
+    assert c.extra("partition") == part
+    json.dumps(p.to_dict())  # JSON-able
+    assert "embedding" in describe_partition(c)
+
+
+def test_explicit_partition_and_memory_limit():
+    c = parse_config(cfg(training={"stage_layers": [1, 4, 4, 1]}, memory={"limit": 1e12}))
+    assert dict(c.problem.meta)["partition"] == [[0, 1], [1, 5], [5, 9], [9, 10]]
+    assert c.problem.memory_limit == (1e12,) * 4
+
+
+def test_infeasible_memory_explains():
+    with pytest.raises(ConfigError, match=r"^memory: .*stage \d.*over its limit of"):
+        parse_config(cfg(memory={"limit": 1e6}))
+
+
+def test_layer_costs_form_and_heterogeneous_cluster():
+    data = cfg(
+        cluster={"datacenters": [{"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 2},
+                                 {"gpu": "A100-80GB", "nodes": 1, "gpus_per_node": 2}]},
+        training={"partition": "ilp"})
+    data["model"] = {"layer_costs": [{"name": "in", "forward": 0.5, "params": 1e6},
+                                     {"name": "mid", "count": 6, "forward_flops": 1e12,
+                                      "activation_bytes": 1e8, "output_bytes": 1e7},
+                                     {"name": "out", "forward": 0.7}]}
+    c = parse_config(data)
+    meta = dict(c.problem.meta)
+    assert meta["cross_datacenter_cuts"] == 1
+    assert [d["model"] for d in meta["devices"]] == ["H100-SXM"] * 2 + ["A100-80GB"] * 2
+    assert meta["layer_names"] == ["in"] + [f"mid{i}" for i in range(6)] + ["out"]
+    assert c.problem.message_size[1] in (1e7, 0.0)
+
+
+def test_overrides_and_virtual_stages():
+    c = parse_config(cfg(pipeline={"devices": 2, "microbatches": 4, "virtual_stages": 2},
+                         model={"overrides": [{"layers": [0, 1], "time_scale": 3.0}]}))
+    assert c.problem.stages == 4
+    assert dict(c.problem.meta)["partition_search"]["method"] == "ilp"
+
+
+def test_llama70b_example_solves_through_the_cli(tmp_path, capsys):
+    from pipeopt.cli import main
+
+    out = tmp_path / "s.json"
+    rc = main(["solve", str(ROOT / "examples" / "llama70b_2dc.yaml"), "--method", "1f1b",
+               "-q", "-o", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    meta = doc["problem"]["meta"]
+    assert len(meta["partition"]) == 8 and meta["partition"][-1][1] == 82
+    assert len(meta["stage_costs"]) == 8 and meta["cross_datacenter_cuts"] == 1
+    assert doc["problem"]["forward"] == [r["forward_s"] for r in meta["stage_costs"]]
+
+
+def test_gpt_small_example_loads():
+    c = load_config(ROOT / "examples" / "gpt_small.yaml")
+    sizes = [b - a for a, b in dict(c.problem.meta)["partition"]]
+    assert sizes[-1] < sizes[1]  # the heavy LM head gets a short stage
+
+
+def test_data_parallel_adds_gradient_reduction():
+    one = parse_config(cfg()).problem
+    four = parse_config(cfg(training={"data_parallel": 4})).problem
+    assert sum(one.grad_reduce) == 0
+    assert all(x > 0 for x in four.grad_reduce)
+    assert four.forward == one.forward
+
+
+def test_explicit_config_has_no_partition_table():
+    c = parse_config({"pipeline": {"devices": 2, "microbatches": 2},
+                      "stages": {"forward": 1, "backward_input": 1, "backward_weight": 1}})
+    assert describe_partition(c) == ""

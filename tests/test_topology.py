@@ -1,0 +1,55 @@
+"""Topology: tiered links, path delays, placement of pipeline ranks."""
+
+import pytest
+
+from pipeopt.costs.gpus import lookup
+from pipeopt.topology import (
+    DEFAULT_TIERS,
+    Datacenter,
+    Tier,
+    Topology,
+    TopologyError,
+    uniform_cluster,
+)
+
+TIERS = {"nvlink": Tier(400e9, 1e-6), "pcie": Tier(60e9, 2e-6),
+         "infiniband": Tier(50e9, 4e-6), "wan": Tier(10e9, 5e-3)}
+
+
+def cluster():
+    return uniform_cluster("H100-SXM", datacenters=2, nodes=2, gpus_per_node=4, tiers=TIERS)
+
+
+def test_links_per_tier():
+    topo = cluster()
+    assert topo.num_gpus == 16
+    assert topo.link(0, 1) == (pytest.approx(1e-6), 400e9)  # same node: NVLink
+    # Other node, same datacenter: PCIe to the NIC, InfiniBand, PCIe; bottleneck InfiniBand.
+    assert topo.link(0, 4) == (pytest.approx(2e-6 + 4e-6), 50e9)
+    # Other datacenter: adds the WAN hop; bottleneck the WAN.
+    assert topo.link(0, 8) == (pytest.approx(2e-6 + 4e-6 + 5e-3), 10e9)
+    assert topo.link(3, 3) == (0.0, float("inf"))
+    assert topo.p2p_time(0, 8, 1e9) == pytest.approx(6e-6 + 5e-3 + 0.1)
+
+
+def test_placement_fills_nodes_and_counts_cuts():
+    topo = cluster()
+    ranks = topo.place(8, group=2)
+    assert ranks == [0, 2, 4, 6, 8, 10, 12, 14]
+    assert topo.cross_datacenter_cuts(ranks) == 1
+    lat, bw = topo.matrices(ranks)
+    assert lat[3][4] == pytest.approx(6e-6 + 5e-3)
+    assert lat[0][1] == pytest.approx(1e-6) and bw[0][1] == 400e9
+    assert lat[2][2] == 0
+    with pytest.raises(TopologyError, match="need 34 GPUs"):
+        topo.place(17, group=2)
+    with pytest.raises(TopologyError, match="does not fit in a node"):
+        topo.place(1, group=8)
+
+
+def test_heterogeneous_datacenters_and_default_nvlink():
+    topo = Topology([Datacenter(lookup("H100-SXM"), 1, 8), Datacenter(lookup("A100-80GB"), 1, 8)])
+    assert topo.gpu_models[0].name == "H100-SXM" and topo.gpu_models[8].name == "A100-80GB"
+    assert topo.link(0, 1)[1] == lookup("H100-SXM").nvlink_bandwidth
+    assert topo.link(8, 9)[1] == lookup("A100-80GB").nvlink_bandwidth
+    assert topo.link(0, 8)[1] == DEFAULT_TIERS["wan"].bandwidth
