@@ -65,8 +65,8 @@ def interleaved_1f1b(problem: Problem, group: int | None = None) -> Orders:
     require(problem.placement == "loop", "interleaved-1f1b", "needs placement: loop")
     require(v >= 2, "interleaved-1f1b", "needs virtual_stages >= 2 (use 1f1b for one chunk)")
     n = group or p
-    require(m % n == 0 or m >= p, "interleaved-1f1b",
-            f"needs microbatches divisible by {n} or >= devices ({p}), got {m}")
+    require(m % n == 0, "interleaved-1f1b",
+            f"needs microbatches divisible by {n} (the micro-batch group), got {m}")
     fwd = _chunk_table(p, v, m, n, reverse=False)
     bwd = _chunk_table(p, v, m, n, reverse=True)
     total = v * m

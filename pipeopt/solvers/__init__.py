@@ -77,7 +77,12 @@ class UnknownMethod(ValueError):
 def methods() -> list[str]:
     """Names of every method :func:`solve` accepts (searches whose module is present)."""
     found = [name for name, (module, _) in _SEARCH.items() if importlib.util.find_spec(module)]
-    return [*found, *GENERATORS]
+    names = [*found, *GENERATORS]
+    if importlib.util.find_spec("torch") is not None:
+        from pipeopt.executor.torch_schedules import torch_names
+
+        names += torch_names()
+    return names
 
 
 def classic_methods() -> list[str]:
@@ -157,7 +162,11 @@ def fits_memory(schedule: Schedule, problem: Problem | None = None) -> bool:
 
 #: Hand-made schedules that need several chunks per device: (chunks, placement) that
 #: :func:`compare` uses for them on a problem with one stage per device.
-CHUNKED: dict[str, tuple[int, str]] = {"interleaved-1f1b": (2, "loop"), "zb-v": (2, "vshape")}
+CHUNKED: dict[str, tuple[int, str]] = {
+    "interleaved-1f1b": (2, "loop"), "zb-v": (2, "vshape"),
+    "torch:Interleaved1F1B": (2, "loop"), "torch:InterleavedZeroBubble": (2, "loop"),
+    "torch:ZBVZeroBubble": (2, "vshape"), "torch:DualPipeV": (2, "vshape"),
+}
 
 
 def compare(problem: Problem, names: list[str] | None = None, **options: Any) -> list[CompareRow]:

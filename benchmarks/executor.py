@@ -1,0 +1,341 @@
+"""Closed loop on CPU: profile a tiny GPT -> solve -> replay with pipeopt's executor.
+
+Prints, for each schedule (1F1B, ZB-H1, CP-SAT), the measured step time against three
+predictions: the makespan on the project profile, the same orders re-timed on costs each rank
+measured the way the executor runs its ops, and re-timed on the median op durations seen in the
+run itself (this isolates the executor's own overhead from cost-model errors: CPU contention
+from other processes inflates every op alike). Then pipeopt's executor replaying 1F1B against
+PyTorch's own ``Schedule1F1B`` on the same model, split and process count, measured in the same
+run with interleaved rounds. Aims: prediction within 15%, executor no slower than 1.05x.
+
+    python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
+
+Stage costs come from ``pipeopt.costs.profiler`` and the ``model: {profile: ...}`` config form
+(the ``pipeopt profile`` -> ``pipeopt solve`` path, with its partition search) when present, or
+with ``--profiler ranks`` from timing each stage on its own rank, all ranks at once, the way the
+executor runs them: forward; input gradient (PyTorch's ``stage_backward_input``); weight
+gradient (``stage_backward_weight``); on stage 0 the input gradient is free and the weight
+gradient is the whole backward, as in the executor and in PyTorch's runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from pipeopt.executor.check import batch_for
+from pipeopt.executor.comms import producer_of
+from pipeopt.executor.export import run_torch_rank
+from pipeopt.executor.launch import RunConfig, _assemble, run_rank, spawn
+from pipeopt.executor.models import build_model, split_stages
+from pipeopt.problem import Op, Problem, chain_links
+from pipeopt.schedule import Schedule
+from pipeopt.schedules import NotApplicable
+from pipeopt.simulate import simulate
+from pipeopt.solvers import solve
+
+MODEL = "tiny-gpt"
+OPTIONS = (("layers", 6), ("hidden", 128), ("heads", 4), ("vocab", 256), ("seq_len", 64))
+
+
+def _median_time(fn: Any, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch: int,
+                 reps: int) -> tuple[float, float, float, float]:
+    """(F, B, W, fused backward) seconds of stage ``k`` for one micro-batch, timed as the
+    executor runs them."""
+    xs, ys = batch_for(spec, batch, 0, 0, microbatches)
+    h = xs[0]
+    with torch.no_grad():
+        for mod in stages[:k]:
+            h = mod(h)
+    mod, params = stages[k], list(stages[k].parameters())
+    first, last = k == 0, k == len(stages) - 1
+    inp = h if first else h.detach().requires_grad_(True)
+
+    def fwd() -> Any:
+        out = mod(inp)
+        return spec.loss_fn(out, ys[0]) / microbatches if last else out
+
+    f = _median_time(fwd, reps)
+    grad = None if last else torch.ones_like(fwd())
+
+    def split_pair() -> tuple[float, float]:
+        out = fwd()
+        t0 = time.perf_counter()
+        _, groups = stage_backward_input([out], None if grad is None else [grad], [inp],
+                                         iter(params))
+        t1 = time.perf_counter()
+        stage_backward_weight(iter(params), groups)
+        return t1 - t0, time.perf_counter() - t1
+
+    def full() -> float:
+        out = fwd()
+        t0 = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        return time.perf_counter() - t0
+
+    fused = statistics.median(full() for _ in range(reps))
+    mod.zero_grad(set_to_none=True)
+    if first:  # no input gradient: B is free and W is the whole backward
+        return f, 0.0, fused, fused
+    pairs = [split_pair() for _ in range(reps)]
+    mod.zero_grad(set_to_none=True)
+    return (f, statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs),
+            fused)
+
+
+def _profile_rank(rank: int, world: int, device: Any, microbatches: int, batch: int,
+                  reps: int, partition: Any, status: Any = None) -> dict[str, Any]:
+    """Each rank times its own stage while the others time theirs (the load of a real run),
+    then ranks 0 and 1 time a ping-pong of one activation."""
+    import torch.distributed as dist
+
+    skeleton = _skeleton(world, microbatches, partition)
+    spec = build_model(MODEL, skeleton, seed=0, **dict(OPTIONS))
+    stages = split_stages(spec, skeleton)
+    dist.barrier()
+    costs = _stage_costs(spec, stages, rank, microbatches, batch, reps)
+    xs, _ = batch_for(spec, batch, 0, 0, microbatches)
+    with torch.no_grad():
+        act = stages[0](xs[0])
+    one_way = []
+    dist.barrier()
+    for _ in range(reps * 3):
+        if rank == 0:
+            t0 = time.perf_counter()
+            dist.send(act, dst=1)
+            dist.recv(act, src=1)
+            one_way.append((time.perf_counter() - t0) / 2)
+        elif rank == 1:
+            dist.recv(act, src=0)
+            dist.send(act, dst=0)
+    return {"costs": costs, "latency": statistics.median(one_way) if one_way else None}
+
+
+def _skeleton(ranks: int, microbatches: int, partition: Any = None) -> Problem:
+    meta = (("partition", partition),) if partition else ()
+    return Problem(devices=ranks, microbatches=microbatches, forward=(1.0,) * ranks,
+                   backward_input=(1.0,) * ranks, backward_weight=(1.0,) * ranks, meta=meta)
+
+
+def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
+                    ) -> tuple[Problem, Problem]:
+    """The project's own loop: ``pipeopt.costs.profiler`` times every layer on one micro-batch
+    (as ``pipeopt profile`` does), then the ``model: {profile: ...}`` config form partitions the
+    layers and builds the problem (partition recorded in ``problem.meta``)."""
+    from pipeopt.config import parse_config
+    from pipeopt.costs.profiler import profile_model, write_profile
+
+    skeleton = _skeleton(ranks, microbatches)
+    spec = build_model(MODEL, skeleton, seed=0, **dict(OPTIONS))
+    xs, _ = batch_for(spec, batch, 0, 0, microbatches)
+    doc = profile_model(torch.nn.Sequential(*spec.layers), xs[0], device="cpu", repeats=9,
+                        name=MODEL)
+    path = f"{workdir}/profile.json"
+    write_profile(doc, path)
+    cfg = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
+                        "model": {"profile": path}})
+    split = cfg.problem
+    return split, split.replace(split_backward=False)
+
+
+def profile(ranks: int, microbatches: int, batch: int, partition: Any = None, reps: int = 9
+            ) -> tuple[Problem, Problem]:
+    """Per-stage F / B / W seconds of the benchmark model (one stage per rank), timed on
+    ``ranks`` spawned processes at once, and the one-way time of one activation message.
+    Returns the split problem and the fused one (whose B is the measured whole backward)."""
+    per_rank = spawn(_profile_rank, ranks, (microbatches, batch, reps, partition), timeout=300,
+                     backend="gloo")
+    f, b, w, full = zip(*(r["costs"] for r in per_rank), strict=True)
+    latency = per_rank[0]["latency"] or 0.0
+    lat, bw = chain_links(ranks, [latency] * (ranks - 1), [float("inf")] * (ranks - 1))
+    split = Problem(devices=ranks, microbatches=microbatches, forward=f, backward_input=b,
+                    backward_weight=w, latency=lat, bandwidth=bw,
+                    meta=(("source", "benchmarks/executor.py profile"),
+                          ("partition", partition)) if partition else ())
+    # The fused backward has its own measured time: fused B = backward_input + backward_weight.
+    fused = split.replace(split_backward=False, backward_input=tuple(
+        max(0.0, x - y) for x, y in zip(full, w, strict=True)))
+    return split, fused
+
+
+def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, RunConfig]],
+                rounds: int, status: Any = None) -> dict[str, list[dict[str, Any]]]:
+    """Every job ``rounds`` times, interleaved; ``('ours', schedule, cfg)`` or
+    ``('torch', problem, cfg)``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for i, (kind, obj, cfg) in enumerate(jobs):
+            if kind == "ours":
+                res = run_rank(rank, world, device, obj, cfg, "gloo", status)
+            else:
+                res = run_torch_rank(rank, world, device, obj, cfg, "class:Schedule1F1B")
+            out.setdefault(str(i), []).append(res)
+    return out
+
+
+def _replay(s: Schedule, durs: dict[str, float], latency_s: float) -> float:
+    """Makespan of the schedule's device orders when every op takes its measured duration
+    ``durs[str(op)]`` (seconds) and each cross-rank message ``latency_s``."""
+    prob = s.problem
+    orders = [list(o) for o in s.device_orders()]
+    end: dict[Op, float] = {}
+    free = [0.0] * prob.devices
+    pos = [0] * prob.devices
+    while any(pos[d] < len(orders[d]) for d in range(prob.devices)):
+        for d, order in enumerate(orders):
+            while pos[d] < len(order):
+                op = order[pos[d]]
+                deps = [producer_of(op, prob.stages)]
+                deps.append(Op("F", op.stage, op.microbatch) if op.kind == "B" else None)
+                deps.append(Op("B", op.stage, op.microbatch) if op.kind == "W" else None)
+                if any(x is not None and x not in end for x in deps):
+                    break
+                ready = free[d]
+                for x in deps:
+                    if x is not None:
+                        far = prob.stage_device[x.stage] != d
+                        ready = max(ready, end[x] + (latency_s if far else 0.0))
+                end[op] = free[d] = ready + durs[str(op)]
+                pos[d] += 1
+    return max(end.values())
+
+
+def _show(title: str, prob: Problem, fused: Problem) -> None:
+    print(title + ": ms per micro-batch")
+    for k in range(prob.stages):
+        print(f"  stage {k}: F {prob.forward[k] * 1e3:.2f}  B {prob.backward_input[k] * 1e3:.2f}"
+              f"  W {prob.backward_weight[k] * 1e3:.2f}  fused B+W "
+              f"{fused.durations['B'][k] * 1e3:.2f}")
+    print(f"  link: {prob.latency[0][1] * 1e3:.3f} ms per message (one way)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT seconds")
+    ap.add_argument("--profiler", choices=["auto", "project", "ranks"], default="auto",
+                    help="project: pipeopt.costs.profiler (default when present); ranks: "
+                    "time each stage on its own rank, all at once")
+    args = ap.parse_args()
+    p, m = args.ranks, args.microbatches
+
+    t0 = time.perf_counter()
+    use_project = args.profiler == "project" or (
+        args.profiler == "auto" and importlib.util.find_spec("pipeopt.costs.profiler"))
+    if use_project:
+        with tempfile.TemporaryDirectory() as tmp:
+            prob, fused = project_profile(p, m, args.batch, tmp)
+        how = "pipeopt.costs.profiler, per layer, one process"
+    else:
+        prob, fused = profile(p, m, args.batch)
+        how = "each rank times its stage as the executor runs it"
+    part = dict(prob.meta).get("partition")
+    _show(f"profile ({how}; {time.perf_counter() - t0:.1f} s), partition {part or 'even'}",
+          prob, fused)
+    # Second opinion on the same partition: every rank times its own stage the way the
+    # executor runs it (PyTorch's split backward helpers), all ranks at once.
+    t0 = time.perf_counter()
+    ex_prob, ex_fused = (prob, fused) if not use_project else profile(p, m, args.batch, part)
+    if use_project:
+        _show(f"profile (each rank times its stage as the executor runs it; "
+              f"{time.perf_counter() - t0:.1f} s)", ex_prob, ex_fused)
+
+    scheds: list[Schedule] = [solve(fused, "1f1b"), solve(prob, "zb-h1")]
+    for method in ("cpsat", "greedy"):
+        try:
+            scheds.append(solve(prob, method, time_limit=args.time_limit, workers=1, seed=0))
+            break
+        except (ImportError, NotApplicable, ValueError) as exc:
+            print(f"  ({method} unavailable: {exc})")
+    cfg = RunConfig(model=MODEL, model_options=OPTIONS, steps=args.steps, batch_size=args.batch)
+    jobs: list[tuple[str, Any, RunConfig]] = [("ours", s, cfg) for s in scheds]
+    # PyTorch's Schedule1F1B right after ours in every round (fused problem, like our 1F1B),
+    # so that both see the same machine load.
+    jobs.insert(1, ("torch", scheds[0].problem, cfg))
+    job_of = [0, *range(2, len(jobs))]  # job index of each schedule
+    t0 = time.perf_counter()
+    per_rank = spawn(_bench_rank, p, (jobs, args.rounds), timeout=600, backend="gloo")
+    print(f"runs ({time.perf_counter() - t0:.1f} s, {p} gloo ranks, {args.rounds} rounds x "
+          f"{args.steps} steps, median of steps after the first of each round)")
+
+    def round_times(job: int, rnd: int) -> list[float]:
+        res = _assemble(scheds[0], RunConfig(), [per_rank[r][str(job)][rnd] for r in range(p)])
+        return res.step_times[1:]
+
+    def measured(job: int) -> float:
+        return statistics.median(t for rnd in range(args.rounds) for t in round_times(job, rnd))
+
+    def replayed(i: int, s: Schedule) -> float:
+        """Median over rounds of: the last step's measured time / the makespan of the same
+        orders with that step's own op durations (1.0 = no executor overhead at all)."""
+        ratios = []
+        for rnd in range(args.rounds):
+            durs = {op: b - a for r in range(p)
+                    for op, a, b in per_rank[r][str(job_of[i])][rnd]["trace"]}
+            span = _replay(s, durs, ex_prob.latency[0][1] if p > 1 else 0.0)
+            ratios.append(round_times(job_of[i], rnd)[-1] / span)
+        return statistics.median(ratios)
+
+    def calibrated(i: int, s: Schedule) -> float:
+        """Makespan of the same orders with each op's median duration measured in the run."""
+        durs: dict[tuple[str, int], list[float]] = {}
+        for r in range(p):
+            for rnd in range(args.rounds):
+                for op, a, b in per_rank[r][str(job_of[i])][rnd]["trace"]:
+                    stage, kind, _ = re.fullmatch(r"(\d+)([FBW])(\d+)", op).groups()
+                    durs.setdefault((kind, int(stage)), []).append(b - a)
+        med = {key: statistics.median(v) for key, v in durs.items()}
+        n = s.problem.stages
+        prob_c = s.problem.replace(
+            forward=tuple(med[("F", k)] for k in range(n)),
+            backward_input=tuple(med[("B", k)] for k in range(n)),
+            backward_weight=tuple(med.get(("W", k), 0.0) for k in range(n)),
+            latency=ex_prob.latency, bandwidth=ex_prob.bandwidth)
+        return simulate(prob_c, s.device_orders()).makespan
+
+    print("step time, ms: measured (median) vs predicted from each cost source (error = "
+          "measured / predicted - 1)")
+    print(f"{'schedule':<10} {'measured':>9} {'project profile':>18} {'executor-timed':>18} "
+          f"{'in-run op times':>18} {'overhead':>9}")
+    for i, s in enumerate(scheds):
+        meas = measured(job_of[i])
+        again = simulate(ex_prob if s.problem.split_backward else ex_fused, s.device_orders())
+        preds = (s.makespan, again.makespan, calibrated(i, s))
+        cells = [f"{x * 1e3:.1f} ({(meas - x) / x:+.0%})" for x in preds]
+        print(f"{s.method:<10} {meas * 1e3:9.1f} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18} "
+              f"{replayed(i, s) - 1:+9.1%}")
+    print("overhead: a step's measured time against the same orders timed with that step's own "
+          "op durations\n(messages, Python, optimizer step, barriers); median over rounds")
+    ours, theirs = measured(0), measured(1)
+    per_round = [statistics.median(round_times(0, rnd)) / statistics.median(round_times(1, rnd))
+                 for rnd in range(args.rounds)]
+    print(f"pipeopt 1F1B {ours * 1e3:.2f} ms vs torch Schedule1F1B {theirs * 1e3:.2f} ms: "
+          f"ratio {ours / theirs:.3f}; median of per-round ratios "
+          f"{statistics.median(per_round):.3f}"
+          f" (rounds: {', '.join(f'{x:.2f}' for x in per_round)}; aim <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()

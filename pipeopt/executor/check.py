@@ -1,0 +1,98 @@
+"""The non-pipelined reference: the same micro-batches, seed and initial weights in one process,
+and the comparison of its gradients with a pipelined run's."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeopt.executor.models import build_model, split_stages
+from pipeopt.problem import Problem
+
+#: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
+RTOL = 1e-5
+ATOL = 1e-5
+
+Grads = dict[int, dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Largest absolute gradient difference, whether every element is within tolerance, and
+    the worst parameter (``stage.name``)."""
+
+    max_abs_grad_diff: float
+    ok: bool
+    worst: str
+    compared: int
+
+
+def batch_for(spec: Any, batch_size: int, seed: int, step: int, microbatches: int
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The micro-batches of training step ``step`` (the same in every process)."""
+    x, y = spec.make_batch(batch_size, seed + 1000 + step)
+    return list(x.tensor_split(microbatches)), list(y.tensor_split(microbatches))
+
+
+def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
+    """The ``.grad`` of every parameter, per stage, as numpy arrays (zeros when unset)."""
+    out: Grads = {}
+    for k, mod in modules.items():
+        out[k] = {name: (p.grad if p.grad is not None else torch.zeros_like(p))
+                  .detach().cpu().numpy().copy() for name, p in mod.named_parameters()}
+    return out
+
+
+def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, lr: float,
+                  seed: int, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``steps`` steps without pipelining; returns per-step losses and step times
+    (seconds) and the gradients of the last step per stage."""
+    spec = build_model(model, problem, seed=seed, **(model_options or {}))
+    stages = split_stages(spec, problem)
+    modules = dict(enumerate(stages))
+    params = [p for mod in stages for p in mod.parameters()]
+    opt = torch.optim.SGD(params, lr=lr)
+    m = problem.microbatches
+    losses, times = [], []
+    for step in range(steps):
+        xs, ys = batch_for(spec, batch_size, seed, step, m)
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        total = 0.0
+        for x, y in zip(xs, ys, strict=True):
+            h = x
+            for mod in stages:
+                h = mod(h)
+            loss = spec.loss_fn(h, y) / m
+            loss.backward()
+            total += loss.item()
+        grads = stage_grads(modules) if step == steps - 1 else None
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(total)
+    return {"losses": losses, "step_times": times, "grads": grads}
+
+
+def compare_grads(got: Grads, ref: Grads, rtol: float = RTOL, atol: float = ATOL
+                  ) -> Comparison:
+    """Compare pipelined gradients ``got`` with the reference, parameter by parameter."""
+    worst, worst_name, ok, n = 0.0, "", True, 0
+    for k, ref_params in ref.items():
+        if k not in got:
+            return Comparison(float("inf"), False, f"stage {k} (missing)", n)
+        for name, b in ref_params.items():
+            a = got[k].get(name)
+            if a is None or a.shape != b.shape:
+                return Comparison(float("inf"), False, f"{k}.{name} (missing)", n)
+            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            d = float(diff.max(initial=0.0))
+            if not np.all(diff <= atol + rtol * np.abs(b)):
+                ok = False
+            if d >= worst:
+                worst, worst_name = d, f"{k}.{name}"
+            n += 1
+    return Comparison(worst, ok, worst_name, n)

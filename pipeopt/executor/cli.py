@@ -1,0 +1,128 @@
+"""``pipeopt run`` (replay a schedule on torch.distributed) and ``pipeopt export``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeopt.config import ConfigError
+from pipeopt.io import load_schedule
+
+EXAMPLES = {
+    "run": "pipeopt run schedule.json --model tiny-gpt --check",
+    "export": "pipeopt export schedule.json --to torch -o schedule.csv",
+}
+
+
+def _number(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails."""
+    from pipeopt.executor.launch import RunConfig, run_pipeline
+    from pipeopt.executor.models import ModelError
+    from pipeopt.executor.runtime import ExecutorError
+
+    sched = load_schedule(args.schedule)
+    if args.steps < 1:
+        raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout: must be > 0 seconds, got {args.timeout}")
+    options = []
+    for item in args.model_arg or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        options.append((key, _number(val)))
+    cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
+                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    timeout=args.timeout, backend=args.backend,
+                    threads=args.threads, check=args.check)
+    try:
+        res = run_pipeline(sched, cfg)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
+    except ExecutorError as exc:
+        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
+        return 1
+    if res is None:  # a torchrun rank other than 0
+        return 0
+    bad = args.check and not res.grads_match
+    if args.json:
+        print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": args.model,
+                          "tolerance": {"rtol": cfg.rtol, "atol": cfg.atol}}))
+        return 1 if bad else 0
+    print(f"schedule      {args.schedule} ({res.method}, {res.world} ranks)")
+    print(f"model         {args.model}, batch {cfg.batch(sched.problem.microbatches)}, "
+          f"{sched.problem.microbatches} micro-batches, {args.steps} step(s)")
+    print(f"loss          {res.loss:.6g}")
+    n = len(res.step_times)
+    how = f"median of {n - 1} after warm-up" if n > 1 else "1 step, includes warm-up"
+    print(f"step time     {res.step_time:.6g} s measured ({how})")
+    print(f"predicted     {res.predicted_step_time:.6g} (schedule makespan, in the problem's "
+          "time unit: seconds if it came from a profile)")
+    if args.check:
+        print(f"reference     {res.reference_step_time:.6g} s per step without pipelining, loss "
+              f"{res.reference_losses[-1]:.6g}")
+        verdict = "ok" if res.grads_match else "MISMATCH"
+        print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
+              f"atol {cfg.atol:g}; worst {res.worst_param})")
+    return 1 if bad else 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the schedule in another tool's format."""
+    from pipeopt.executor.export import export_torch, to_torch_csv
+
+    sched = load_schedule(args.schedule)
+    if args.output:
+        export_torch(sched, args.output)
+        print(f"written {args.output} ({sched.problem.devices} ranks, compute-only)")
+    else:
+        sys.stdout.write(to_torch_csv(sched))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``run`` and ``export`` to the ``pipeopt`` command line."""
+    help_ = ("Replay a schedule JSON on torch.distributed (one process per device) and "
+             "optionally check its gradients.")
+    p = sub.add_parser("run", help=help_, description=help_,
+                       epilog="Example: " + EXAMPLES["run"] + ". Under torchrun, each process "
+                       "is one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("--model", default="tiny-gpt",
+                   help="tiny-gpt, mlp, or MODULE:FACTORY returning an nn.Sequential or a list "
+                   "of stage modules (default: tiny-gpt)")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword for the model factory, e.g. hidden=128 (repeatable)")
+    p.add_argument("--check", action="store_true",
+                   help="also run without pipelining and compare gradients (exit 1 if they "
+                   "differ)")
+    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument("--batch-size", type=int, help="batch size (default 4 per micro-batch)")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and data")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a run that does not finish is stopped (default 300)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
+                   help="process group backend (auto: nccl with CUDA, else gloo)")
+    p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / "
+                   "ranks)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_run)
+
+    help_ = "Write a schedule in torch.distributed.pipelining's compute-only CSV."
+    p = sub.add_parser("export", help=help_, description=help_,
+                       epilog="Example: " + EXAMPLES["export"])
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("--to", default="torch", choices=["torch"], help="target format")
+    p.add_argument("-o", "--output", help="CSV file to write (default: standard output)")
+    p.set_defaults(func=cmd_export)

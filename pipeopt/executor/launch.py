@@ -1,0 +1,373 @@
+"""Starting the ranks: spawned workers on one machine, or torchrun's environment.
+
+:func:`spawn` runs a function on ``world`` fresh processes joined in a process group (gloo on
+CPU, nccl on CUDA, a free port on 127.0.0.1) and returns what each rank returned. The parent
+waits with a deadline: when a rank raises, the others are killed and :class:`ExecutorError`
+names the rank and its error; when the deadline passes (a peer that never answers), every rank
+is killed and the error says which ranks had not finished. :func:`run_pipelines` replays
+schedules with it and, on request, checks the gradients against the one-process reference.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import statistics
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipeopt.executor import comms
+from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
+from pipeopt.executor.models import BUILTIN, build_model, factory_of, split_stages
+from pipeopt.executor.runtime import ExecutorError, Fault, RankRunner, RankStatus, infer_shapes
+from pipeopt.schedule import Schedule
+
+#: Seconds the parent keeps listening after the first failure, so that the root cause (the
+#: first report) comes with the peers' follow-up errors.
+_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a schedule: model name and factory keywords, training steps, batch size
+    (default 4 per micro-batch), SGD learning rate, seed, timeout of the whole run (seconds),
+    backend (``auto``: nccl with CUDA, else gloo), intra-op threads per rank (default:
+    cores / ranks), and whether to compare with the one-process reference. ``eager_receives``:
+    post every receive of a step up front (default with gloo) instead of lazily in the same
+    order (default with nccl, whose per-pair stream would make early receives block sends)."""
+
+    model: str = "mlp"
+    model_options: tuple[tuple[str, Any], ...] = ()
+    steps: int = 1
+    batch_size: int | None = None
+    lr: float = 0.01
+    seed: int = 0
+    timeout: float = 300.0
+    backend: str = "auto"
+    threads: int | None = None
+    check: bool = False
+    rtol: float = RTOL
+    atol: float = ATOL
+    fault: Fault | None = None
+    eager_receives: bool | None = None
+
+    def batch(self, microbatches: int) -> int:
+        """The batch size for ``microbatches``; must split evenly."""
+        bs = self.batch_size or 4 * microbatches
+        if bs % microbatches:
+            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
+                                "micro-batches")
+        return bs
+
+
+@dataclass
+class RunResult:
+    """The outcome of a pipelined run; times in seconds except ``predicted_step_time``, which
+    is in the schedule's own time unit (seconds when it came from a profile)."""
+
+    method: str
+    world: int
+    losses: list[float]
+    step_times: list[float]
+    predicted_step_time: float
+    reference_losses: list[float] = field(default_factory=list)
+    reference_step_time: float | None = None
+    max_abs_grad_diff: float | None = None
+    grads_match: bool | None = None
+    worst_param: str | None = None
+
+    @property
+    def loss(self) -> float:
+        """Loss of the last step (mean over the whole batch)."""
+        return self.losses[-1]
+
+    @property
+    def step_time(self) -> float:
+        """Measured step time (seconds): median of the steps after the first, when there are
+        several (the first pays warm-up costs)."""
+        times = self.step_times[1:] or self.step_times
+        return statistics.median(times)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary."""
+        return {"method": self.method, "ranks": self.world, "loss": self.loss,
+                "losses": self.losses, "step_time": self.step_time,
+                "step_times": self.step_times, "predicted_step_time": self.predicted_step_time,
+                "reference_losses": self.reference_losses,
+                "reference_step_time": self.reference_step_time,
+                "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
+                "worst_param": self.worst_param}
+
+
+# ----- process plumbing ------------------------------------------------------------------------
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> nccl when CUDA is available, else gloo."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ExecutorError(f"backend: must be auto, gloo or nccl, got {backend!r}")
+    return backend
+
+
+def rank_device(backend: str, local_rank: int) -> torch.device:
+    """The device a rank computes on."""
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+RankFn = Callable[..., Any]
+
+#: Seconds between a worker's status reports to the parent.
+_STATUS_EVERY_S = 0.5
+
+
+def _report_status(status: RankStatus, rank: int, out: Any, done: threading.Event) -> None:
+    """Worker thread: send the rank's status line to the parent whenever it changes."""
+    last = None
+    while not done.wait(_STATUS_EVERY_S):
+        text = status.text
+        if text != last:
+            out.put(("status", rank, text))
+            last = text
+
+
+def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
+             fn: RankFn, args: tuple[Any, ...], out: Any) -> None:
+    """Body of one spawned worker: join the group, run ``fn``, report through ``out``."""
+    status = RankStatus()
+    done = threading.Event()
+    threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
+    try:
+        torch.set_num_threads(threads)
+        status.text = "joining the process group"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout))
+        device = rank_device(backend, rank)
+        status.text = "setting up"
+        result = fn(rank, world, device, *args, status=status)
+        done.set()
+        out.put(("ok", rank, result))
+        dist.destroy_process_group()
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        done.set()
+        tb = traceback.format_exc(limit=-6)
+        out.put(("error", rank, f"{type(exc).__name__}: {exc}\n{tb}"))
+        out.close()
+        out.join_thread()
+        os._exit(1)
+
+
+def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float = 300.0,
+          backend: str = "auto", threads: int | None = None) -> list[Any]:
+    """Run ``fn(rank, world, device, *args, status=RankStatus)`` on ``world`` new processes in
+    one process group and return each rank's result; ``fn`` must be importable (module level)
+    and may keep ``status.text`` up to date for error messages. Raises
+    :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish."""
+    backend = resolve_backend(backend)
+    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
+                         args=(r, world, port, backend, timeout, threads, fn, args, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    dead_since: dict[int, float] = {}
+    last_status: dict[int, str] = {}
+    try:
+        while len(results) + len(errors) < world:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            try:
+                kind, rank, payload = out.get(timeout=min(0.1, deadline - now))
+            except queue_mod.Empty:
+                for r, p in enumerate(procs):
+                    if r in results or r in errors or p.is_alive():
+                        continue
+                    # A rank that died without a report (killed, segfault): give its queue
+                    # a moment to flush, then call it failed.
+                    first = dead_since.setdefault(r, now)
+                    if now - first > _GRACE_S:
+                        errors[r] = f"exited with code {p.exitcode} without a report"
+                        deadline = min(deadline, now + _GRACE_S)
+                continue
+            if kind == "status":
+                last_status[rank] = payload
+            elif kind == "ok":
+                results[rank] = payload
+            else:
+                errors[rank] = payload
+                deadline = min(deadline, time.monotonic() + _GRACE_S)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        out.close()
+    if errors:
+        first = next(iter(errors))
+        head = errors[first].splitlines()[0]
+        others = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in errors.items()
+                           if r != first)
+        raise ExecutorError(f"rank {first} failed: {head}" + (f" (then {others})" if others else "")
+                            + f"\n--- rank {first} traceback ---\n{errors[first]}")
+    if len(results) < world:
+        missing = [r for r in range(world) if r not in results]
+        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}" for r in missing)
+        raise ExecutorError(f"timed out after {timeout:g} s: rank(s) {missing} did not finish "
+                            f"(a peer never answered?); all ranks were stopped. Last status: "
+                            f"{where}")
+    return [results[r] for r in range(world)]
+
+
+# ----- the replay job --------------------------------------------------------------------------
+def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
+             cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None
+             ) -> dict[str, Any]:
+    """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` (process group already joined);
+    returns per-step losses and times (seconds), the last step's gradients and its op trace
+    ((op, start, end) seconds from the step's start)."""
+    prob = schedule.problem
+    if world != prob.devices:
+        raise ExecutorError(f"world size {world} does not match the schedule's "
+                            f"{prob.devices} devices")
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    m, bs = prob.microbatches, cfg.batch(prob.microbatches)
+    xs, _ = batch_for(spec, bs, cfg.seed, 0, m)
+    shapes, dtypes = infer_shapes(stages, xs[0])
+    mine = {k: stages[k].to(device) for k in prob.device_stages[rank]}
+    del stages
+    runner = RankRunner(prob, comms.plan(schedule)[rank], mine, spec.loss_fn, shapes, dtypes,
+                        device, fault=cfg.fault, rank=rank,
+                        post_all_receives=(backend == "gloo" if cfg.eager_receives is None
+                                           else cfg.eager_receives),
+                        status=status or RankStatus())
+    opt = torch.optim.SGD([p for mod in mine.values() for p in mod.parameters()], lr=cfg.lr)
+    losses, times, grads = [], [], None
+    for step in range(cfg.steps):
+        xs, ys = batch_for(spec, bs, cfg.seed, step, m)
+        xs = [x.to(device) for x in xs]
+        ys = [y.to(device) for y in ys]
+        opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = runner.step(xs, ys, step)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if step == cfg.steps - 1:
+            grads = stage_grads(mine)
+    trace = [(str(op), a, b) for op, a, b in runner.trace]
+    return {"losses": losses, "step_times": times, "grads": grads, "trace": trace}
+
+
+def _jobs_rank(rank: int, world: int, device: torch.device,
+               jobs: Sequence[tuple[Schedule, RunConfig]], backend: str,
+               status: RankStatus | None = None) -> list[dict[str, Any]]:
+    return [run_rank(rank, world, device, s, c, backend, status) for s, c in jobs]
+
+
+def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]]
+              ) -> RunResult:
+    """Merge the ranks' reports (and compare with the reference when asked)."""
+    steps = len(per_rank[0]["losses"])
+    losses = [sum(r["losses"][i] for r in per_rank) for i in range(steps)]
+    times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
+    res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
+    if cfg.check:
+        grads = {k: g for r in per_rank for k, g in r["grads"].items()}
+        ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
+                            batch_size=cfg.batch(schedule.problem.microbatches), lr=cfg.lr,
+                            seed=cfg.seed, model_options=dict(cfg.model_options))
+        cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
+        res.reference_losses = ref["losses"]
+        res.reference_step_time = statistics.median(ref["step_times"][1:]
+                                                    or ref["step_times"])
+        res.max_abs_grad_diff = cmp.max_abs_grad_diff
+        res.grads_match = cmp.ok
+        res.worst_param = cmp.worst
+    return res
+
+
+def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]:
+    """Replay several schedules (same number of devices) one after the other in one set of
+    spawned processes; returns one result per job. Timeout: the sum of the jobs' timeouts."""
+    if not jobs:
+        return []
+    world = jobs[0][0].problem.devices
+    for s, _ in jobs:
+        if s.problem.devices != world:
+            raise ExecutorError("run_pipelines: every schedule must have the same devices")
+        plans = comms.plan(s)
+        bad = comms.check_order(plans) or comms.check_protocol(plans, s.problem.stages)
+        if bad:  # cannot happen for a valid schedule; a guard against future edits
+            raise ExecutorError(f"{s.method}: message plan would fail: {bad[0]}")
+    for _, c in jobs:  # fail here, not in every worker
+        if c.model not in BUILTIN:
+            factory_of(c.model)
+    cfg0 = jobs[0][1]
+    backend = resolve_backend(cfg0.backend)
+    timeout = sum(c.timeout for _, c in jobs)
+    per_rank = spawn(_jobs_rank, world, (list(jobs), backend), timeout=timeout,
+                     backend=backend, threads=cfg0.threads)
+    return [_assemble(s, c, [per_rank[r][i] for r in range(world)])
+            for i, (s, c) in enumerate(jobs)]
+
+
+def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:
+    """Replay ``schedule`` on spawned local workers, or as this rank under torchrun (when
+    ``RANK`` and ``WORLD_SIZE`` are set; the result then exists on rank 0 only, others get
+    None)."""
+    cfg = cfg or RunConfig()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return run_torchrun(schedule, cfg)  # type: ignore[return-value]
+    return run_pipelines([(schedule, cfg)])[0]
+
+
+def run_torchrun(schedule: Schedule, cfg: RunConfig) -> RunResult | None:
+    """This process is one rank started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    backend = resolve_backend(cfg.backend)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
+    try:
+        device = rank_device(backend, local)
+        payload = run_rank(rank, world, device, schedule, cfg, backend)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0 or gathered is None:
+        return None
+    return _assemble(schedule, cfg, gathered)

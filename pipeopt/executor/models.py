@@ -1,0 +1,248 @@
+"""Models the executor can run: small built-ins for tests and demos, and user factories.
+
+A :class:`ModelSpec` bundles what a pipelined training step needs besides the layers: how to
+draw a batch and the loss. Built-ins: ``mlp`` and ``tiny-gpt``. A user model is named
+``MODULE:FACTORY``; the factory returns an ``nn.Sequential``, a list of stage modules, or a
+:class:`ModelSpec`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from pipeopt.problem import Problem
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class ModelError(ValueError):
+    """A model that cannot be built or split for a schedule (the message says why)."""
+
+
+@dataclass
+class ModelSpec:
+    """Layers (or ready-made stage modules) plus data and loss.
+
+    ``layers`` is cut into stages by :func:`split_stages`; when ``stage_modules`` is true the
+    list already holds one module per stage. ``make_batch(batch_size, seed)`` returns inputs
+    and targets; ``loss_fn(output, target)`` returns the mean loss of a (micro-)batch.
+    """
+
+    name: str
+    layers: list[nn.Module]
+    make_batch: Callable[[int, int], Batch]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    stage_modules: bool = False
+
+
+# ----- built-in models ---------------------------------------------------------------------
+class Embedding(nn.Module):
+    """Token plus learned position embedding."""
+
+    def __init__(self, vocab: int, hidden: int, seq_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Parameter(torch.randn(seq_len, hidden) * 0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos[: idx.shape[1]]
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with causal self-attention."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ModelError(f"hidden: must be a multiple of heads ({heads}), got {hidden}")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        # Explicit QK^T, softmax, .V (not SDPA) so FLOP counters see the 4*b*t^2*c of it.
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        att = scores.masked_fill(mask, float("-inf")).softmax(dim=-1) @ v
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final norm and the vocabulary projection."""
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def tiny_gpt(layers: int = 4, hidden: int = 64, heads: int = 4, vocab: int = 128,
+             seq_len: int = 16) -> ModelSpec:
+    """A GPT of ``layers`` blocks as ``layers + 2`` pipeline layers (embedding, blocks, head);
+    random tokens, next-token cross-entropy."""
+    mods: list[nn.Module] = [Embedding(vocab, hidden, seq_len)]
+    mods += [Block(hidden, heads) for _ in range(layers)]
+    mods.append(Head(hidden, vocab))
+
+    def make_batch(batch_size: int, seed: int) -> Batch:
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    return ModelSpec("tiny-gpt", mods, make_batch, loss_fn)
+
+
+def mlp(layers: int = 4, width: int = 64) -> ModelSpec:
+    """``layers`` Linear+tanh layers of ``width`` on random regression data, MSE loss."""
+    mods: list[nn.Module] = [nn.Sequential(nn.Linear(width, width), nn.Tanh())
+                             for _ in range(layers)]
+
+    def make_batch(batch_size: int, seed: int) -> Batch:
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch_size, width, generator=g),
+                torch.randn(batch_size, width, generator=g))
+
+    return ModelSpec("mlp", mods, make_batch, F.mse_loss)
+
+
+BUILTIN = ("tiny-gpt", "mlp")
+
+
+def _layers_for(problem: Problem, extra: int) -> int:
+    """Layer count of a built-in model: the partition's, else enough for every stage."""
+    part = partition_of(problem)
+    if part is not None:
+        return max(1, part[-1][1] - extra)
+    return max(4, problem.stages - extra)
+
+
+def build_model(name: str, problem: Problem, seed: int = 0, **kwargs: Any) -> ModelSpec:
+    """Build model ``name`` (``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``) with parameters drawn
+    from ``seed``; built-ins get as many layers as the problem's partition (or stages) needs.
+    The profiler (:mod:`pipeopt.models`) times these same built-ins."""
+    torch.manual_seed(seed)
+    if name in BUILTIN:
+        kwargs.setdefault("layers", _layers_for(problem, 2 if name == "tiny-gpt" else 0))
+        return tiny_gpt(**kwargs) if name == "tiny-gpt" else mlp(**kwargs)
+    made = factory_of(name)(**kwargs)
+    return _wrap(name, made)
+
+
+def factory_of(name: str) -> Callable[..., Any]:
+    """The factory function of a ``MODULE:FACTORY`` model name (imports the module)."""
+    if ":" not in name:
+        raise ModelError(f"model: unknown model {name!r}; use {' or '.join(BUILTIN)} "
+                         "or MODULE:FACTORY")
+    module, func = name.split(":", 1)
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise ModelError(f"model: cannot load {name!r}: {exc}") from None
+
+
+def _wrap(name: str, made: Any) -> ModelSpec:
+    """A ModelSpec for whatever a user factory returned (float inputs, MSE loss by default)."""
+    if isinstance(made, ModelSpec):
+        return made
+    if isinstance(made, nn.Sequential):
+        layers, stage_modules = list(made), False
+    elif isinstance(made, Sequence) and all(isinstance(x, nn.Module) for x in made):
+        layers, stage_modules = list(made), True
+    else:
+        raise ModelError(f"model: {name} must return an nn.Sequential, a list of stage modules "
+                         f"or a ModelSpec, got {type(made).__name__}")
+    first = next((mod for layer in layers for mod in layer.modules()
+                  if isinstance(mod, nn.Linear | nn.Embedding)), None)
+    if isinstance(first, nn.Embedding):
+        vocab = first.num_embeddings
+
+        def make_batch(batch_size: int, seed: int) -> Batch:
+            g = torch.Generator().manual_seed(seed)
+            return (torch.randint(0, vocab, (batch_size, 16), generator=g),
+                    torch.randint(0, vocab, (batch_size, 16), generator=g))
+
+        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+    elif isinstance(first, nn.Linear):
+        width = first.in_features
+        seq = nn.Sequential(*layers)
+
+        def make_batch(batch_size: int, seed: int) -> Batch:
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(batch_size, width, generator=g)
+            with torch.no_grad():
+                shape = seq(x[:1]).shape[1:]
+            return x, torch.randn(batch_size, *shape, generator=g)
+
+        loss_fn = F.mse_loss
+    else:
+        raise ModelError(f"model: {name} has no Linear or Embedding layer to infer its inputs "
+                         "from; return a ModelSpec instead")
+    return ModelSpec(name, layers, make_batch, loss_fn, stage_modules)
+
+
+def partition_of(problem: Problem) -> list[tuple[int, int]] | None:
+    """The layer ranges ``[first, last)`` per stage from ``problem.meta['partition']``."""
+    raw = dict(problem.meta).get("partition")
+    if raw is None:
+        return None
+    try:
+        part = [(int(a), int(b)) for a, b in raw]
+    except (TypeError, ValueError):
+        raise ModelError("problem.meta.partition: expected a list of [first, last) layer "
+                         f"ranges, got {raw!r:.80}") from None
+    if len(part) != problem.stages:
+        raise ModelError(f"problem.meta.partition: expected {problem.stages} ranges (one per "
+                         f"stage), got {len(part)}")
+    prev = 0
+    for k, (a, b) in enumerate(part):
+        if a != prev or b <= a:
+            raise ModelError(f"problem.meta.partition[{k}]: ranges must be contiguous and "
+                             f"non-empty from layer 0, got [{a}, {b})")
+        prev = b
+    return part
+
+
+def split_stages(spec: ModelSpec, problem: Problem) -> list[nn.Module]:
+    """One module per global stage: the partition's layer ranges, else an even split."""
+    s = problem.stages
+    if spec.stage_modules:
+        if len(spec.layers) != s:
+            raise ModelError(f"model: {spec.name} gives {len(spec.layers)} stage modules, "
+                             f"the schedule has {s} stages")
+        return list(spec.layers)
+    n = len(spec.layers)
+    part = partition_of(problem)
+    if part is None:
+        if n < s:
+            raise ModelError(f"model: {spec.name} has {n} layers, fewer than the schedule's "
+                             f"{s} stages")
+        bounds = [math.floor(k * n / s) for k in range(s + 1)]
+        part = list(itertools.pairwise(bounds))
+    elif part[-1][1] != n:
+        raise ModelError(f"problem.meta.partition: covers {part[-1][1]} layers, model "
+                         f"{spec.name} has {n}")
+    return [nn.Sequential(*spec.layers[a:b]) for a, b in part]

@@ -1,0 +1,285 @@
+"""The torch executor: message plans (pure), model splits, and replays on gloo that must match
+the one-process gradients. Spawned runs are batched: one set of processes runs many schedules."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from pipeopt.executor import comms  # noqa: E402
+from pipeopt.executor.check import compare_grads  # noqa: E402
+from pipeopt.executor.launch import RunConfig, run_pipelines  # noqa: E402
+from pipeopt.executor.models import ModelError, build_model, split_stages  # noqa: E402
+from pipeopt.executor.runtime import ExecutorError, Fault  # noqa: E402
+from pipeopt.problem import Op, Problem, uniform_problem  # noqa: E402
+from pipeopt.schedule import Schedule  # noqa: E402
+from pipeopt.schedules import GENERATORS, NotApplicable  # noqa: E402
+from pipeopt.simulate import simulate  # noqa: E402
+from pipeopt.solvers import solve  # noqa: E402
+
+SHAPES = {  # method -> problem keywords
+    "1f1b": {}, "gpipe": {}, "zb-h1": {}, "zb-h2": {},
+    "interleaved-1f1b": {"virtual_stages": 2},
+    "looped-bfs": {"virtual_stages": 2},
+    "zb-v": {"virtual_stages": 2, "placement": "vshape"},
+}
+
+
+def _orders_schedule(method: str, p: int, m: int, split: bool, **kw: object) -> Schedule:
+    """A classic order generator on a problem with the given backward split (1F1B and
+    interleaved 1F1B then run B and W back to back)."""
+    prob = uniform_problem(p, m, split_backward=split, **kw)  # type: ignore[arg-type]
+    label = f"{method}/{'split' if split else 'fused'}"
+    return simulate(prob, GENERATORS[method](prob), method=label)
+
+
+def _search_schedule(p: int, m: int, **kw: object) -> Schedule | None:
+    """A CP-SAT schedule when that solver is present, else a greedy one, else None."""
+    prob = uniform_problem(p, m, f=1.0, b=1.0, w=0.5, **kw)  # type: ignore[arg-type]
+    for method in ("cpsat", "greedy"):
+        if importlib.util.find_spec(f"pipeopt.solvers.{method}") is None:
+            continue
+        try:
+            return solve(prob, method, time_limit=3, workers=1, seed=0)
+        except (ImportError, AttributeError, NotApplicable):
+            continue
+    return None
+
+
+# ----- pure: message plans ---------------------------------------------------------------------
+@pytest.mark.parametrize("method", sorted(SHAPES))
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 8)])
+def test_plan_orders_match_on_every_link(method: str, p: int, m: int) -> None:
+    split = method.startswith("zb")
+    try:
+        sched = _orders_schedule(method, p, m, split or p == 4, **SHAPES[method])
+    except NotApplicable:
+        pytest.skip("not applicable")
+    plans = comms.plan(sched)
+    assert comms.check_order(plans) == []
+    prob = sched.problem
+    n_remote = sum(2 * m for k in range(prob.stages - 1)
+                   if prob.stage_device[k] != prob.stage_device[k + 1])
+    assert sum(len(v) for pl in plans for v in pl.recvs.values()) == n_remote
+    for pl in plans:
+        pos = {op: i for i, op in enumerate(pl.ops)}
+        for peer, seq in pl.recvs.items():
+            # the receiver's order is the sender's op order
+            sender = {op: i for i, op in enumerate(plans[peer].ops)}
+            assert [sender[t.producer] for t in seq] == sorted(sender[t.producer] for t in seq)
+            for t in seq:
+                assert t.dst_device == pl.device and t.consumer in pos
+
+
+def _random_orders(prob: Problem, rnd: random.Random) -> list[list[Op]]:
+    """Device orders that follow one random topological order of the ops (always valid)."""
+    s = prob.stages
+    deps: dict[Op, list[Op]] = {}
+    for op in prob.ops():
+        d = []
+        if op.kind == "F" and op.stage > 0:
+            d.append(Op("F", op.stage - 1, op.microbatch))
+        if op.kind == "B":
+            d.append(Op("F", op.stage, op.microbatch))
+            if op.stage + 1 < s:
+                d.append(Op("B", op.stage + 1, op.microbatch))
+        if op.kind == "W":
+            d.append(Op("B", op.stage, op.microbatch))
+        deps[op] = d
+    placed: set[Op] = set()
+    orders: list[list[Op]] = [[] for _ in range(prob.devices)]
+    while len(placed) < len(deps):
+        ready = sorted(op for op in deps if op not in placed
+                       and all(x in placed for x in deps[op]))
+        op = rnd.choice(ready)
+        placed.add(op)
+        orders[prob.stage_device[op.stage]].append(op)
+    return orders
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 4), m=st.integers(1, 4), v=st.integers(1, 2),
+       vshape=st.booleans(), split=st.booleans(), seed=st.integers(0, 2**16))
+def test_protocol_completes_for_any_valid_schedule(p: int, m: int, v: int, vshape: bool,
+                                                   split: bool, seed: int) -> None:
+    """The message plan of any valid schedule matches every receive and cannot deadlock."""
+    prob = uniform_problem(p, m, virtual_stages=v, split_backward=split,
+                           placement="vshape" if vshape and v == 2 else "loop")
+    sched = simulate(prob, _random_orders(prob, random.Random(seed)))
+    plans = comms.plan(sched)
+    assert comms.check_order(plans) == []
+    assert comms.check_protocol(plans, prob.stages) == []
+
+
+def test_protocol_check_catches_bad_plans() -> None:
+    sched = _orders_schedule("1f1b", 2, 3, False)
+    plans = comms.plan(sched)
+    r1 = plans[1]
+    swapped = dict(r1.recvs)
+    swapped[0] = tuple(reversed(swapped[0]))  # receives posted in the wrong order
+    bad = dataclasses.replace(r1, recvs=swapped)
+    assert "would fill the receive posted for 1F2" in comms.check_protocol([plans[0], bad], 2)[0]
+    rev = dataclasses.replace(plans[0], ops=tuple(reversed(plans[0].ops)))
+    assert "deadlock" in comms.check_protocol([rev, r1], 2)[0]
+
+
+def test_vshape_tip_is_local() -> None:
+    sched = _orders_schedule("zb-v", 2, 4, True, virtual_stages=2, placement="vshape")
+    plans = comms.plan(sched)
+    # stages 1 and 2 share device 1: neither the activation nor the gradient crosses a link
+    for pl in plans:
+        for lst in pl.recvs.values():
+            assert all({t.producer.stage, t.consumer.stage} != {1, 2} for t in lst)
+    assert Op("F", 2, 0) not in plans[1].recv_for and Op("B", 1, 0) not in plans[1].recv_for
+
+
+# ----- pure: models ------------------------------------------------------------------------------
+def test_split_even_and_by_partition() -> None:
+    prob = uniform_problem(2, 2)
+    spec = build_model("mlp", prob.replace(virtual_stages=1), seed=0, layers=5)
+    assert [len(s) for s in split_stages(spec, prob)] == [2, 3]
+    part = prob.replace(meta=(("partition", [[0, 1], [1, 5]]),))
+    assert [len(s) for s in split_stages(spec, part)] == [1, 4]
+    with pytest.raises(ModelError, match="partition"):
+        split_stages(spec, prob.replace(meta=(("partition", [[0, 2], [3, 5]]),)))
+    with pytest.raises(ModelError, match="fewer than"):
+        split_stages(build_model("mlp", prob, layers=1), prob)
+    with pytest.raises(ModelError, match="unknown model"):
+        build_model("resnet", prob)
+
+
+def test_compare_grads_catches_a_difference() -> None:
+    import numpy as np
+
+    ref = {0: {"w": np.ones((2, 2), dtype=np.float32)}}
+    assert compare_grads({0: {"w": ref[0]["w"] + 1e-7}}, ref).ok
+    bad = compare_grads({0: {"w": ref[0]["w"] + np.float32(1e-3)}}, ref)
+    assert not bad.ok and bad.worst == "0.w"
+    assert bad.max_abs_grad_diff == pytest.approx(1e-3, rel=1e-3)
+
+
+# ----- spawned runs ------------------------------------------------------------------------------
+def _assert_all_match(jobs: list[tuple[Schedule, RunConfig]], results: list) -> None:
+    for (sched, cfg), res in zip(jobs, results, strict=True):
+        what = f"{sched.method} on {cfg.model}"
+        assert res.grads_match, f"{what}: max |grad diff| {res.max_abs_grad_diff}"
+        assert res.max_abs_grad_diff < 1e-5, what
+        assert res.losses == pytest.approx(res.reference_losses, rel=1e-5), what
+
+
+@pytest.mark.torch
+def test_replay_two_ranks_matches_reference() -> None:
+    p, m = 2, 4
+    scheds = [
+        _orders_schedule("1f1b", p, m, False),
+        _orders_schedule("1f1b", p, m, True),
+        _orders_schedule("interleaved-1f1b", p, m, False, virtual_stages=2),
+        _orders_schedule("zb-h1", p, m, True),
+        _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
+    ]
+    search = _search_schedule(p, m)
+    if search is not None:  # split backward, and a fused one
+        scheds += [search, _search_schedule(p, m, split_backward=False)]
+    jobs = []
+    for i, s in enumerate(scheds):
+        for model in ("mlp", "tiny-gpt"):
+            steps = 2 if i == 0 else 1  # one two-step job: the optimizer step is checked too
+            jobs.append((s, RunConfig(model=model, check=True, steps=steps)))
+    # receives posted lazily (in the same order), as with nccl
+    jobs.append((scheds[4], RunConfig(model="tiny-gpt", check=True, eager_receives=False)))
+    results = run_pipelines(jobs)
+    _assert_all_match(jobs, results)
+    if search is None:
+        pytest.skip("no CP-SAT or greedy solver in this checkout: search case not run")
+
+
+@pytest.mark.torch
+def test_replay_four_ranks_matches_reference() -> None:
+    p, m = 4, 8
+    part = (("partition", [[0, 1], [1, 2], [2, 5], [5, 6]]),)  # uneven, from a "profile"
+    fused_1f1b = _orders_schedule("1f1b", p, m, False)
+    scheds = [
+        (fused_1f1b, "tiny-gpt"),
+        (Schedule(fused_1f1b.problem.replace(meta=part), "1f1b/partition", fused_1f1b.ops),
+         "mlp"),
+        (_orders_schedule("interleaved-1f1b", p, m, False, virtual_stages=2), "mlp"),
+        (_orders_schedule("interleaved-1f1b", p, m, True, virtual_stages=2), "tiny-gpt"),
+        (_orders_schedule("zb-h1", p, m, True), "tiny-gpt"),
+        (_orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"), "mlp"),
+        (_orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"), "tiny-gpt"),
+    ]
+    search = _search_schedule(p, m)
+    if search is not None:
+        scheds += [(search, "mlp"), (search, "tiny-gpt")]
+    jobs = [(s, RunConfig(model=model, check=True)) for s, model in scheds]
+    _assert_all_match(jobs, run_pipelines(jobs))
+    if search is None:
+        pytest.skip("no CP-SAT or greedy solver in this checkout: search case not run")
+
+
+@pytest.mark.torch
+def test_failing_rank_ends_the_run_with_its_error() -> None:
+    sched = _orders_schedule("1f1b", 2, 2, False)
+    t0 = time.monotonic()
+    with pytest.raises(ExecutorError, match=r"rank 1 failed: RuntimeError: injected fault"):
+        run_pipelines([(sched, RunConfig(fault=Fault(rank=1), timeout=60))])
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.torch
+def test_silent_rank_times_out_instead_of_hanging() -> None:
+    sched = _orders_schedule("1f1b", 2, 2, False)
+    t0 = time.monotonic()
+    with pytest.raises(ExecutorError, match=r"timed out after 10 s") as err:
+        run_pipelines([(sched, RunConfig(fault=Fault(rank=0, mode="hang"), timeout=10))])
+    assert time.monotonic() - t0 < 25
+    msg = str(err.value)
+    assert "rank 0: step 0: stopped answering" in msg
+    assert "rank 1: step 0: 1F0 waits for the output of 0F0 from rank 0" in msg
+
+
+@pytest.mark.torch
+def test_cli_run_check_json(tmp_path, capsys) -> None:
+    from pipeopt.cli import main
+    from pipeopt.io import dump_schedule
+
+    path = tmp_path / "s.json"
+    dump_schedule(_orders_schedule("zb-h1", 2, 2, True), path)
+    rc = main(["run", str(path), "--model", "tiny-gpt", "--check", "--json", "--steps", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["grads_match"] is True and out["ranks"] == 2
+    assert out["max_abs_grad_diff"] < 1e-5 and out["predicted_step_time"] > 0
+    assert out["step_time"] > 0 and len(out["losses"]) == 2
+
+
+def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) -> None:
+    """No processes: the run itself is replaced, only the CLI's verdicts are checked."""
+    from pipeopt.cli import main
+    from pipeopt.executor import launch
+    from pipeopt.io import dump_schedule
+
+    path = tmp_path / "s.json"
+    dump_schedule(_orders_schedule("1f1b", 2, 2, False), path)
+    bad = launch.RunResult("1f1b", 2, [1.0], [0.1], 6.0, [1.0], 0.2, 0.5, False, "0.w")
+    monkeypatch.setattr(launch, "run_pipeline", lambda s, c: bad)
+    assert main(["run", str(path), "--check"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+    def fail(s: Schedule, c: RunConfig) -> None:
+        raise ExecutorError("rank 1 failed: RuntimeError: boom")
+
+    monkeypatch.setattr(launch, "run_pipeline", fail)
+    assert main(["run", str(path)]) == 1
+    assert "run failed: rank 1 failed" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["run", str(path), "--model", "nope"]) == 2  # caught before any process starts
+    assert "unknown model 'nope'" in capsys.readouterr().err
