@@ -6,8 +6,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeopt.problem import Problem, ProblemError
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
@@ -55,21 +56,31 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     }
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so readers see the old
-    file or the new one, never half of one; the old file survives any failure."""
+def write_atomic(path: str | os.PathLike[str],
+                 data: str | bytes | Callable[[BinaryIO], object]) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers see the old
+    file or the new one, never half of one; the old file survives any failure.
+
+    ``data`` is text (written as UTF-8), bytes, or a function that writes to a binary file.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(data, str):
+                fh.write(data.encode("utf-8"))
+            elif isinstance(data, bytes):
+                fh.write(data)
+            else:
+                data(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
 
 
 def dump_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> None:

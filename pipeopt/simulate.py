@@ -236,7 +236,7 @@ def _simulate_events(problem: Problem, orders: Orders
             return
         op = order[ptr[d]]
         t = dev_free[d]
-        for src in _inputs(problem, op):
+        for src in problem.inputs(op):
             a = arrival.get((src, op))
             if a is None:
                 return
@@ -282,15 +282,6 @@ def _simulate_events(problem: Problem, orders: Orders
     return ops, tuple(messages)
 
 
-def _inputs(problem: Problem, op: Op) -> list[Op]:
-    k, j = op.stage, op.microbatch
-    if op.kind == "F":
-        return [Op("F", k - 1, j)] if k > 0 else []
-    if op.kind == "B":
-        return [Op("F", k, j)] + ([Op("B", k + 1, j)] if k < problem.stages - 1 else [])
-    return [Op("B", k, j)]
-
-
 def _raise_deadlock(problem: Problem, orders: Orders, end: Sequence[float]) -> None:
     """Find a cycle of waits among the devices' blocked head ops and raise it."""
     idx = _Index(problem.stages, problem.microbatches)
@@ -313,7 +304,7 @@ def _raise_deadlock(problem: Problem, orders: Orders, end: Sequence[float]) -> N
     while d not in visited:
         visited[d] = len(path)
         op = head[d]
-        waiting = next(x for x in _inputs(problem, op) if not done(x))
+        waiting = next(x for x in problem.inputs(op) if not done(x))
         path.append((d, op, waiting))
         d = sd[waiting.stage]
     cycle = path[visited[d]:]
@@ -368,7 +359,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     out.extend(_check_links(problem, msgs, times, tol))
 
     for op, o in times.items():
-        for src in _inputs(problem, op):
+        for src in problem.inputs(op):
             so = times.get(src)
             if so is None:
                 continue

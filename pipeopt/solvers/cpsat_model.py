@@ -53,20 +53,10 @@ class IntData:
         return self.tx.get((src, dst), 0) + self.lat.get((src, dst), 0)
 
 
-def inputs(problem: Problem, op: Op) -> list[Op]:
-    """The ops whose outputs ``op`` needs."""
-    k, j = op.stage, op.microbatch
-    if op.kind == "F":
-        return [Op("F", k - 1, j)] if k > 0 else []
-    if op.kind == "B":
-        return [Op("F", k, j)] + ([Op("B", k + 1, j)] if k < problem.stages - 1 else [])
-    return [Op("B", k, j)]
-
-
 def edges(problem: Problem) -> Iterator[Edge]:
     """Every (producer, consumer) dependency."""
     for op in problem.ops():
-        for src in inputs(problem, op):
+        for src in problem.inputs(op):
             yield src, op
 
 
@@ -97,7 +87,7 @@ def heads_and_tails(data: IntData, with_reduce: bool) -> tuple[dict[Op, int], di
     head: dict[Op, int] = {}
     for op in order:
         t = 0
-        for src in inputs(p, op):
+        for src in p.inputs(op):
             t = max(t, head[src] + data.dur[src.kind][src.stage] + data.delay(src.stage, op.stage))
         prev = _same_kind_pred(op)
         if prev is not None:
