@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from hypothesis import strategies as st
 
-from pipeopt.problem import Op, Problem, chain_links
+from pipeopt.problem import Op, Problem, chain_links, uniform_problem
+from pipeopt.schedule import Schedule
+from pipeopt.solvers import run_classic
 
 
 @st.composite
@@ -64,3 +67,27 @@ def random_orders(problem: Problem, seed: int) -> list[list[Op]]:
         done.add(op)
         orders[problem.stage_device[op.stage]].append(op)
     return orders
+
+
+def _contended_schedule() -> Schedule:
+    """ZB-H1 on 4 devices whose links serialize messages, with a memory limit."""
+    p = 4
+    lat, bw = chain_links(p, [0.1] * (p - 1), [1.0] * (p - 1))
+    prob = uniform_problem(p, 6, memory_limit=4.0).replace(
+        latency=lat, bandwidth=bw, message_size=(0.5,) * 3)
+    return run_classic(prob, "zb-h1")
+
+
+# Small schedules of every shape the views must draw (fused / split backward, chunks, links).
+SAMPLE_SCHEDULES: dict[str, Callable[[], Schedule]] = {
+    "1f1b": lambda: run_classic(uniform_problem(4, 8), "1f1b"),
+    "gpipe-fused": lambda: run_classic(uniform_problem(3, 5, split_backward=False), "gpipe"),
+    "zb-h2": lambda: run_classic(uniform_problem(4, 8, f=1.0, b=1.5, w=0.5), "zb-h2"),
+    "zb-v": lambda: run_classic(uniform_problem(4, 8, virtual_stages=2, placement="vshape"),
+                                "zb-v"),
+    "interleaved": lambda: run_classic(uniform_problem(2, 4, virtual_stages=2),
+                                       "interleaved-1f1b"),
+    "contended": _contended_schedule,
+    "latency": lambda: run_classic(uniform_problem(4, 8, latency=0.3), "zb-h1"),
+    "single-device": lambda: run_classic(uniform_problem(1, 3), "1f1b"),
+}

@@ -1,0 +1,69 @@
+"""``pipeopt plot`` and ``pipeopt trace``: draw a schedule file, or export it for Perfetto."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pipeopt.io import load_schedule
+
+
+def _positive_float(text: str) -> float:
+    try:
+        val = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not val > 0 or val == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return val
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Draw a schedule JSON file as a Gantt chart PNG."""
+    from pipeopt.plot import plot_schedule
+
+    sched = load_schedule(args.schedule)
+    out = args.output or str(Path(args.schedule).with_suffix(".png"))
+    plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory, dpi=args.dpi)
+    print(f"written {out}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Export a schedule JSON file as Chrome / Perfetto trace events."""
+    from pipeopt.trace import write_trace
+
+    sched = load_schedule(args.schedule)
+    out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
+    write_trace(sched, out)
+    print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def add_commands(subparsers: Any) -> None:
+    """Add ``plot`` and ``trace`` to the ``pipeopt`` command line."""
+    help_ = "Draw a schedule JSON file as a Gantt chart (PNG) with memory over time."
+    p = subparsers.add_parser(
+        "plot", help=help_, description=help_,
+        epilog="Example: pipeopt plot schedule.json -o schedule.png --dpi 150")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("-o", "--output", help="PNG to write atomically (default: the schedule's "
+                                          "name with .png)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="leave out the memory-over-time panel")
+    p.add_argument("--dpi", type=_positive_float, default=100.0,
+                   help="pixels per inch (default 100)")
+    p.add_argument("--title", help="replace the title (default: method, makespan, bubble ratio)")
+    p.set_defaults(func=cmd_plot)
+
+    help_ = ("Export a schedule JSON file as Chrome/Perfetto trace events: one track per device "
+             "and per directed link, memory as counters.")
+    p = subparsers.add_parser(
+        "trace", help="Export a schedule as a Chrome/Perfetto trace (JSON).", description=help_,
+        epilog="Example: pipeopt trace schedule.json -o trace.json  (then open it in "
+               "ui.perfetto.dev)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("-o", "--output", help="trace JSON to write atomically (default: the "
+                                          "schedule's name with .trace.json)")
+    p.set_defaults(func=cmd_trace)
