@@ -78,3 +78,13 @@ def test_names_and_compare() -> None:
     assert zbv.schedule is not None and zbv.schedule.problem.virtual_stages == 2
     assert zbv.schedule.makespan < by["torch:1F1B"].schedule.makespan
     assert "torch:ZBVZeroBubble" in methods()
+
+
+def test_compare_reports_torch_schedules_over_memory_instead_of_failing() -> None:
+    prob = uniform_problem(4, 8, memory_limit=4.0)
+    by = {r.method: r for r in compare(prob, ["torch:1F1B", "torch:Interleaved1F1B", "1f1b"])}
+    assert by["torch:1F1B"].fits and by["torch:1F1B"].schedule.problem.split_backward is False
+    assert max(by["torch:1F1B"].schedule.peak_memory) == max(by["1f1b"].schedule.peak_memory)
+    inter = by["torch:Interleaved1F1B (v=2)"]
+    assert inter.schedule is not None and not inter.fits
+    assert max(inter.schedule.peak_memory) > 4.0

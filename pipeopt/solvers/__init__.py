@@ -163,7 +163,7 @@ def fits_memory(schedule: Schedule, problem: Problem | None = None) -> bool:
 #: Hand-made schedules that need several chunks per device: (chunks, placement) that
 #: :func:`compare` uses for them on a problem with one stage per device.
 CHUNKED: dict[str, tuple[int, str]] = {
-    "interleaved-1f1b": (2, "loop"), "zb-v": (2, "vshape"),
+    "interleaved-1f1b": (2, "loop"), "looped-bfs": (2, "loop"), "zb-v": (2, "vshape"),
     "torch:Interleaved1F1B": (2, "loop"), "torch:InterleavedZeroBubble": (2, "loop"),
     "torch:ZBVZeroBubble": (2, "vshape"), "torch:DualPipeV": (2, "vshape"),
 }
@@ -186,6 +186,12 @@ def compare(problem: Problem, names: list[str] | None = None, **options: Any) ->
         try:
             if name in GENERATORS:
                 sched = validate_loose(run_classic(prob, name))
+            elif name.startswith("torch:"):
+                # PyTorch's schedules do not know memory limits either: time them without the
+                # limit and report whether they fit.
+                loose = solve(prob.replace(memory_limit=()), name, **options)
+                sched = replace(loose, problem=loose.problem.replace(
+                    memory_limit=prob.memory_limit))
             else:
                 sched = solve(prob, name, **options)
         except (NotApplicable, UnknownMethod) as exc:
