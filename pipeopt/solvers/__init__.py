@@ -149,7 +149,11 @@ class CompareRow:
         out: dict[str, Any] = {"method": self.method, "error": self.error, "fits": self.fits,
                                "ratio": None if math.isinf(self.ratio) else self.ratio}
         if self.schedule is not None:
-            out.update(self.schedule.summary())
+            summary = self.schedule.summary()
+            # The row's label (e.g. "zb-v (v=2)") names the variant that ran; keep the
+            # schedule's own method name (e.g. "auto:cpsat") beside it.
+            summary["schedule_method"] = summary.pop("method", self.schedule.method)
+            out.update(summary)
         return out
 
 
