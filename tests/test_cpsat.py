@@ -16,7 +16,7 @@ from pipeopt.problem import Problem, chain_links, uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import check, simulate, validate
-from pipeopt.solvers import SolveOptions, fits_memory, run_classic, solve
+from pipeopt.solvers import SolveOptions, fits_memory, methods, run_classic, solve
 from pipeopt.solvers.cpsat import sequential_orders, solve_cpsat
 from pipeopt.solvers.cpsat_grid import time_grid
 
@@ -109,6 +109,17 @@ def test_optimal_is_never_beaten_by_a_classic_schedule(name: str) -> None:
     sched = cpsat(prob)
     assert sched.solver.status == "optimal"
     for other in classics_that_fit(prob):
+        assert sched.iteration_time <= other.iteration_time * (1 + 1e-9), other.method
+    # Nor by the greedy, nor by PyTorch's own schedules that fit the same memory.
+    others = [solve(prob, "greedy")]
+    for name in (n for n in methods() if n.startswith("torch:")):
+        try:
+            torch_sched = solve(prob.replace(memory_limit=()), name)
+        except NotApplicable:
+            continue
+        if fits_memory(torch_sched, prob):
+            others.append(torch_sched)
+    for other in others:
         assert sched.iteration_time <= other.iteration_time * (1 + 1e-9), other.method
 
 

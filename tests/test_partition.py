@@ -1,5 +1,7 @@
 """Stage partition: DP against brute force, ILP against the DP, memory limits, joint search."""
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -138,16 +140,17 @@ def test_top_partitions_are_distinct_and_sorted():
     assert parts[0] == pipeline_partition(costs).partition
 
 
-def test_128_layers_32_stages_is_fast():
-    import time
-
+def test_128_layers_32_stages_is_exact_and_complete():
+    """The benchmark's size (its speed is measured by benchmarks/partition.py, not here)."""
     rng = np.random.default_rng(0)
     costs = chain_costs(rng.uniform(1, 2, 128), stages=32, microbatches=64,
                         comm=rng.uniform(0, 0.05, (31, 128)))
-    t0 = time.perf_counter()
     res = pipeline_partition(costs)
-    assert time.perf_counter() - t0 < 5.0  # the benchmark asserts < 1 s on a quiet machine
     assert res.exact
+    bounds = list(res.partition)
+    assert len(bounds) == 32 and bounds[0][0] == 0 and bounds[-1][1] == 128
+    assert all(a < b for a, b in bounds)
+    assert all(x[1] == y[0] for x, y in itertools.pairwise(bounds))
 
 
 def test_joint_search_not_worse_than_uniform():
