@@ -1,28 +1,26 @@
 """Closed loop on CPU: profile a tiny GPT -> solve -> replay with pipeopt's executor.
 
-Prints, for each schedule (1F1B, ZB-H1, CP-SAT), the measured step time against three
-predictions: the makespan on the project profile, the same orders re-timed on costs each rank
-measured the way the executor runs its ops, and re-timed on the median op durations seen in the
-run itself (this isolates the executor's own overhead from cost-model errors: CPU contention
-from other processes inflates every op alike). Then pipeopt's executor replaying 1F1B against
-PyTorch's own ``Schedule1F1B`` on the same model, split and process count, measured in the same
-run with interleaved rounds. Aims: prediction within 15%, executor no slower than 1.05x.
+Two profiles of the same model and partition: the project's (``pipeopt.costs.profiler`` per
+layer on one process, then the ``model: {profile: ...}`` config form, which also chooses the
+partition: the ``pipeopt profile`` -> ``pipeopt solve`` path), and a rank-timed one (every rank
+times its own stage the way the executor runs it, all ranks at once: forward; input gradient
+with PyTorch's ``stage_backward_input``; weight gradient with ``stage_backward_weight``; on
+stage 0 the input gradient is free and the weight gradient is the whole backward, as in the
+executor and in PyTorch's runtime). 1F1B (fused backward), ZB-H1 and CP-SAT are solved on one
+of them (``--profiler``, default ``ranks``) and replayed; each measured step time is printed
+against the makespan of the same orders on both profiles and on the median op durations seen
+in the run itself (this isolates the executor's own overhead from cost-model errors). Then
+pipeopt's executor replaying 1F1B against PyTorch's own ``Schedule1F1B`` on the same model,
+split and process count, measured in the same run with interleaved rounds. Aims: prediction
+within 15%, executor no slower than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
-
-Stage costs come from ``pipeopt.costs.profiler`` and the ``model: {profile: ...}`` config form
-(the ``pipeopt profile`` -> ``pipeopt solve`` path, with its partition search) when present, or
-with ``--profiler ranks`` from timing each stage on its own rank, all ranks at once, the way the
-executor runs them: forward; input gradient (PyTorch's ``stage_backward_input``); weight
-gradient (``stage_backward_weight``); on stage 0 the input gradient is free and the weight
-gradient is the whole backward, as in the executor and in PyTorch's runtime.
+        [--profiler ranks|project]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import re
 import statistics
 import tempfile
@@ -39,7 +37,6 @@ from pipeopt.executor.launch import RunConfig, _assemble, run_rank, spawn
 from pipeopt.executor.models import build_model, split_stages
 from pipeopt.problem import Op, Problem, chain_links
 from pipeopt.schedule import Schedule
-from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import simulate
 from pipeopt.solvers import solve
 
@@ -57,9 +54,13 @@ def _median_time(fn: Any, reps: int) -> float:
 
 
 def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch: int,
-                 reps: int) -> tuple[float, float, float, float]:
+                 reps: int, sync: Any = None) -> tuple[float, float, float, float]:
     """(F, B, W, fused backward) seconds of stage ``k`` for one micro-batch, timed as the
-    executor runs them."""
+    executor runs them. ``sync()`` (a barrier across ranks) separates three phases of
+    ``reps`` runs each (forwards, fused backwards, split backwards) so that every rank is busy
+    while any rank times: on a machine with as many cores as ranks, a rank timing alone would
+    see a free core that it never has in a run."""
+    sync = sync or (lambda: None)
     xs, ys = batch_for(spec, batch, 0, 0, microbatches)
     h = xs[0]
     with torch.no_grad():
@@ -91,10 +92,13 @@ def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch:
         torch.autograd.backward(out, grad)
         return time.perf_counter() - t0
 
+    sync()
     fused = statistics.median(full() for _ in range(reps))
-    mod.zero_grad(set_to_none=True)
-    if first:  # no input gradient: B is free and W is the whole backward
-        return f, 0.0, fused, fused
+    sync()
+    if first:  # no input gradient: B is free and W is the whole backward, as in the executor
+        w = statistics.median(full() for _ in range(reps))
+        mod.zero_grad(set_to_none=True)
+        return f, 0.0, w, fused
     pairs = [split_pair() for _ in range(reps)]
     mod.zero_grad(set_to_none=True)
     return (f, statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs),
@@ -111,7 +115,7 @@ def _profile_rank(rank: int, world: int, device: Any, microbatches: int, batch: 
     spec = build_model(MODEL, skeleton, seed=0, **dict(OPTIONS))
     stages = split_stages(spec, skeleton)
     dist.barrier()
-    costs = _stage_costs(spec, stages, rank, microbatches, batch, reps)
+    costs = _stage_costs(spec, stages, rank, microbatches, batch, reps, dist.barrier)
     xs, _ = batch_for(spec, batch, 0, 0, microbatches)
     with torch.no_grad():
         act = stages[0](xs[0])
@@ -227,6 +231,12 @@ def _show(title: str, prob: Problem, fused: Problem) -> None:
     print(f"  link: {prob.latency[0][1] * 1e3:.3f} ms per message (one way)")
 
 
+def _solve_all(prob: Problem, fused: Problem, time_limit: float) -> list[Schedule]:
+    """1F1B (fused backward), ZB-H1 and CP-SAT (split backward) on the given costs."""
+    return [solve(fused, "1f1b"), solve(prob, "zb-h1"),
+            solve(prob, "cpsat", time_limit=time_limit, workers=1, seed=0)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -235,40 +245,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT seconds")
-    ap.add_argument("--profiler", choices=["auto", "project", "ranks"], default="auto",
-                    help="project: pipeopt.costs.profiler (default when present); ranks: "
-                    "time each stage on its own rank, all at once")
+    ap.add_argument("--profiler", choices=["ranks", "project"], default="ranks",
+                    help="costs the schedules are solved on (both are measured and both "
+                    "predictions printed): ranks (default): each rank times its stage as the "
+                    "executor runs it, all ranks at once; project: pipeopt.costs.profiler, "
+                    "per layer, one process")
     args = ap.parse_args()
     p, m = args.ranks, args.microbatches
 
     t0 = time.perf_counter()
-    use_project = args.profiler == "project" or (
-        args.profiler == "auto" and importlib.util.find_spec("pipeopt.costs.profiler"))
-    if use_project:
-        with tempfile.TemporaryDirectory() as tmp:
-            prob, fused = project_profile(p, m, args.batch, tmp)
-        how = "pipeopt.costs.profiler, per layer, one process"
-    else:
-        prob, fused = profile(p, m, args.batch)
-        how = "each rank times its stage as the executor runs it"
+    with tempfile.TemporaryDirectory() as tmp:
+        prob, fused = project_profile(p, m, args.batch, tmp)
     part = dict(prob.meta).get("partition")
-    _show(f"profile ({how}; {time.perf_counter() - t0:.1f} s), partition {part or 'even'}",
-          prob, fused)
-    # Second opinion on the same partition: every rank times its own stage the way the
-    # executor runs it (PyTorch's split backward helpers), all ranks at once.
+    _show(f"project profile (pipeopt.costs.profiler, per layer, one process; "
+          f"{time.perf_counter() - t0:.1f} s), partition {part}", prob, fused)
+    # The same partition, timed by every rank on its own stage the way the executor runs it
+    # (PyTorch's split backward helpers), all ranks at once.
     t0 = time.perf_counter()
-    ex_prob, ex_fused = (prob, fused) if not use_project else profile(p, m, args.batch, part)
-    if use_project:
-        _show(f"profile (each rank times its stage as the executor runs it; "
-              f"{time.perf_counter() - t0:.1f} s)", ex_prob, ex_fused)
+    ex_prob, ex_fused = profile(p, m, args.batch, part)
+    _show(f"rank-timed profile (each rank times its stage as the executor runs it; "
+          f"{time.perf_counter() - t0:.1f} s)", ex_prob, ex_fused)
 
-    scheds: list[Schedule] = [solve(fused, "1f1b"), solve(prob, "zb-h1")]
-    for method in ("cpsat", "greedy"):
-        try:
-            scheds.append(solve(prob, method, time_limit=args.time_limit, workers=1, seed=0))
-            break
-        except (ImportError, NotApplicable, ValueError) as exc:
-            print(f"  ({method} unavailable: {exc})")
+    on_ranks = args.profiler == "ranks"
+    scheds = _solve_all(*((ex_prob, ex_fused) if on_ranks else (prob, fused)), args.time_limit)
+    print(f"schedules solved on the {'rank-timed' if on_ranks else 'project'} profile: "
+          + ", ".join(f"{s.method} {s.makespan * 1e3:.1f} ms" for s in scheds))
     cfg = RunConfig(model=MODEL, model_options=OPTIONS, steps=args.steps, batch_size=args.batch)
     jobs: list[tuple[str, Any, RunConfig]] = [("ours", s, cfg) for s in scheds]
     # PyTorch's Schedule1F1B right after ours in every round (fused problem, like our 1F1B),
@@ -315,17 +316,23 @@ def main() -> None:
             latency=ex_prob.latency, bandwidth=ex_prob.bandwidth)
         return simulate(prob_c, s.device_orders()).makespan
 
+    def on(split: Problem, fused_: Problem, s: Schedule) -> float:
+        """Makespan of the schedule's orders re-timed on another profile."""
+        return simulate(split if s.problem.split_backward else fused_, s.device_orders()).makespan
+
     print("step time, ms: measured (median) vs predicted from each cost source (error = "
-          "measured / predicted - 1)")
-    print(f"{'schedule':<10} {'measured':>9} {'project profile':>18} {'executor-timed':>18} "
-          f"{'in-run op times':>18} {'overhead':>9}")
+          "measured / predicted - 1); * = the costs the schedules were solved on")
+    star = ("", "*") if on_ranks else ("*", "")
+    print(f"{'schedule':<10} {'measured':>9} {'project profile' + star[0]:>18} "
+          f"{'rank-timed' + star[1]:>18} {'in-run op times':>18} {'overhead':>9}")
+    verdicts = []
     for i, s in enumerate(scheds):
         meas = measured(job_of[i])
-        again = simulate(ex_prob if s.problem.split_backward else ex_fused, s.device_orders())
-        preds = (s.makespan, again.makespan, calibrated(i, s))
+        preds = (on(prob, fused, s), on(ex_prob, ex_fused, s), calibrated(i, s))
         cells = [f"{x * 1e3:.1f} ({(meas - x) / x:+.0%})" for x in preds]
         print(f"{s.method:<10} {meas * 1e3:9.1f} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18} "
               f"{replayed(i, s) - 1:+9.1%}")
+        verdicts.append((s.method, meas / s.makespan - 1))
     print("overhead: a step's measured time against the same orders timed with that step's own "
           "op durations\n(messages, Python, optimizer step, barriers); median over rounds")
     ours, theirs = measured(0), measured(1)
@@ -335,6 +342,13 @@ def main() -> None:
           f"ratio {ours / theirs:.3f}; median of per-round ratios "
           f"{statistics.median(per_round):.3f}"
           f" (rounds: {', '.join(f'{x:.2f}' for x in per_round)}; aim <= 1.05)")
+    source = "rank-timed" if on_ranks else "project"
+    for method, err in verdicts:
+        print(f"{'PASS' if abs(err) <= 0.15 else 'MISS'} {method}: measured vs predicted "
+              f"({source} profile) {err:+.1%} (aim within 15%)")
+    ratio = statistics.median(per_round)
+    print(f"{'PASS' if ratio <= 1.05 else 'MISS'} pipeopt 1F1B / torch Schedule1F1B {ratio:.3f} "
+          "(median of per-round ratios; aim <= 1.05)")
 
 
 if __name__ == "__main__":

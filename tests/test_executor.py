@@ -4,7 +4,6 @@ the one-process gradients. Spawned runs are batched: one set of processes runs m
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import random
 import time
@@ -42,17 +41,12 @@ def _orders_schedule(method: str, p: int, m: int, split: bool, **kw: object) -> 
     return simulate(prob, GENERATORS[method](prob), method=label)
 
 
-def _search_schedule(p: int, m: int, **kw: object) -> Schedule | None:
-    """A CP-SAT schedule when that solver is present, else a greedy one, else None."""
-    prob = uniform_problem(p, m, f=1.0, b=1.0, w=0.5, **kw)  # type: ignore[arg-type]
-    for method in ("cpsat", "greedy"):
-        if importlib.util.find_spec(f"pipeopt.solvers.{method}") is None:
-            continue
-        try:
-            return solve(prob, method, time_limit=3, workers=1, seed=0)
-        except (ImportError, AttributeError, NotApplicable):
-            continue
-    return None
+def _search_schedule(p: int, m: int, split: bool = True) -> Schedule:
+    """A CP-SAT schedule (one worker, fixed seed) with the given backward split."""
+    prob = uniform_problem(p, m, f=1.0, b=1.0, w=0.5, split_backward=split)
+    sched = solve(prob, "cpsat", time_limit=5, workers=1, seed=0)
+    assert sched.method == "cpsat" and sched.problem.split_backward == split
+    return sched
 
 
 # ----- pure: message plans ---------------------------------------------------------------------
@@ -186,9 +180,7 @@ def test_replay_two_ranks_matches_reference() -> None:
         _orders_schedule("zb-h1", p, m, True),
         _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
     ]
-    search = _search_schedule(p, m)
-    if search is not None:  # split backward, and a fused one
-        scheds += [search, _search_schedule(p, m, split_backward=False)]
+    scheds += [_search_schedule(p, m, split=True), _search_schedule(p, m, split=False)]
     jobs = []
     for i, s in enumerate(scheds):
         for model in ("mlp", "tiny-gpt"):
@@ -198,8 +190,6 @@ def test_replay_two_ranks_matches_reference() -> None:
     jobs.append((scheds[4], RunConfig(model="tiny-gpt", check=True, eager_receives=False)))
     results = run_pipelines(jobs)
     _assert_all_match(jobs, results)
-    if search is None:
-        pytest.skip("no CP-SAT or greedy solver in this checkout: search case not run")
 
 
 @pytest.mark.torch
@@ -217,13 +207,10 @@ def test_replay_four_ranks_matches_reference() -> None:
         (_orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"), "mlp"),
         (_orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"), "tiny-gpt"),
     ]
-    search = _search_schedule(p, m)
-    if search is not None:
-        scheds += [(search, "mlp"), (search, "tiny-gpt")]
+    scheds += [(_search_schedule(p, m, split), model)
+               for split in (True, False) for model in ("mlp", "tiny-gpt")]
     jobs = [(s, RunConfig(model=model, check=True)) for s, model in scheds]
     _assert_all_match(jobs, run_pipelines(jobs))
-    if search is None:
-        pytest.skip("no CP-SAT or greedy solver in this checkout: search case not run")
 
 
 @pytest.mark.torch
@@ -259,6 +246,35 @@ def test_cli_run_check_json(tmp_path, capsys) -> None:
     assert rc == 0 and out["grads_match"] is True and out["ranks"] == 2
     assert out["max_abs_grad_diff"] < 1e-5 and out["predicted_step_time"] > 0
     assert out["step_time"] > 0 and len(out["losses"]) == 2
+
+
+@pytest.mark.torch
+def test_closed_loop_profile_solve_run(tmp_path, capsys) -> None:
+    """``pipeopt profile`` on the tiny GPT -> ``pipeopt solve`` on its profile (CP-SAT, with the
+    partition the profile's costs choose) -> ``pipeopt run --check``, all through the CLI."""
+    from pipeopt.cli import main
+    from pipeopt.io import load_schedule
+
+    prof, cfg, out = tmp_path / "profile.json", tmp_path / "cfg.yaml", tmp_path / "s.json"
+    assert main(["profile", "--model", "tiny-gpt", "--layers", "4", "--batch-size", "4",
+                 "--device", "cpu", "--warmup", "1", "--repeats", "3", "-o", str(prof)]) == 0
+    cfg.write_text("pipeline: {devices: 2, microbatches: 4}\n"
+                   "model: {profile: profile.json}\n"  # relative to the config file
+                   "solver: {method: cpsat, time_limit: 5, workers: 1, seed: 0}\n")
+    assert main(["solve", str(cfg), "-o", str(out), "--quiet"]) == 0
+    sched = load_schedule(out)
+    part = dict(sched.problem.meta)["partition"]
+    assert sched.method == "cpsat" and part[0][0] == 0 and part[-1][1] == 6  # emb, 4 blocks, head
+    capsys.readouterr()
+    rc = main(["run", str(out), "--model", "tiny-gpt", "--check", "--json", "--steps", "2"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["grads_match"] is True and res["ranks"] == 2
+    assert res["max_abs_grad_diff"] < 1e-5 and len(res["losses"]) == 2
+    assert res["loss"] == pytest.approx(res["reference_losses"][-1], rel=1e-5)
+    assert res["step_time"] > 0
+    # the profile is in seconds, so the prediction is a step time in seconds too
+    assert res["predicted_step_time"] == pytest.approx(sched.makespan)
+    assert 0 < res["predicted_step_time"] < 10
 
 
 def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) -> None:
