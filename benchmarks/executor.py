@@ -28,8 +28,8 @@ import time
 from typing import Any
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from pipeopt.costs.profiler import executor_split
 from pipeopt.executor.check import batch_for
 from pipeopt.executor.comms import producer_of
 from pipeopt.executor.export import run_torch_rank
@@ -56,17 +56,18 @@ def _median_time(fn: Any, reps: int) -> float:
 def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch: int,
                  reps: int, sync: Any = None) -> tuple[float, float, float, float]:
     """(F, B, W, fused backward) seconds of stage ``k`` for one micro-batch, timed as the
-    executor runs them. ``sync()`` (a barrier across ranks) separates three phases of
-    ``reps`` runs each (forwards, fused backwards, split backwards) so that every rank is busy
-    while any rank times: on a machine with as many cores as ranks, a rank timing alone would
-    see a free core that it never has in a run."""
+    executor runs them (B and W through the executor's own code, ``executor_split``; on stage
+    0 B is free and W the whole backward). ``sync()`` (a barrier across ranks) separates three
+    phases of ``reps`` runs each (forwards, fused backwards, split backwards) so that every rank
+    is busy while any rank times: on a machine with as many cores as ranks, a rank timing alone
+    would see a free core that it never has in a run."""
     sync = sync or (lambda: None)
     xs, ys = batch_for(spec, batch, 0, 0, microbatches)
     h = xs[0]
     with torch.no_grad():
         for mod in stages[:k]:
             h = mod(h)
-    mod, params = stages[k], list(stages[k].parameters())
+    mod = stages[k]
     first, last = k == 0, k == len(stages) - 1
     inp = h if first else h.detach().requires_grad_(True)
 
@@ -77,17 +78,20 @@ def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch:
     f = _median_time(fwd, reps)
     grad = None if last else torch.ones_like(fwd())
 
+    split_b, split_w = executor_split(mod, inp.device)  # the executor's own B and W
+
     def split_pair() -> tuple[float, float]:
         out = fwd()
+        inp.grad = None  # a fresh input every micro-batch, as in a run
         t0 = time.perf_counter()
-        _, groups = stage_backward_input([out], None if grad is None else [grad], [inp],
-                                         iter(params))
+        saved = split_b(inp, out, grad)
         t1 = time.perf_counter()
-        stage_backward_weight(iter(params), groups)
+        split_w(saved)
         return t1 - t0, time.perf_counter() - t1
 
     def full() -> float:
         out = fwd()
+        inp.grad = None
         t0 = time.perf_counter()
         torch.autograd.backward(out, grad)
         return time.perf_counter() - t0
@@ -95,14 +99,11 @@ def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch:
     sync()
     fused = statistics.median(full() for _ in range(reps))
     sync()
-    if first:  # no input gradient: B is free and W is the whole backward, as in the executor
-        w = statistics.median(full() for _ in range(reps))
-        mod.zero_grad(set_to_none=True)
-        return f, 0.0, w, fused
+    # On stage 0 (token ids: no input gradient) B is free and W is the whole backward.
     pairs = [split_pair() for _ in range(reps)]
     mod.zero_grad(set_to_none=True)
-    return (f, statistics.median(x for x, _ in pairs), statistics.median(y for _, y in pairs),
-            fused)
+    return (f, 0.0 if first else statistics.median(x for x, _ in pairs),
+            statistics.median(y for _, y in pairs), fused)
 
 
 def _profile_rank(rank: int, world: int, device: Any, microbatches: int, batch: int,
@@ -142,8 +143,11 @@ def _skeleton(ranks: int, microbatches: int, partition: Any = None) -> Problem:
 def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
                     ) -> tuple[Problem, Problem]:
     """The project's own loop: ``pipeopt.costs.profiler`` times every layer on one micro-batch
-    (as ``pipeopt profile`` does), then the ``model: {profile: ...}`` config form partitions the
-    layers and builds the problem (partition recorded in ``problem.meta``)."""
+    (as ``pipeopt profile`` does: F, and B / W through the executor's split code on each layer
+    alone), then the ``model: {profile: ...}`` config form partitions the layers and builds the
+    problem (partition recorded in ``problem.meta``). The fused problem takes each stage's
+    backward from the profile's fused ``backward_s`` (the config form only carries B and W, whose
+    sum is the dearer split backward)."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import profile_model, write_profile
 
@@ -157,7 +161,11 @@ def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
     cfg = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
                         "model": {"profile": path}})
     split = cfg.problem
-    return split, split.replace(split_backward=False)
+    fused_bwd = [sum(rec["backward_s"] for rec in doc["layers"][lo:hi])
+                 for lo, hi in dict(split.meta)["partition"]]
+    fused = split.replace(split_backward=False, backward_input=tuple(
+        max(0.0, x - w) for x, w in zip(fused_bwd, split.backward_weight, strict=True)))
+    return split, fused
 
 
 def profile(ranks: int, microbatches: int, batch: int, partition: Any = None, reps: int = 9

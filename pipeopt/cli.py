@@ -1,12 +1,22 @@
-"""The ``pipeopt`` command line: parse, call the API, print. No scheduling logic lives here."""
+"""The ``pipeopt`` command line: parse, call the API, print. No scheduling logic lives here.
+
+Exit status: 0 success; 1 a run that failed its own check (``run``); 2 bad input (a config,
+a schedule file, a command-line flag, or a problem no schedule can solve), reported as one
+line ``pipeopt: error: <key path>: <reason>``; 130 interrupted (Ctrl-C). A ``solve`` stopped by
+Ctrl-C during a CP-SAT search still writes the best schedule found so far to ``-o`` (with status
+``feasible`` and its gap) before it exits with 130. Output files are written atomically: a
+failed or interrupted run leaves the previous file as it was.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
 from pipeopt.io import dump_schedule, load_schedule
@@ -14,7 +24,7 @@ from pipeopt.problem import ProblemError
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import ScheduleError, retime
-from pipeopt.solvers import Progress, UnknownMethod, compare, solve
+from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, solve
 
 #: Errors caused by the user's input: one clear line and exit status 2, never a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ScheduleError, ProblemError,
@@ -77,10 +87,74 @@ def _progress_printer(quiet: bool) -> Callable[[Progress], None] | None:
     return show
 
 
+class UsageError(Exception):
+    """A command-line mistake found by argparse (one line, exit status 2)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one ``pipeopt: error:`` line (exit 2), not usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def seconds_arg(text: str) -> float:
+    """argparse type of ``--time-limit``: a finite number of seconds > 0."""
+    try:
+        val = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(val) and val > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return val
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of ``--seed``: an integer in 0 .. 2**31 - 1."""
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= val < 2**31:
+        raise argparse.ArgumentTypeError(f"must be in 0..{2**31 - 1}, got {text!r}")
+    return val
+
+
+def write_output(what: str, path: str, write: Callable[[str], object]) -> None:
+    """Run ``write(path)``; a file system error becomes a one-line user error naming ``what``
+    (the flag). The writers are atomic, so the previous file survives."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot write {path} ({exc.strerror or exc})") from None
+
+
+def _log_to_stderr() -> None:
+    """Show the library's INFO log (``pipeopt.*`` loggers: the CP-SAT search log) on stderr."""
+    log = logging.getLogger("pipeopt")
+    if not any(getattr(h, "pipeopt_cli", False) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.pipeopt_cli = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
+    if args.verbose:
+        _log_to_stderr()
+    if args.method is not None:
+        try:
+            check_method(args.method)
+        except UnknownMethod as exc:
+            raise ConfigError(f"--method: {exc}") from None
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
+    try:
+        check_method(sc.method)
+    except UnknownMethod as exc:
+        raise ConfigError(f"solver.method: {exc}") from None
     if not args.json:
         from pipeopt.costs import describe_partition
 
@@ -94,13 +168,23 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if progress is not None:
         sys.stderr.write("\n")
     if args.output:
-        dump_schedule(sched, args.output)
+        write_output("--output", args.output, lambda path: dump_schedule(sched, path))
     if args.json:
         print(json.dumps(sched.summary()))
     else:
         print_summary(sched)
         if args.output:
             print(f"written       {args.output}")
+    details = dict(sched.solver.details)
+    if details.get("fallback"):
+        print(f"pipeopt: note: {details['fallback']}", file=sys.stderr)
+    if details.get("interrupted"):
+        kept = f"wrote the best schedule so far to {args.output}" if args.output else (
+            "the best schedule so far is above")
+        gap = "" if sched.gap is None else f", gap {sched.gap:.2%}"
+        print(f"pipeopt: interrupted: {kept} (status {sched.solver.status}{gap})",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -143,13 +227,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.plot:
         from pipeopt.plot import plot_compare
 
-        plot_compare([r.schedule for r in rows if r.schedule is not None], args.plot)
+        scheds = [r.schedule for r in rows if r.schedule is not None]
+        write_output("--plot", args.plot, lambda path: plot_compare(scheds, path))
         print(f"written {args.plot}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pipeopt", description="Schedule search for pipeline-parallel training.",
         epilog="Example: " + EXAMPLES["solve"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -161,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("solve", "Find a schedule for a config and write it as JSON.")
     p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form)")
     p.add_argument("--method", help="override solver.method (auto, cpsat, greedy, 1f1b, ...)")
-    p.add_argument("--time-limit", type=float, help="override solver.time_limit (seconds)")
-    p.add_argument("--seed", type=int, help="override solver.seed")
+    p.add_argument("--time-limit", type=seconds_arg, help="override solver.time_limit (seconds)")
+    p.add_argument("--seed", type=seed_arg, help="override solver.seed")
     p.add_argument("--objective", choices=["makespan", "span"], help="override solver.objective")
     p.add_argument("-o", "--output", help="write the schedule JSON here (atomically)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -178,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("compare", "Run every applicable method on a config and rank them.")
     p.add_argument("config")
     p.add_argument("--methods", help="comma-separated method names (default: all)")
-    p.add_argument("--time-limit", type=float, help="time limit per search method (seconds)")
+    p.add_argument("--time-limit", type=seconds_arg,
+                   help="time limit per search method (seconds)")
     p.add_argument("--plot", help="also draw the schedules side by side into this PNG")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_compare)
@@ -199,17 +285,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pipeopt``; returns the exit status (2 for bad input)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
-    except USER_ERRORS as exc:
-        print(f"pipeopt: error: {exc}", file=sys.stderr)
+    except (*USER_ERRORS, UsageError) as exc:
+        print(f"pipeopt: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pipeopt: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (a message that quotes a multi-line value stays one line)."""
+    return " ".join(text.split()) if "\n" in text or "\r" in text else text
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,9 +7,11 @@ The only module that reads YAML. The explicit problem form is SPEC section 1; th
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,13 +23,26 @@ from pipeopt.problem import Problem, ProblemError, chain_links
 
 Scalars = float | list[float]
 
+#: Largest problem a config may describe: ops = kinds x devices x virtual_stages x microbatches.
+#: Every op is a Python object in the solvers and the schedule (about 2 KB each all told:
+#: p=64, m=8192, 1.6 M ops, took 2-3 GB to schedule and write), so beyond this a machine runs
+#: out of memory before it runs out of patience.
+MAX_OPS = 1_000_000
+#: Most pipeline ranks (the link matrices hold devices^2 entries).
+MAX_DEVICES = 1024
+#: Seeds are 32-bit in CP-SAT; more solver threads than this is a typo.
+MAX_SEED = 2**31 - 1
+MAX_WORKERS = 256
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key path and the reason."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion (true is not 1, "yes" is not true, "4" is not 4); an int is
+    # still accepted where a number is expected.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class PipelineConfig(_Strict):
@@ -70,12 +85,13 @@ class SolverConfig(_Strict):
     """``solver:`` — which method and its limits."""
 
     method: str = "auto"
-    time_limit: float = Field(60.0, gt=0, description="seconds")
-    seed: int = 0
+    time_limit: float = Field(60.0, gt=0, allow_inf_nan=False, description="seconds")
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     objective: Literal["makespan", "span"] = "makespan"
-    workers: int | None = Field(None, ge=1)
-    relative_gap: float = Field(0.0, ge=0, le=1)
-    resolution: float | None = Field(None, gt=0, description="seconds per CP-SAT time unit")
+    workers: int | None = Field(None, ge=1, le=MAX_WORKERS)
+    relative_gap: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    resolution: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="seconds per CP-SAT time unit")
 
 
 class ConfigFile(_Strict):
@@ -105,50 +121,143 @@ class Config:
         return dict(self.extras).get(key, default)
 
 
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
+def key_path(prefix: str, loc: tuple[Any, ...]) -> str:
+    """``prefix`` followed by a pydantic location: ``stages`` + ("forward", 2) ->
+    ``stages.forward[2]``; the names pydantic gives to union branches are left out."""
+    out = prefix
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif isinstance(part, str) and _is_branch(part):
+            continue
         else:
             out += f".{part}" if out else str(part)
     return out or "<top>"
 
 
-def _unknown_keys(data: Any, model: type[BaseModel], loc: tuple[Any, ...]) -> None:
-    """Reject unknown keys with a "did you mean" before pydantic's generic message."""
+def _is_branch(part: str) -> bool:
+    """A pydantic union-branch label such as ``float``, ``list[float]``, ``ModelName``."""
+    return (part.startswith(("list[", "tuple[", "dict[", "function-", "literal["))
+            or part in ("int", "float", "str", "bool", "none", "is-instance")
+            or part[:1].isupper())
+
+
+def _yaml_name(val: Any) -> str:
+    """How a value read from YAML is shown in a message."""
+    if val is None:
+        return "null"
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, dict):
+        return "a mapping"
+    if isinstance(val, datetime.date):
+        return f"the date {val}"
+    return f"{val!r:.60}"
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+    "tuple_type": "a list", "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)", "model_attributes_type": "a mapping (key: value)",
+}
+
+
+def error_message(err: Any) -> str:
+    """The reason of one pydantic error in words (without the key path)."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = f", got {_yaml_name(err.get('input'))}"
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}{got}"
+    for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if key in ctx and kind.startswith(("greater", "less")):
+            return f"must be {op} {ctx[key]:g}{got}" if isinstance(ctx[key], float) else (
+                f"must be {op} {ctx[key]}{got}")
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected', 'one of the listed values')}{got}"
+    if kind == "missing":
+        return "missing (required)"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind in ("too_long", "too_short"):
+        return (f"expected {ctx.get('max_length', ctx.get('min_length'))} items, got "
+                f"{ctx.get('actual_length')}")
+    if kind == "value_error":
+        msg = str(ctx.get("error", err["msg"]))
+        return msg.removeprefix("Value error, ")
+    msg = err["msg"]
+    return msg[0].lower() + msg[1:] + got
+
+
+def pick_error(exc: ValidationError) -> Any:
+    """The most telling error of a validation: a value error if any, else the one that got
+    deepest into the data (for ``a: [1, "x"]`` the list branch's item error, not the scalar
+    branch's "expected a number")."""
+    errs = exc.errors()
+    for e in errs:
+        if e["type"] == "value_error":
+            return e
+    return max(errs, key=lambda e: len(e["loc"]))  # max keeps the first of equals
+
+
+def pydantic_message(exc: ValidationError, prefix: str = "") -> str:
+    """One line: the key path of the telling error and its reason."""
+    err = pick_error(exc)
+    loc = err["loc"]
+    if err["type"] == "value_error":
+        # A model validator names the field itself: "field: reason".
+        msg = error_message(err)
+        field, sep, rest = msg.partition(": ")
+        if sep and field.isidentifier() and " " not in field:
+            return f"{key_path(prefix, (*loc, field))}: {rest}"
+        return f"{key_path(prefix, loc)}: {msg}"
+    return f"{key_path(prefix, loc)}: {error_message(err)}"
+
+
+def check_unknown_keys(data: Any, model: type[BaseModel], path: str) -> None:
+    """Reject unknown keys, at every depth, with a "did you mean" before pydantic's generic
+    message; ``path`` is the key path of ``data`` ("" at the top)."""
     if not isinstance(data, dict):
         return
     fields = model.model_fields
     for key in data:
+        where = f"{path}.{key}" if path else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else (
                 f"; expected one of {', '.join(fields)}")
-            raise ConfigError(f"{_path((*loc, key))}: unknown key{hint}")
-        ann = fields[key].annotation
-        sub = _model_in(ann)
-        if sub is not None:
-            _unknown_keys(data[key], sub, (*loc, key))
+            raise ConfigError(f"{where}: unknown key{hint}")
+        _unknown_in(data[key], fields[key].annotation, where)
 
 
-def _model_in(ann: Any) -> type[BaseModel] | None:
+def _unknown_in(value: Any, ann: Any, path: str) -> None:
+    """Unknown keys inside ``value`` given the annotation of its field."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for arg in getattr(ann, "__args__", ()) or ():
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
+        check_unknown_keys(value, ann, path)
+        return
+    # ``ann`` itself (list[X]) or the branches of a union (X | list[Y] | None).
+    options = [ann, *(a for a in (getattr(ann, "__args__", ()) or ()) if a is not type(None))]
+    if isinstance(value, dict):
+        for a in options:
+            if isinstance(a, type) and issubclass(a, BaseModel):
+                check_unknown_keys(value, a, path)
+                return
+    if isinstance(value, list):
+        for a in options:
+            if getattr(a, "__origin__", None) is list:
+                (item,) = a.__args__
+                for i, v in enumerate(value):
+                    _unknown_in(v, item, f"{path}[{i}]")
+                return
 
 
-def _pydantic_message(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = tuple(x for x in first["loc"] if not (isinstance(x, str) and (
-        x.startswith(("list[", "float", "int", "none", "function")))))
-    msg = first["msg"]
-    val = first.get("input")
-    shown = "" if isinstance(val, dict) else f", got {val!r:.60}"
-    return f"{_path(loc)}: {msg[0].lower() + msg[1:]}{shown}"
+#: Sections that may be left empty (``memory:`` with every key commented out reads as null):
+#: null there means "all defaults", as an empty mapping does.
+_OPTIONAL_SECTIONS = ("links", "memory", "solver", "model", "cluster", "training")
 
 
 def parse_config(data: Any, source: str = "<memory>",
@@ -159,23 +268,74 @@ def parse_config(data: Any, source: str = "<memory>",
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (pipeline, stages, ...), "
-                          f"got {type(data).__name__}")
-    data = dict(data)
+                          f"got {_yaml_type(data)}")
+    data = {k: _floats_from_strings(v, str(k), frozenset({id(data)})) for k, v in data.items()
+            if not (k in _OPTIONAL_SECTIONS and v is None)}
     if overrides:
-        solver = dict(data.get("solver") or {})
+        solver = data.get("solver")
+        solver = dict(solver) if isinstance(solver, dict) else {}
         solver.update({k: v for k, v in overrides.items() if v is not None})
         data["solver"] = solver
-    _unknown_keys(data, ConfigFile, ())
+    check_unknown_keys(data, ConfigFile, "")
+    if data.get("pipeline") is None:
+        raise ConfigError("pipeline: missing (give at least devices and microbatches)")
+    if ("model" in data or "cluster" in data) and data.get("stages") is not None:
+        raise ConfigError("stages: cannot be combined with model:/cluster: (give per-stage "
+                          "costs or a model, not both)")
     try:
         cfg = ConfigFile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_pydantic_message(exc)) from None
+        raise ConfigError(pydantic_message(exc)) from None
+    check_size(cfg.pipeline)
     if cfg.model is not None or cfg.cluster is not None:
         return _from_model(cfg, data, source)
     if cfg.stages is None:
         raise ConfigError("stages: missing (give per-stage costs, or a model: and cluster:)")
     problem = build_problem(cfg)
+    check_totals(problem, "stages")
     return Config(problem=problem, solver=cfg.solver, source=source)
+
+
+def check_totals(problem: Problem, where: str) -> None:
+    """Refuse values so large that one iteration's time or memory overflows a float (each
+    value alone is finite, but 1e308 seconds twice is not): schedules need finite times."""
+    m = problem.microbatches
+    work = m * sum(sum(problem.durations[k]) for k in problem.kinds)
+    hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
+               for k in range(problem.stages - 1))
+    total = work + m * hops + sum(problem.grad_reduce)
+    if not math.isfinite(total):
+        raise ConfigError(f"{where}: the times of one iteration add up to more than a float "
+                          f"holds ({total}); use smaller time units")
+    memory = max(s + m * sum(problem.activation_memory[k] for k in ks)
+                 for s, ks in zip(problem.static_memory, problem.device_stages, strict=True))
+    if not math.isfinite(memory):
+        raise ConfigError(f"{where}: the memory of one iteration adds up to more than a float "
+                          f"holds ({memory}); use larger memory units")
+
+
+def _yaml_type(data: Any) -> str:
+    names = {list: "a list", str: "a string", int: "a number", float: "a number",
+             bool: "true/false", type(None): "nothing"}
+    return names.get(type(data), type(data).__name__)
+
+
+def check_size(pl: PipelineConfig) -> None:
+    """Refuse pipelines too large to schedule in memory (:data:`MAX_OPS`, :data:`MAX_DEVICES`)."""
+    if pl.devices > MAX_DEVICES:
+        raise ConfigError(f"pipeline.devices: at most {MAX_DEVICES}, got {pl.devices}")
+    kinds = 3 if pl.split_backward else 2
+    stages = pl.devices * pl.virtual_stages
+    if stages > MAX_OPS // kinds:
+        raise ConfigError(f"pipeline.virtual_stages: {pl.devices} devices x "
+                          f"{pl.virtual_stages} virtual stages is too many stages (at most "
+                          f"{MAX_OPS // kinds // pl.devices} virtual stages here)")
+    ops = kinds * stages * pl.microbatches
+    if ops > MAX_OPS:
+        raise ConfigError(
+            f"pipeline.microbatches: {pl.microbatches} micro-batches on {stages} stages make "
+            f"{ops:,} ops, more than pipeopt schedules ({MAX_OPS:,}; at most "
+            f"{MAX_OPS // (kinds * stages):,} micro-batches here)")
 
 
 def _from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:
@@ -195,6 +355,19 @@ def _expand(name: str, value: Any, n: int, what: str) -> list[Any]:
     return [value] * n
 
 
+def _at(name: str, raw: Any, i: int) -> str:
+    """Key path of the ``i``-th expanded value: indexed only when the config gave a list."""
+    return f"{name}[{i}]" if isinstance(raw, list) else name
+
+
+def _check_values(name: str, raw: Any, vals: list[Any], unit: str) -> None:
+    """Every value finite and >= 0."""
+    for i, x in enumerate(vals):
+        if not math.isfinite(x) or x < 0:
+            raise ConfigError(f"{_at(name, raw, i)}: must be a finite number >= 0 ({unit}), "
+                              f"got {x}")
+
+
 def build_problem(cfg: ConfigFile) -> Problem:
     """The problem of an explicit-form config (scalars broadcast, lists checked)."""
     pl, st, ln, mem = cfg.pipeline, cfg.stages, cfg.links, cfg.memory
@@ -208,17 +381,17 @@ def build_problem(cfg: ConfigFile) -> Problem:
     wgm = st.weight_grad_memory
     per_stage["weight_grad_memory"] = (per_stage["activation_memory"] if wgm is None
                                        else _expand("stages.weight_grad_memory", wgm, s, "stage"))
-    for key in ("forward", "backward_input", "backward_weight"):
-        for i, x in enumerate(per_stage[key]):
-            if not math.isfinite(x) or x < 0:
-                raise ConfigError(f"stages.{key}[{i}]: must be a finite number >= 0, got {x}")
+    units = {"activation_memory": "bytes", "weight_grad_memory": "bytes"}
+    for key, vals in per_stage.items():
+        raw = getattr(st, key) if getattr(st, key) is not None else st.activation_memory
+        _check_values(f"stages.{key}", raw, vals, units.get(key, "seconds"))
     lat = _expand("links.latency", ln.latency, p - 1, "neighbouring device pair")
     bw = _expand("links.bandwidth", ln.bandwidth, p - 1, "neighbouring device pair")
-    for name, vals in (("links.latency", lat), ("links.bandwidth", bw)):
-        for i, x in enumerate(vals):
-            if math.isnan(x) or x < 0 or (name == "links.bandwidth" and x == 0):
-                raise ConfigError(f"{name}[{i}]: must be {'> 0' if 'band' in name else '>= 0'}"
-                                  f", got {x}")
+    _check_values("links.latency", ln.latency, lat, "seconds")
+    for i, x in enumerate(bw):
+        if math.isnan(x) or x <= 0:
+            raise ConfigError(f"{_at('links.bandwidth', ln.bandwidth, i)}: must be > 0 "
+                              f"(bytes/s; .inf for no transfer time), got {x}")
     if isinstance(ln.latency, int | float) and p > 1:
         # One scalar: every pair of devices is one hop apart (a switched fabric).
         lat_m = tuple(tuple(0.0 if a == b else float(ln.latency) for b in range(p))
@@ -227,8 +400,14 @@ def build_problem(cfg: ConfigFile) -> Problem:
     else:
         lat_m, bw_m = chain_links(p, lat, bw)
     msg = _expand("links.message_size", ln.message_size, s - 1, "stage boundary")
+    _check_values("links.message_size", ln.message_size, msg, "bytes")
     limit = _expand("memory.limit", mem.limit, p, "device")
+    for i, x in enumerate(limit):
+        if x is not None and (math.isnan(x) or x < 0):
+            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
+                              f"(bytes) or null for no limit, got {x}")
     static = _expand("memory.static", mem.static, p, "device")
+    _check_values("memory.static", mem.static, static, "bytes")
     try:
         return Problem(
             devices=p, microbatches=pl.microbatches, virtual_stages=v, placement=pl.placement,
@@ -268,7 +447,52 @@ def _section_of(msg: str) -> str:
 
 
 class _SafeLoader(yaml.SafeLoader):
-    """Safe loading only (no Python objects); ``.inf``/``inf`` read as infinity."""
+    """Safe loading only (no Python objects, no arbitrary tags). Also reads ``1e9`` (YAML 1.1
+    wants ``1.0e9``), ``inf`` and ``nan`` as numbers, and refuses duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} (first at line "
+                                    f"{seen[key].line + 1}); each key may appear once",
+                                    key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+#: Numbers that YAML 1.1 (PyYAML) reads as strings but YAML 1.2 and people read as numbers.
+_MORE_FLOATS = re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
+                          r"|[-+]?(?:inf|Inf|INF)|nan|NaN|NAN)$")
+_SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _MORE_FLOATS,
+                                  list("-+0123456789iInN"))
+
+
+def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset()) -> Any:
+    """``data`` with the strings of :data:`_MORE_FLOATS` read as numbers, for mappings that
+    were parsed by plain ``yaml.safe_load`` rather than :func:`read_yaml`. A value that
+    contains itself (a YAML alias to an enclosing anchor) is refused."""
+    if isinstance(data, dict | list):
+        if id(data) in inside:
+            raise ConfigError(f"{path or '<top>'}: refers to itself (a YAML alias to an "
+                              "enclosing anchor)")
+        inside = inside | {id(data)}
+        if isinstance(data, dict):
+            return {k: _floats_from_strings(v, f"{path}.{k}" if path else str(k), inside)
+                    for k, v in data.items()}
+        return [_floats_from_strings(v, f"{path}[{i}]", inside) for i, v in enumerate(data)]
+    if isinstance(data, str) and _MORE_FLOATS.match(data):
+        return float(data.replace("_", ""))
+    return data
 
 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
@@ -283,20 +507,37 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+        raise ConfigError(f"{path}: not a UTF-8 text file, expected YAML") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: a binary file (NUL bytes), expected YAML text")
     try:
         data = yaml.load(text, Loader=_SafeLoader)
     except yaml.constructor.ConstructorError as exc:
-        raise ConfigError(f"{path}: refused a YAML tag that would build a Python object "
-                          f"({exc.problem})") from None
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise ConfigError(f"{path}: not valid YAML{_where(exc)}: "
+                          f"{getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not usable YAML: nested too deeply") from None
     if data is None:
-        raise ConfigError(f"{path}: the file is empty")
+        raise ConfigError(f"{path}: the file is empty, expected a YAML mapping of sections "
+                          "(pipeline, stages, ...)")
     return data
+
+
+def _where(exc: Any) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+
+
+def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
+    problem = exc.problem or ""
+    if "could not determine a constructor" in problem:
+        quoted = re.search(r"'([^']*)'", problem)
+        tag = (quoted.group(1) if quoted else "?").replace("tag:yaml.org,2002:", "!!")
+        return (f"refused the YAML tag {tag}{_where(exc)}: configs are read with safe "
+                "loading, which builds no Python objects; use plain values")
+    return f"not valid YAML{_where(exc)}: {problem.strip()}"
 
 
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:

@@ -94,7 +94,7 @@ def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: st
     val = doc[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(val, kinds) or (isinstance(val, bool) and bool not in kinds):
-        raise ScheduleError(f"{where}{key}: expected {_type_name(kind)}, got {val!r:.60}")
+        raise ScheduleError(f"{where}{key}: expected {_type_name(kind)}, got {_shown(val)}")
     return val
 
 
@@ -102,7 +102,20 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     names = {int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "an object", bool: "true/false", type(None): "null"}
+    if float in kinds:
+        kinds = tuple(k for k in kinds if k is not int)  # an integer is a number
     return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _shown(val: Any) -> str:
+    """A value as it reads in JSON (true, null), cut to 60 characters."""
+    if val is None or isinstance(val, bool):
+        return json.dumps(val)
+    return f"{val!r:.60}"
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
 
 
 def _time(doc: dict[str, Any], key: str, where: str) -> float:
@@ -110,6 +123,90 @@ def _time(doc: dict[str, Any], key: str, where: str) -> float:
     if not math.isfinite(val):
         raise ScheduleError(f"{where}{key}: must be a finite number, got {val}")
     return float(val)
+
+
+def _index(doc: dict[str, Any], key: str, where: str, n: int) -> int:
+    val = _get(doc, key, int, where)
+    if not 0 <= val < n:
+        raise ScheduleError(f"{where}{key}: must be in 0..{n - 1}, got {val}")
+    return val
+
+
+#: Fields of ``problem`` in a schedule file and the JSON shape each must have.
+_PROBLEM_SHAPES: dict[str, str] = {
+    "devices": "int", "microbatches": "int", "virtual_stages": "int", "stages": "int",
+    "placement": "str", "split_backward": "bool", "meta": "object",
+    "forward": "numbers", "backward_input": "numbers", "backward_weight": "numbers",
+    "activation_memory": "numbers", "weight_grad_memory": "numbers",
+    "message_size": "numbers", "static_memory": "numbers", "grad_reduce": "numbers",
+    "memory_limit": "numbers or null", "latency": "matrix", "bandwidth": "matrix",
+    "stage_device": "ints",
+}
+_INF_WORDS = ("inf", "-inf", ".inf", "Infinity")
+
+
+def _check_problem_doc(doc: dict[str, Any]) -> None:
+    """The JSON shape of every ``problem`` field (the values are checked by ``Problem``)."""
+    for key, val in doc.items():
+        where = f"problem.{key}"
+        shape = _PROBLEM_SHAPES.get(key)
+        if shape is None:
+            raise ScheduleError(f"{where}: unknown field; expected one of "
+                                f"{', '.join(_PROBLEM_SHAPES)}")
+        if shape == "int":
+            ok = isinstance(val, int) and not isinstance(val, bool) and val >= 1
+            if not ok:
+                raise ScheduleError(f"{where}: expected an integer >= 1, got {val!r:.60}")
+        elif shape == "str":
+            if not isinstance(val, str):
+                raise ScheduleError(f"{where}: expected a string, got {val!r:.60}")
+        elif shape == "bool":
+            if not isinstance(val, bool):
+                raise ScheduleError(f"{where}: expected true/false, got {val!r:.60}")
+        elif shape == "object":
+            if val is not None and not isinstance(val, dict):
+                raise ScheduleError(f"{where}: expected an object, got {val!r:.60}")
+        elif shape == "matrix":
+            if not isinstance(val, list):
+                raise ScheduleError(f"{where}: expected a list of rows, got {val!r:.60}")
+            for i, row in enumerate(val):
+                _check_numbers(f"{where}[{i}]", row, nullable=False)
+        elif shape == "ints":
+            if not isinstance(val, list) or any(
+                    not isinstance(x, int) or isinstance(x, bool) for x in val):
+                raise ScheduleError(f"{where}: expected a list of integers, got {val!r:.60}")
+        else:
+            _check_numbers(where, val, nullable=shape.endswith("null"))
+
+
+def _check_numbers(where: str, val: Any, *, nullable: bool) -> None:
+    if not isinstance(val, list):
+        raise ScheduleError(f"{where}: expected a list of numbers, got {val!r:.60}")
+    for i, x in enumerate(val):
+        if not (_is_number(x) or x in _INF_WORDS or (nullable and x is None)):
+            null = " or null" if nullable else ""
+            raise ScheduleError(f"{where}[{i}]: expected a number{null}, got {x!r:.60}")
+
+
+_PROBLEM_REQUIRED = ("devices", "microbatches", "forward", "backward_input", "backward_weight")
+
+
+def _problem(doc: dict[str, Any]) -> Problem:
+    _check_problem_doc(doc)
+    for key in _PROBLEM_REQUIRED:
+        if key not in doc:
+            raise ScheduleError(f"problem.{key}: missing")
+    try:
+        prob = Problem.from_dict(doc)
+    except ProblemError as exc:
+        msg = str(exc)
+        raise ScheduleError(msg if msg.startswith("problem") else f"problem.{msg}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ScheduleError(f"problem: {exc}") from None
+    if "stages" in doc and doc["stages"] != prob.stages:
+        raise ScheduleError(f"problem.stages: expected {prob.stages} (devices x "
+                            f"virtual_stages), got {doc['stages']}")
+    return prob
 
 
 def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
@@ -120,55 +217,39 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
         raise ScheduleError("schedule: expected a JSON object at the top level")
     fmt = doc.get("format")
     if fmt != FORMAT:
-        raise ScheduleError(f"format: expected {FORMAT!r}, got {fmt!r}")
+        raise ScheduleError(f"format: expected {FORMAT!r}, got {fmt!r:.60}")
     method = _get(doc, "method", str)
-    prob_doc = _get(doc, "problem", dict)
-    try:
-        problem = Problem.from_dict(prob_doc)
-    except ProblemError as exc:
-        raise ScheduleError(f"problem.{exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ScheduleError(f"problem: {exc}") from None
+    problem = _problem(_get(doc, "problem", dict))
+    p, s, m = problem.devices, problem.stages, problem.microbatches
+    raw_ops = _get(doc, "ops", list)
+    if len(raw_ops) != problem.num_ops:
+        raise ScheduleError(_count_message(problem, raw_ops))
     ops = []
-    for i, o in enumerate(_get(doc, "ops", list)):
+    for i, o in enumerate(raw_ops):
         where = f"ops[{i}]."
         if not isinstance(o, dict):
-            raise ScheduleError(f"ops[{i}]: expected an object")
+            raise ScheduleError(f"ops[{i}]: expected an object, got {o!r:.60}")
         kind = _get(o, "kind", str, where)
         if kind not in problem.kinds:
             raise ScheduleError(f"{where}kind: must be one of {', '.join(problem.kinds)}, "
-                                f"got {kind!r}")
-        ops.append(TimedOp(_get(o, "device", int, where), _get(o, "stage", int, where),
-                           _get(o, "microbatch", int, where), kind,
+                                f"got {kind!r:.60}")
+        ops.append(TimedOp(_index(o, "device", where, p), _index(o, "stage", where, s),
+                           _index(o, "microbatch", where, m), kind,
                            _time(o, "start", where), _time(o, "end", where)))
     msgs = []
-    for i, mm in enumerate(doc.get("messages") or []):
+    raw_msgs = doc.get("messages")
+    if raw_msgs is not None and not isinstance(raw_msgs, list):
+        raise ScheduleError(f"messages: expected a list, got {raw_msgs!r:.60}")
+    for i, mm in enumerate(raw_msgs or []):
         where = f"messages[{i}]."
         if not isinstance(mm, dict):
-            raise ScheduleError(f"messages[{i}]: expected an object")
+            raise ScheduleError(f"messages[{i}]: expected an object, got {mm!r:.60}")
         msgs.append(Message(
-            _get(mm, "src_device", int, where), _get(mm, "dst_device", int, where),
-            _get(mm, "src_stage", int, where), _get(mm, "dst_stage", int, where),
-            _get(mm, "microbatch", int, where), _get(mm, "kind", str, where),
+            _index(mm, "src_device", where, p), _index(mm, "dst_device", where, p),
+            _index(mm, "src_stage", where, s), _index(mm, "dst_stage", where, s),
+            _index(mm, "microbatch", where, m), _get(mm, "kind", str, where),
             _time(mm, "start", where), _time(mm, "end", where), _time(mm, "arrival", where)))
-    sol = doc.get("solver") or {}
-    if not isinstance(sol, dict):
-        raise ScheduleError("solver: expected an object")
-    status = sol.get("status", "heuristic")
-    if status not in _STATUSES:
-        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "
-                            f"got {status!r}")
-    lb = sol.get("lower_bound")
-    if lb is not None and (not isinstance(lb, int | float) or isinstance(lb, bool)
-                           or not math.isfinite(lb)):
-        raise ScheduleError(f"solver.lower_bound: expected a finite number or null, got {lb!r}")
-    objective = sol.get("objective", "makespan")
-    if objective not in ("makespan", "span"):
-        raise ScheduleError(f"solver.objective: must be makespan or span, got {objective!r}")
-    details = sol.get("details") or {}
-    info = SolverInfo(status=status, lower_bound=None if lb is None else float(lb),
-                      wall_time=float(sol.get("wall_time") or 0.0), objective=objective,
-                      details=tuple(details.items()) if isinstance(details, dict) else ())
+    info = _solver_info(doc.get("solver"))
     sched = Schedule(problem=problem, method=method, ops=tuple(ops), messages=tuple(msgs),
                      solver=info)
     if check_semantics:
@@ -180,18 +261,64 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     return sched
 
 
+def _count_message(problem: Problem, raw_ops: list[Any]) -> str:
+    """Why the number of ops is wrong, with the first missing op when it is cheap to find."""
+    n, k = problem.num_ops, len(problem.kinds)
+    msg = (f"ops: {len(raw_ops)} listed, the problem has {n} ({k} kinds x {problem.stages} "
+           f"stages x {problem.microbatches} micro-batches)")
+    if len(raw_ops) < n <= 4 * len(raw_ops) + 64:
+        have = {(o.get("kind"), o.get("stage"), o.get("microbatch"))
+                for o in raw_ops if isinstance(o, dict) and isinstance(o.get("kind"), str)
+                and _is_number(o.get("stage")) and _is_number(o.get("microbatch"))}
+        first = next((op for op in problem.ops() if tuple(op) not in have), None)
+        if first is not None:
+            msg += f"; first missing {first}"
+    return msg
+
+
+def _solver_info(sol: Any) -> SolverInfo:
+    """The ``solver`` object (optional: a file written by another tool may leave it out)."""
+    if sol is None:
+        sol = {}
+    if not isinstance(sol, dict):
+        raise ScheduleError(f"solver: expected an object, got {sol!r:.60}")
+    status = sol.get("status", "heuristic")
+    if status not in _STATUSES:
+        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "
+                            f"got {status!r:.60}")
+    lb = sol.get("lower_bound")
+    if lb is not None and (not _is_number(lb) or not math.isfinite(lb)):
+        raise ScheduleError(f"solver.lower_bound: expected a finite number or null, got "
+                            f"{lb!r:.60}")
+    objective = sol.get("objective", "makespan")
+    if objective not in ("makespan", "span"):
+        raise ScheduleError(f"solver.objective: must be makespan or span, got {objective!r:.60}")
+    wall = sol.get("wall_time")
+    if wall is not None and (not _is_number(wall) or not math.isfinite(wall) or wall < 0):
+        raise ScheduleError(f"solver.wall_time: expected a finite number >= 0 (seconds) or "
+                            f"null, got {wall!r:.60}")
+    details = sol.get("details")
+    if details is not None and not isinstance(details, dict):
+        raise ScheduleError(f"solver.details: expected an object, got {details!r:.60}")
+    return SolverInfo(status=status, lower_bound=None if lb is None else float(lb),
+                      wall_time=float(wall or 0.0), objective=objective,
+                      details=tuple((details or {}).items()))
+
+
 def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
     """The metrics written in the file must be those of its ops."""
     tol = 1e-6 * max(1.0, sched.makespan)
-    for key, actual in (("makespan", sched.makespan), ("bubble_ratio", sched.bubble_ratio)):
+    for key, actual in (("makespan", sched.makespan), ("iteration_time", sched.iteration_time),
+                        ("max_span", sched.max_span), ("bubble_ratio", sched.bubble_ratio)):
         if key in doc:
             val = doc[key]
-            if not isinstance(val, int | float) or abs(val - actual) > tol:
-                raise ScheduleError(f"{key}: the file says {val!r}, its ops give {actual:g}")
+            if not _is_number(val) or not math.isfinite(val) or abs(val - actual) > tol:
+                raise ScheduleError(f"{key}: the file says {val!r:.60}, its ops give {actual:g}")
     if "peak_memory" in doc:
         val = doc["peak_memory"]
         if (not isinstance(val, list) or len(val) != len(sched.peak_memory)
-                or any(not isinstance(a, int | float) or abs(a - b) > 1e-6 * max(1.0, abs(b))
+                or any(not _is_number(a) or not math.isfinite(a)
+                       or abs(a - b) > 1e-6 * max(1.0, abs(b))
                        for a, b in zip(val, sched.peak_memory, strict=False))):
             raise ScheduleError(f"peak_memory: the file says {val!r:.80}, its ops give "
                                 f"{list(sched.peak_memory)}")
@@ -209,4 +336,6 @@ def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True)
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ScheduleError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise ScheduleError(f"{path}: not a schedule: JSON nested too deeply") from None
     return schedule_from_dict(doc, check_semantics=check_semantics)

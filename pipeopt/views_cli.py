@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pipeopt.config import ConfigError
 from pipeopt.io import load_schedule
 
 
@@ -25,7 +26,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     sched = load_schedule(args.schedule)
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
-    plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory, dpi=args.dpi)
+    try:
+        plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory,
+                      dpi=args.dpi)
+    except OSError as exc:  # written atomically: the previous file is untouched
+        raise ConfigError(f"--output: cannot write {out} ({exc.strerror or exc})") from None
     print(f"written {out}")
     return 0
 
@@ -36,7 +41,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     sched = load_schedule(args.schedule)
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
-    write_trace(sched, out)
+    try:
+        write_trace(sched, out)
+    except OSError as exc:
+        raise ConfigError(f"--output: cannot write {out} ({exc.strerror or exc})") from None
     print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 

@@ -91,7 +91,7 @@ def test_chooses_the_best_and_names_it(no_cpsat):
 
 def test_nothing_fits(no_cpsat):
     prob = uniform_problem(4, 8, activation=2.0, memory_limit=1.0)
-    with pytest.raises(NotApplicable, match="auto: no method"):
+    with pytest.raises(NotApplicable, match=r"auto: memory\.limit\[0\] = 1 is too small"):
         solve(prob, "auto")
 
 

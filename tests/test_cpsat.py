@@ -169,7 +169,7 @@ def test_infeasible_memory_explains_the_least_limit() -> None:
                            memory_limit=1.5)
     with pytest.raises(NotApplicable, match=r"device 0 needs at least 2") as exc:
         solve_cpsat(prob, SolveOptions(time_limit=5, workers=2))
-    assert "memory_limit[0]" in str(exc.value)
+    assert "memory.limit[0]" in str(exc.value)
 
 
 def test_least_memory_is_enough() -> None:

@@ -52,7 +52,7 @@ def test_too_little_memory_is_refused(prob, frac):
     d = max(range(prob.devices), key=lambda i: need[i])
     limit = [None] * prob.devices
     limit[d] = need[d] * frac
-    with pytest.raises(NotApplicable, match=rf"memory_limit\[{d}\].*device {d} needs at least"):
+    with pytest.raises(NotApplicable, match=rf"memory\.limit\[{d}\].*device {d} needs at least"):
         solve_greedy(prob.replace(memory_limit=tuple(limit)), OPTS)
 
 
@@ -61,7 +61,7 @@ def test_refusal_names_device_and_amount():
     with pytest.raises(NotApplicable) as exc:
         solve(prob, "greedy")
     msg = str(exc.value)
-    assert "memory_limit[0] = 1.5" in msg and "needs at least 2" in msg
+    assert "memory.limit[0] = 1.5" in msg and "needs at least 2" in msg
 
 
 def test_least_memory_is_enough():

@@ -57,8 +57,40 @@ def test_bytes_and_times(gpt_profile):
     assert blk["output_bytes"] == B * S * H * 4
     # Saved tensors: at least the 34-sbh-style inputs, far less than a full copy of params.
     assert B * S * H * 4 * 4 < blk["activation_bytes"] < 40 * B * S * H * 4 + 8 * B * S * S * 4
-    assert blk["forward_s"] > 0 and blk["backward_input_s"] >= 0
-    assert gpt_profile["layers"][0]["backward_input_s"] == 0  # token ids take no gradient
+    assert gpt_profile["backward_split"].startswith("pipeopt.executor")
+    for rec in gpt_profile["layers"][1:]:  # every layer records its own F, B, W and fused time
+        assert rec["forward_s"] > 0 and rec["backward_input_s"] > 0
+        assert rec["backward_weight_s"] > 0 and rec["backward_s"] > 0
+    emb = gpt_profile["layers"][0]  # token ids take no gradient: W is the whole backward
+    assert emb["backward_input_s"] == 0 and emb["backward_weight_s"] > 0 and emb["backward_s"] > 0
+
+
+def test_split_backward_runs_the_executors_code(monkeypatch):
+    """B and W are timed through the executor's own ``RankRunner`` methods, once per warm-up and
+    timed repeat and layer; a layer whose input takes no gradient has no B, only a W; the model's
+    gradients are left as they were."""
+    from pipeopt.executor.runtime import RankRunner
+
+    calls = {"B": 0, "W": 0}
+    real_b, real_w = RankRunner._backward_input, RankRunner._weight
+
+    def b(self, *args):
+        calls["B"] += 1
+        return real_b(self, *args)
+
+    def w(self, *args):
+        calls["W"] += 1
+        return real_w(self, *args)
+
+    monkeypatch.setattr(RankRunner, "_backward_input", b)
+    monkeypatch.setattr(RankRunner, "_weight", w)
+    model = tiny_gpt(layers=1, hidden=32, heads=2, vocab=64, seq_len=8)
+    x, _ = sample_batch("tiny-gpt", 2, seq_len=8, vocab=64)
+    doc = profile_model(model, x, device="cpu", warmup=1, repeats=2)
+    assert len(doc["layers"]) == 3  # embedding, block, head
+    assert calls == {"B": 2 * 3, "W": 3 * 3}  # no B on the embedding (integer input)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(r["backward_weight_s"] > 0 for r in doc["layers"])
 
 
 def test_profile_round_trip_and_solve(gpt_profile, tmp_path):
@@ -79,6 +111,14 @@ def test_profile_round_trip_and_solve(gpt_profile, tmp_path):
     bad.write_text("{}")
     with pytest.raises(ProfileError, match="format"):
         load_profile(bad)
+    doc = json.loads(json.dumps(gpt_profile))
+    doc["layers"][2]["backward_s"] = -1.0
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"layers\[2\]\.backward_s"):
+        load_profile(bad)
+    del doc["layers"][2]["backward_s"]  # optional: older profiles lack it
+    bad.write_text(json.dumps(doc))
+    assert len(load_profile(bad)) == 4
 
 
 def test_mlp_and_cli(tmp_path):
@@ -102,3 +142,16 @@ def test_factory_model_needs_an_input_shape(tmp_path):
     assert main(["profile", "--model", "pipeopt.models:mlp", "--input-shape", "2,64",
                  "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
     assert len(json.loads(out.read_text())["layers"]) == 4
+
+
+def test_layer_output_a_view_and_frozen_layer():
+    """A Linear on a 3-d input returns a view, which PyTorch's split backward cannot detach in
+    place: the profiler still times it; a frozen first layer costs no backward at all."""
+    from torch import nn
+
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 8), nn.Linear(8, 4))
+    model[0].weight.requires_grad_(False)
+    doc = profile_model(model, torch.randint(0, 16, (2, 5)), device="cpu", warmup=0, repeats=1)
+    emb, *lins = doc["layers"]
+    assert emb["backward_input_s"] == emb["backward_weight_s"] == emb["backward_s"] == 0
+    assert all(r["backward_input_s"] > 0 and r["backward_weight_s"] > 0 for r in lins)

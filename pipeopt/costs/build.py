@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeopt.config import Config, ConfigError, ConfigFile
+from pipeopt.config import Config, ConfigError, ConfigFile, check_totals
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
@@ -394,6 +394,7 @@ def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Conf
         problem = plan.problem(part, {"partition_search": report})
     except ProblemError as exc:
         raise ConfigError(f"model: {exc}") from None
+    check_totals(problem, "model")
     meta = dict(problem.meta)
     extras = (("partition", meta["partition"]), ("layer_names", meta["layer_names"]),
               ("stage_costs", meta["stage_costs"]), ("partition_search", report),

@@ -8,15 +8,16 @@ See docs/model_config.md for the reference of every key.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeopt.config import ConfigError
+from pipeopt.config import ConfigError, check_unknown_keys, pydantic_message
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: true is not 1 and "8" is not 8; numbers must be finite unless a field says so.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 # ----- model: ------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 class TierConfig(_Strict):
     """One link tier: bandwidth per direction (bytes/s) and one-way latency (seconds)."""
 
-    bandwidth: float = Field(gt=0)
+    bandwidth: float = Field(gt=0, allow_inf_nan=True)  # .inf: transfers take no time
     latency: float = Field(ge=0)
 
 
@@ -145,7 +146,8 @@ class ClusterConfig(_Strict):
     nodes_per_datacenter: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=1)
     tiers: TiersConfig = TiersConfig()
-    compute_efficiency: float | list[tuple[float, float]] = 0.5
+    # strict=False on the pair only: YAML gives [flops, efficiency] as a list.
+    compute_efficiency: float | list[Annotated[tuple[float, float], Field(strict=False)]] = 0.5
     peak_flops: float | None = Field(None, gt=0, description="FLOP/s, overrides the catalog")
     memory_bytes: float | None = Field(None, gt=0, description="bytes, overrides the catalog")
     memory_reserve: float = Field(0.1, ge=0, lt=1, description="fraction of memory kept free")
@@ -181,65 +183,18 @@ class TrainingConfig(_Strict):
 
 
 # ----- validation with key-path messages ---------------------------------------------------
-def _loc(prefix: str, loc: tuple[Any, ...]) -> str:
-    out = prefix
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif isinstance(part, str) and (part.startswith(("list[", "tuple[", "function-"))
-                                        or part in ("int", "float", "str", "bool", "none")):
-            continue
-        else:
-            out += f".{part}"
-    return out
-
-
-def _message(err: dict[str, Any]) -> str:
-    ctx = err.get("ctx") or {}
-    kind = err["type"]
-    val = err.get("input")
-    got = "" if isinstance(val, dict) else f", got {val!r:.60}"
-    for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-        if key in ctx and kind.startswith(("greater", "less")):
-            return f"must be {op} {ctx[key]}{got}"
-    if kind == "literal_error":
-        return f"must be {ctx.get('expected', 'one of the listed values')}{got}"
-    if kind == "missing":
-        return "missing"
-    if kind == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    msg = err["msg"]
-    return msg[0].lower() + msg[1:] + got
-
-
 def validate_section(model: type[BaseModel], data: Any, prefix: str) -> Any:
     """Validate ``data`` against ``model``; errors become ConfigError("prefix.key: reason")."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix}: expected a mapping, got {type(data).__name__}")
-    for key in data:
-        if key not in model.model_fields:
-            close = difflib.get_close_matches(str(key), list(model.model_fields), n=1,
-                                              cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{prefix}.{key}: unknown key{hint}")
+        raise ConfigError(f"{prefix}: expected a mapping (key: value), got "
+                          f"{type(data).__name__}")
+    check_unknown_keys(data, model, prefix)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        errs = exc.errors()
-        # A union field reports one error per alternative: prefer a value error if any.
-        err = next((e for e in errs if e["type"] == "value_error"), errs[0])
-        loc = err["loc"]
-        if err["type"] == "value_error" and not loc:
-            msg = _message(err)
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
-            field, _, rest = msg.partition(": ")
-            if rest and field in model.model_fields:
-                raise ConfigError(f"{prefix}.{field}: {rest}") from None
-            raise ConfigError(f"{prefix}: {msg}") from None
-        raise ConfigError(f"{_loc(prefix, loc)}: {_message(err)}") from None
+        raise ConfigError(pydantic_message(exc, prefix)) from None
 
 
 def parse_model(data: Any) -> ModelConfig:

@@ -3,17 +3,25 @@
 For each layer, on its real input (the previous layers' output):
 
 - ``forward_s``: the forward with autograd recording (as in training);
-- ``backward_input_s``: ``torch.autograd.grad`` of the output w.r.t. the layer's *input* only;
-- ``backward_weight_s``: the full backward (input and parameters) minus the input-only one —
-  timing the parameter gradients alone would recompute the gradients they share with the input
-  path, so the difference is the honest extra cost of W;
+- ``backward_input_s`` (B) and ``backward_weight_s`` (W): the backward split exactly as the
+  executor (:mod:`pipeopt.executor.runtime`) runs it, on the layer as a one-layer stage
+  (:func:`executor_split`): B is PyTorch's ``stage_backward_input`` (the input gradient, keeping
+  what W needs), W is ``stage_backward_weight`` (one ``autograd.grad`` per parameter group).
+  The split costs more than the fused backward (hooks keep what W needs, the weight path runs
+  as separate ``autograd.grad`` calls), so B + W is what a split-backward schedule pays, not the
+  fused time. On an input that takes no gradient (token ids) B is 0 and W is the whole backward, as
+  the executor runs stage 0;
+- ``backward_s``: the fused backward (``torch.autograd.backward``: input and weight gradients in
+  one pass), what a schedule without split backward pays for its B;
 - ``activation_bytes``: bytes of the distinct tensors autograd saves for the backward
   (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded;
 - ``param_bytes`` / ``params``; ``output_bytes`` (the p2p message); FLOPs of the forward and
   backward from ``torch.utils.flop_counter.FlopCounterMode``; on CUDA the peak memory.
 
-Times are medians of ``repeats`` runs after ``warmup`` runs. torch is imported lazily, so the
-planner (``load_profile``) never needs it.
+Times are medians of ``repeats`` runs after ``warmup`` runs; every backward is timed on its own,
+after an untimed forward that builds its graph. The profile runs on one process: ranks that
+share cores in a real run see slower ops than these. torch is imported lazily, so the planner
+(``load_profile``) never needs it.
 """
 
 from __future__ import annotations
@@ -49,6 +57,57 @@ def _median_time(fn: Callable[[], Any], warmup: int, repeats: int, sync: Callabl
     return statistics.median(times)
 
 
+def _median_phases(setup: Callable[[], Any], phases: list[Callable[[Any], Any]], warmup: int,
+                   repeats: int, sync: Callable[[], None]) -> list[float]:
+    """Median seconds of each of ``phases``, run in order on what an untimed ``setup()``
+    returns (the forward that builds the autograd graph, so it is never in a backward time)."""
+    times: list[list[float]] = [[] for _ in phases]
+    for rep in range(warmup + repeats):
+        state = setup()
+        sync()
+        for i, phase in enumerate(phases):
+            t0 = time.perf_counter()
+            phase(state)
+            sync()
+            if rep >= warmup:
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def executor_split(layer: Any, device: Any) -> tuple[Callable[[Any, Any, Any], Any],
+                                                     Callable[[Any], None]]:
+    """The executor's own B and W for ``layer`` run as a one-layer stage: ``(b, w)`` where
+    ``b(inp, out, grad_out)`` computes the input gradient exactly as a pipeline rank does
+    (:meth:`pipeopt.executor.runtime.RankRunner._backward_input`: PyTorch's
+    ``stage_backward_input`` on the pinned torch) and returns what W needs, and ``w(saved)``
+    accumulates the weight gradients into ``.grad`` (``RankRunner._weight``:
+    ``stage_backward_weight``; on an input that takes no gradient, e.g. token ids, the whole
+    backward, as the executor runs stage 0)."""
+    from pipeopt.executor.comms import RankPlan
+    from pipeopt.executor.runtime import RankRunner, _Saved
+    from pipeopt.problem import Op, Problem
+
+    one = Problem(devices=1, microbatches=1, forward=(1.0,), backward_input=(1.0,),
+                  backward_weight=(1.0,))
+    runner = RankRunner(problem=one, plan=RankPlan(0, (), {}, {}, {}), modules={0: layer},
+                        loss_fn=None, shapes=[], dtypes=[], device=device)
+    w_op = Op("W", 0, 0)
+
+    def b(inp: Any, out: Any, grad_out: Any) -> Any:
+        saved = _Saved(inp, out)
+        if inp.requires_grad:
+            runner._backward_input(0, saved, grad_out)
+        else:  # no input gradient: B is free and W runs the whole backward (stage 0)
+            saved.grad_out = grad_out
+        return saved
+
+    def w(saved: Any) -> None:
+        runner._saved = {(0, 0): saved}
+        runner._weight(w_op)
+
+    return b, w
+
+
 def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> tuple[dict[str, Any],
                                                                                  Any]:
     """Costs of one layer on input ``x``; returns (record, output detached)."""
@@ -80,23 +139,35 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
     activation_bytes = float(sum(seen.values()))
     grad_out = torch.randn_like(out) if out.is_floating_point() else None
     wrt_in = [inp] if needs_input else []
+    b_in = b_w = b_full = 0.0
+    if out.requires_grad:
+        # B and W as the executor runs them (see executor_split); the fused backward as the
+        # executor runs it without split_backward. Gradients accumulate into .grad as in a
+        # step; the layer's own .grad is restored afterwards.
+        split_b, split_w = executor_split(layer, dev)
+        kept = [p.grad for p in params]
 
-    def bwd_input() -> Any:
-        o = layer(inp)
-        return torch.autograd.grad(o, wrt_in, grad_out) if wrt_in else None
+        def fresh() -> Any:
+            inp.grad = None  # a fresh input every micro-batch, as in the executor
+            return layer(inp)
 
-    def bwd_full() -> Any:
-        o = layer(inp)
-        return torch.autograd.grad(o, wrt_in + params, grad_out) if wrt_in + params else None
+        def fresh_split() -> Any:
+            # stage_backward_input detaches the stage output in place, which a view refuses
+            # (e.g. a Linear on a 3-d input); a layer inside a stage hands on such views, so
+            # time it on a copy (untimed; its backward only passes the gradient on).
+            o = fresh()
+            return o.clone() if o._base is not None else o
 
-    def fwd_only() -> Any:
-        return layer(inp)
-
-    # Each backward timing includes a forward (the graph is rebuilt); subtract it.
-    f_again = _median_time(fwd_only, warmup, repeats, sync)
-    b_in = max(0.0, _median_time(bwd_input, warmup, repeats, sync) - f_again) if wrt_in else 0.0
-    b_full = max(0.0, _median_time(bwd_full, warmup, repeats, sync) - f_again) if (
-        wrt_in or params) else 0.0
+        b_full, = _median_phases(fresh, [lambda o: torch.autograd.backward(o, grad_out)],
+                                 warmup, repeats, sync)
+        box: list[Any] = []
+        b_in, b_w = _median_phases(fresh_split, [lambda o: box.append(split_b(inp, o, grad_out)),
+                                           lambda o: split_w(box.pop())], warmup, repeats, sync)
+        inp.grad = None
+        for p, g in zip(params, kept, strict=True):
+            p.grad = g
+    if not needs_input:
+        b_in = 0.0  # nothing to compute: the executor's stage 0 has no B
     with FlopCounterMode(display=False) as fc:
         o = layer(inp)
     fwd_flops = float(fc.get_total_flops())
@@ -115,8 +186,8 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
         peak = float(torch.cuda.max_memory_allocated(dev) - base)
     record = {
         "name": type(layer).__name__,
-        "forward_s": forward_s, "backward_input_s": b_in,
-        "backward_weight_s": max(0.0, b_full - b_in),
+        "forward_s": forward_s, "backward_input_s": b_in, "backward_weight_s": b_w,
+        "backward_s": b_full,
         "params": float(sum(p.numel() for p in layer.parameters())),
         "param_bytes": float(sum(p.numel() * p.element_size() for p in layer.parameters())),
         "activation_bytes": activation_bytes,
@@ -150,7 +221,9 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
         torch.set_num_threads(threads)
     return {"format": FORMAT, "model": name, "device": str(dev), "torch": torch.__version__,
             "micro_batch_size": int(example_input.shape[0]), "warmup": warmup,
-            "repeats": repeats, "layers": layers}
+            "repeats": repeats,
+            "backward_split": "pipeopt.executor.runtime.RankRunner (per layer)",
+            "layers": layers}
 
 
 def write_profile(doc: dict[str, Any], path: str | Path) -> None:
@@ -186,6 +259,11 @@ def load_profile(path: str | Path) -> list[LayerCost]:
                 raise ProfileError(f"{path}: layers[{i}].{key}: expected a number >= 0, "
                                    f"got {v!r}")
             vals[key] = float(v)
+        fused = rec.get("backward_s")  # optional (older profiles lack it); not a LayerCost field
+        if fused is not None and (not isinstance(fused, int | float) or isinstance(fused, bool)
+                                  or not math.isfinite(fused) or fused < 0):
+            raise ProfileError(f"{path}: layers[{i}].backward_s: expected a number >= 0, "
+                               f"got {fused!r}")
         fflops = float(rec.get("forward_flops") or 0.0)
         bflops = float(rec.get("backward_flops") or 0.0)
         out.append(LayerCost(

@@ -7,9 +7,11 @@ timed by the simulator or checked by the validator before it is returned.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -74,6 +76,58 @@ class UnknownMethod(ValueError):
     """A method name that pipeopt does not know."""
 
 
+#: Problem fields that hand-made schedules name in their "does not apply" reasons, as config
+#: key paths (``needs microbatches >= 8`` -> ``needs pipeline.microbatches >= 8``).
+_PIPELINE_KEYS = re.compile(r"(?<![.\w])(devices|microbatches|virtual_stages|placement|"
+                            r"split_backward)\b")
+
+
+def check_method(name: str) -> None:
+    """Raise :class:`UnknownMethod` (with a "did you mean") unless :func:`solve` knows ``name``.
+    """
+    if not isinstance(name, str):
+        raise UnknownMethod(f"expected a method name, got {name!r}")
+    if name.startswith("torch:") and importlib.util.find_spec("torch") is None:
+        raise UnknownMethod(f"{name} needs the torch extra (pip install 'pipeopt[torch]')")
+    known = methods()
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownMethod(f"unknown method {name!r}; {hint}choose one of {', '.join(known)}")
+
+
+def memory_floor(problem: Problem) -> tuple[float, ...]:
+    """Per device, the least memory any schedule needs (bytes): static memory plus one
+    micro-batch's activations on all of the device's stages (all are live when the device's
+    last F of that micro-batch starts). Running the micro-batches one at a time needs exactly
+    this on every device at once, so it is also enough."""
+    return tuple(problem.static_memory[d] + sum(problem.activation_memory[k]
+                                                for k in problem.device_stages[d])
+                 for d in range(problem.devices))
+
+
+def require_memory(problem: Problem, method: str) -> None:
+    """Raise :class:`NotApplicable` when some device's memory limit is below
+    :func:`memory_floor`. The message (prefixed with ``method``) names the device, what it needs
+    and why, and the limits with which the cheapest schedule (one micro-batch at a time) fits.
+    """
+    need = memory_floor(problem)
+    short = [d for d, lim in enumerate(problem.memory_limit)
+             if lim is not None and need[d] > lim * (1 + 1e-9) + 1e-12]
+    if not short:
+        return
+    d = short[0]
+    act = need[d] - problem.static_memory[d]
+    others = f"; {len(short) - 1} more devices are short too" if len(short) > 1 else ""
+    raise NotApplicable(
+        f"{method}: memory.limit[{d}] = {problem.memory_limit[d]:g} is too small for any "
+        f"schedule: device {d} needs at least {need[d]:g} (static {problem.static_memory[d]:g} "
+        f"+ {act:g} of activations that one micro-batch holds on its stages "
+        f"{list(problem.device_stages[d])}){others}; the cheapest schedule, one micro-batch at "
+        f"a time, fits with memory.limit >= [{', '.join(f'{x:g}' for x in need)}]")
+
+
 def methods() -> list[str]:
     """Names of every method :func:`solve` accepts (searches whose module is present)."""
     found = [name for name, (module, _) in _SEARCH.items() if importlib.util.find_spec(module)]
@@ -118,7 +172,21 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     """
     opts = replace(options or SolveOptions(), **kwargs)
     if method in GENERATORS:
-        return validate(run_classic(problem, method))
+        try:
+            sched = run_classic(problem, method)
+        except NotApplicable as exc:
+            raise NotApplicable(_PIPELINE_KEYS.sub(r"pipeline.\1", str(exc))) from None
+        if not fits_memory(sched, problem):
+            require_memory(problem, method)
+            over = [d for d, (pk, lim) in enumerate(zip(sched.peak_memory, problem.memory_limit,
+                                                        strict=True))
+                    if lim is not None and pk > lim * (1 + 1e-9) + 1e-12]
+            d = over[0]
+            raise NotApplicable(
+                f"memory.limit[{d}]: {method} needs {sched.peak_memory[d]:g} on device {d}, "
+                f"over its limit {problem.memory_limit[d]:g}; hand-made schedules do not adapt "
+                f"to memory limits: use greedy, cpsat or auto, or raise memory.limit")
+        return validate(sched)
     if method.startswith("torch:"):
         # PyTorch's built-in schedules, imported as orders and timed by our simulator.
         try:
@@ -131,7 +199,11 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
         return validate(fn(problem, opts))
-    raise UnknownMethod(f"method: unknown method {method!r}; choose one of {', '.join(methods())}")
+    try:
+        check_method(method)
+    except UnknownMethod as exc:
+        raise UnknownMethod(f"method: {exc}") from None
+    raise UnknownMethod(f"method: {method!r} is not available here")  # pragma: no cover
 
 
 @dataclass(frozen=True)

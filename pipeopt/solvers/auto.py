@@ -22,7 +22,7 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
-from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, run_classic
+from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, require_memory, run_classic
 
 #: Largest instance (number of ops) handed to CP-SAT: this many ops per second of time limit,
 #: and never more than CPSAT_MAX_OPS. Measured with 2 workers on 2 cores, warm-started from the
@@ -111,6 +111,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     best objective meets the lower bound. Raises :class:`NotApplicable` when nothing fits.
     """
     t0 = time.perf_counter()
+    require_memory(problem, "auto")  # fail fast, with the least limits that would work
     obj = options.objective
     cands: list[Schedule] = []
     notes: list[tuple[str, Any]] = []
@@ -137,15 +138,23 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     def left() -> float:
         return options.time_limit - (time.perf_counter() - t0)
 
+    interrupted = False
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
     if greedy is not None:
         try:
             cands.append(greedy(problem, options))
+            interrupted = bool(cands[-1].solver.detail("interrupted"))
         except NotApplicable as exc:
             notes.append(("greedy", str(exc)))
+        except KeyboardInterrupt:
+            if not any(fits_memory(s, problem) for s in cands):
+                raise
+            interrupted = True  # Ctrl-C: keep the best so far (a hand-made schedule)
 
     cpsat = _load("pipeopt.solvers.cpsat", "solve_cpsat")
-    if cpsat is None:
+    if interrupted:
+        notes.append(("skipped_cpsat", "interrupted"))
+    elif cpsat is None:
         notes.append(("skipped_cpsat", "pipeopt.solvers.cpsat is not available"))
     else:
         reason = cpsat_skip_reason(problem, left())
@@ -163,6 +172,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
                     notes.append(("cpsat", f"rejected an invalid schedule: {problems[0]}"))
                 else:
                     cands.append(sched)
+                interrupted = bool(dict(sched.solver.details).get("interrupted"))
     cands = [s for s in cands if fits_memory(s, problem)]
     if not cands:
         why = "; ".join(f"{k}: {v}" for k, v in notes) or "nothing fits"
@@ -180,6 +190,8 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             bound = max(bound, _value(s, obj))
     bound = min(bound, val) if math.isfinite(bound) else bound
     status = best.solver.status
+    if interrupted:
+        notes.append(("interrupted", True))
     if bound >= val * (1 - 1e-9):
         status = "optimal"
     elif status == "optimal" and best.solver.objective != obj:

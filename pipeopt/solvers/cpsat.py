@@ -37,6 +37,7 @@ from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers import Progress, SolveOptions, fits_memory, lower_bound, run_classic
+from pipeopt.solvers import require_memory as _require_memory
 from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
 from pipeopt.solvers.cpsat_model import (
     IntData,
@@ -52,6 +53,11 @@ logger.addHandler(logging.NullHandler())
 
 #: Share of the time limit the greedy warm start may use.
 _GREEDY_SHARE = 0.1
+#: Largest instance (ops) handed to CP-SAT even when asked for by name. Beyond it the model
+#: alone takes longer to build than any sensible time limit and gigabytes of memory (measured,
+#: 2 cores, 3 s limit: 24576 ops found no solution; p=64, m=1024, 196608 ops took 23 s and
+#: 1.2 GB), so the greedy's schedule is returned instead, with a note in ``details``.
+MAX_MODEL_OPS = 20_000
 
 
 def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
@@ -64,6 +70,8 @@ def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
     if objective not in ("makespan", "span"):
         raise ValueError(f"objective: must be 'makespan' or 'span', got {objective!r}")
     require_memory(problem)
+    if problem.num_ops > MAX_MODEL_OPS:
+        return _fallback(problem, options, t0)
     warm = warm_start(problem, options)
     analytic = lower_bound(problem, objective)
     if objective == "makespan":
@@ -131,6 +139,26 @@ def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
     return _result(best, timing, lb, objective, t0, options, tuple(details), interrupted)
 
 
+def _fallback(problem: Problem, options: SolveOptions, t0: float) -> Schedule:
+    """The greedy's schedule for an instance too large for a CP-SAT model
+    (:data:`MAX_MODEL_OPS`); status ``heuristic`` unless it meets the lower bound."""
+    try:
+        fn = importlib.import_module("pipeopt.solvers.greedy").solve_greedy
+        greedy = fn(problem, replace(options, hint=None, on_progress=None, log=False))
+    except (ImportError, AttributeError):  # the greedy module is absent
+        greedy = simulate(problem, sequential_orders(problem), method="sequential")
+    bound = lower_bound(problem, options.objective)
+    value = _objective(greedy, options.objective)
+    note = (f"cpsat: {problem.num_ops} ops is more than a CP-SAT model handles "
+            f"({MAX_MODEL_OPS}); returned the {greedy.method} schedule instead")
+    info = SolverInfo(
+        status="optimal" if value <= bound * (1 + 1e-9) else "heuristic",
+        lower_bound=min(bound, value), wall_time=time.perf_counter() - t0,
+        objective=options.objective,
+        details=(*greedy.solver.details, ("cpsat_status", "SKIPPED"), ("fallback", note)))
+    return replace(greedy, solver=info)
+
+
 def _result(best: Schedule, timing: str, bound: float, objective: str, t0: float,
             options: SolveOptions, details: tuple[tuple[str, Any], ...],
             interrupted: bool) -> Schedule:
@@ -153,24 +181,10 @@ def _result(best: Schedule, timing: str, bound: float, objective: str, t0: float
 # ----- data on the grids -------------------------------------------------------------------
 
 def require_memory(problem: Problem) -> None:
-    """Raise :class:`NotApplicable` unless every device can hold what any schedule needs.
-
-    When a device starts F of its last stage for a micro-batch, that micro-batch's activations
-    on all of the device's stages are alive (their B's need this F first). Running the
-    micro-batches one after another needs exactly that much, so the condition is also enough.
-    """
-    for d, lim in enumerate(problem.memory_limit):
-        if lim is None:
-            continue
-        stages = problem.device_stages[d]
-        act = sum(problem.activation_memory[k] for k in stages)
-        need = problem.static_memory[d] + act
-        if lim < need * (1 - 1e-12) - 1e-12:
-            raise NotApplicable(
-                f"cpsat: no schedule fits memory_limit[{d}] = {lim:g}: device {d} needs at "
-                f"least {need:g} (static memory {problem.static_memory[d]:g} plus one "
-                f"micro-batch's activations on its stages {list(stages)}, {act:g}); the "
-                f"cheapest schedule, one micro-batch at a time, needs exactly that")
+    """Raise :class:`NotApplicable` unless every device can hold what any schedule needs
+    (:func:`pipeopt.solvers.memory_floor`: one micro-batch's activations on the device's stages
+    plus static memory; running the micro-batches one after another needs exactly that)."""
+    _require_memory(problem, "cpsat")
 
 
 def _time_values(problem: Problem) -> list[float]:

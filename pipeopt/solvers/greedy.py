@@ -36,9 +36,8 @@ from typing import Any
 
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
-from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import simulate
-from pipeopt.solvers import SolveOptions, lower_bound
+from pipeopt.solvers import SolveOptions, lower_bound, memory_floor, require_memory
 
 #: Total number of ops the fixed variants may process together: p=64, m=1024 (196608 ops) gets
 #: two passes (0.3-0.5 s each in pure Python) while small instances try every variant.
@@ -171,24 +170,14 @@ class _Context:
 
 
 def min_memory(problem: Problem) -> tuple[float, ...]:
-    """Per device, the least memory any schedule needs (bytes): static memory plus one
-    micro-batch's activations on all of the device's stages (all are live when its last F of
-    that micro-batch starts)."""
-    return tuple(problem.static_memory[d] + sum(problem.activation_memory[k]
-                                                for k in problem.device_stages[d])
-                 for d in range(problem.devices))
+    """Per device, the least memory any schedule needs (bytes; see
+    :func:`pipeopt.solvers.memory_floor`)."""
+    return memory_floor(problem)
 
 
 def check_memory(problem: Problem) -> None:
     """Raise :class:`NotApplicable` naming the first device whose limit no schedule can keep."""
-    need = min_memory(problem)
-    for d, lim in enumerate(problem.memory_limit):
-        if lim is not None and need[d] > lim * (1 + 1e-9) + 1e-12:
-            act = need[d] - problem.static_memory[d]
-            raise NotApplicable(
-                f"greedy: memory_limit[{d}] = {lim:g} is too small: device {d} needs at least "
-                f"{need[d]:g} (static {problem.static_memory[d]:g} + {act:g} of activations "
-                f"that one micro-batch holds on its stages {list(problem.device_stages[d])})")
+    require_memory(problem, "greedy")
 
 
 class _Stuck(RuntimeError):
@@ -435,6 +424,7 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
     found: list[tuple[float, int, list[list[Op]], str]] = []
     tried = 0
+    interrupted = False
     for policy in runs:
         if tried and time.perf_counter() - t0 > max(0.05, 0.5 * options.time_limit):
             break
@@ -442,6 +432,11 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
             orders, makespan, spans = _run(ctx, policy)
         except _Stuck:
             continue
+        except KeyboardInterrupt:
+            if not found:
+                raise
+            interrupted = True  # Ctrl-C: keep the best variant so far
+            break
         val = max(spans) if span_obj else makespan
         found.append((val, tried, orders, policy.name))
         tried += 1
@@ -462,6 +457,8 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
             best, name = sched, pname
     assert best is not None
     details: tuple[tuple[str, Any], ...] = (("policy", name), ("variants_tried", tried))
+    if interrupted:
+        details += (("interrupted", True),)
     return replace(best, solver=replace(info, wall_time=time.perf_counter() - t0,
                                         details=details))
 
