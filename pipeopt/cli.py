@@ -143,18 +143,14 @@ def _log_to_stderr() -> None:
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.verbose:
         _log_to_stderr()
-    if args.method is not None:
-        try:
-            check_method(args.method)
-        except UnknownMethod as exc:
-            raise ConfigError(f"--method: {exc}") from None
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
     try:
         check_method(sc.method)
     except UnknownMethod as exc:
-        raise ConfigError(f"solver.method: {exc}") from None
+        key = "--method" if args.method is not None else "solver.method"
+        raise ConfigError(f"{key}: {exc}") from None
     if not args.json:
         from pipeopt.costs import describe_partition
 

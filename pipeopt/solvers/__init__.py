@@ -13,7 +13,7 @@ import importlib.util
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -97,6 +97,13 @@ def check_method(name: str) -> None:
     raise UnknownMethod(f"unknown method {name!r}; {hint}choose one of {', '.join(known)}")
 
 
+def over_limit(values: Sequence[float], limits: Sequence[float | None]) -> list[int]:
+    """Devices whose ``values`` (bytes) exceed their memory limit (``None`` = unlimited),
+    with a relative tolerance of 1e-9 for float round-off."""
+    return [d for d, (x, lim) in enumerate(zip(values, limits, strict=True))
+            if lim is not None and x > lim * (1 + 1e-9) + 1e-12]
+
+
 def memory_floor(problem: Problem) -> tuple[float, ...]:
     """Per device, the least memory any schedule needs (bytes): static memory plus one
     micro-batch's activations on all of the device's stages (all are live when the device's
@@ -113,8 +120,7 @@ def require_memory(problem: Problem, method: str) -> None:
     and why, and the limits with which the cheapest schedule (one micro-batch at a time) fits.
     """
     need = memory_floor(problem)
-    short = [d for d, lim in enumerate(problem.memory_limit)
-             if lim is not None and need[d] > lim * (1 + 1e-9) + 1e-12]
+    short = over_limit(need, problem.memory_limit)
     if not short:
         return
     d = short[0]
@@ -176,11 +182,9 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
             sched = run_classic(problem, method)
         except NotApplicable as exc:
             raise NotApplicable(_PIPELINE_KEYS.sub(r"pipeline.\1", str(exc))) from None
-        if not fits_memory(sched, problem):
+        over = over_limit(sched.peak_memory, problem.memory_limit)
+        if over:
             require_memory(problem, method)
-            over = [d for d, (pk, lim) in enumerate(zip(sched.peak_memory, problem.memory_limit,
-                                                        strict=True))
-                    if lim is not None and pk > lim * (1 + 1e-9) + 1e-12]
             d = over[0]
             raise NotApplicable(
                 f"memory.limit[{d}]: {method} needs {sched.peak_memory[d]:g} on device {d}, "
@@ -231,9 +235,7 @@ class CompareRow:
 
 def fits_memory(schedule: Schedule, problem: Problem | None = None) -> bool:
     """True when the schedule's peak memory is within every device's limit of ``problem``."""
-    limits = (problem or schedule.problem).memory_limit
-    return all(lim is None or pk <= lim * (1 + 1e-9) + 1e-12
-               for pk, lim in zip(schedule.peak_memory, limits, strict=True))
+    return not over_limit(schedule.peak_memory, (problem or schedule.problem).memory_limit)
 
 
 #: Hand-made schedules that need several chunks per device: (chunks, placement) that

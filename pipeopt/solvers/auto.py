@@ -172,7 +172,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
                     notes.append(("cpsat", f"rejected an invalid schedule: {problems[0]}"))
                 else:
                     cands.append(sched)
-                interrupted = bool(dict(sched.solver.details).get("interrupted"))
+                interrupted = bool(sched.solver.detail("interrupted"))
     cands = [s for s in cands if fits_memory(s, problem)]
     if not cands:
         why = "; ".join(f"{k}: {v}" for k, v in notes) or "nothing fits"
