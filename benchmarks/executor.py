@@ -78,13 +78,14 @@ def _stage_costs(spec: Any, stages: list[Any], k: int, microbatches: int, batch:
     f = _median_time(fwd, reps)
     grad = None if last else torch.ones_like(fwd())
 
-    split_b, split_w = executor_split(mod, inp.device)  # the executor's own B and W
+    split_f, split_b, split_w = executor_split(  # the executor's own code
+        mod, inp.device, (lambda o: spec.loss_fn(o, ys[0]) / microbatches) if last else None)
 
     def split_pair() -> tuple[float, float]:
-        out = fwd()
         inp.grad = None  # a fresh input every micro-batch, as in a run
+        saved = split_f(inp)
         t0 = time.perf_counter()
-        saved = split_b(inp, out, grad)
+        split_b(saved, grad)
         t1 = time.perf_counter()
         split_w(saved)
         return t1 - t0, time.perf_counter() - t1

@@ -299,3 +299,39 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) 
     monkeypatch.undo()
     assert main(["run", str(path), "--model", "nope"]) == 2  # caught before any process starts
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_stage_whose_output_is_a_view(split: bool) -> None:
+    """A non-last stage may hand on a view (a Linear on a 3-d input is one); the split backward
+    detaches the stage output in place, which PyTorch refuses for views. One device with three
+    loop stages: the hand-off is local, so this runs without processes."""
+    from pipeopt.executor.runtime import RankRunner
+
+    prob = uniform_problem(1, 2, virtual_stages=3, split_backward=split)
+    order = [Op(kind, k, j) for j in range(2) for kind, k in
+             (("F", 0), ("F", 1), ("F", 2), ("B", 2), ("W", 2), ("B", 1), ("W", 1), ("B", 0),
+              ("W", 0)) if split or kind != "W"]
+    (rank_plan,) = comms.plan(simulate(prob, [order]))
+    torch.manual_seed(0)
+    # the middle stage has two layers: with split backward it runs layer by layer
+    layers = [torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                                         torch.nn.Linear(4, 4)),
+              torch.nn.Linear(4, 1)]
+    assert layers[0](torch.zeros(2, 3, 4))._base is not None  # the case under test
+    xs = [torch.randn(2, 3, 4) for _ in range(2)]
+    ys = [torch.randn(2, 3, 1) for _ in range(2)]
+    runner = RankRunner(problem=prob, plan=rank_plan, modules=dict(enumerate(layers)),
+                        loss_fn=torch.nn.functional.mse_loss, shapes=[], dtypes=[],
+                        device=torch.device("cpu"))
+    runner.step(xs, ys)
+    assert (1 in runner._layer_params) == isinstance(layers[1], torch.nn.Sequential)
+    got = [p.grad.clone() for mod in layers for p in mod.parameters()]
+    for mod in layers:
+        mod.zero_grad(set_to_none=True)
+    loss = sum(torch.nn.functional.mse_loss(layers[2](layers[1](layers[0](x))), y)
+               for x, y in zip(xs, ys, strict=True))
+    (loss / 2).backward()
+    want = [p.grad for mod in layers for p in mod.parameters()]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)

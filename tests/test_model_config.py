@@ -131,3 +131,37 @@ def test_explicit_config_has_no_partition_table():
     c = parse_config({"pipeline": {"devices": 2, "microbatches": 2},
                       "stages": {"forward": 1, "backward_input": 1, "backward_weight": 1}})
     assert describe_partition(c) == ""
+
+
+def _profile(tmp_path):
+    """A hand-written profile: embedding (token ids: no input gradient), two blocks, head."""
+    layer = {"params": 10.0, "activation_bytes": 100.0, "output_bytes": 8.0}
+    rows = [("embedding", 0.1, 0.0, 0.2, 0.15, False), ("block0", 1.0, 1.2, 0.9, 1.8, True),
+            ("block1", 1.0, 1.2, 0.9, 1.8, True), ("head", 0.5, 0.6, 0.4, 0.8, True)]
+    doc = {"format": "pipeopt.profile/v1", "layers": [
+        {"name": n, "forward_s": f, "backward_input_s": b, "backward_weight_s": w,
+         "backward_s": fused, "input_grad": ig, **layer}
+        for n, f, b, w, fused, ig in rows]}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_profile_times_follow_the_executor(tmp_path, split):
+    """Split backward: stage 0 (token-id input) has no B, its W is the whole fused backward;
+    other stages pay the split path's B and W. Fused backward: B + W is the measured fused
+    time on every stage."""
+    path = _profile(tmp_path)
+    c = parse_config({"pipeline": {"devices": 2, "microbatches": 4, "split_backward": split},
+                      "model": {"profile": str(path)}, "cluster": {"gpu": "L4"},
+                      "training": {"stage_layers": [2, 2]}})
+    p = c.problem
+    assert p.forward == pytest.approx((1.1, 1.5))
+    if split:
+        assert p.backward_input == pytest.approx((0.0, 1.8))
+        assert p.backward_weight == pytest.approx((0.15 + 1.8, 1.3))
+        assert p.weight_grad_memory[0] == p.activation_memory[0]  # all kept until W
+    else:
+        fused = [b + w for b, w in zip(p.backward_input, p.backward_weight, strict=True)]
+        assert fused == pytest.approx([0.15 + 1.8, 1.8 + 0.8])

@@ -72,7 +72,7 @@ def test_split_backward_runs_the_executors_code(monkeypatch):
     from pipeopt.executor.runtime import RankRunner
 
     calls = {"B": 0, "W": 0}
-    real_b, real_w = RankRunner._backward_input, RankRunner._weight
+    real_b, real_w = RankRunner._stage_backward_input, RankRunner._weight
 
     def b(self, *args):
         calls["B"] += 1
@@ -82,7 +82,7 @@ def test_split_backward_runs_the_executors_code(monkeypatch):
         calls["W"] += 1
         return real_w(self, *args)
 
-    monkeypatch.setattr(RankRunner, "_backward_input", b)
+    monkeypatch.setattr(RankRunner, "_stage_backward_input", b)
     monkeypatch.setattr(RankRunner, "_weight", w)
     model = tiny_gpt(layers=1, hidden=32, heads=2, vocab=64, seq_len=8)
     x, _ = sample_batch("tiny-gpt", 2, seq_len=8, vocab=64)
@@ -116,7 +116,16 @@ def test_profile_round_trip_and_solve(gpt_profile, tmp_path):
     bad.write_text(json.dumps(doc))
     with pytest.raises(ProfileError, match=r"layers\[2\]\.backward_s"):
         load_profile(bad)
+    doc["layers"][2]["backward_s"] = 1.0
+    doc["layers"][2]["input_grad"] = "yes"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"layers\[2\]\.input_grad: expected true or false"):
+        load_profile(bad)
+    assert [r["input_grad"] for r in gpt_profile["layers"]] == [False, True, True, True]
+    assert not layers[0].input_grad and layers[1].backward_time == gpt_profile["layers"][1][
+        "backward_s"]
     del doc["layers"][2]["backward_s"]  # optional: older profiles lack it
+    del doc["layers"][2]["input_grad"]
     bad.write_text(json.dumps(doc))
     assert len(load_profile(bad)) == 4
 

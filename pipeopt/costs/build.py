@@ -163,10 +163,30 @@ class ModelPlan:
         return self.peak_override or self.gpu(device).peak_flops(self.dtype)
 
     def layer_times(self, device: int) -> np.ndarray:
-        """(L, 3) seconds of forward, backward-input, backward-weight of each layer."""
+        """(L, 3) seconds of forward, backward-input, backward-weight of each layer. Without
+        split backward, B and W are scaled so that B + W is the fused backward (measured, when
+        a profile has it)."""
         peak = self.peak(device)
-        return np.array([lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))
-                         for lc in self.layers])
+        rows = []
+        for lc in self.layers:
+            eff = efficiency_at(lc.forward_flops, self.efficiency)
+            f, b, w = lc.times(peak, eff)
+            if not self.split_backward and b + w > 0:
+                scale = lc.fused_backward(peak, eff) / (b + w)
+                b, w = b * scale, w * scale
+            rows.append((f, b, w))
+        return np.array(rows, float).reshape(len(self.layers), 3)
+
+    def first_stage_backward(self, device: int, a: int, b: int) -> float | None:
+        """With split backward, the W of a first stage (layers ``a:b``) whose input takes no
+        gradient: the whole fused backward, its B being nothing to compute (seconds); None
+        when the rule does not apply."""
+        if not self.split_backward or a != 0 or self.layers[0].input_grad:
+            return None
+        peak = self.peak(device)
+        return float(sum(lc.fused_backward(peak, efficiency_at(lc.forward_flops,
+                                                                self.efficiency))
+                         for lc in self.layers[a:b]))
 
     def chain_costs(self) -> ChainCosts:
         """Inputs of the partition search."""
@@ -213,13 +233,21 @@ class ModelPlan:
             seg = self.layers[a:b]
             act = sum(lc.activation_bytes for lc in seg)
             static = sum(lc.params for lc in seg) * self.training.bytes_per_param
+            wgb = float(sum(lc.weight_grad_bytes for lc in seg))
+            whole = self.first_stage_backward(sd[k], a, b) if k == 0 else None
+            if whole is not None:
+                # Nothing upstream needs stage 0's input gradient: its B is empty and its W
+                # runs the whole backward, keeping every activation until then (as the
+                # executor and PyTorch's runtime do).
+                t = np.array([t[0], 0.0, whole])
+                wgb = float(act)
             out.append({
                 "stage": k, "device": sd[k], "layers": [a, b],
                 "first": seg[0].name, "last": seg[-1].name,
                 "forward_s": float(t[0]), "backward_input_s": float(t[1]),
                 "backward_weight_s": float(t[2]),
                 "activation_bytes": float(act),
-                "weight_grad_bytes": float(sum(lc.weight_grad_bytes for lc in seg)),
+                "weight_grad_bytes": wgb,
                 "params": float(sum(lc.params for lc in seg)),
                 "static_bytes": float(static),
                 "inflight_microbatches": inflight[k],

@@ -12,7 +12,9 @@ For each layer, on its real input (the previous layers' output):
   fused time. On an input that takes no gradient (token ids) B is 0 and W is the whole backward, as
   the executor runs stage 0;
 - ``backward_s``: the fused backward (``torch.autograd.backward``: input and weight gradients in
-  one pass), what a schedule without split backward pays for its B;
+  one pass), what a schedule without split backward pays for its B, and what the first stage
+  pays for its W when its input takes no gradient;
+- ``input_grad``: whether the layer's input takes a gradient (false for token ids);
 - ``activation_bytes``: bytes of the distinct tensors autograd saves for the backward
   (``torch.autograd.graph.saved_tensors_hooks``), parameters excluded;
 - ``param_bytes`` / ``params``; ``output_bytes`` (the p2p message); FLOPs of the forward and
@@ -74,38 +76,42 @@ def _median_phases(setup: Callable[[], Any], phases: list[Callable[[Any], Any]],
     return [statistics.median(t) for t in times]
 
 
-def executor_split(layer: Any, device: Any) -> tuple[Callable[[Any, Any, Any], Any],
-                                                     Callable[[Any], None]]:
-    """The executor's own B and W for ``layer`` run as a one-layer stage: ``(b, w)`` where
-    ``b(inp, out, grad_out)`` computes the input gradient exactly as a pipeline rank does
-    (:meth:`pipeopt.executor.runtime.RankRunner._backward_input`: PyTorch's
-    ``stage_backward_input`` on the pinned torch) and returns what W needs, and ``w(saved)``
-    accumulates the weight gradients into ``.grad`` (``RankRunner._weight``:
-    ``stage_backward_weight``; on an input that takes no gradient, e.g. token ids, the whole
-    backward, as the executor runs stage 0)."""
+def executor_split(layer: Any, device: Any, loss: Callable[[Any], Any] | None = None
+                   ) -> tuple[Callable[[Any], Any], Callable[[Any, Any], None],
+                              Callable[[Any], None]]:
+    """The executor's own forward, B and W for ``layer`` run as a stage with split backward
+    (the last stage when ``loss`` maps its output to the loss): ``(f, b, w)`` where ``f(inp)``
+    runs the forward as a pipeline rank does
+    (:meth:`pipeopt.executor.runtime.RankRunner._stage_forward`: layer by layer for an
+    ``nn.Sequential``) and returns its saved state, ``b(state, grad_out)`` computes the input
+    gradient (``_stage_backward_input``: PyTorch's ``stage_backward_input`` on the pinned
+    torch) keeping what W needs, and ``w(state)`` accumulates the weight gradients into
+    ``.grad`` (``_weight``: ``stage_backward_weight``; on an input that takes no gradient,
+    e.g. token ids, the whole backward, as the executor runs stage 0)."""
     from pipeopt.executor.comms import RankPlan
-    from pipeopt.executor.runtime import RankRunner, _Saved
+    from pipeopt.executor.runtime import RankRunner
     from pipeopt.problem import Op, Problem
 
-    one = Problem(devices=1, microbatches=1, forward=(1.0,), backward_input=(1.0,),
-                  backward_weight=(1.0,))
-    runner = RankRunner(problem=one, plan=RankPlan(0, (), {}, {}, {}), modules={0: layer},
+    two = Problem(devices=1, microbatches=1, forward=(1.0, 1.0), backward_input=(1.0, 1.0),
+                  backward_weight=(1.0, 1.0), virtual_stages=2)  # stage 0 is not the last
+    runner = RankRunner(problem=two, plan=RankPlan(0, (), {}, {}, {}), modules={0: layer},
                         loss_fn=None, shapes=[], dtypes=[], device=device)
     w_op = Op("W", 0, 0)
 
-    def b(inp: Any, out: Any, grad_out: Any) -> Any:
-        saved = _Saved(inp, out)
-        if inp.requires_grad:
-            runner._backward_input(0, saved, grad_out)
+    def f(inp: Any) -> Any:
+        return runner._stage_forward(0, inp, loss)
+
+    def b(saved: Any, grad_out: Any) -> None:
+        if saved.inp.requires_grad:
+            runner._stage_backward_input(0, saved, grad_out)
         else:  # no input gradient: B is free and W runs the whole backward (stage 0)
             saved.grad_out = grad_out
-        return saved
 
     def w(saved: Any) -> None:
         runner._saved = {(0, 0): saved}
         runner._weight(w_op)
 
-    return b, w
+    return f, b, w
 
 
 def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> tuple[dict[str, Any],
@@ -144,7 +150,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
         # B and W as the executor runs them (see executor_split); the fused backward as the
         # executor runs it without split_backward. Gradients accumulate into .grad as in a
         # step; the layer's own .grad is restored afterwards.
-        split_b, split_w = executor_split(layer, dev)
+        split_f, split_b, split_w = executor_split(layer, dev)
         kept = [p.grad for p in params]
 
         def fresh() -> Any:
@@ -152,17 +158,13 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
             return layer(inp)
 
         def fresh_split() -> Any:
-            # stage_backward_input detaches the stage output in place, which a view refuses
-            # (e.g. a Linear on a 3-d input); a layer inside a stage hands on such views, so
-            # time it on a copy (untimed; its backward only passes the gradient on).
-            o = fresh()
-            return o.clone() if o._base is not None else o
+            inp.grad = None
+            return split_f(inp)  # untimed: a view output is copied here, as in the executor
 
         b_full, = _median_phases(fresh, [lambda o: torch.autograd.backward(o, grad_out)],
                                  warmup, repeats, sync)
-        box: list[Any] = []
-        b_in, b_w = _median_phases(fresh_split, [lambda o: box.append(split_b(inp, o, grad_out)),
-                                           lambda o: split_w(box.pop())], warmup, repeats, sync)
+        b_in, b_w = _median_phases(fresh_split, [lambda st: split_b(st, grad_out), split_w],
+                                   warmup, repeats, sync)
         inp.grad = None
         for p, g in zip(params, kept, strict=True):
             p.grad = g
@@ -187,7 +189,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
     record = {
         "name": type(layer).__name__,
         "forward_s": forward_s, "backward_input_s": b_in, "backward_weight_s": b_w,
-        "backward_s": b_full,
+        "backward_s": b_full, "input_grad": needs_input,
         "params": float(sum(p.numel() for p in layer.parameters())),
         "param_bytes": float(sum(p.numel() * p.element_size() for p in layer.parameters())),
         "activation_bytes": activation_bytes,
@@ -264,6 +266,10 @@ def load_profile(path: str | Path) -> list[LayerCost]:
                                   or not math.isfinite(fused) or fused < 0):
             raise ProfileError(f"{path}: layers[{i}].backward_s: expected a number >= 0, "
                                f"got {fused!r}")
+        input_grad = rec.get("input_grad", True)
+        if not isinstance(input_grad, bool):
+            raise ProfileError(f"{path}: layers[{i}].input_grad: expected true or false, "
+                               f"got {input_grad!r}")
         fflops = float(rec.get("forward_flops") or 0.0)
         bflops = float(rec.get("backward_flops") or 0.0)
         out.append(LayerCost(
@@ -272,5 +278,6 @@ def load_profile(path: str | Path) -> list[LayerCost]:
             params=vals["params"], activation_bytes=vals["activation_bytes"],
             weight_grad_bytes=vals["activation_bytes"], output_bytes=vals["output_bytes"],
             forward_time=vals["forward_s"], backward_input_time=vals["backward_input_s"],
-            backward_weight_time=vals["backward_weight_s"]))
+            backward_weight_time=vals["backward_weight_s"],
+            backward_time=None if fused is None else float(fused), input_grad=input_grad))
     return out

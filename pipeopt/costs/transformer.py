@@ -41,7 +41,10 @@ class LayerCost:
     FLOPs are per micro-batch; ``params`` is the parameter count this rank stores;
     ``activation_bytes`` is allocated when the forward starts and freed by the backward;
     ``weight_grad_bytes`` (<= activation) is the part kept after B until W; ``output_bytes`` is
-    the p2p message to the next layer. Measured times (seconds), when given, win over FLOPs.
+    the p2p message to the next layer. Measured times (seconds), when given, win over FLOPs;
+    ``backward_time`` is a measured fused backward (input and weight gradients in one pass),
+    what a schedule without split backward pays. ``input_grad`` is False for a layer whose input
+    takes no gradient (the embedding's token ids).
     """
 
     name: str
@@ -55,6 +58,8 @@ class LayerCost:
     forward_time: float | None = None
     backward_input_time: float | None = None
     backward_weight_time: float | None = None
+    backward_time: float | None = None
+    input_grad: bool = True
     time_scale: float = 1.0
 
     @property
@@ -72,6 +77,14 @@ class LayerCost:
                      (self.backward_weight_time, self.backward_weight_flops)):
             out.append((t if t is not None else f / rate) * self.time_scale)
         return out[0], out[1], out[2]
+
+    def fused_backward(self, flop_rate: float, efficiency: float = 1.0) -> float:
+        """Seconds of the fused backward: the measured ``backward_time`` when given, else
+        backward-input + backward-weight."""
+        if self.backward_time is not None:
+            return self.backward_time * self.time_scale
+        _, b, w = self.times(flop_rate, efficiency)
+        return b + w
 
 
 @dataclass(frozen=True)
@@ -281,7 +294,7 @@ def transformer_layers(shape: TransformerShape,
     sb = shape.seq_len * shape.micro_batch_size
     emb_act = embedding_activation_bytes(shape)
     out: list[LayerCost] = [LayerCost(
-        name="embedding", params=embedding_params(shape) / t,
+        name="embedding", params=embedding_params(shape) / t, input_grad=False,
         activation_bytes=emb_act, weight_grad_bytes=min(emb_act, 8.0 * sb),
         output_bytes=message_bytes(shape))]
     for i in range(shape.layers):

@@ -60,6 +60,7 @@ class _Saved:
     out: torch.Tensor  # stage output, or the scaled loss on the last stage
     grad_out: torch.Tensor | None = None
     param_groups: list[dict[str, Any]] | None = None
+    segments: list[_Saved] | None = None  # per layer, when the stage runs layer by layer
 
 
 @dataclass
@@ -86,6 +87,10 @@ class RankRunner:
     def __post_init__(self) -> None:
         self._params = {k: [p for p in mod.parameters() if p.requires_grad]
                         for k, mod in self.modules.items()}
+        self._layer_params = {
+            k: [[p for p in layer.parameters() if p.requires_grad] for layer in mod]
+            for k, mod in self.modules.items()
+            if isinstance(mod, nn.Sequential) and len(mod) > 1}
 
     # ----- messages ------------------------------------------------------------------------
     def _buffer(self, t: Transfer) -> torch.Tensor:
@@ -135,14 +140,45 @@ class RankRunner:
     def _forward(self, op: Op, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> None:
         k, j = op.stage, op.microbatch
         inp = xs[j] if k == 0 else self._incoming(op).detach().requires_grad_(True)
-        out = self.modules[k](inp)
-        if k == self.problem.stages - 1:
-            loss = self.loss_fn(out, ys[j]) / self.problem.microbatches
-            self._loss = self._loss + loss.detach()
-            self._saved[(k, j)] = _Saved(inp, loss)
+        last = k == self.problem.stages - 1
+        m = self.problem.microbatches
+        saved = self._stage_forward(k, inp, (lambda o: self.loss_fn(o, ys[j]) / m)
+                                    if last else None)
+        self._saved[(k, j)] = saved
+        if last:
+            self._loss = self._loss + saved.out.detach()
         else:
-            self._saved[(k, j)] = _Saved(inp, out)
-            self._emit(op, out.detach())
+            self._emit(op, saved.out.detach())
+
+    def _stage_forward(self, k: int, inp: torch.Tensor, loss: Any = None) -> _Saved:
+        """Forward of stage ``k`` on ``inp`` (then ``loss`` on its output, if given); returns
+        what its B and W need."""
+        split = self.problem.split_backward and inp.requires_grad
+        mod = self.modules[k]
+        if not (split and k in self._layer_params):
+            out = mod(inp)
+            if loss is not None:
+                out = loss(out)
+            elif split and out._base is not None:
+                # The split backward detaches the stage output in place, which PyTorch refuses
+                # for a view (a Linear on a 3-d input returns one): keep a copy instead.
+                out = out.clone()
+            return _Saved(inp, out)
+        # Split backward of a multi-layer stage: run it layer by layer, each layer's input a
+        # leaf, so that B and W are the per-layer splits chained. PyTorch's split walks the
+        # autograd graph once per parameter, a cost that grows with the square of the stage's
+        # depth; per layer it grows linearly, and it is what the profiler times.
+        segments = []
+        h = inp
+        for i, layer in enumerate(mod):
+            o = layer(h)
+            if loss is not None and i == len(mod) - 1:
+                o = loss(o)
+            elif o._base is not None:
+                o = o.clone()  # as above
+            segments.append(_Saved(h, o))
+            h = o.detach().requires_grad_(True)
+        return _Saved(inp, segments[-1].out, segments=segments)
 
     def _backward(self, op: Op) -> None:
         k, j = op.stage, op.microbatch
@@ -161,35 +197,56 @@ class RankRunner:
             # Stage 0: no input gradient is needed; W runs the whole backward (as in PyTorch).
             saved.grad_out = grad_out
             return
-        dinp = self._backward_input(k, saved, grad_out)
-        self._emit(op, dinp)
+        self._emit(op, self._stage_backward_input(k, saved, grad_out))
 
-    def _backward_input(self, k: int, saved: _Saved, grad_out: torch.Tensor | None
-                        ) -> torch.Tensor:
-        """Input gradient only; keeps what the weight gradient needs in ``saved``."""
+    def _stage_backward_input(self, k: int, saved: _Saved, grad_out: torch.Tensor | None
+                              ) -> torch.Tensor:
+        """B of stage ``k``: its input gradient, keeping what its W needs in ``saved``."""
+        if saved.segments is None:
+            return self._backward_input(self._params[k], saved, grad_out)
+        g = grad_out
+        for seg, params in zip(reversed(saved.segments), reversed(self._layer_params[k]),
+                               strict=True):
+            g = self._backward_input(params, seg, g)
+        assert g is not None
+        return g
+
+    @staticmethod
+    def _backward_input(params: list[nn.Parameter], saved: _Saved,
+                        grad_out: torch.Tensor | None) -> torch.Tensor:
+        """Input gradient only; keeps what the weight gradient of ``params`` needs in
+        ``saved``."""
         if stage_backward_input is not None:
             grads, groups = stage_backward_input(
                 [saved.out], None if grad_out is None else [grad_out], [saved.inp],
-                iter(self._params[k]))
+                iter(params))
             saved.param_groups = groups
             return grads[0]
         (dinp,) = torch.autograd.grad(saved.out, [saved.inp], grad_out, retain_graph=True)
         saved.grad_out = grad_out
         return dinp
 
-    def _weight(self, op: Op) -> None:
-        k, j = op.stage, op.microbatch
-        saved = self._saved.pop((k, j))
-        params = self._params[k]
+    @staticmethod
+    def _backward_weight(params: list[nn.Parameter], saved: _Saved) -> None:
+        """Accumulate the weight gradients of ``params`` into ``.grad`` (after its B)."""
         if saved.param_groups is not None:
             stage_backward_weight(iter(params), saved.param_groups)
-        elif not saved.inp.requires_grad:
-            torch.autograd.backward(saved.out, saved.grad_out)
         elif params:
             grads = torch.autograd.grad(saved.out, params, saved.grad_out, allow_unused=True)
             for p, g in zip(params, grads, strict=True):
                 if g is not None:
                     p.grad = g if p.grad is None else p.grad + g
+
+    def _weight(self, op: Op) -> None:
+        k, j = op.stage, op.microbatch
+        saved = self._saved.pop((k, j))
+        if saved.segments is not None:
+            for seg, params in zip(saved.segments, self._layer_params[k], strict=True):
+                self._backward_weight(params, seg)
+        elif not saved.inp.requires_grad:
+            torch.autograd.backward(saved.out, saved.grad_out)
+        else:
+            self._backward_weight(self._params[k], saved)
 
     # ----- one step ------------------------------------------------------------------------
     def step(self, xs: list[torch.Tensor], ys: list[torch.Tensor], step: int = 0) -> float:
