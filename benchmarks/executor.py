@@ -146,9 +146,8 @@ def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
     """The project's own loop: ``pipeopt.costs.profiler`` times every layer on one micro-batch
     (as ``pipeopt profile`` does: F, and B / W through the executor's split code on each layer
     alone), then the ``model: {profile: ...}`` config form partitions the layers and builds the
-    problem (partition recorded in ``problem.meta``). The fused problem takes each stage's
-    backward from the profile's fused ``backward_s`` (the config form only carries B and W, whose
-    sum is the dearer split backward)."""
+    problem (partition recorded in ``problem.meta``); the same form with ``split_backward:
+    false`` gives the fused problem (B + W = the stage's summed ``backward_s``)."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import profile_model, write_profile
 
@@ -162,10 +161,11 @@ def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
     cfg = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
                         "model": {"profile": path}})
     split = cfg.problem
-    fused_bwd = [sum(rec["backward_s"] for rec in doc["layers"][lo:hi])
-                 for lo, hi in dict(split.meta)["partition"]]
-    fused = split.replace(split_backward=False, backward_input=tuple(
-        max(0.0, x - w) for x, w in zip(fused_bwd, split.backward_weight, strict=True)))
+    counts = [hi - lo for lo, hi in dict(split.meta)["partition"]]
+    fused = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches,
+                                       "split_backward": False},
+                          "model": {"profile": path}, "training": {"stage_layers": counts}}
+                         ).problem  # same partition; B + W = the stages' summed backward_s
     return split, fused
 
 
