@@ -335,3 +335,14 @@ def test_stage_whose_output_is_a_view(split: bool) -> None:
     want = [p.grad for mod in layers for p in mod.parameters()]
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_steady_cpu_allocator_on_glibc() -> None:
+    import platform
+
+    from pipeopt._malloc import steady_cpu_allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    assert steady_cpu_allocator() is True
+    assert steady_cpu_allocator() is True  # idempotent

@@ -206,6 +206,8 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
     returns the profile document (see :data:`FORMAT`)."""
     import torch
 
+    from pipeopt._malloc import steady_cpu_allocator
+
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(dev).train()
     x = example_input.to(dev)
@@ -214,6 +216,8 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
     if dev.type == "cpu":
         # One thread: small layers time far more steadily than with a contended thread pool.
         torch.set_num_threads(1)
+        # As the executor's CPU ranks do (pipeopt._malloc): freed tensors stay in the heap.
+        steady_cpu_allocator()
     try:
         for i, layer in enumerate(model):
             rec, x = profile_layer(layer, x, warmup=warmup, repeats=repeats)

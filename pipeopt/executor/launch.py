@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipeopt._malloc import steady_cpu_allocator
 from pipeopt.executor import comms
 from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
 from pipeopt.executor.models import BUILTIN, build_model, factory_of, split_stages
@@ -158,6 +159,8 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
     threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
     try:
         torch.set_num_threads(threads)
+        if backend == "gloo":
+            steady_cpu_allocator()  # see pipeopt._malloc: steady CPU op times
         status.text = "joining the process group"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
@@ -360,6 +363,8 @@ def run_torchrun(schedule: Schedule, cfg: RunConfig) -> RunResult | None:
     backend = resolve_backend(cfg.backend)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if backend == "gloo":
+        steady_cpu_allocator()
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
     try:
         device = rank_device(backend, local)
