@@ -308,6 +308,8 @@ def main() -> None:
             ratios.append(round_times(job_of[i], rnd)[-1] / span)
         return statistics.median(ratios)
 
+    in_run: dict[str, dict[tuple[str, int], float]] = {}
+
     def calibrated(i: int, s: Schedule) -> float:
         """Makespan of the same orders with each op's median duration measured in the run."""
         durs: dict[tuple[str, int], list[float]] = {}
@@ -317,6 +319,7 @@ def main() -> None:
                     stage, kind, _ = re.fullmatch(r"(\d+)([FBW])(\d+)", op).groups()
                     durs.setdefault((kind, int(stage)), []).append(b - a)
         med = {key: statistics.median(v) for key, v in durs.items()}
+        in_run[s.method] = med
         n = s.problem.stages
         prob_c = s.problem.replace(
             forward=tuple(med[("F", k)] for k in range(n)),
@@ -344,6 +347,12 @@ def main() -> None:
         verdicts.append((s.method, meas / s.makespan - 1))
     print("overhead: a step's measured time against the same orders timed with that step's own "
           "op durations\n(messages, Python, optimizer step, barriers); median over rounds")
+    print("in-run op durations (median over the run), ms per micro-batch:")
+    for method, med in in_run.items():
+        print(f"  {method:<8} " + "  |  ".join(
+            f"stage {k}: " + " ".join(f"{kind} {med[(kind, k)] * 1e3:.2f}"
+                                      for kind in "FBW" if (kind, k) in med)
+            for k in range(p)))
     ours, theirs = measured(0), measured(1)
     per_round = [statistics.median(round_times(0, rnd)) / statistics.median(round_times(1, rnd))
                  for rnd in range(args.rounds)]
