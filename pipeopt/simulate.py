@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise, repeat
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 
@@ -95,14 +96,15 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
     Raises :class:`ScheduleError` when an order misses or repeats an op, and
     :class:`DeadlockError` when the orders wait on each other in a cycle.
     """
-    if check:
-        _check_orders(problem, orders)
-    if problem.has_link_contention:
-        ops, msgs = _simulate_events(problem, orders)
-    else:
-        ops, msgs = _simulate_fast(problem, orders), ()
-    return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
-                    solver=solver or SolverInfo())
+    with cyclic_gc_paused():
+        if check:
+            _check_orders(problem, orders)
+        if problem.has_link_contention:
+            ops, msgs = _simulate_events(problem, orders)
+        else:
+            ops, msgs = _simulate_fast(problem, orders), ()
+        return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
+                        solver=solver or SolverInfo())
 
 
 def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
@@ -460,7 +462,8 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
 def validate(schedule: Schedule, *, tolerance: float = 1e-9) -> Schedule:
     """Return ``schedule`` if it obeys every rule, else raise :class:`ScheduleError` naming the
     first violation."""
-    violations = check(schedule, tolerance=tolerance)
+    with cyclic_gc_paused():
+        violations = check(schedule, tolerance=tolerance)
     if violations:
         more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
         raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)

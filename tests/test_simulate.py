@@ -73,6 +73,29 @@ def test_deadlock_names_the_cycle():
     assert "device 0 waits at 0B0 for 0F0" in msg
 
 
+def test_collector_state_restored_after_simulating():
+    """simulate pauses the cyclic garbage collector while it builds the ops; afterwards (also
+    after an error) the collector is exactly as the caller left it."""
+    import gc
+
+    prob = uniform_problem(2, 1)
+    good = [[Op("F", 0, 0), Op("B", 0, 0), Op("W", 0, 0)],
+            [Op("F", 1, 0), Op("B", 1, 0), Op("W", 1, 0)]]
+    stuck = [[Op("B", 0, 0), Op("F", 0, 0), Op("W", 0, 0)], good[1]]
+    assert gc.isenabled()
+    simulate(prob, good)
+    assert gc.isenabled()
+    with pytest.raises(DeadlockError):
+        simulate(prob, stuck)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(prob, good)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_deadlock_across_devices():
     prob = uniform_problem(2, 2)
     # Device 0 wants micro-batch 0's gradient before sending micro-batch 1 forward; device 1

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.bounds import makespan_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule, SolverInfo
@@ -179,7 +180,8 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     opts = replace(options or SolveOptions(), **kwargs)
     if method in GENERATORS:
         try:
-            sched = run_classic(problem, method)
+            with cyclic_gc_paused():
+                sched = run_classic(problem, method)
         except NotApplicable as exc:
             raise NotApplicable(_PIPELINE_KEYS.sub(r"pipeline.\1", str(exc))) from None
         over = over_limit(sched.peak_memory, problem.memory_limit)
@@ -202,6 +204,9 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
+        if method == "greedy":  # cycle-free, allocation-heavy (see pipeopt._gc)
+            with cyclic_gc_paused():
+                return validate(fn(problem, opts))
         return validate(fn(problem, opts))
     try:
         check_method(method)
