@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog="Example: " + EXAMPLES.get(name, f"pipeopt {name} --help"))
 
     p = add("solve", "Find a schedule for a config and write it as JSON.")
-    p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form)")
+    p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form), or "
+                   "a schedule .json whose problem to solve again (e.g. the measured costs of "
+                   "pipeopt run --costs-out)")
     p.add_argument("--method", help="override solver.method (auto, cpsat, greedy, 1f1b, ...)")
     p.add_argument("--time-limit", type=seconds_arg, help="override solver.time_limit (seconds)")
     p.add_argument("--seed", type=seed_arg, help="override solver.seed")
@@ -257,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = add("compare", "Run every applicable method on a config and rank them.")
-    p.add_argument("config")
+    p.add_argument("config", help="config.yaml, or a schedule .json whose problem to use")
     p.add_argument("--methods", help="comma-separated method names (default: all)")
     p.add_argument("--time-limit", type=seconds_arg,
                    help="time limit per search method (seconds)")

@@ -541,5 +541,25 @@ def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
 
 
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
-    """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``."""
+    """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``.
+
+    A ``.json`` path is read as a schedule JSON instead (:func:`config_from_schedule`)."""
+    if str(path).lower().endswith(".json"):
+        return config_from_schedule(path, **overrides)
     return parse_config(read_yaml(path), source=str(path), overrides=overrides)
+
+
+def config_from_schedule(path: str | os.PathLike[str], **overrides: Any) -> Config:
+    """The problem of a schedule JSON (for example the measured costs that ``pipeopt run
+    --costs-out`` writes), to solve again; ``overrides`` are ``solver:`` keys (defaults
+    otherwise). The schedule is validated first."""
+    from pipeopt.io import load_schedule
+
+    sched = load_schedule(path)
+    try:
+        solver = SolverConfig.model_validate({k: v for k, v in overrides.items()
+                                              if v is not None})
+    except ValidationError as exc:
+        raise ConfigError(pydantic_message(exc, "solver")) from None
+    return Config(problem=sched.problem, solver=solver, source=str(path),
+                  extras=(("from_schedule", sched.method),))

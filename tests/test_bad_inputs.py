@@ -489,7 +489,7 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
 ]
 
 
-@pytest.mark.parametrize("command", ["simulate", "plot"])
+@pytest.mark.parametrize("command", ["simulate", "plot", "solve"])
 @pytest.mark.parametrize(("mutate", "where", "reason"), [c[1:] for c in JSON_CASES],
                          ids=[c[0] for c in JSON_CASES])
 def test_corrupted_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -498,7 +498,7 @@ def test_corrupted_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     src = tmp_path / "s.json"
     src.write_text(_render(schedule_doc, mutate), encoding="utf-8")
     png = tmp_path / "s.png"
-    extra = ["-o", str(png)] if command == "plot" else []
+    extra = {"plot": ["-o", str(png)], "solve": ["--method", "greedy", "-q"]}.get(command, [])
     rc, out, err = _run([command, str(src), *extra], capsys)
     _assert_one_error(rc, err, where, reason)
     assert not png.exists() and "valid" not in out
@@ -520,6 +520,10 @@ def test_untouched_schedule_still_passes(tmp_path: Path, capsys: pytest.CaptureF
     src.write_text(json.dumps(schedule_doc), encoding="utf-8")
     rc, out, err = _run(["simulate", str(src)], capsys)
     assert rc == 0 and "valid" in out, err
+    again = tmp_path / "again.json"  # solve takes a schedule JSON in place of a config
+    rc, out, err = _run(["solve", str(src), "--method", "greedy", "-q", "-o", str(again)],
+                        capsys)
+    assert rc == 0 and again.exists(), err
 
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,

@@ -275,6 +275,22 @@ def test_closed_loop_profile_solve_run(tmp_path, capsys) -> None:
     # the profile is in seconds, so the prediction is a step time in seconds too
     assert res["predicted_step_time"] == pytest.approx(sched.makespan)
     assert 0 < res["predicted_step_time"] < 10
+    # ... -> run --costs-out -> solve again on what the run measured
+    measured = tmp_path / "measured.json"
+    assert main(["run", str(out), "--model", "tiny-gpt", "--steps", "2", "--json",
+                 "--costs-out", str(measured)]) == 0
+    costs = json.loads(capsys.readouterr().out)["op_costs"]
+    assert sorted(costs) == sorted(f"{k}{kind}" for k in range(2) for kind in "FBW")
+    got = load_schedule(measured)
+    meta = dict(got.problem.meta)
+    assert meta["partition"] == part and meta["measured_costs"]["from_run_of"] == "cpsat"
+    assert got.problem.forward == pytest.approx((costs["0F"], costs["1F"]))
+    assert got.problem.backward_weight == pytest.approx((costs["0W"], costs["1W"]))
+    assert got.problem.backward_input[0] < 0.1 * got.problem.backward_weight[0]  # token ids
+    assert got.device_orders() == sched.device_orders()  # the same orders, re-timed
+    again = tmp_path / "again.json"
+    assert main(["solve", str(measured), "--method", "greedy", "-o", str(again), "--quiet"]) == 0
+    assert load_schedule(again).problem == got.problem
 
 
 def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) -> None:
@@ -346,3 +362,19 @@ def test_steady_cpu_allocator_on_glibc() -> None:
         pytest.skip("glibc only")
     assert steady_cpu_allocator() is True
     assert steady_cpu_allocator() is True  # idempotent
+
+
+def test_measured_problem_keeps_the_fused_split_share() -> None:
+    from pipeopt.executor.launch import RunResult, measured_problem
+
+    sched = _orders_schedule("1f1b", 2, 2, False)  # fused: B = backward_input + weight
+    prob = sched.problem.replace(backward_input=(2.0, 2.0), backward_weight=(1.0, 1.0))
+    sched = simulate(prob, sched.device_orders(), method="1f1b")
+    res = RunResult("1f1b", 2, [1.0], [0.5], sched.makespan,
+                    op_costs={("F", 0): 0.1, ("F", 1): 0.2, ("B", 0): 0.3, ("B", 1): 0.6})
+    got = measured_problem(sched, res)
+    assert got.forward == pytest.approx((0.1, 0.2))
+    assert got.backward_input == pytest.approx((0.2, 0.4))  # 2 : 1 as before
+    assert got.backward_weight == pytest.approx((0.1, 0.2))
+    assert got.durations["B"] == pytest.approx((0.3, 0.6))
+    assert dict(got.meta)["measured_costs"]["from_run_of"] == "1f1b"

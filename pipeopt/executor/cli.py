@@ -55,6 +55,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if res is None:  # a torchrun rank other than 0
         return 0
     bad = args.check and not res.grads_match
+    if args.costs_out:
+        from pipeopt.cli import write_output
+        from pipeopt.executor.launch import measured_problem
+        from pipeopt.io import dump_schedule
+        from pipeopt.schedule import SolverInfo
+        from pipeopt.simulate import simulate
+
+        measured = simulate(measured_problem(sched, res), sched.device_orders(),
+                            method=sched.method, solver=SolverInfo(status="heuristic"))
+        write_output("--costs-out", args.costs_out,
+                     lambda path: dump_schedule(measured, path))
     if args.json:
         print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": args.model,
                           "tolerance": {"rtol": cfg.rtol, "atol": cfg.atol}}))
@@ -74,6 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         verdict = "ok" if res.grads_match else "MISMATCH"
         print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
               f"atol {cfg.atol:g}; worst {res.worst_param})")
+    if args.costs_out:
+        print(f"measured      {args.costs_out}: the same orders on the op times of this run "
+              f"(makespan {measured.makespan:.6g} s); re-plan with pipeopt solve "
+              f"{args.costs_out}")
     return 1 if bad else 0
 
 
@@ -117,6 +132,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / "
                    "ranks)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--costs-out", metavar="FILE",
+                   help="write the schedule re-timed on the op durations measured in this run "
+                   "(median per stage and kind, steps after the first): a schedule JSON whose "
+                   "problem carries the measured costs, which pipeopt solve accepts in place "
+                   "of a config to re-plan on them")
     p.set_defaults(func=cmd_run)
 
     help_ = "Write a schedule in torch.distributed.pipelining's compute-only CSV."

@@ -31,6 +31,7 @@ from pipeopt.executor import comms
 from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
 from pipeopt.executor.models import BUILTIN, build_model, factory_of, split_stages
 from pipeopt.executor.runtime import ExecutorError, Fault, RankRunner, RankStatus, infer_shapes
+from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule
 
 #: Seconds the parent keeps listening after the first failure, so that the root cause (the
@@ -86,6 +87,7 @@ class RunResult:
     max_abs_grad_diff: float | None = None
     grads_match: bool | None = None
     worst_param: str | None = None
+    op_costs: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, stage) -> s
 
     @property
     def loss(self) -> float:
@@ -107,7 +109,9 @@ class RunResult:
                 "reference_losses": self.reference_losses,
                 "reference_step_time": self.reference_step_time,
                 "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
-                "worst_param": self.worst_param}
+                "worst_param": self.worst_param,
+                "op_costs": {f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
+                                                                      key=lambda x: x[0][::-1])}}
 
 
 # ----- process plumbing ------------------------------------------------------------------------
@@ -273,6 +277,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
                         status=status or RankStatus())
     opt = torch.optim.SGD([p for mod in mine.values() for p in mod.parameters()], lr=cfg.lr)
     losses, times, grads = [], [], None
+    durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
     for step in range(cfg.steps):
         xs, ys = batch_for(spec, bs, cfg.seed, step, m)
         xs = [x.to(device) for x in xs]
@@ -289,8 +294,36 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         losses.append(loss)
         if step == cfg.steps - 1:
             grads = stage_grads(mine)
+        if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
+            for op, a, b in runner.trace:
+                durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
     trace = [(str(op), a, b) for op, a, b in runner.trace]
-    return {"losses": losses, "step_times": times, "grads": grads, "trace": trace}
+    return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
+            "op_durations": durations}
+
+
+def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
+    """The schedule's problem with each stage's F, B and W durations replaced by the medians
+    measured in ``result`` (seconds; time from the op's input being there to its end, steps
+    after the first). With a fused backward the measured B is split between B and W in the
+    problem's own proportion. Links, memory and everything else stay as they were."""
+    prob = schedule.problem
+    costs = result.op_costs
+    f, bi, bw = list(prob.forward), list(prob.backward_input), list(prob.backward_weight)
+    for k in range(prob.stages):
+        f[k] = costs.get(("F", k), f[k])
+        if prob.split_backward:
+            bi[k] = costs.get(("B", k), bi[k])
+            bw[k] = costs.get(("W", k), bw[k])
+        elif ("B", k) in costs:
+            total = bi[k] + bw[k]
+            share = bi[k] / total if total > 0 else 1.0
+            bi[k], bw[k] = costs[("B", k)] * share, costs[("B", k)] * (1 - share)
+    meta = dict(prob.meta)
+    meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
+                              "steps": len(result.step_times)}
+    return prob.replace(forward=tuple(f), backward_input=tuple(bi), backward_weight=tuple(bw),
+                        meta=tuple(meta.items()))
 
 
 def _jobs_rank(rank: int, world: int, device: torch.device,
@@ -306,6 +339,12 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     losses = [sum(r["losses"][i] for r in per_rank) for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
+    merged: dict[str, list[float]] = {}
+    for r in per_rank:
+        for key, vals in r.get("op_durations", {}).items():
+            merged.setdefault(key, []).extend(vals)
+    res.op_costs = {(key[0], int(key[1:])): statistics.median(vals)
+                    for key, vals in merged.items() if vals}
     if cfg.check:
         grads = {k: g for r in per_rank for k, g in r["grads"].items()}
         ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
