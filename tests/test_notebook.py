@@ -3,6 +3,7 @@ plots, and the code blocks of docs/api.md run as one script."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -45,10 +46,15 @@ def test_api_doc_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 5
+    have_torch = importlib.util.find_spec("torch") is not None
+    if not have_torch:  # the planner's examples need no torch; the executor's do
+        blocks = [b for b in blocks if "pipeopt.executor" not in b]
     monkeypatch.chdir(tmp_path)
     exec(compile("\n".join(blocks), "docs/api.md", "exec"), {"__name__": "__api_doc__"})
     out = capsys.readouterr().out
     assert "deadlock:" in out
+    if have_torch:
+        assert "True True" in out and "ms predicted on the measured op times" in out
     for name in ("config.yaml", "zb-h1.json", "zb-h1.png", "compare.png", "zb-h1.trace.json"):
         assert (tmp_path / name).exists(), name
 
