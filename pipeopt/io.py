@@ -84,8 +84,29 @@ def write_atomic(path: str | os.PathLike[str],
 
 
 def dump_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> None:
-    """Write ``schedule`` as SPEC v1 JSON to ``path`` atomically."""
-    write_atomic(path, json.dumps(schedule_to_dict(schedule), indent=1) + "\n")
+    """Write ``schedule`` as SPEC v1 JSON to ``path`` atomically (see :func:`format_json`)."""
+    write_atomic(path, format_json(schedule_to_dict(schedule)))
+
+
+def format_json(doc: Any) -> str:
+    """``doc`` as JSON laid out for people and diffs: the top-level keys and those of the
+    sections one per line, then each element of a list of records (ops, messages, matrix
+    rows) on its own line, compact. The same values as ``json.dumps(doc)``; built with the C
+    encoder, so a 200,000-op schedule writes in a fraction of the time ``indent=`` takes."""
+    return _layout(doc, 0) + "\n"
+
+
+def _layout(value: Any, depth: int) -> str:
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(value, dict) and value and depth < 2:
+        items = ",\n".join(f"{inner}{json.dumps(str(k))}: {_layout(v, depth + 1)}"
+                           for k, v in value.items())
+        return "{\n" + items + "\n" + pad + "}"
+    if (isinstance(value, list) and value and depth < 3
+            and all(isinstance(x, dict | list) for x in value)):
+        items = ",\n".join(inner + json.dumps(x, separators=(", ", ": ")) for x in value)
+        return "[\n" + items + "\n" + pad + "]"
+    return json.dumps(value, separators=(", ", ": "))
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:

@@ -219,12 +219,18 @@ def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
     an op starting at t.
     """
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(problem.devices)]
-    for o in ops:
-        alloc, free = problem.memory_delta(o.op)
+    # (allocated at start, released at end) per op kind and stage, from Problem.memory_delta
+    delta = {(kind, k): problem.memory_delta(Op(kind, k, 0))
+             for kind in problem.kinds for k in range(problem.stages)}
+    for device, stage, _, kind, start, end in ops:
+        d = delta.get((kind, stage))
+        if d is None or not 0 <= device < problem.devices:
+            continue  # not an op of this problem: the validator names it
+        alloc, free = d
         if alloc:
-            events[o.device].append((o.start, 1, alloc))
+            events[device].append((start, 1, alloc))
         if free:
-            events[o.device].append((o.end, 0, -free))
+            events[device].append((end, 0, -free))
     out = []
     for d, ev in enumerate(events):
         ev.sort()
