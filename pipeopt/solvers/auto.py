@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
@@ -118,14 +119,16 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     classics = []
     for name in GENERATORS:
         try:
-            sched = run_classic(problem, name)
+            with cyclic_gc_paused():  # cycle-free, allocation-heavy (see pipeopt._gc)
+                sched = run_classic(problem, name)
+                split = split_fused(sched, problem)
+                classics += [s for s in (split, sched)
+                             if s is not None and fits_memory(s, problem)]
         except NotApplicable:
             continue
         except ScheduleError as exc:  # a generator whose orders deadlock: skip it, say so
             notes.append((f"classic_{name}", f"skipped, invalid orders: {exc}"))
             continue
-        split = split_fused(sched, problem)
-        classics += [s for s in (split, sched) if s is not None and fits_memory(s, problem)]
     if classics:
         # The best hand-made schedule, or its split-backward re-timing when that is better.
         cands.append(_pick(classics, obj, problem))
@@ -142,7 +145,8 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
     if greedy is not None:
         try:
-            cands.append(greedy(problem, options))
+            with cyclic_gc_paused():
+                cands.append(greedy(problem, options))
             interrupted = bool(cands[-1].solver.detail("interrupted"))
         except NotApplicable as exc:
             notes.append(("greedy", str(exc)))
