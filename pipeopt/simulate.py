@@ -327,30 +327,34 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     problem = schedule.problem
     tol = tolerance * max(1.0, schedule.makespan)
     out: list[str] = []
-    times: dict[Op, TimedOp] = {}
+    # Keyed by (kind, stage, microbatch) tuples, which equal and hash like the Op of the
+    # same fields: Op objects are made only for messages.
+    times: dict[tuple[str, int, int], TimedOp] = {}
     kinds = set(problem.kinds)
+    durations = problem.durations
+    s, m, sdev = problem.stages, problem.microbatches, problem.stage_device
     for o in schedule.ops:
-        op = o.op
-        if o.kind not in kinds or not (0 <= o.stage < problem.stages) or not (
-                0 <= o.microbatch < problem.microbatches):
-            out.append(f"{op}: not an op of this problem")
+        d, k, j, kind, start, end = o
+        key = (kind, k, j)
+        if kind not in kinds or not (0 <= k < s) or not (0 <= j < m):
+            out.append(f"{o.op}: not an op of this problem")
             continue
-        if op in times:
-            out.append(f"{op}: scheduled twice")
+        if key in times:
+            out.append(f"{o.op}: scheduled twice")
             continue
-        times[op] = o
-        if o.device != problem.stage_device[o.stage]:
-            out.append(f"{op}: on device {o.device}, its stage is on device "
-                       f"{problem.stage_device[o.stage]}")
-        if not (math.isfinite(o.start) and math.isfinite(o.end)):
-            out.append(f"{op}: start/end must be finite numbers")
+        times[key] = o
+        if d != sdev[k]:
+            out.append(f"{o.op}: on device {d}, its stage is on device {sdev[k]}")
+        if not (math.isfinite(start) and math.isfinite(end)):
+            out.append(f"{o.op}: start/end must be finite numbers")
             continue
-        if o.start < -tol:
-            out.append(f"{op}: starts at {o.start:g} < 0")
-        want = problem.duration(op)
-        if abs((o.end - o.start) - want) > tol:
-            out.append(f"{op}: lasts {o.end - o.start:g}, its duration is {want:g}")
-    missing = [op for op in problem.ops() if op not in times]
+        if start < -tol:
+            out.append(f"{o.op}: starts at {start:g} < 0")
+        want = durations[kind][k]
+        if abs((end - start) - want) > tol:
+            out.append(f"{o.op}: lasts {end - start:g}, its duration is {want:g}")
+    missing = [] if len(times) == problem.num_ops else [
+        op for op in problem.ops() if op not in times]
     if missing:
         out.append(f"{len(missing)} ops missing, first {missing[0]}")
 
@@ -360,23 +364,29 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
         msgs = _fifo_messages(problem, times)
     out.extend(_check_links(problem, msgs, times, tol))
 
-    for op, o in times.items():
-        for src in problem.inputs(op):
-            so = times.get(src)
+    # Inputs of every op, from Problem.inputs: the same kinds and stages for every micro-batch.
+    sources = {}
+    for kind in problem.kinds:
+        for k in range(s):
+            sources[(kind, k)] = [(src.kind, src.stage, problem.transfer(src.stage, k))
+                                  for src in problem.inputs(Op(kind, k, 0))]
+    for (kind, k, j), o in times.items():
+        for src_kind, src_stage, (tx, lat) in sources[(kind, k)]:
+            so = times.get((src_kind, src_stage, j))
             if so is None:
                 continue
-            tx, lat = problem.transfer(src.stage, op.stage)
             if tx > 0:
-                mm = msgs.get((src.stage, op.stage, src.microbatch, src.kind))
+                mm = msgs.get((src_stage, k, j, src_kind))
                 if mm is None:
-                    out.append(f"{op}: no message carries its input {src} across the link")
+                    out.append(f"{o.op}: no message carries its input "
+                               f"{Op(src_kind, src_stage, j)} across the link")
                     continue
                 ready = mm.arrival
             else:
                 ready = so.end + lat
             if o.start < ready - tol:
-                out.append(f"{op}: starts at {o.start:g} before its input {src} is available at "
-                           f"{ready:g}")
+                out.append(f"{o.op}: starts at {o.start:g} before its input "
+                           f"{Op(src_kind, src_stage, j)} is available at {ready:g}")
 
     per_dev: list[list[TimedOp]] = [[] for _ in range(problem.devices)]
     for o in times.values():
@@ -397,11 +407,12 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     return out
 
 
-def _fifo_messages(problem: Problem, times: dict[Op, TimedOp]
+def _fifo_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
                    ) -> dict[tuple[int, int, int, str], Message]:
     """Messages sent first-ready-first-served on each directed link (the simulator's rule)."""
     pending = []
-    for op, o in times.items():
+    for o in times.values():
+        op = o.op
         for dst in _dependents(problem, op):
             tx, lat = problem.transfer(op.stage, dst.stage)
             if tx > 0:
@@ -430,7 +441,7 @@ def _dependents(problem: Problem, op: Op) -> list[Op]:
 
 
 def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message],
-                 times: dict[Op, TimedOp], tol: float) -> list[str]:
+                 times: dict[tuple[str, int, int], TimedOp], tol: float) -> list[str]:
     out = []
     per_link: dict[tuple[int, int], list[Message]] = {}
     sd = problem.stage_device
@@ -446,7 +457,7 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
         if abs((mm.end - mm.start) - tx) > tol or abs(mm.arrival - mm.end - lat) > tol:
             out.append(f"{name}: takes {mm.end - mm.start:g}+{mm.arrival - mm.end:g}, "
                        f"expected {tx:g}+{lat:g}")
-        src = times.get(Op(kind, k, j))
+        src = times.get((kind, k, j))
         if src is not None and mm.start < src.end - tol:
             out.append(f"{name}: sent at {mm.start:g} before {src.op} ends at {src.end:g}")
         per_link.setdefault((mm.src_device, mm.dst_device), []).append(mm)
