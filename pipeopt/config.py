@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import json
 import math
 import os
 import re
@@ -543,9 +544,15 @@ def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``.
 
-    A ``.json`` path is read as a schedule JSON instead (:func:`config_from_schedule`)."""
+    A ``.json`` file with a ``format`` key is read as a schedule JSON instead
+    (:func:`config_from_schedule`); other ``.json`` files are configs written in JSON."""
     if str(path).lower().endswith(".json"):
-        return config_from_schedule(path, **overrides)
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            doc = None  # let the reader that fits name the problem
+        if doc is None or (isinstance(doc, dict) and "format" in doc):
+            return config_from_schedule(path, **overrides)
     return parse_config(read_yaml(path), source=str(path), overrides=overrides)
 
 

@@ -551,3 +551,18 @@ def test_run_rejects_corrupted_schedule_before_starting(
     src.write_text(_render(schedule_doc, mutate), encoding="utf-8")
     rc, _, err = _run(["run", str(src), "--model", "mlp"], capsys)
     _assert_one_error(rc, err, where, reason)
+
+
+def test_config_written_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A .json config (JSON is YAML) is a config; a .json schedule is a problem to re-solve."""
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(EXPLICIT), encoding="utf-8")
+    out = tmp_path / "s.json"
+    rc, _, err = _run(["solve", str(cfg), "-q", "-o", str(out)], capsys)
+    assert rc == 0 and out.exists(), err
+    rc, text, err = _run(["solve", str(out), "-q", "--method", "1f1b"], capsys)
+    assert rc == 0 and "1f1b" in text, err
+    bad = dict(EXPLICIT, pipeline={"devices": 0, "microbatches": 8})
+    cfg.write_text(json.dumps(bad), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg)], capsys)
+    _assert_one_error(rc, err, "pipeline.devices", ">= 1")
