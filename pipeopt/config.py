@@ -545,13 +545,14 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``.
 
     A ``.json`` file with a ``format`` key is read as a schedule JSON instead
-    (:func:`config_from_schedule`); other ``.json`` files are configs written in JSON."""
+    (:func:`config_from_schedule`, which also names what is wrong with one that is not a JSON
+    object); a ``.json`` object without one is a config written in JSON."""
     if str(path).lower().endswith(".json"):
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             doc = None  # let the reader that fits name the problem
-        if doc is None or (isinstance(doc, dict) and "format" in doc):
+        if not isinstance(doc, dict) or "format" in doc:
             return config_from_schedule(path, **overrides)
     return parse_config(read_yaml(path), source=str(path), overrides=overrides)
 
