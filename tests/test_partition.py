@@ -47,6 +47,17 @@ def chains(draw, heterogeneous=True, memory=True):
                        microbatches=draw(st.integers(1, 6)), **kw)
 
 
+@pytest.mark.parametrize("scale", [5e-324, 1e-310, 1e150])
+def test_dp_with_subnormal_or_huge_times(scale):
+    """Subnormal or huge layer times: the tie-breaking penalty must neither overflow nor turn
+    a cost into NaN (CI once saw ``invalid value encountered in multiply`` here)."""
+    costs = chain_costs([[scale, 0.0, 2 * scale, scale]], stages=2, microbatches=3)
+    brute, _ = exhaustive_partition(costs, "pipeline")
+    with np.errstate(invalid="raise", over="raise"):
+        res = best_partition(costs, "pipeline")
+    assert res.evaluation.objective == pytest.approx(brute, rel=1e-9, abs=0.0)
+
+
 @given(chains(), st.sampled_from(["pipeline", "minmax"]))
 def test_dp_matches_brute_force(costs, objective):
     brute, _ = exhaustive_partition(costs, objective)

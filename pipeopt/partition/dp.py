@@ -116,10 +116,13 @@ def _minsum(seg: _Segments, times: list[np.ndarray], comms: list[np.ndarray],
     s, n = seg.costs.stages, seg.costs.layers
     # Ties (equal sums, e.g. every partition whose max is the LM head's time) go to the most
     # balanced stages: a tiny penalty on squared stage times, far below float noise of the sum.
+    # The penalty is 1e-12 * t^2 / top, computed as 1e-12 * top * (t / top)^2 so that neither
+    # huge nor subnormal times overflow (an inf times 0 would make the cost NaN).
     top = max((float(t[np.isfinite(t)].max(initial=0.0)) for t in times), default=0.0)
-    lam = 1e-12 / top if top > 0 else 0.0
-    cost = [np.where(t <= cap, t + c[None, :] + lam * np.where(np.isfinite(t), t, 0.0) ** 2,
-                     INF) for t, c in zip(times, comms, strict=True)]
+    scale = top if top > 0 else 1.0
+    cost = [np.where(t <= cap, t + c[None, :]
+                     + 1e-12 * top * (np.where(np.isfinite(t), t, 0.0) / scale) ** 2, INF)
+            for t, c in zip(times, comms, strict=True)]
     dp = cost[0][0].copy()
     args: list[np.ndarray] = [np.zeros(n + 1, dtype=int)]
     for k in range(1, s):
