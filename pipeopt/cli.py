@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
-from pipeopt.io import dump_schedule, load_schedule
+from pipeopt.io import dump_schedule, load_schedule, refuse_overwriting_input
 from pipeopt.problem import ProblemError
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
@@ -143,6 +143,7 @@ def _log_to_stderr() -> None:
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.verbose:
         _log_to_stderr()
+    refuse_overwriting_input("--output", args.output, args.config)
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
@@ -198,6 +199,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    refuse_overwriting_input("--plot", args.plot, args.config)
     cfg = load_config(args.config, time_limit=args.time_limit)
     names = args.methods.split(",") if args.methods else None
     rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit, seed=cfg.solver.seed,

@@ -83,6 +83,27 @@ def write_atomic(path: str | os.PathLike[str],
     return target
 
 
+def refuse_overwriting_input(flag: str, output: str | os.PathLike[str] | None,
+                             *inputs: str | os.PathLike[str]) -> None:
+    """Raise :class:`~pipeopt.config.ConfigError` naming ``flag`` when ``output`` is the same
+    file as one of ``inputs``: writing it would replace what the user had."""
+    if output is None:
+        return
+    out = Path(output)
+    for inp in inputs:
+        src = Path(inp)
+        try:
+            same = out.resolve() == src.resolve() or (out.exists() and src.exists()
+                                                      and os.path.samefile(out, src))
+        except OSError:
+            same = False
+        if same:
+            from pipeopt.config import ConfigError
+
+            raise ConfigError(f"{flag}: {output} is the input file {inp}; writing there would "
+                              "replace it, choose another file")
+
+
 def dump_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> None:
     """Write ``schedule`` as SPEC v1 JSON to ``path`` atomically (see :func:`format_json`)."""
     write_atomic(path, format_json(schedule_to_dict(schedule)))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeopt.config import ConfigError
-from pipeopt.io import load_schedule
+from pipeopt.io import load_schedule, refuse_overwriting_input
 
 
 def _positive_float(text: str) -> float:
@@ -24,8 +24,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a schedule JSON file as a Gantt chart PNG."""
     from pipeopt.plot import plot_schedule
 
-    sched = load_schedule(args.schedule)
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
+    refuse_overwriting_input("--output", out, args.schedule)
+    sched = load_schedule(args.schedule)
     try:
         plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory,
                       dpi=args.dpi)
@@ -39,8 +40,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     """Export a schedule JSON file as Chrome / Perfetto trace events."""
     from pipeopt.trace import write_trace
 
-    sched = load_schedule(args.schedule)
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
+    refuse_overwriting_input("--output", out, args.schedule)
+    sched = load_schedule(args.schedule)
     try:
         write_trace(sched, out)
     except OSError as exc:

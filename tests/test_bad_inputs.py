@@ -566,3 +566,27 @@ def test_config_written_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     cfg.write_text(json.dumps(bad), encoding="utf-8")
     rc, _, err = _run(["solve", str(cfg)], capsys)
     _assert_one_error(rc, err, "pipeline.devices", ">= 1")
+
+
+@pytest.mark.parametrize("command", [
+    ["solve", "{cfg}", "-o", "{cfg}"],
+    ["compare", "{cfg}", "--plot", "{cfg}"],
+    ["plot", "{sched}", "-o", "{sched}"],
+    ["trace", "{sched}", "-o", "{sched}"],
+    ["export", "{sched}", "-o", "{sched}"],
+    pytest.param(["run", "{sched}", "--costs-out", "{sched}"], marks=needs_torch),
+    ["solve", "{cfg}", "-o", "{link}"],  # another name for the same file
+], ids=["solve", "compare", "plot", "trace", "export", "run", "solve-link"])
+def test_output_never_replaces_the_input(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         schedule_doc: dict[str, Any],
+                                         command: list[str]) -> None:
+    cfg, sched, link = tmp_path / "c.yaml", tmp_path / "s.json", tmp_path / "link.yaml"
+    cfg.write_text(yaml.safe_dump(EXPLICIT), encoding="utf-8")
+    sched.write_text(json.dumps(schedule_doc), encoding="utf-8")
+    link.symlink_to(cfg)
+    before = {p: p.read_bytes() for p in (cfg, sched)}
+    args = [a.format(cfg=cfg, sched=sched, link=link) for a in command]
+    rc, _, err = _run(args, capsys)
+    flag = args[-2]
+    _assert_one_error(rc, err, flag, "is the input file")
+    assert {p: p.read_bytes() for p in (cfg, sched)} == before

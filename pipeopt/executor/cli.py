@@ -7,7 +7,7 @@ import json
 import sys
 
 from pipeopt.config import ConfigError
-from pipeopt.io import load_schedule
+from pipeopt.io import load_schedule, refuse_overwriting_input
 
 EXAMPLES = {
     "run": "pipeopt run schedule.json --model tiny-gpt --check",
@@ -30,6 +30,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeopt.executor.models import ModelError
     from pipeopt.executor.runtime import ExecutorError
 
+    refuse_overwriting_input("--costs-out", args.costs_out, args.schedule)
     sched = load_schedule(args.schedule)
     if args.steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
@@ -96,6 +97,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write the schedule in another tool's format."""
     from pipeopt.executor.export import export_torch, to_torch_csv
 
+    refuse_overwriting_input("--output", args.output, args.schedule)
     sched = load_schedule(args.schedule)
     if args.output:
         export_torch(sched, args.output)
