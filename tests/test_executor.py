@@ -330,9 +330,22 @@ def test_stage_whose_output_is_a_view(split: bool) -> None:
               ("W", 0)) if split or kind != "W"]
     (rank_plan,) = comms.plan(simulate(prob, [order]))
     torch.manual_seed(0)
-    # the middle stage has two layers: with split backward it runs layer by layer
-    layers = [torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.Linear(4, 4),
-                                                         torch.nn.Linear(4, 4)),
+    class Pair(torch.nn.Module):  # hands a tuple on: no cut point inside the stage
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(x), self.b(x)
+
+    class Sum(torch.nn.Module):
+        def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return xy[0] * xy[1]
+
+    # the middle stage has several layers: with split backward it runs layer by layer, cutting
+    # only where a layer hands on one tensor
+    layers = [torch.nn.Linear(4, 4),
+              torch.nn.Sequential(torch.nn.Linear(4, 4), Pair(), Sum(), torch.nn.Linear(4, 4)),
               torch.nn.Linear(4, 1)]
     assert layers[0](torch.zeros(2, 3, 4))._base is not None  # the case under test
     xs = [torch.randn(2, 3, 4) for _ in range(2)]
@@ -378,3 +391,36 @@ def test_measured_problem_keeps_the_fused_split_share() -> None:
     assert got.backward_weight == pytest.approx((0.1, 0.2))
     assert got.durations["B"] == pytest.approx((0.3, 0.6))
     assert dict(got.meta)["measured_costs"]["from_run_of"] == "1f1b"
+
+
+def test_split_stage_cuts_only_between_single_tensors() -> None:
+    """A multi-layer stage with split backward is cut after every layer that hands on one
+    differentiable tensor; a layer handing on a tuple joins the next layer's segment. B then W
+    give the gradients of one whole backward."""
+    from pipeopt.costs.profiler import executor_split
+
+    class Pair(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.a(x), self.b(x)
+
+    class Prod(torch.nn.Module):
+        def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return xy[0] * xy[1]
+
+    torch.manual_seed(0)
+    mod = torch.nn.Sequential(torch.nn.Linear(4, 4), Pair(), Prod(), torch.nn.Linear(4, 4))
+    f, b, w = executor_split(mod, torch.device("cpu"))
+    x, g = torch.randn(2, 3, 4, requires_grad=True), torch.randn(2, 3, 4)
+    saved = f(x)
+    assert [len(seg.params) for seg in saved.segments] == [2, 4, 2]
+    b(saved, g)
+    w(saved)
+    got = [p.grad.clone() for p in mod.parameters()]
+    mod.zero_grad(set_to_none=True)
+    mod(x.detach().requires_grad_(True)).backward(g)
+    for a, p in zip(got, mod.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)

@@ -61,6 +61,7 @@ class _Saved:
     grad_out: torch.Tensor | None = None
     param_groups: list[dict[str, Any]] | None = None
     segments: list[_Saved] | None = None  # per layer, when the stage runs layer by layer
+    params: list[nn.Parameter] | None = None  # a segment's parameters
 
 
 @dataclass
@@ -168,16 +169,26 @@ class RankRunner:
         # leaf, so that B and W are the per-layer splits chained. PyTorch's split walks the
         # autograd graph once per parameter, a cost that grows with the square of the stage's
         # depth; per layer it grows linearly, and it is what the profiler times.
+        # A layer whose output is not one differentiable tensor (a tuple, integers) is no cut
+        # point: its segment runs on into the next layer.
         segments = []
-        h = inp
-        for i, layer in enumerate(mod):
+        h = seg_in = inp
+        params: list[nn.Parameter] = []
+        for i, (layer, layer_params) in enumerate(zip(mod, self._layer_params[k], strict=True)):
             o = layer(h)
-            if loss is not None and i == len(mod) - 1:
+            params += layer_params
+            end = i == len(mod) - 1
+            if loss is not None and end:
                 o = loss(o)
+            elif not end and not (isinstance(o, torch.Tensor) and o.is_floating_point()
+                                  and o.requires_grad):
+                h = o
+                continue
             elif o._base is not None:
                 o = o.clone()  # as above
-            segments.append(_Saved(h, o))
-            h = o.detach().requires_grad_(True)
+            segments.append(_Saved(seg_in, o, params=params))
+            h = seg_in = o.detach().requires_grad_(True)
+            params = []
         return _Saved(inp, segments[-1].out, segments=segments)
 
     def _backward(self, op: Op) -> None:
@@ -205,9 +216,8 @@ class RankRunner:
         if saved.segments is None:
             return self._backward_input(self._params[k], saved, grad_out)
         g = grad_out
-        for seg, params in zip(reversed(saved.segments), reversed(self._layer_params[k]),
-                               strict=True):
-            g = self._backward_input(params, seg, g)
+        for seg in reversed(saved.segments):
+            g = self._backward_input(seg.params or [], seg, g)
         assert g is not None
         return g
 
@@ -241,8 +251,8 @@ class RankRunner:
         k, j = op.stage, op.microbatch
         saved = self._saved.pop((k, j))
         if saved.segments is not None:
-            for seg, params in zip(saved.segments, self._layer_params[k], strict=True):
-                self._backward_weight(params, seg)
+            for seg in saved.segments:
+                self._backward_weight(seg.params or [], seg)
         elif not saved.inp.requires_grad:
             torch.autograd.backward(saved.out, saved.grad_out)
         else:
