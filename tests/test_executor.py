@@ -317,6 +317,22 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) 
     assert "unknown model 'nope'" in capsys.readouterr().err
 
 
+class _Pair(torch.nn.Module):
+    """Hands a tuple on: no cut point of a split stage."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x)
+
+
+class _Prod(torch.nn.Module):
+    def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return xy[0] * xy[1]
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_stage_whose_output_is_a_view(split: bool) -> None:
     """A non-last stage may hand on a view (a Linear on a 3-d input is one); the split backward
@@ -330,22 +346,10 @@ def test_stage_whose_output_is_a_view(split: bool) -> None:
               ("W", 0)) if split or kind != "W"]
     (rank_plan,) = comms.plan(simulate(prob, [order]))
     torch.manual_seed(0)
-    class Pair(torch.nn.Module):  # hands a tuple on: no cut point inside the stage
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.a(x), self.b(x)
-
-    class Sum(torch.nn.Module):
-        def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            return xy[0] * xy[1]
-
     # the middle stage has several layers: with split backward it runs layer by layer, cutting
     # only where a layer hands on one tensor
     layers = [torch.nn.Linear(4, 4),
-              torch.nn.Sequential(torch.nn.Linear(4, 4), Pair(), Sum(), torch.nn.Linear(4, 4)),
+              torch.nn.Sequential(torch.nn.Linear(4, 4), _Pair(), _Prod(), torch.nn.Linear(4, 4)),
               torch.nn.Linear(4, 1)]
     assert layers[0](torch.zeros(2, 3, 4))._base is not None  # the case under test
     xs = [torch.randn(2, 3, 4) for _ in range(2)]
@@ -399,20 +403,8 @@ def test_split_stage_cuts_only_between_single_tensors() -> None:
     give the gradients of one whole backward."""
     from pipeopt.costs.profiler import executor_split
 
-    class Pair(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.a(x), self.b(x)
-
-    class Prod(torch.nn.Module):
-        def forward(self, xy: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            return xy[0] * xy[1]
-
     torch.manual_seed(0)
-    mod = torch.nn.Sequential(torch.nn.Linear(4, 4), Pair(), Prod(), torch.nn.Linear(4, 4))
+    mod = torch.nn.Sequential(torch.nn.Linear(4, 4), _Pair(), _Prod(), torch.nn.Linear(4, 4))
     f, b, w = executor_split(mod, torch.device("cpu"))
     x, g = torch.randn(2, 3, 4, requires_grad=True), torch.randn(2, 3, 4)
     saved = f(x)
