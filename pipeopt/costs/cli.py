@@ -55,11 +55,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     doc = profile_model(model, x, device=args.device, warmup=args.warmup,
                         repeats=args.repeats, name=name)
     write_profile(doc, args.output)
-    print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'act KiB':>9} {'params':>9}")
+    print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'fused ms':>9} {'act KiB':>9} "
+          f"{'params':>9}")
     for rec in doc["layers"]:
         print(f"{rec['name']:<18} {rec['forward_s'] * 1e3:>8.3f} "
               f"{rec['backward_input_s'] * 1e3:>8.3f} {rec['backward_weight_s'] * 1e3:>8.3f} "
-              f"{rec['activation_bytes'] / 1024:>9.1f} {rec['params']:>9.0f}")
+              f"{rec['backward_s'] * 1e3:>9.3f} {rec['activation_bytes'] / 1024:>9.1f} "
+              f"{rec['params']:>9.0f}")
+    print("B and W: the split backward as pipeopt run computes it; fused: the whole backward "
+          "in one pass (B is 0 where the input takes no gradient)")
     print(f"written {args.output} ({doc['device']}); use it with model: {{profile: "
           f"{args.output}}}")
     return 0
