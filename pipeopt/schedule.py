@@ -241,3 +241,27 @@ def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
             steps.append((t, cur))
         out.append(tuple(steps))
     return tuple(out)
+
+
+def order_peak_memory(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple[float, ...]:
+    """Per device, the peak memory (bytes, static included) of running ``orders``, without
+    timing them.
+
+    A device runs its ops one after another, allocating at an F's start and releasing at a B's
+    or W's end, so its memory changes in the order of its ops: the peak is a running sum over
+    the order. When every op lasts > 0 it is the value :func:`memory_timeline` gives for the
+    timed schedule; with zero-length ops it is an upper bound (the timeline releases before
+    it allocates at equal times, which can reorder a zero-length op's events)."""
+    delta = {(kind, k): problem.memory_delta(Op(kind, k, 0))
+             for kind in problem.kinds for k in range(problem.stages)}
+    peaks = []
+    for d, order in enumerate(orders):
+        cur = peak = problem.static_memory[d]
+        for op in order:
+            alloc, free = delta[(op.kind, op.stage)]
+            cur += alloc
+            if cur > peak:
+                peak = cur
+            cur -= free
+        peaks.append(peak)
+    return tuple(peaks)

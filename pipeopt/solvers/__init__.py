@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.bounds import makespan_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
-from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
 from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable
 from pipeopt.simulate import simulate, validate
 
@@ -156,14 +156,20 @@ def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
     return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)
 
 
-def run_classic(problem: Problem, name: str) -> Schedule:
+def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Schedule:
     """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
 
-    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem.
+    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem. With
+    ``require_fit``, orders whose peak memory (computed from the orders alone, exact when every
+    op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed.
     """
     t0 = time.perf_counter()
     prob = problem.replace(split_backward=False) if name in FUSED_BACKWARD else problem
     orders = GENERATORS[name](prob)
+    if require_fit and min(min(ts, default=1.0) for ts in prob.durations.values()) > 0:
+        over = over_limit(order_peak_memory(prob, orders), problem.memory_limit)
+        if over:
+            raise NotApplicable(f"{name}: over the memory limit of device {over[0]}")
     sched = simulate(prob, orders, method=name)
     info = SolverInfo(status="heuristic", lower_bound=lower_bound(problem),
                       wall_time=time.perf_counter() - t0)

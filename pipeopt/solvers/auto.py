@@ -120,7 +120,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     for name in GENERATORS:
         try:
             with cyclic_gc_paused():  # cycle-free, allocation-heavy (see pipeopt._gc)
-                sched = run_classic(problem, name)
+                # Orders over the memory limits are dropped before they are timed; their split
+                # re-timing holds the same peak (each W right after its B), so it would not fit
+                # either.
+                sched = run_classic(problem, name, require_fit=True)
                 split = split_fused(sched, problem)
                 classics += [s for s in (split, sched)
                              if s is not None and fits_memory(s, problem)]
