@@ -60,3 +60,14 @@ def test_cross_datacenter_table(capsys: pytest.CaptureFixture[str]) -> None:
     for method, (makespan, fits) in shown.items():
         assert got[method]["makespan"] == pytest.approx(makespan, abs=1e-3), method
         assert got[method]["fits"] == (fits == "yes"), method
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_bundled_example_solves(example: str, tmp_path: Path) -> None:
+    """Each config in examples/ loads and gets a valid schedule (greedy: fast everywhere)."""
+    from pipeopt.io import load_schedule
+
+    out = tmp_path / "s.json"
+    assert main(["solve", str(ROOT / "examples" / example), "--method", "greedy", "-q",
+                 "-o", str(out)]) == 0
+    assert load_schedule(out).makespan > 0  # load_schedule validates it again
