@@ -38,6 +38,7 @@ from pipeopt.executor.launch import (
     RunResult,
     _assemble,
     measured_problem,
+    op_costs,
     run_rank,
     spawn,
 )
@@ -387,14 +388,9 @@ def _replan(scheds: list[Schedule], job_of: list[int], per_rank: list[Any],
     schedules' runs above measured every op; CP-SAT re-plans on those costs (what
     ``measured_problem`` builds from a run), and the new schedule runs in fresh rounds."""
     zb = next(i for i, s in enumerate(scheds) if s.method == "zb-h1")
-    merged: dict[str, list[float]] = {}
-    for r in range(p):
-        for rnd in per_rank[r][str(job_of[zb])]:
-            for key, vals in rnd["op_durations"].items():
-                merged.setdefault(key, []).extend(vals)
+    reports = [rnd for r in range(p) for rnd in per_rank[r][str(job_of[zb])]]
     res = RunResult("zb-h1", p, [0.0], [0.0], scheds[zb].makespan,
-                    op_costs={(k[0], int(k[1:])): statistics.median(v)
-                              for k, v in merged.items()})
+                    op_costs=op_costs(reports))
     measured = measured_problem(scheds[zb], res)
     again = solve(measured, "cpsat", time_limit=args.time_limit)
     cfg = RunConfig(model=MODEL, model_options=OPTIONS, steps=args.steps, batch_size=args.batch)

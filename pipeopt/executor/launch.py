@@ -302,6 +302,17 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
             "op_durations": durations}
 
 
+def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
+    """Median seconds per (kind, stage) over the ``op_durations`` of rank reports (those of
+    :func:`run_rank`; several per rank, e.g. one per round, are fine)."""
+    merged: dict[str, list[float]] = {}
+    for r in reports:
+        for key, vals in r.get("op_durations", {}).items():
+            merged.setdefault(key, []).extend(vals)
+    return {(key[0], int(key[1:])): statistics.median(vals)
+            for key, vals in merged.items() if vals}
+
+
 def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
     """The schedule's problem with each stage's F, B and W durations replaced by the medians
     measured in ``result`` (seconds; time from the op's input being there to its end, steps
@@ -339,12 +350,7 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     losses = [sum(r["losses"][i] for r in per_rank) for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
-    merged: dict[str, list[float]] = {}
-    for r in per_rank:
-        for key, vals in r.get("op_durations", {}).items():
-            merged.setdefault(key, []).extend(vals)
-    res.op_costs = {(key[0], int(key[1:])): statistics.median(vals)
-                    for key, vals in merged.items() if vals}
+    res.op_costs = op_costs(per_rank)
     if cfg.check:
         grads = {k: g for r in per_rank for k, g in r["grads"].items()}
         ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
