@@ -269,6 +269,12 @@ class Problem:
             return 0.0, (act - wgm) if self.split_backward else act
         return 0.0, wgm
 
+    @cached_property
+    def memory_deltas(self) -> dict[tuple[str, int], tuple[float, float]]:
+        """:meth:`memory_delta` of every (kind, stage): the same for every micro-batch."""
+        return {(kind, k): self.memory_delta(Op(kind, k, 0))
+                for kind in self.kinds for k in range(self.stages)}
+
     def replace(self, **changes: Any) -> Problem:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)

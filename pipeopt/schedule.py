@@ -219,9 +219,7 @@ def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
     an op starting at t.
     """
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(problem.devices)]
-    # (allocated at start, released at end) per op kind and stage, from Problem.memory_delta
-    delta = {(kind, k): problem.memory_delta(Op(kind, k, 0))
-             for kind in problem.kinds for k in range(problem.stages)}
+    delta = problem.memory_deltas  # (allocated at start, released at end) per (kind, stage)
     for device, stage, _, kind, start, end in ops:
         d = delta.get((kind, stage))
         if d is None or not 0 <= device < problem.devices:
@@ -252,8 +250,7 @@ def order_peak_memory(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple
     the order. When every op lasts > 0 it is the value :func:`memory_timeline` gives for the
     timed schedule; with zero-length ops it is an upper bound (the timeline releases before
     it allocates at equal times, which can reorder a zero-length op's events)."""
-    delta = {(kind, k): problem.memory_delta(Op(kind, k, 0))
-             for kind in problem.kinds for k in range(problem.stages)}
+    delta = problem.memory_deltas
     peaks = []
     for d, order in enumerate(orders):
         cur = peak = problem.static_memory[d]
