@@ -150,7 +150,9 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
         # B and W as the executor runs them (see executor_split); the fused backward as the
         # executor runs it without split_backward. Gradients accumulate into .grad as in a
         # step; the layer's own .grad is restored afterwards.
-        split_f, split_b, split_w = executor_split(layer, dev)
+        # Wrapped: a layer that is itself an nn.Sequential is one piece of its stage's split,
+        # as the executor runs it (it cuts a stage only between its top-level layers).
+        split_f, split_b, split_w = executor_split(torch.nn.Sequential(layer), dev)
         kept = [p.grad for p in params]
 
         def fresh() -> Any:
