@@ -301,10 +301,13 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) 
 
     path = tmp_path / "s.json"
     dump_schedule(_orders_schedule("1f1b", 2, 2, False), path)
-    bad = launch.RunResult("1f1b", 2, [1.0], [0.1], 6.0, [1.0], 0.2, 0.5, False, "0.w")
+    bad = launch.RunResult("1f1b", 2, [1.0], [0.1], 6.0, [1.0], 0.2, 0.5, False, "0.w",
+                           op_costs={("F", 1): 0.002, ("B", 1): 0.004})
     monkeypatch.setattr(launch, "run_pipeline", lambda s, c: bad)
     assert main(["run", str(path), "--check"]) == 1
-    assert "MISMATCH" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out
+    assert "op times      stage 1: F 2 ms, B 4 ms measured (problem: 1, 2)" in out
 
     def fail(s: Schedule, c: RunConfig) -> None:
         raise ExecutorError("rank 1 failed: RuntimeError: boom")

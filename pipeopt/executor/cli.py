@@ -86,6 +86,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         verdict = "ok" if res.grads_match else "MISMATCH"
         print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
               f"atol {cfg.atol:g}; worst {res.worst_param})")
+    prob, label = sched.problem, "op times"
+    for k in range(prob.stages):
+        kinds = [kind for kind in prob.kinds if (kind, k) in res.op_costs]
+        if kinds:
+            got = ", ".join(f"{kind} {res.op_costs[(kind, k)] * 1e3:.3g} ms" for kind in kinds)
+            want = ", ".join(f"{prob.durations[kind][k]:.3g}" for kind in kinds)
+            print(f"{label:<14}stage {k}: {got} measured (problem: {want})")
+            label = ""
     if args.costs_out:
         print(f"measured      {args.costs_out}: the same orders on the op times of this run "
               f"(makespan {measured.makespan:.6g} s); re-plan with pipeopt solve "
