@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 
 Status = Literal["optimal", "feasible", "heuristic"]
@@ -210,6 +211,7 @@ class Schedule:
         }
 
 
+@cyclic_gc_paused()  # one event tuple per op, no cycles (pipeopt._gc)
 def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
                     ) -> tuple[tuple[tuple[float, float], ...], ...]:
     """Per device, the (time, bytes) steps of memory in use.

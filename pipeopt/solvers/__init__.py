@@ -156,6 +156,7 @@ def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
     return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)
 
 
+@cyclic_gc_paused()  # generating orders builds one Op per op and no cycles (pipeopt._gc)
 def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Schedule:
     """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
 
@@ -186,8 +187,7 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     opts = replace(options or SolveOptions(), **kwargs)
     if method in GENERATORS:
         try:
-            with cyclic_gc_paused():
-                sched = run_classic(problem, method)
+            sched = run_classic(problem, method)
         except NotApplicable as exc:
             raise NotApplicable(_PIPELINE_KEYS.sub(r"pipeline.\1", str(exc))) from None
         over = over_limit(sched.peak_memory, problem.memory_limit)
@@ -210,9 +210,6 @@ def solve(problem: Problem, method: str = "auto", options: SolveOptions | None =
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
-        if method == "greedy":  # cycle-free, allocation-heavy (see pipeopt._gc)
-            with cyclic_gc_paused():
-                return validate(fn(problem, opts))
         return validate(fn(problem, opts))
     try:
         check_method(method)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
@@ -119,14 +118,12 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     classics = []
     for name in GENERATORS:
         try:
-            with cyclic_gc_paused():  # cycle-free, allocation-heavy (see pipeopt._gc)
-                # Orders over the memory limits are dropped before they are timed; their split
-                # re-timing holds the same peak (each W right after its B), so it would not fit
-                # either.
-                sched = run_classic(problem, name, require_fit=True)
-                split = split_fused(sched, problem)
-                classics += [s for s in (split, sched)
-                             if s is not None and fits_memory(s, problem)]
+            # Orders over the memory limits are dropped before they are timed; their split
+            # re-timing holds the same peak (each W right after its B), so it would not fit
+            # either.
+            sched = run_classic(problem, name, require_fit=True)
+            split = split_fused(sched, problem)
+            classics += [s for s in (split, sched) if s is not None and fits_memory(s, problem)]
         except NotApplicable:
             continue
         except ScheduleError as exc:  # a generator whose orders deadlock: skip it, say so
@@ -148,8 +145,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
     if greedy is not None:
         try:
-            with cyclic_gc_paused():
-                cands.append(greedy(problem, options))
+            cands.append(greedy(problem, options))
             interrupted = bool(cands[-1].solver.detail("interrupted"))
         except NotApplicable as exc:
             notes.append(("greedy", str(exc)))

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.simulate import simulate
@@ -401,6 +402,7 @@ def sequential_orders(problem: Problem) -> list[list[Op]]:
     return orders
 
 
+@cyclic_gc_paused()  # list scheduling builds tuples per op and no cycles (pipeopt._gc)
 def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
     """Schedule ``problem`` with the memory-aware list scheduler (see the module docstring).
 
