@@ -553,17 +553,19 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             doc = None  # let the reader that fits name the problem
         if not isinstance(doc, dict) or "format" in doc:
-            return config_from_schedule(path, **overrides)
+            return config_from_schedule(path, doc if isinstance(doc, dict) else None,
+                                        **overrides)
     return parse_config(read_yaml(path), source=str(path), overrides=overrides)
 
 
-def config_from_schedule(path: str | os.PathLike[str], **overrides: Any) -> Config:
+def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | None = None,
+                         **overrides: Any) -> Config:
     """The problem of a schedule JSON (for example the measured costs that ``pipeopt run
-    --costs-out`` writes), to solve again; ``overrides`` are ``solver:`` keys (defaults
-    otherwise). The schedule is validated first."""
-    from pipeopt.io import load_schedule
+    --costs-out`` writes), to solve again; ``doc`` is the file already parsed, if it was.
+    ``overrides`` are ``solver:`` keys (defaults otherwise). The schedule is validated first."""
+    from pipeopt.io import load_schedule, schedule_from_dict
 
-    sched = load_schedule(path)
+    sched = load_schedule(path) if doc is None else schedule_from_dict(doc)
     try:
         solver = SolverConfig.model_validate({k: v for k, v in overrides.items()
                                               if v is not None})
