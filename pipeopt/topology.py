@@ -65,7 +65,8 @@ class Topology:
         self.gpus: list[str] = []
         self.gpu_info: list[tuple[int, int, int]] = []  # (datacenter, node, slot)
         self.gpu_models: list[GPU] = []
-        self._paths: dict[str, dict[str, list[str]]] = {}  # Dijkstra results per source
+        # Dijkstra results per (source, bandwidth floor).
+        self._paths: dict[tuple[str, float], dict[str, list[str]]] = {}
         nv_given = tiers is not None and "nvlink" in tiers
         for d, dc in enumerate(self.datacenters):
             switch = f"dc{d}"
@@ -91,6 +92,7 @@ class Topology:
         for a in range(len(self.datacenters)):
             for b in range(a + 1, len(self.datacenters)):
                 self._edge(f"dc{a}", f"dc{b}", self.tiers["wan"], "wan")
+        self._bandwidths = sorted({e["bandwidth"] for *_, e in self.graph.edges(data=True)})
 
     def _edge(self, a: str, b: str, tier: Tier, kind: str, half: bool = False) -> None:
         self.graph.add_edge(a, b, latency=tier.latency / 2 if half else tier.latency,
@@ -101,19 +103,37 @@ class Topology:
         """Number of GPUs in the cluster."""
         return len(self.gpus)
 
-    def path(self, a: int, b: int) -> list[str]:
-        """Lowest-latency path between GPUs ``a`` and ``b`` (graph node names)."""
-        src = self.gpus[a]
-        if src not in self._paths:
-            self._paths[src] = nx.single_source_dijkstra_path(self.graph, src, weight="latency")
-        return self._paths[src][self.gpus[b]]
+    def _shortest(self, src: str, floor: float) -> dict[str, list[str]]:
+        """Lowest-latency paths from ``src`` over the links of bandwidth >= ``floor``."""
+        key = (src, floor)
+        if key not in self._paths:
+            view = nx.subgraph_view(
+                self.graph, filter_edge=lambda u, v: self.graph.edges[u, v]["bandwidth"] >= floor)
+            self._paths[key] = nx.single_source_dijkstra_path(view, src, weight="latency")
+        return self._paths[key]
 
-    def link(self, a: int, b: int) -> tuple[float, float]:
-        """(latency seconds, bottleneck bandwidth bytes/s) between GPUs ``a`` and ``b``;
-        (0, inf) for a GPU with itself."""
-        if a == b:
-            return 0.0, math.inf
-        nodes = self.path(a, b)
+    def path(self, a: int, b: int, nbytes: float = 0.0) -> list[str]:
+        """The path between GPUs ``a`` and ``b`` (graph node names) that delivers an
+        ``nbytes`` message soonest: least latency + nbytes / bottleneck bandwidth.
+
+        Exact by trying every bandwidth floor: the lowest-latency path over the links at least
+        that fast (with ``nbytes = 0``, the lowest-latency path)."""
+        src, dst = self.gpus[a], self.gpus[b]
+        floors = [min(self._bandwidths)] if nbytes == 0 else self._bandwidths
+        best: tuple[float, float, list[str]] | None = None
+        for floor in floors:
+            nodes = self._shortest(src, floor).get(dst)
+            if nodes is None:
+                continue
+            lat, bw = self._measure(nodes)
+            t = lat + (0.0 if nbytes == 0 or math.isinf(bw) else nbytes / bw)
+            if best is None or (t, lat) < best[:2]:
+                best = (t, lat, nodes)
+        if best is None:  # cannot happen: the topology is connected
+            raise TopologyError(f"no path between GPU {a} and GPU {b}")
+        return best[2]
+
+    def _measure(self, nodes: list[str]) -> tuple[float, float]:
         lat, bw = 0.0, math.inf
         for u, v in itertools.pairwise(nodes):
             e = self.graph.edges[u, v]
@@ -121,9 +141,17 @@ class Topology:
             bw = min(bw, e["bandwidth"])
         return lat, bw
 
+    def link(self, a: int, b: int, nbytes: float = 0.0) -> tuple[float, float]:
+        """(latency seconds, bottleneck bandwidth bytes/s) between GPUs ``a`` and ``b`` on the
+        path that delivers an ``nbytes`` message soonest (:meth:`path`); (0, inf) for a GPU
+        with itself."""
+        if a == b:
+            return 0.0, math.inf
+        return self._measure(self.path(a, b, nbytes))
+
     def p2p_time(self, a: int, b: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` from GPU ``a`` to GPU ``b`` on idle links."""
-        lat, bw = self.link(a, b)
+        lat, bw = self.link(a, b, nbytes)
         return lat + (0.0 if nbytes == 0 or math.isinf(bw) else nbytes / bw)
 
     def datacenter_of(self, gpu: int) -> int:
@@ -156,11 +184,13 @@ class Topology:
                 f"({self.num_gpus} GPUs)")
         return slots[:ranks]
 
-    def matrices(self, gpus: list[int]) -> tuple[tuple[tuple[float, ...], ...],
-                                                 tuple[tuple[float, ...], ...]]:
-        """(latency, bandwidth) matrices between the given GPUs, in their order."""
-        lat = tuple(tuple(self.link(a, b)[0] for b in gpus) for a in gpus)
-        bw = tuple(tuple(self.link(a, b)[1] for b in gpus) for a in gpus)
+    def matrices(self, gpus: list[int], nbytes: float = 0.0
+                 ) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
+        """(latency, bandwidth) matrices between the given GPUs, in their order, on the paths
+        fastest for an ``nbytes`` message."""
+        links = [[self.link(a, b, nbytes) for b in gpus] for a in gpus]
+        lat = tuple(tuple(x[0] for x in row) for row in links)
+        bw = tuple(tuple(x[1] for x in row) for row in links)
         return lat, bw
 
     def cross_datacenter_cuts(self, gpus: list[int]) -> int:

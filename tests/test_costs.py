@@ -62,6 +62,29 @@ def test_llama70b_block_flops_gqa_swiglu():
     assert att == 4 * b * s * s * h
 
 
+def test_llama2_7b_block_by_published_numbers():
+    # Worked by hand for b=1, s=4096, h=4096, 32 heads (no GQA), SwiGLU f=11008, bf16:
+    # linear 2bs(h(h + 2h) + h^2 + 3hf) = 1.657857e12 FLOPs, attention 4bs^2h = 2.748779e11;
+    # activations without dropout: 4 norm/linear inputs 4·2sbh = 134,217,728 B, Q/K/V + the
+    # projection input 2sb(3h + h) = 134,217,728 B, SwiGLU gate, up and product 3·2sbf =
+    # 270,532,608 B, softmax output 2·a·s^2·b = 1,073,741,824 B.
+    sh = shape("llama2-7b", micro_batch_size=1)
+    lin, att = block_flops(sh)
+    assert lin == 1_657_857_376_256
+    assert att == 274_877_906_944
+    assert block_activation_bytes(sh) == 1_612_709_888
+    blk = transformer_layers(sh)[1]
+    assert blk.forward_flops == 1_657_857_376_256 + 274_877_906_944
+    assert blk.backward_weight_flops == 1_657_857_376_256  # dW: the linear layers only
+    assert blk.backward_input_flops == 1_657_857_376_256 + 2 * 274_877_906_944
+    assert blk.params == 202_383_360  # 4h^2 + 3hf + 2 RMSNorm weights of h
+
+
+def test_llama2_13b_parameters():
+    # The released checkpoint has 13,015,864,320 parameters.
+    assert total_params(shape("llama2-13b")) == 13_015_864_320
+
+
 def test_backward_split_is_twice_the_forward():
     sh = shape("llama2-7b")
     blk = transformer_layers(sh)[1]
@@ -138,7 +161,10 @@ def test_gpu_catalog_uses_dense_figures():
     assert lookup("H100-SXM").bf16_flops == pytest.approx(989.4e12)
     assert lookup("h100").name == "H100-SXM"
     assert lookup("A100-80GB").bf16_flops == 312e12
-    assert lookup("MI300X").memory_bytes == 192e9
+    # Memory as the driver reports it (nvidia-smi MiB / rocm-smi bytes): one unit for all.
+    assert lookup("MI300X").memory_bytes == 206_141_652_992  # 192 GiB
+    assert lookup("H200").memory_bytes == 143_771 * 2**20
+    assert lookup("H100-SXM").memory_bytes == 81_559 * 2**20
     for gpu in CATALOG.values():
         assert gpu.bf16_flops < 2.3e15  # no 2:4-sparse figure slipped in
         assert gpu.peak_flops("fp32") < gpu.peak_flops("bf16")

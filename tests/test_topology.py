@@ -53,3 +53,17 @@ def test_heterogeneous_datacenters_and_default_nvlink():
     assert topo.link(0, 1)[1] == lookup("H100-SXM").nvlink_bandwidth
     assert topo.link(8, 9)[1] == lookup("A100-80GB").nvlink_bandwidth
     assert topo.link(0, 8)[1] == DEFAULT_TIERS["wan"].bandwidth
+
+
+def test_path_chosen_for_the_message_size():
+    # An intra-node fabric with less bandwidth than the detour through the node's NIC (two
+    # PCIe hops of 0.5 us each): the detour is taken only when the message is large enough
+    # for bandwidth to matter.
+    gpu = lookup("H100-SXM")
+    topo = Topology([Datacenter(gpu, 1, 2)],
+                    tiers={"nvlink": Tier(1e9, 1e-7), "pcie": Tier(64e9, 1e-6)})
+    assert topo.link(0, 1) == (pytest.approx(1e-7), 1e9)  # small: the lowest latency
+    lat, bw = topo.link(0, 1, 64e6)  # 64 MB: 64 ms on NVLink here, 1 ms + 1 us via PCIe
+    assert (lat, bw) == (pytest.approx(1e-6), 64e9)
+    assert topo.p2p_time(0, 1, 64e6) == pytest.approx(1e-6 + 1e-3)
+    assert topo.p2p_time(0, 1, 100) == pytest.approx(1e-7 + 1e-7)  # 100 B: NVLink still

@@ -188,6 +188,12 @@ class ModelPlan:
                                                                 self.efficiency))
                          for lc in self.layers[a:b]))
 
+    @property
+    def message_bytes(self) -> float:
+        """The largest message a stage cut can send (bytes): links between two ranks take the
+        path fastest for it (:meth:`pipeopt.topology.Topology.path`)."""
+        return max((lc.output_bytes for lc in self.layers[:-1]), default=0.0)
+
     def chain_costs(self) -> ChainCosts:
         """Inputs of the partition search."""
         sd = self.stage_device
@@ -198,7 +204,7 @@ class ModelPlan:
         for k in range(self.stages - 1):
             a, b = self.rank_gpus[sd[k]], self.rank_gpus[sd[k + 1]]
             if a != b:
-                lat, bw = self.topology.link(a, b)
+                lat, bw = self.topology.link(a, b, self.message_bytes)
                 comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
         static = np.array([lc.params * self.training.bytes_per_param for lc in self.layers])
         act = np.array([lc.activation_bytes for lc in self.layers])
@@ -265,7 +271,7 @@ class ModelPlan:
         for r in rows:
             static[r["device"]] += r["static_bytes"]
         static = [s + e for s, e in zip(static, self.extra_static, strict=True)]
-        lat, bw = self.topology.matrices(self.rank_gpus)
+        lat, bw = self.topology.matrices(self.rank_gpus, self.message_bytes)
         reduce = [0.0] * self.stages
         dp = self.training.data_parallel
         if dp > 1:
@@ -372,8 +378,11 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
         elif tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
             from pipeopt.partition.ilp import ilp_partition
 
-            part = ilp_partition(costs, tc.partition_objective).partition
+            res_ilp = ilp_partition(costs, tc.partition_objective,
+                                    time_limit=tc.ilp_time_limit)
+            part = res_ilp.partition
             report["method"] = "ilp"
+            report["exact"] = res_ilp.exact
         elif tc.partition == "joint":
             from pipeopt.partition.joint import joint_search
 
@@ -396,9 +405,12 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
         worst = max(range(len(ev.device_memory)),
                     key=lambda d: ev.device_memory[d] - costs.device_limit[d])
         over = ev.device_memory[worst] - costs.device_limit[worst]
+        held = [k for k, d in enumerate(costs.stage_device) if d == worst]
+        names = ", ".join(f"stage {k} (layers {part[k][0]}..{part[k][1] - 1})" for k in held)
         raise ConfigError(f"memory: the {report['method']} partition does not fit: device "
-                          f"{worst} needs {ev.device_memory[worst]:.4g} bytes, {over:.4g} bytes "
-                          f"over its limit of {costs.device_limit[worst]:.4g} bytes")
+                          f"{worst}, holding {names}, needs {ev.device_memory[worst]:.4g} bytes, "
+                          f"{over:.4g} bytes over its limit of {costs.device_limit[worst]:.4g} "
+                          "bytes")
     uev = evaluate(costs, uniform)
     report.update({"wall_time_s": time.perf_counter() - t0,
                    "analytic_objective_s": ev.objective, "max_stage_time_s": ev.max_time,
@@ -456,7 +468,9 @@ def describe_partition(config: Config) -> str:
             f"{_gib(dev.get('memory_limit')):>6}")
     rep = meta.get("partition_search") or {}
     if rep:
-        lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}), "
+        proven = " (ILP time limit reached: not proven optimal)" \
+            if rep.get("exact") is False else ""
+        lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}){proven}, "
                      f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
                      f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "
                      f"cross-datacenter cuts {meta.get('cross_datacenter_cuts', 0)}")

@@ -9,11 +9,49 @@ from typing import Any
 from pipeopt.config import ConfigError
 
 
+def _int_at_least(low: int) -> Any:
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            val = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if val < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {val}")
+        return val
+    return parse
+
+
+def _device(text: str | None) -> str:
+    """Check ``--device`` against what this torch build can use; returns the device name."""
+    import torch
+
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise ConfigError(f"--device: expected cpu, cuda or cuda:N, got {text!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device: {text!r} asked for, but this torch "
+                              f"({torch.__version__}) sees no CUDA device; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device: {text!r}: only {torch.cuda.device_count()} CUDA "
+                              "device(s) here")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device: expected cpu, cuda or cuda:N, got {text!r}")
+    return str(dev)
+
+
 def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(model, example input, name) for ``--model``."""
     from pipeopt import models
 
     if args.model == "tiny-gpt":
+        if args.hidden % args.heads:
+            raise ConfigError(f"--heads: must divide --hidden ({args.hidden}), got "
+                              f"{args.heads}")
         m = models.tiny_gpt(layers=args.layers, hidden=args.hidden, heads=args.heads,
                             vocab=args.vocab, seq_len=args.seq_len)
         x, _ = models.sample_batch("tiny-gpt", args.batch_size, seq_len=args.seq_len,
@@ -31,7 +69,13 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
         factory = getattr(importlib.import_module(mod_name), func)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--model: cannot load {args.model!r}: {exc}") from None
-    made = factory()
+    if not callable(factory):
+        raise ConfigError(f"--model: {args.model!r} is not a function that builds a model")
+    try:
+        made = factory()
+    except Exception as exc:  # the user's code: report it, do not crash with its traceback
+        raise ConfigError(f"--model: {args.model}() failed: {type(exc).__name__}: {exc}") \
+            from None
     if isinstance(made, tuple) and len(made) == 2:
         return made[0], made[1], args.model
     if args.input_shape is None:
@@ -39,7 +83,13 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
                           "(or return (model, example_input) from it)")
     import torch
 
-    shape = [int(s) for s in args.input_shape.split(",")]
+    try:
+        shape = [int(s) for s in args.input_shape.split(",")]
+    except ValueError:
+        raise ConfigError(f"--input-shape: expected comma-separated integers such as 2,64, "
+                          f"got {args.input_shape!r}") from None
+    if not shape or any(n < 1 for n in shape):
+        raise ConfigError(f"--input-shape: every size must be >= 1, got {args.input_shape!r}")
     return made, torch.randn(*shape), args.model
 
 
@@ -51,9 +101,25 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError("profile: needs torch (pip install 'pipeopt[torch]')") from None
     from pipeopt.costs.profiler import profile_model, write_profile
 
+    import torch
+
+    device = _device(args.device)
     model, x, name = _build(args)
-    doc = profile_model(model, x, device=args.device, warmup=args.warmup,
-                        repeats=args.repeats, name=name)
+    if not isinstance(model, torch.nn.Sequential) or len(model) == 0:
+        raise ConfigError(f"--model: {name} must give a non-empty torch.nn.Sequential (its "
+                          f"layers are what is timed), got {type(model).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"--model: {name}'s example input must be a tensor, got "
+                          f"{type(x).__name__}")
+    try:
+        doc = profile_model(model, x, device=device, warmup=args.warmup,
+                            repeats=args.repeats, name=name)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        # Shapes that do not fit the model, an input on the wrong device, ...: the model's own
+        # error, on one line.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"--model: running {name} on its example input failed: "
+                          f"{type(exc).__name__}: {first}") from None
     write_profile(doc, args.output)
     print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'fused ms':>9} {'act KiB':>9} "
           f"{'params':>9}")
@@ -78,15 +144,16 @@ def add_commands(subparsers: Any) -> None:
                     "profile that solve accepts as model: {profile: FILE}.",
         epilog="Example: pipeopt profile --model tiny-gpt --layers 4 -o profile.json")
     p.add_argument("--model", default="tiny-gpt", help="tiny-gpt, mlp or MODULE:FACTORY")
-    p.add_argument("--layers", type=int, default=4, help="blocks of a built-in model")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size / MLP width")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=128)
-    p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=2, help="micro-batch size")
+    pos, nonneg = _int_at_least(1), _int_at_least(0)
+    p.add_argument("--layers", type=pos, default=4, help="blocks of a built-in model")
+    p.add_argument("--hidden", type=pos, default=64, help="hidden size / MLP width")
+    p.add_argument("--heads", type=pos, default=4)
+    p.add_argument("--vocab", type=pos, default=128)
+    p.add_argument("--seq-len", type=pos, default=16)
+    p.add_argument("--batch-size", type=pos, default=2, help="micro-batch size")
     p.add_argument("--input-shape", help="comma-separated input shape for a factory model")
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=nonneg, default=2, help="untimed runs per op")
+    p.add_argument("--repeats", type=pos, default=5, help="timed runs per op (the median)")
     p.add_argument("-o", "--output", default="profile.json", help="profile JSON to write")
     p.set_defaults(func=cmd_profile)

@@ -8,6 +8,7 @@ See docs/model_config.md for the reference of every key.
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -160,9 +161,12 @@ class ClusterConfig(_Strict):
         points = [(None, eff)] if isinstance(eff, float | int) else list(eff)
         if not points:
             raise ValueError("compute_efficiency: give a number or a list of [flops, efficiency]")
-        for _, e in points:
+        for flops, e in points:
             if not 0 < e <= 1:
                 raise ValueError(f"compute_efficiency: must be in (0, 1], got {e}")
+            if flops is not None and not (0 < flops < math.inf):
+                raise ValueError("compute_efficiency: each point is [flops, efficiency] with "
+                                 f"flops a finite number > 0 (FLOPs per op), got {flops}")
         return self
 
 
@@ -170,6 +174,9 @@ class ClusterConfig(_Strict):
 class TrainingConfig(_Strict):
     """``training:`` — optimizer state, data parallelism and the stage-partition search."""
 
+    # Mixed-precision Adam: fp16/bf16 weights and gradients (2 + 2 bytes) plus fp32 master
+    # weights, momentum and variance (12 bytes): 16 bytes per parameter (Rajbhandari et al.
+    # 2020, ZeRO, section 3.1).
     bytes_per_param: float = Field(16.0, gt=0, description="weights + grads + optimizer state")
     grad_bytes_per_param: float = Field(2.0, gt=0, description="gradient bytes reduced per param")
     data_parallel: int = Field(1, ge=1)
@@ -179,6 +186,7 @@ class TrainingConfig(_Strict):
     top_k: int = Field(4, ge=1)
     joint_method: str | None = None
     joint_time_limit: float = Field(5.0, gt=0, description="seconds per candidate schedule")
+    ilp_time_limit: float = Field(30.0, gt=0, description="seconds for the partition ILP")
     inflight: Literal["1f1b", "gpipe"] = "1f1b"
 
 
@@ -211,11 +219,22 @@ def parse_model(data: Any) -> ModelConfig:
     if len(forms) > 1:
         raise ConfigError("model.layer_costs: cannot be combined with model.profile")
     if forms:
-        shape = [k for k in ("layers", "hidden", "heads", "seq_len", "vocab")
-                 if isinstance(data, dict) and k in data]
+        given = list(data) if isinstance(data, dict) else []
+        if "preset" in given:
+            raise ConfigError(f"model.preset: cannot be combined with model.{forms[0]} "
+                              "(give a transformer shape or explicit layers, not both)")
+        shape = [k for k in ("layers", "hidden", "heads", "seq_len", "vocab") if k in given]
         if shape:
             raise ConfigError(f"model.{forms[0]}: cannot be combined with model.{shape[0]} "
                               "(give a transformer shape or explicit layers, not both)")
+        # Only dtype (the GPU peak that turns FLOPs into seconds) applies to explicit layers;
+        # every other key describes a transformer shape and would be silently ignored.
+        unused = [k for k in given if k not in ("profile", "layer_costs", "dtype")]
+        if unused:
+            what = ("the profile's measured times and bytes already include it"
+                    if forms[0] == "profile" else "give each layer's costs for it instead")
+            raise ConfigError(f"model.{unused[0]}: not used with model.{forms[0]} ({what}); "
+                              "remove it")
         return cfg
     for key in ("layers", "hidden", "heads", "seq_len", "vocab"):
         if getattr(cfg, key) is None:
@@ -237,6 +256,19 @@ def parse_model(data: Any) -> ModelConfig:
             if not 0 <= b < (cfg.layers or 0):
                 raise ConfigError(f"model.overrides[{i}].layers: block index must be in "
                                   f"0..{(cfg.layers or 0) - 1}, got {b}")
+        # The same shape rules as the whole model, on the overridden blocks' shape.
+        where = f"model.overrides[{i}]"
+        oh = ov.heads or cfg.heads
+        okv = ov.kv_heads or cfg.kv_heads or oh  # as transformer_layers merges them
+        if ov.heads is not None and cfg.hidden % oh:
+            raise ConfigError(f"{where}.heads: must divide model.hidden ({cfg.hidden}), "
+                              f"got {oh}")
+        if oh % okv:
+            key = "kv_heads" if ov.kv_heads is not None else "heads"
+            raise ConfigError(f"{where}.{key}: kv_heads ({okv}) must divide heads ({oh})")
+        if oh % t or (okv % t and t % okv):
+            raise ConfigError(f"{where}.heads: model.tensor_parallel ({t}) must divide the "
+                              f"heads ({oh})")
     return cfg
 
 
@@ -265,4 +297,11 @@ def parse_training(data: Any) -> TrainingConfig:
             if n < 1:
                 raise ConfigError(f"training.stage_layers[{i}]: must be >= 1 (no empty "
                                   f"stage), got {n}")
+    if cfg.joint_method is not None and cfg.joint_method != "classic":
+        from pipeopt.solvers import UnknownMethod, check_method
+
+        try:
+            check_method(cfg.joint_method)
+        except UnknownMethod as exc:
+            raise ConfigError(f"training.joint_method: {exc} (or 'classic')") from None
     return cfg

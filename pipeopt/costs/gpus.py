@@ -17,6 +17,11 @@ here. Sources (checked December 2026):
 - MI300X: AMD datasheet — 1307.4 TFLOP/s BF16 dense (2614.9 with sparsity), TF32 653.7;
   192 GB HBM3.
 
+Memory is the total the driver reports, so that every entry has the same unit: nvidia-smi's
+"Memory-Usage" total in MiB (A100 40960 / 81920, H100 SXM 81559, H200 143771, B200 183359,
+L4 23034, L40S 46068; as printed on those GPUs) and rocm-smi's VRAM total for MI300X
+(206141652992 bytes = 192 GiB). The marketed "GB" figures mix decimal and binary units.
+
 FP32 training runs on the TF32 tensor-core path, so ``dtype: fp32`` uses the TF32 figure.
 """
 
@@ -26,7 +31,7 @@ import difflib
 from dataclasses import dataclass
 
 TERA = 1e12
-GIB = 2**30
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -46,14 +51,15 @@ class GPU:
 
 
 CATALOG: dict[str, GPU] = {g.name: g for g in (
-    GPU("A100-40GB", 312 * TERA, 156 * TERA, 40 * GIB, nvlink_bandwidth=300e9),
-    GPU("A100-80GB", 312 * TERA, 156 * TERA, 80 * GIB, nvlink_bandwidth=300e9),
-    GPU("H100-SXM", 989.4 * TERA, 494.7 * TERA, 80 * GIB, nvlink_bandwidth=450e9),
-    GPU("H200", 989.4 * TERA, 494.7 * TERA, 141e9, nvlink_bandwidth=450e9),
-    GPU("B200", 2250 * TERA, 1125 * TERA, 180e9, nvlink_bandwidth=900e9),
-    GPU("L4", 121 * TERA, 60 * TERA, 24e9, nvlink_bandwidth=32e9),  # PCIe only
-    GPU("L40S", 362 * TERA, 183 * TERA, 48e9, nvlink_bandwidth=32e9),  # PCIe only
-    GPU("MI300X", 1307.4 * TERA, 653.7 * TERA, 192e9, nvlink_bandwidth=64e9),  # Infinity Fabric
+    GPU("A100-40GB", 312 * TERA, 156 * TERA, 40_960 * MIB, nvlink_bandwidth=300e9),
+    GPU("A100-80GB", 312 * TERA, 156 * TERA, 81_920 * MIB, nvlink_bandwidth=300e9),
+    GPU("H100-SXM", 989.4 * TERA, 494.7 * TERA, 81_559 * MIB, nvlink_bandwidth=450e9),
+    GPU("H200", 989.4 * TERA, 494.7 * TERA, 143_771 * MIB, nvlink_bandwidth=450e9),
+    GPU("B200", 2250 * TERA, 1125 * TERA, 183_359 * MIB, nvlink_bandwidth=900e9),
+    GPU("L4", 121 * TERA, 60 * TERA, 23_034 * MIB, nvlink_bandwidth=32e9),  # PCIe only
+    GPU("L40S", 362 * TERA, 183 * TERA, 46_068 * MIB, nvlink_bandwidth=32e9),  # PCIe only
+    GPU("MI300X", 1307.4 * TERA, 653.7 * TERA, 196_592 * MIB,
+        nvlink_bandwidth=64e9),  # Infinity Fabric
 )}
 
 _ALIASES = {"H100": "H100-SXM", "A100": "A100-80GB", "H100SXM": "H100-SXM",

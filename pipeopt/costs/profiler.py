@@ -276,8 +276,18 @@ def load_profile(path: str | Path) -> list[LayerCost]:
         if not isinstance(input_grad, bool):
             raise ProfileError(f"{path}: layers[{i}].input_grad: expected true or false, "
                                f"got {input_grad!r}")
-        fflops = float(rec.get("forward_flops") or 0.0)
-        bflops = float(rec.get("backward_flops") or 0.0)
+        flops: dict[str, float] = {}
+        for key in ("forward_flops", "backward_flops"):  # optional: FLOPs only label the layer
+            v = rec.get(key)
+            if v is None:
+                flops[key] = 0.0
+                continue
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) \
+                    or v < 0:
+                raise ProfileError(f"{path}: layers[{i}].{key}: expected a number >= 0, "
+                                   f"got {v!r}")
+            flops[key] = float(v)
+        fflops, bflops = flops["forward_flops"], flops["backward_flops"]
         out.append(LayerCost(
             name=str(rec.get("name", f"layer{i}")), forward_flops=fflops,
             backward_input_flops=bflops / 2, backward_weight_flops=bflops / 2,

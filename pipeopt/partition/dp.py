@@ -142,6 +142,8 @@ def explain_infeasible(costs: ChainCosts) -> str:
     _, part = _minmax(seg, over)
     if part is None:  # cannot happen with L >= S
         return "no partition exists"
+    if len(set(costs.stage_device)) < costs.stages:
+        return _explain_per_device(costs, part)
     worst = max(range(costs.stages),
                 key=lambda k: seg.memory(k)[part[k][0], part[k][1]] - seg.limit[k])
     a, b = part[worst]
@@ -153,6 +155,20 @@ def explain_infeasible(costs: ChainCosts) -> str:
             f"stage {worst} (device {costs.stage_device[worst]}, layers [{a}, {b})) needing "
             f"{_gib(need)} = {_gib(st)} static + {costs.inflight[worst]:g} micro-batches x "
             f"{_gib(act)} activations, {_gib(need - lim)} over its limit of {_gib(lim)}")
+
+
+def _explain_per_device(costs: ChainCosts, part: Partition) -> str:
+    """:func:`explain_infeasible` when devices hold several stages: the device of ``part``
+    furthest over its whole limit, with its stages."""
+    ev = evaluate(costs, part)
+    lim = costs.device_limit
+    worst = max(range(len(lim)), key=lambda d: ev.device_memory[d] - lim[d])
+    held = [k for k, d in enumerate(costs.stage_device) if d == worst]
+    what = ", ".join(f"stage {k} (layers [{part[k][0]}, {part[k][1]}), "
+                     f"{_gib(ev.stage_memory[k])})" for k in held)
+    return (f"no partition into {costs.stages} stages fits in memory; the closest one still has "
+            f"device {worst} holding {what}: {_gib(ev.device_memory[worst])} in all, "
+            f"{_gib(ev.device_memory[worst] - lim[worst])} over its limit of {_gib(lim[worst])}")
 
 
 def _gib(x: float) -> str:

@@ -32,7 +32,11 @@ def _var(prob: pulp.LpProblem, name: str, **kw: Any) -> pulp.LpVariable:
 def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: float = 30.0,
                   ) -> PartitionResult:
     """Optimal partition for ``objective`` (``pipeline``: sum + (m-1)·max; ``minmax``) under
-    per-device memory limits. Raises :class:`PartitionError` when nothing fits."""
+    per-device memory limits, searched for at most ``time_limit`` seconds.
+
+    The result's ``exact`` is False when CBC stopped at the time limit with a partition it had
+    not proven optimal. Raises :class:`PartitionError` when nothing fits, or when the time limit
+    passes before any partition is found."""
     t0 = time.perf_counter()
     n, s = costs.layers, costs.stages
     J, S = range(n), range(s)
@@ -87,11 +91,16 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
         warnings.simplefilter("ignore", DeprecationWarning)
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
     status = prob.solve(solver)
-    if pulp.LpStatus[status] != "Optimal":
-        if pulp.LpStatus[status] == "Infeasible":
-            raise PartitionError(explain_infeasible(costs) + " (per-device limits, ILP)")
-        raise PartitionError(f"partition ILP: {pulp.LpStatus[status]} after "
-                             f"{time.perf_counter() - t0:.1f} s")
+    # CBC stopped by its time limit with an incumbent reports status "Optimal"; only the
+    # solution status tells a proven optimum from a merely feasible partition.
+    found = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if pulp.LpStatus[status] == "Infeasible":
+        raise PartitionError(explain_infeasible(costs) + " (per-device limits, ILP)")
+    if not found:
+        raise PartitionError(f"partition ILP: no partition found in {time_limit:g} s "
+                             f"({pulp.LpStatus[status]} after {time.perf_counter() - t0:.1f} s); "
+                             "raise training.ilp_time_limit")
+    exact = prob.sol_status == pulp.LpSolutionOptimal
     stage_of = []
     for j in J:
         stage_of.append(next(k for k in S if (y[j, k].value() or 0) > 0.5))
@@ -100,4 +109,4 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
         ls = [j for j in J if stage_of[j] == k]
         parts.append((min(ls), max(ls) + 1))
     part: Partition = tuple(parts)
-    return PartitionResult(part, evaluate(costs, part), objective)
+    return PartitionResult(part, evaluate(costs, part), objective, exact)

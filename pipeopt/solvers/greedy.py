@@ -157,7 +157,7 @@ class _Context:
         for k in range(s):
             links = sum(sum(self.tx_f[q]) + sum(self.tx_b[q - 1]) for q in range(k + 1, s))
             need = (s - k) + links / self.cycle[sd[k]] + policy.cap_slack
-            out.append(max(1, min(m, math.ceil(need - 1e-9))))
+            out.append(max(1, min(m, math.ceil(min(need, m) - 1e-9))))  # need may be inf
         return out
 
     def w_lags(self, policy: Policy) -> list[float]:
