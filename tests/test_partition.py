@@ -115,6 +115,22 @@ def test_ilp_shares_device_memory_between_virtual_stages():
     assert sum(b - a for a, b in res.partition) == n
 
 
+def test_ilp_stopped_by_its_time_limit_does_not_claim_optimality():
+    # 128 layers x 32 stages: CBC needs seconds to prove the optimum; stopped after 0.2 s it
+    # may hold a worse partition, which it must not call exact.
+    rng = np.random.default_rng(0)
+    costs = chain_costs(rng.uniform(0.5, 1.5, 128), stages=32, microbatches=64)
+    best = pipeline_partition(costs).evaluation.objective
+    try:
+        res = ilp_partition(costs, time_limit=0.2)
+    except PartitionError as exc:
+        assert "no partition found in 0.2 s" in str(exc)
+        return
+    if res.evaluation.objective > best * (1 + 1e-9):
+        assert res.exact is False
+    assert ilp_partition(chain_costs([1.0, 2.0, 3.0], stages=2)).exact is True
+
+
 def test_uniform_counts_and_neighbours():
     assert uniform_partition(10, 4) == ((0, 3), (3, 6), (6, 8), (8, 10))
     assert from_counts([2, 3]) == ((0, 2), (2, 5))

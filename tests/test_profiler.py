@@ -153,6 +153,35 @@ def test_factory_model_needs_an_input_shape(tmp_path):
     assert len(json.loads(out.read_text())["layers"]) == 4
 
 
+@pytest.mark.parametrize(("args", "phrase"), [
+    (["--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["--warmup", "-1"], "argument --warmup: must be >= 0, got -1"),
+    (["--hidden", "0"], "argument --hidden: must be >= 1, got 0"),
+    (["--layers", "x"], "argument --layers: expected an integer, got 'x'"),
+    (["--heads", "5"], "--heads: must divide --hidden (64), got 5"),
+    (["--device", "tpu"], "--device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    (["--model", "pipeopt.models:mlp", "--input-shape", "a,b"],
+     "--input-shape: expected comma-separated integers"),
+    (["--model", "pipeopt.models:mlp", "--input-shape", "2,0"],
+     "--input-shape: every size must be >= 1"),
+    (["--model", "pipeopt.models:mlp", "--input-shape", "2,3"],
+     "--model: running pipeopt.models:mlp on its example input failed: RuntimeError"),
+    (["--model", "os:getcwd", "--input-shape", "2"],
+     "must give a non-empty torch.nn.Sequential"),
+    (["--model", "os:sep"], "is not a function that builds a model"),
+    (["--model", "no_such_module_xyz:f"], "--model: cannot load 'no_such_module_xyz:f'"),
+])
+def test_profile_bad_arguments(tmp_path, capsys, args, phrase):
+    from pipeopt.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--repeats", "1", "--warmup", "0", *args, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert phrase in err, err
+    assert not out.exists()
+
+
 def test_layer_output_a_view_and_frozen_layer():
     """A Linear on a 3-d input returns a view, which PyTorch's split backward cannot detach in
     place: the profiler still times it; a frozen first layer costs no backward at all."""
