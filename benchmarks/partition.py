@@ -16,7 +16,7 @@ from pipeopt.config import parse_config
 from pipeopt.costs.build import make_plan
 from pipeopt.partition import chain_costs, evaluate, inflight_microbatches, uniform_partition
 from pipeopt.partition.dp import min_max_partition, pipeline_partition
-from pipeopt.partition.ilp import ilp_partition
+from pipeopt.partition.ilp import ilp_partition, per_device_partition
 from pipeopt.partition.joint import default_method, joint_search
 
 
@@ -53,6 +53,17 @@ def search_time() -> None:
           f"uniform {uni.max_time * 1e3:.3f} ms "
           f"(uniform / DP = {uni.max_time / mm.evaluation.max_time:.3f})")
     print(f"  under one second: {'yes' if max(t_mm, t_pl) < 1.0 else 'NO'}")
+    # 16 devices x 2 virtual stages: memory limits are per device (two stages share one).
+    sd = [k % 16 for k in range(s)]
+    virt = chain_costs(comp, stages=s, microbatches=m, comm=costs.comm, static=costs.static,
+                       activation=costs.activation, inflight=inflight_microbatches(16, 2, m),
+                       stage_device=sd, device_limit=160e9)
+    t_pd, (pd, how) = _timed(per_device_partition, virt, repeats=1)
+    t_vi, vi = _timed(ilp_partition, virt, time_limit=30.0, repeats=1)
+    print(f"128 layers x 16 devices x 2 virtual stages (per-device memory): per-device search "
+          f"{t_pd * 1e3:.1f} ms ({how}, exact: {pd.exact}, objective "
+          f"{pd.evaluation.objective:.4f} s); ILP alone {t_vi:.1f} s (exact: {vi.exact}, "
+          f"objective {vi.evaluation.objective:.4f} s)")
 
 
 HEAVY_HEAD = {

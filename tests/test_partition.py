@@ -131,6 +131,25 @@ def test_ilp_stopped_by_its_time_limit_does_not_claim_optimality():
     assert ilp_partition(chain_costs([1.0, 2.0, 3.0], stages=2)).exact is True
 
 
+def test_per_device_partition_uses_the_dp_when_memory_does_not_bind():
+    from pipeopt.partition.ilp import per_device_partition
+
+    rng = np.random.default_rng(5)
+    n = 10
+    loose = chain_costs(rng.uniform(1, 2, n), stages=4, static=[1.0] * n,
+                        stage_device=[0, 1, 0, 1], device_limit=[100.0, 100.0], microbatches=4)
+    res, how = per_device_partition(loose)
+    assert how == "dp" and res.exact and res.evaluation.fits
+    assert res.evaluation.objective == pytest.approx(
+        ilp_partition(loose).evaluation.objective, rel=1e-9)
+    # Device 0 may hold at most 4 layers' static memory: the DP's free optimum does not fit,
+    # so the ILP decides (and its answer respects the whole-device limit).
+    tight = chain_costs(rng.uniform(1, 2, n), stages=4, static=[1.0] * n,
+                        stage_device=[0, 1, 0, 1], device_limit=[4.0, 100.0], microbatches=4)
+    res, how = per_device_partition(tight)
+    assert how == "ilp" and res.evaluation.device_memory[0] <= 4.0
+
+
 def test_uniform_counts_and_neighbours():
     assert uniform_partition(10, 4) == ((0, 3), (3, 6), (6, 8), (8, 10))
     assert from_counts([2, 3]) == ((0, 2), (2, 5))

@@ -376,13 +376,17 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
         elif tc.partition == "uniform":
             part = uniform
         elif tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
-            from pipeopt.partition.ilp import ilp_partition
+            from pipeopt.partition.ilp import ilp_partition, per_device_partition
 
-            res_ilp = ilp_partition(costs, tc.partition_objective,
-                                    time_limit=tc.ilp_time_limit)
-            part = res_ilp.partition
-            report["method"] = "ilp"
-            report["exact"] = res_ilp.exact
+            if tc.partition == "ilp":
+                found, how = ilp_partition(costs, tc.partition_objective,
+                                           time_limit=tc.ilp_time_limit), "ilp"
+            else:  # devices hold several stages: memory is per device
+                found, how = per_device_partition(costs, tc.partition_objective,
+                                                  time_limit=tc.ilp_time_limit)
+            part = found.partition
+            report["method"] = how
+            report["exact"] = found.exact
         elif tc.partition == "joint":
             from pipeopt.partition.joint import joint_search
 

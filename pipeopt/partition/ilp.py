@@ -14,12 +14,14 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pulp
 
 from pipeopt.partition import ChainCosts, Partition, PartitionError, evaluate
-from pipeopt.partition.dp import PartitionResult, explain_infeasible
+from pipeopt.partition.dp import PartitionResult, best_partition, explain_infeasible
 
 
 def _var(prob: pulp.LpProblem, name: str, **kw: Any) -> pulp.LpVariable:
@@ -110,3 +112,22 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
         parts.append((min(ls), max(ls) + 1))
     part: Partition = tuple(parts)
     return PartitionResult(part, evaluate(costs, part), objective, exact)
+
+
+def per_device_partition(costs: ChainCosts, objective: str = "pipeline",
+                         time_limit: float = 30.0) -> tuple[PartitionResult, str]:
+    """The best partition under per-device memory limits, and which search found it
+    (``dp`` or ``ilp``).
+
+    With one stage per device the DP is exact. With several stages per device, the DP without
+    memory limits is tried first: when its optimum fits every device's whole limit it is
+    optimal for the limited problem too (a relaxation's optimum that is feasible), found in
+    milliseconds where the ILP can take longer than its time limit. Otherwise the ILP decides.
+    """
+    if len(set(costs.stage_device)) == costs.stages:
+        return best_partition(costs, objective), "dp"
+    free = best_partition(replace(costs, device_limit=np.full(len(costs.device_limit), math.inf)),
+                          objective)
+    if free.exact and evaluate(costs, free.partition).fits:
+        return replace(free, evaluation=evaluate(costs, free.partition)), "dp"
+    return ilp_partition(costs, objective, time_limit=time_limit), "ilp"
