@@ -270,6 +270,7 @@ def parse_config(data: Any, source: str = "<memory>",
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (pipeline, stages, ...), "
                           f"got {_yaml_type(data)}")
+    _check_expanded_size(data, source)
     data = {k: _floats_from_strings(v, str(k), frozenset({id(data)})) for k, v in data.items()
             if not (k in _OPTIONAL_SECTIONS and v is None)}
     if overrides:
@@ -292,6 +293,9 @@ def parse_config(data: Any, source: str = "<memory>",
         return _from_model(cfg, data, source)
     if cfg.stages is None:
         raise ConfigError("stages: missing (give per-stage costs, or a model: and cluster:)")
+    if cfg.training:  # only the model form searches a partition; here it would do nothing
+        raise ConfigError(f"training.{next(iter(cfg.training))}: training: is used only with "
+                          "model:/cluster: (the explicit form gives per-stage costs already)")
     problem = build_problem(cfg)
     check_totals(problem, "stages")
     return Config(problem=problem, solver=cfg.solver, source=source)
@@ -306,7 +310,10 @@ def check_totals(problem: Problem, where: str) -> None:
                for k in range(problem.stages - 1))
     total = work + m * hops + sum(problem.grad_reduce)
     if not math.isfinite(total):
-        raise ConfigError(f"{where}: the times of one iteration add up to more than a float "
+        # Name the section whose values overflow: the link delays alone, or the op times.
+        key = "links" if where == "stages" and math.isfinite(work) and not math.isfinite(
+            m * hops) else where
+        raise ConfigError(f"{key}: the times of one iteration add up to more than a float "
                           f"holds ({total}); use smaller time units")
     memory = max(s + m * sum(problem.activation_memory[k] for k in ks)
                  for s, ks in zip(problem.static_memory, problem.device_stages, strict=True))
@@ -476,6 +483,48 @@ _MORE_FLOATS = re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
                           r"|[-+]?(?:inf|Inf|INF)|nan|NaN|NAN)$")
 _SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _MORE_FLOATS,
                                   list("-+0123456789iInN"))
+
+
+#: Most values a config may hold once YAML aliases are expanded: far above any real config
+#: (a per-stage list for 1024 devices x 16 virtual stages is 16k values), far below what an
+#: alias "bomb" (nested anchors, each repeated tenfold) expands to.
+MAX_CONFIG_VALUES = 1_000_000
+
+
+def _check_expanded_size(data: Any, source: str) -> None:
+    """Refuse a document that holds more than :data:`MAX_CONFIG_VALUES` values once its YAML
+    aliases are expanded. Counted with shared nodes memoised, so the count itself stays cheap;
+    a node that contains itself is left for :func:`_floats_from_strings` to name."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:  # a cycle: reported with its path by _floats_from_strings
+            return 1
+        active.add(key)
+        children = node.values() if isinstance(node, dict) else node
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_CONFIG_VALUES:
+                break
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        total = size(data)
+    except RecursionError:
+        raise ConfigError(f"{source}: not usable YAML: nested too deeply") from None
+    if total > MAX_CONFIG_VALUES:
+        raise ConfigError(f"{source}: holds more than {MAX_CONFIG_VALUES:,} values once its "
+                          "YAML aliases (*name) are expanded; write the values out, or use "
+                          "fewer nested aliases")
 
 
 def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset()) -> Any:

@@ -62,11 +62,21 @@ def write_atomic(path: str | os.PathLike[str],
     file or the new one, never half of one; the old file survives any failure.
 
     ``data`` is text (written as UTF-8), bytes, or a function that writes to a binary file.
+    The new file keeps the permission bits of the file it replaces, or gets the ones a plain
+    ``open()`` would give (0666 less the umask); a symlink is followed, so its target is what
+    gets replaced.
     """
     target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except OSError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, mode)  # mkstemp makes it 0600: private to the user
         with os.fdopen(fd, "wb") as fh:
             if isinstance(data, str):
                 fh.write(data.encode("utf-8"))
@@ -81,6 +91,13 @@ def write_atomic(path: str | os.PathLike[str],
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def refuse_overwriting_input(flag: str, output: str | os.PathLike[str] | None,
@@ -349,13 +366,30 @@ def _solver_info(sol: Any) -> SolverInfo:
 
 def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
     """The metrics written in the file must be those of its ops."""
-    tol = 1e-6 * max(1.0, sched.makespan)
-    for key, actual in (("makespan", sched.makespan), ("iteration_time", sched.iteration_time),
-                        ("max_span", sched.max_span), ("bubble_ratio", sched.bubble_ratio)):
+    tol = 1e-6 * max(1.0, sched.makespan)  # times, in the file's units
+    for key, actual, eps in (("makespan", sched.makespan, tol),
+                             ("iteration_time", sched.iteration_time, tol),
+                             ("max_span", sched.max_span, tol),
+                             ("bubble_ratio", sched.bubble_ratio, 1e-6)):  # a fraction
         if key in doc:
             val = doc[key]
-            if not _is_number(val) or not math.isfinite(val) or abs(val - actual) > tol:
+            if not _is_number(val) or not math.isfinite(val) or abs(val - actual) > eps:
                 raise ScheduleError(f"{key}: the file says {val!r:.60}, its ops give {actual:g}")
+    lb, objective = sched.solver.lower_bound, sched.objective_value
+    if lb is not None and lb > objective + 1e-6 * max(1.0, abs(objective)):
+        raise ScheduleError(f"solver.lower_bound: {lb:g} is above the schedule's own "
+                            f"{sched.solver.objective} objective {objective:g}: not a lower bound")
+    sol = doc.get("solver")
+    if isinstance(sol, dict) and "gap" in sol:
+        gap, actual_gap = sol["gap"], sched.gap
+        if actual_gap is None:
+            if gap is not None:
+                raise ScheduleError(f"solver.gap: the file says {gap!r:.60}, but without a "
+                                    "lower bound there is no gap (null)")
+        elif (not _is_number(gap) or not math.isfinite(gap)
+              or abs(gap - actual_gap) > 1e-6):
+            raise ScheduleError(f"solver.gap: the file says {gap!r:.60}, its lower bound and "
+                                f"ops give {actual_gap:g}")
     if "peak_memory" in doc:
         val = doc["peak_memory"]
         if (not isinstance(val, list) or len(val) != len(sched.peak_memory)

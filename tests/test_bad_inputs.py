@@ -254,6 +254,11 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], Mutation, list[str], str, str]] = 
      "no partition into 4 stages fits in memory"),
     ("layer-cost-without-time", MODEL, put("model", {"layer_costs": [{"name": "x"}] * 8}), [],
      "model.layer_costs[0]:", "give forward (seconds) or forward_flops"),
+    ("training-in-explicit-form", EXPLICIT, put("training.partition", "dp"), [],
+     "training.partition:", "training: is used only with model:/cluster:"),
+    ("links-overflow", EXPLICIT, lambda d: d["links"].update(message_size=1e308,
+                                                            bandwidth=1e-308), [],
+     "links:", "add up to more than a float holds"),
     ("model-microbatches-huge", MODEL, put("pipeline.microbatches", 10**9), [],
      "pipeline.microbatches:", "more than pipeopt schedules"),
     ("efficiency-curve-at-zero-flops", MODEL,
@@ -334,6 +339,10 @@ FILE_CASES: list[tuple[str, str | bytes | None, str]] = [
     ("duplicate-nested-key", "pipeline:\n  devices: 4\n  devices: 2\n  microbatches: 8\n",
      "duplicate key 'devices' (first at line 2)"),
     ("unhashable-key", GOOD_YAML + "? [1, 2]\n: 3\n", "found unhashable key"),
+    # Nine levels of tenfold aliases: a billion values once expanded, a few lines on disk.
+    ("alias-bomb", GOOD_YAML + "extra:\n  l0: &a0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + "".join(
+        f"  l{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)),
+     "holds more than 1,000,000 values once its YAML aliases (*name) are expanded"),
 ]
 
 
@@ -502,10 +511,33 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
     ("solver-not-object", put("solver", [1]), "solver:", "expected an object"),
     ("wall-time-junk", put("solver.wall_time", {"s": 1}), "solver.wall_time:",
      "expected a finite number"),
+    ("bubble-ratio-edited", lambda d: d.update(bubble_ratio=d["bubble_ratio"] + 1e-4),
+     "bubble_ratio:", "the file says"),
+    ("lower-bound-above-makespan", lambda d: d["solver"].update(lower_bound=d["makespan"] * 2),
+     "solver.lower_bound:", "not a lower bound"),
+    ("gap-edited", lambda d: d["solver"].update(gap=0.5), "solver.gap:", "the file says 0.5"),
     ("messages-not-list", put("messages", 5), "messages:", "expected a list"),
     ("message-delayed-wrongly", lambda d: d["messages"][0].update(arrival=99.0),
      "invalid schedule: message", "takes"),
 ]
+
+
+def test_edited_bubble_ratio_caught_at_any_time_scale(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Times in microseconds: a makespan in the millions must not widen the check of a fraction.
+    cfg, out = tmp_path / "c.yaml", tmp_path / "s.json"
+    cfg.write_text(yaml.safe_dump({
+        "pipeline": {"devices": 4, "microbatches": 8},
+        "stages": {"forward": 40e3, "backward_input": 50e3, "backward_weight": 34e3},
+        "links": {"latency": 160e3}}), encoding="utf-8")
+    assert main(["solve", str(cfg), "--method", "1f1b", "-o", str(out), "-q"]) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["makespan"] > 1e6 and doc["bubble_ratio"] > 0.1
+    doc["bubble_ratio"] = 0.0
+    out.write_text(json.dumps(doc), encoding="utf-8")
+    capsys.readouterr()
+    rc, _, err = _run(["simulate", str(out)], capsys)
+    _assert_one_error(rc, err, "bubble_ratio:", "the file says 0.0")
 
 
 @pytest.mark.parametrize("command", ["simulate", "plot", "solve"])

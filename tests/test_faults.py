@@ -231,6 +231,27 @@ def test_failure_in_the_middle_of_writing(tmp_path: Path, good_output: tuple[Pat
     assert _leftovers(tmp_path) == []
 
 
+def test_atomic_write_keeps_permissions_and_follows_symlinks(tmp_path: Path) -> None:
+    from pipeopt.io import write_atomic
+
+    old_mask = os.umask(0o027)
+    try:
+        fresh = write_atomic(tmp_path / "new.json", "{}")
+        assert fresh.stat().st_mode & 0o777 == 0o640  # what open() gives: 0666 less the umask
+    finally:
+        os.umask(old_mask)
+    shared = tmp_path / "shared.json"
+    shared.write_text("old")
+    shared.chmod(0o664)
+    write_atomic(shared, "new")
+    assert shared.read_text() == "new" and shared.stat().st_mode & 0o777 == 0o664
+    link = tmp_path / "link.json"
+    link.symlink_to(shared)
+    write_atomic(link, "via the link")
+    assert link.is_symlink() and shared.read_text() == "via the link"
+    assert _leftovers(tmp_path) == []
+
+
 def test_plot_failure_keeps_previous_png(tmp_path: Path, good_output: tuple[Path, Path, bytes],
                                          monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
