@@ -96,12 +96,10 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile a model and write the JSON."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise ConfigError("profile: needs torch (pip install 'pipeopt[torch]')") from None
     from pipeopt.costs.profiler import profile_model, write_profile
-
-    import torch
 
     device = _device(args.device)
     model, x, name = _build(args)
