@@ -186,8 +186,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    sched = load_schedule(args.schedule)
-    again = retime(sched)
+    try:
+        sched = load_schedule(args.schedule)
+        again = retime(sched)
+    except USER_ERRORS as exc:
+        if args.json:  # scripts read the verdict from stdout; the error line still goes out
+            print(json.dumps({"valid": False, "error": one_line(str(exc))}))
+        raise
     if args.json:
         print(json.dumps({"valid": True, **sched.summary(),
                           "resimulated_makespan": again.makespan}))
@@ -200,10 +205,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--plot", args.plot, args.config)
+    names = _method_list(args.methods) if args.methods is not None else None
     cfg = load_config(args.config, time_limit=args.time_limit)
-    names = args.methods.split(",") if args.methods else None
     rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit, seed=cfg.solver.seed,
                    objective=cfg.solver.objective)
+    drawn = [r for r in rows if r.schedule is not None]
+    if args.plot:
+        from pipeopt.plot import plot_compare
+
+        write_output("--plot", args.plot, lambda path: plot_compare(
+            [r.schedule for r in drawn], path, fits=[r.fits for r in drawn]))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
         return 0
@@ -223,12 +234,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     if args.plot:
-        from pipeopt.plot import plot_compare
-
-        scheds = [r.schedule for r in rows if r.schedule is not None]
-        write_output("--plot", args.plot, lambda path: plot_compare(scheds, path))
         print(f"written {args.plot}")
     return 0
+
+
+def _method_list(text: str) -> list[str]:
+    """``--methods a,b,c``: known names, each once, in the given order."""
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if not name:
+            raise ConfigError(f"--methods: an empty name in {text!r}; give comma-separated "
+                              "method names such as 1f1b,zb-h1,greedy")
+        try:
+            check_method(name)
+        except UnknownMethod as exc:
+            raise ConfigError(f"--methods: {exc}") from None
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:

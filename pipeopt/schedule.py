@@ -172,12 +172,20 @@ class Schedule:
 
     # ----- views ---------------------------------------------------------------------------
     def device_orders(self) -> tuple[tuple[Op, ...], ...]:
-        """Per device, its ops sorted by start time (the input form of the simulator)."""
+        """Per device, its ops sorted by start time (the input form of the simulator).
+
+        Ops with the same start and end (zero-length ops) keep the order of the data flow:
+        F along the stages, then B back along them, each W after its B; so a valid schedule's
+        orders never deadlock, whatever order its file lists them in."""
+        last = 2 * self.problem.stages
+        flow = {"F": lambda k: 2 * k, "B": lambda k: 2 * (last - k),
+                "W": lambda k: 2 * (last - k) + 1}
         per: list[list[TimedOp]] = [[] for _ in range(self.problem.devices)]
         for o in self.ops:
             per[o.device].append(o)
-        return tuple(tuple(o.op for o in sorted(lst, key=lambda o: (o.start, o.end)))
-                     for lst in per)
+        return tuple(tuple(o.op for o in sorted(
+            lst, key=lambda o: (o.start, o.end, flow[o.kind](o.stage), o.microbatch)))
+            for lst in per)
 
     def op_times(self) -> dict[Op, tuple[float, float]]:
         """Map from op to its (start, end)."""

@@ -177,13 +177,31 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Sc
     return replace(sched, solver=info)
 
 
-def solve(problem: Problem, method: str = "auto", options: SolveOptions | None = None,
-          **kwargs: Any) -> Schedule:
-    """Schedule ``problem`` with ``method``; keyword arguments override ``options`` fields.
+def solve(problem: Problem | Any, method: str | None = None,
+          options: SolveOptions | None = None, **kwargs: Any) -> Schedule:
+    """Schedule ``problem`` with ``method`` (default ``auto``); keyword arguments override
+    ``options`` fields.
+
+    ``problem`` may also be a loaded :class:`~pipeopt.config.Config`: its problem is solved,
+    with its ``solver:`` section (method, time limit, seed, workers, objective, gap,
+    resolution) as the defaults that ``method``, ``options`` and keyword arguments override.
 
     The result has passed the validator. Raises :class:`UnknownMethod` for an unknown name and
     :class:`~pipeopt.schedules.NotApplicable` when the method cannot express the problem.
     """
+    if not isinstance(problem, Problem):
+        inner = getattr(problem, "problem", None)
+        if not isinstance(inner, Problem):
+            raise TypeError(f"solve: expected a Problem or a Config (pipeopt.load_config), got "
+                            f"{type(problem).__name__}")
+        sc = getattr(problem, "solver", None)
+        if sc is not None:
+            method = method or sc.method
+            options = options or SolveOptions(
+                time_limit=sc.time_limit, seed=sc.seed, workers=sc.workers,
+                objective=sc.objective, relative_gap=sc.relative_gap, resolution=sc.resolution)
+        problem = inner
+    method = method or "auto"
     opts = replace(options or SolveOptions(), **kwargs)
     if method in GENERATORS:
         try:
@@ -256,7 +274,8 @@ CHUNKED: dict[str, tuple[int, str]] = {
 
 
 def compare(problem: Problem, names: list[str] | None = None, **options: Any) -> list[CompareRow]:
-    """Run ``names`` (default: every method) on ``problem``; rows sorted best first.
+    """Run ``names`` (default: every method) on ``problem``; rows that produced a schedule
+    first, those within the memory limits before those over them, each group best first.
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
     ``ratio`` compares objectives against the best schedule that fits.

@@ -1,0 +1,107 @@
+"""Command-line and API behaviours that scripts rely on: flags that override the file, JSON
+output, method lists, and the Python API's entry points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import pipeopt
+from pipeopt.cli import main
+from pipeopt.io import schedule_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+UNIFORM = str(ROOT / "examples" / "uniform.yaml")
+
+
+def test_flags_override_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # uniform.yaml says method: auto, time_limit: 20.
+    out = tmp_path / "s.json"
+    assert main(["solve", UNIFORM, "--method", "zb-h1", "-o", str(out), "-q"]) == 0
+    assert json.loads(out.read_text())["method"] == "zb-h1"
+    capsys.readouterr()
+    assert main(["solve", UNIFORM, "--method", "cpsat", "--time-limit", "7", "--json", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "cpsat"
+    assert main(["solve", UNIFORM, "--time-limit", "0", "-q"]) == 2  # checked, not ignored
+    assert "--time-limit" in capsys.readouterr().err
+
+
+def test_simulate_json_reports_valid_and_invalid(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.json"
+    assert main(["solve", UNIFORM, "--method", "1f1b", "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert good["valid"] is True and good["makespan"] == pytest.approx(33.0)  # (8+3)·3
+    doc = json.loads(out.read_text())
+    doc["ops"][0]["start"] += 0.5
+    out.write_text(json.dumps(doc))
+    assert main(["simulate", str(out), "--json"]) == 2
+    captured = capsys.readouterr()
+    bad = json.loads(captured.out)
+    assert bad["valid"] is False and "invalid schedule" in bad["error"]
+    assert captured.err.startswith("pipeopt: error:")
+
+
+@pytest.mark.parametrize(("methods", "phrase"), [
+    ("bogus", "--methods: unknown method 'bogus'"),
+    ("1f1b,gredy", "did you mean 'greedy'?"),
+    (",", "--methods: an empty name"),
+    ("1f1b,,zb-h1", "--methods: an empty name"),
+])
+def test_compare_refuses_bad_method_lists(capsys: pytest.CaptureFixture[str], methods: str,
+                                          phrase: str) -> None:
+    assert main(["compare", UNIFORM, "--methods", methods]) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_runs_each_method_once_and_plots_with_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "c.png"
+    assert main(["compare", UNIFORM, "--methods", "1f1b, zb-h1,1f1b", "--json",
+                 "--plot", str(png)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["zb-h1", "1f1b"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_to_json_round_trips() -> None:
+    cfg = pipeopt.load_config(UNIFORM)
+    sched = pipeopt.solve(cfg.problem, method="zb-h1")
+    doc = json.loads(sched.to_json())
+    again = schedule_from_dict(doc)
+    assert again.makespan == sched.makespan and again.ops == sched.ops
+    assert doc["format"].startswith("pipeopt.schedule/")
+
+
+def test_solve_takes_a_config_with_its_solver_section() -> None:
+    cfg = pipeopt.load_config(UNIFORM, method="1f1b")
+    sched = pipeopt.solve(cfg)
+    assert sched.method == "1f1b" and sched.makespan == pytest.approx(33.0)
+    assert pipeopt.solve(cfg, "zb-h1").method == "zb-h1"  # an explicit method wins
+    with pytest.raises(TypeError, match="expected a Problem or a Config"):
+        pipeopt.solve({"pipeline": {}}, "1f1b")
+
+
+def test_zero_length_ops_listed_in_any_order_resimulate(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # Every op lasts 0 s, so all start together: the file's op order must not decide the
+    # re-simulated device orders (reversed, it used to deadlock on a valid file).
+    cfg, out = tmp_path / "zero.yaml", tmp_path / "s.json"
+    for v, method in ((1, "1f1b"), (1, "zb-h1"), (2, "interleaved-1f1b"), (2, "zb-v")):
+        place = "vshape" if method == "zb-v" else "loop"
+        cfg.write_text(f"pipeline: {{devices: 3, microbatches: 6, virtual_stages: {v}, "
+                       f"placement: {place}}}\n"
+                       "stages: {forward: 0, backward_input: 0, backward_weight: 0}\n")
+        capsys.readouterr()
+        assert main(["solve", str(cfg), "--method", method, "-o", str(out), "-q"]) == 0, \
+            capsys.readouterr().err
+        doc = json.loads(out.read_text())
+        doc["ops"].reverse()
+        out.write_text(json.dumps(doc))
+        assert main(["simulate", str(out)]) == 0, (method, capsys.readouterr().err)
