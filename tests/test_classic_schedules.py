@@ -56,8 +56,23 @@ def test_interleaved(p, m, v, t):
     s = validate(run_classic(prob, "interleaved-1f1b"))
     # Narayanan et al. SC'21: the bubble shrinks by the number of chunks.
     assert s.makespan == approx(m * (f + b + w) + (p - 1) * (f + b + w) / v)
-    # Device 0 holds p + (p - 1)/v micro-batches' worth of activations (notes/schedules.md).
+    # Device 0 holds p + (p - 1)/v micro-batches' worth of activations (notes/schedules.md);
+    # device r runs Megatron-LM's warm-up of 2(p - r - 1) + (v - 1)p chunk forwards, then one
+    # more before its first backward: (2(p - r - 1) + (v - 1)p + 1) / v = p + (p - 1 - 2r)/v.
     assert s.peak_memory[0] == approx(min(p + (p - 1) / v, m))
+    assert s.peak_memory == approx(tuple(min(p + (p - 1 - 2 * r) / v, m) for r in range(p)))
+
+
+@pytest.mark.parametrize("p,m,v,t", [
+    (p, m, v, t) for p, v, m, t in itertools.product([2, 3, 4, 8], [2, 3, 4], [4, 8, 9, 16],
+                                                     TIMES) if m >= p])
+def test_looped_bfs(p, m, v, t):
+    f, b, w = t
+    s = validate(run_classic(uniform_problem(p, m, f, b, w, virtual_stages=v), "looped-bfs"))
+    # Lamy-Poirier 2023 (breadth-first pipeline parallelism): the bubble of interleaving,
+    # (p - 1)(F + B + W)/v, with every micro-batch of a chunk in flight: peak m per device.
+    assert s.makespan == approx(m * (f + b + w) + (p - 1) * (f + b + w) / v)
+    assert s.peak_memory == approx((float(m),) * p)
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16), (8, 24)])
