@@ -74,17 +74,87 @@ def print_summary(s: Schedule, out: Any = None) -> None:
     print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
 
 
-def _progress_printer(quiet: bool) -> Callable[[Progress], None] | None:
-    if quiet or not sys.stderr.isatty():
-        return None
+class ProgressLine:
+    """One status line on a terminal's stderr, redrawn in place: elapsed wall time since the
+    start, what is running, and the search's best objective, bound and gap (seconds).
 
-    def show(p: Progress) -> None:
-        gap = p.gap
-        sys.stderr.write(f"\r  {p.elapsed:7.1f}s  best {_fmt(p.objective)}  bound "
-                         f"{_fmt(p.bound)}  gap {'-' if gap is None else f'{gap:.2%}'}   ")
-        sys.stderr.flush()
+    A background thread redraws it every ``tick`` seconds, so the clock moves while a search
+    finds nothing new. Use as a context manager; it erases the line when done (a finished solve
+    prints its summary instead). Does nothing unless ``enabled``.
+    """
 
-    return show
+    def __init__(self, enabled: bool, tick: float = 0.5, stream: Any = None) -> None:
+        import threading
+        import time
+
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tick = tick
+        self._clock = time.perf_counter
+        self._t0 = self._clock()
+        self._what = "solving"
+        self._last: Progress | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._width = 0
+
+    def __enter__(self) -> ProgressLine:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+            with self._lock:
+                if self._width:
+                    self.stream.write("\r" + " " * self._width + "\r")
+                    self.stream.flush()
+
+    def report(self, p: Progress) -> None:
+        """A search's report (its ``on_progress`` callback)."""
+        with self._lock:
+            self._last = p
+        self._draw()
+
+    def running(self, what: str) -> None:
+        """Say what runs now (a method name); the search figures start afresh."""
+        with self._lock:
+            self._what, self._last = what, None
+        self._draw()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick):
+            self._draw()
+
+    def _draw(self) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            text = f"  {self._clock() - self._t0:7.1f}s  {self._what}"
+            p = self._last
+            if p is not None:
+                gap = p.gap
+                text += (f"  best {_fmt(p.objective)}  bound {_fmt(p.bound)}  gap "
+                         f"{'-' if gap is None else f'{gap:.2%}'}")
+            pad = max(0, self._width - len(text))
+            self._width = max(self._width, len(text))
+            try:
+                self.stream.write("\r" + text + " " * pad)
+                self.stream.flush()
+            except (OSError, ValueError):  # the terminal went away: stop drawing
+                self.enabled = False
+
+
+def _progress_line(quiet: bool) -> ProgressLine:
+    """The progress line of ``solve``/``compare``: on only when stderr is a terminal."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return ProgressLine(enabled=tty and not quiet)
 
 
 class UsageError(Exception):
@@ -158,12 +228,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
         table = describe_partition(cfg)
         if table:
             print(table)
-    progress = _progress_printer(args.quiet or args.json)
-    sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
-                  objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
-                  resolution=sc.resolution, on_progress=progress, log=args.verbose)
-    if progress is not None:
-        sys.stderr.write("\n")
+    with _progress_line(args.quiet or args.json or args.verbose) as line:
+        line.running(sc.method)
+        sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
+                      objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
+                      resolution=sc.resolution, on_progress=line.report, log=args.verbose)
     if args.output:
         write_output("--output", args.output, lambda path: dump_schedule(sched, path))
     if args.json:
@@ -207,8 +276,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--plot", args.plot, args.config)
     names = _method_list(args.methods) if args.methods is not None else None
     cfg = load_config(args.config, time_limit=args.time_limit)
-    rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit, seed=cfg.solver.seed,
-                   objective=cfg.solver.objective)
+    with _progress_line(args.quiet or args.json) as line:
+        rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit,
+                       seed=cfg.solver.seed, objective=cfg.solver.objective,
+                       on_progress=line.report, on_start=line.running)
     drawn = [r for r in rows if r.schedule is not None]
     if args.plot:
         from pipeopt.plot import plot_compare
@@ -291,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time limit per search method (seconds)")
     p.add_argument("--plot", help="also draw the schedules side by side into this PNG")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on the terminal")
     p.set_defaults(func=cmd_compare)
 
     import importlib

@@ -3,7 +3,10 @@ output, method lists, and the Python API's entry points."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,38 @@ def test_zero_length_ops_listed_in_any_order_resimulate(tmp_path: Path,
         doc["ops"].reverse()
         out.write_text(json.dumps(doc))
         assert main(["simulate", str(out)]) == 0, (method, capsys.readouterr().err)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("tty", "flags", "shown"), [
+    (True, [], True), (True, ["-q"], False), (True, ["--json"], False), (False, [], False)])
+def test_progress_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str], tty: bool,
+                                     flags: list[str], shown: bool) -> None:
+    err = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["solve", UNIFORM, "--method", "cpsat", *flags]) == 0
+    text = err.getvalue()
+    assert ("\r" in text) == shown
+    if shown:
+        assert "cpsat  best 27  bound 27  gap 0.00%" in text
+        assert text.endswith("\r") and text.rstrip("\r").split("\r")[-1].strip() == ""  # erased
+
+
+def test_progress_clock_moves_between_reports() -> None:
+    from pipeopt.cli import ProgressLine
+    from pipeopt.solvers import Progress
+
+    out = _Terminal()
+    with ProgressLine(True, tick=0.01, stream=out) as line:
+        line.running("cpsat")
+        line.report(Progress(0.0, 10.0, 8.0))
+        time.sleep(0.3)
+    frames = [f for f in out.getvalue().split("\r") if f.strip()]
+    clocks = {f.split()[0] for f in frames}
+    assert len(clocks) >= 2  # redrawn with a later elapsed time, no new report needed
+    assert all("best 10  bound 8  gap 20.00%" in f for f in frames[1:])

@@ -273,9 +273,12 @@ CHUNKED: dict[str, tuple[int, str]] = {
 }
 
 
-def compare(problem: Problem, names: list[str] | None = None, **options: Any) -> list[CompareRow]:
+def compare(problem: Problem, names: list[str] | None = None, *,
+            on_start: Callable[[str], None] | None = None,
+            **options: Any) -> list[CompareRow]:
     """Run ``names`` (default: every method) on ``problem``; rows that produced a schedule
     first, those within the memory limits before those over them, each group best first.
+    ``on_start`` is told each method's name as it starts; ``options`` go to :func:`solve`.
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
     ``ratio`` compares objectives against the best schedule that fits.
@@ -288,6 +291,8 @@ def compare(problem: Problem, names: list[str] | None = None, **options: Any) ->
             # Run it on the same work cut into equal chunks, and say so in the row's name.
             v, placement = CHUNKED[name]
             prob, label = rechunk(problem, v, placement), f"{name} (v={v})"
+        if on_start is not None:
+            on_start(label)
         try:
             if name in GENERATORS:
                 sched = validate_loose(run_classic(prob, name))

@@ -12,6 +12,7 @@ proven one among the analytic bound and the candidates that minimised the same o
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -22,7 +23,17 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
-from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, require_memory, run_classic
+from pipeopt.solvers import (
+    Progress,
+    SolveOptions,
+    fits_memory,
+    lower_bound,
+    require_memory,
+    run_classic,
+)
+
+logger = logging.getLogger("pipeopt.auto")
+logger.addHandler(logging.NullHandler())
 
 #: Largest instance (number of ops) handed to CP-SAT: this many ops per second of time limit,
 #: and never more than CPSAT_MAX_OPS. Measured with 2 workers on 2 cores, warm-started from the
@@ -132,14 +143,25 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     if classics:
         # The best hand-made schedule, or its split-backward re-timing when that is better.
         cands.append(_pick(classics, obj, problem))
+        logger.info("auto: %d hand-made schedules fit the memory limits; best %s: %.6g s",
+                    len(classics), cands[-1].method, _value(cands[-1], obj))
     else:
         notes.append(("classic", "no hand-made schedule fits the memory limits"))
+        logger.info("auto: no hand-made schedule fits the memory limits")
 
     def best_so_far() -> Schedule | None:
         return _pick(cands, obj, problem) if cands else None
 
     def left() -> float:
         return options.time_limit - (time.perf_counter() - t0)
+
+    def report() -> None:  # the best candidate so far, for a progress display
+        best = best_so_far()
+        if options.on_progress is not None and best is not None:
+            options.on_progress(Progress(time.perf_counter() - t0, _value(best, obj),
+                                         lower_bound(problem, obj)))
+
+    report()
 
     interrupted = False
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
@@ -153,6 +175,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             if not any(fits_memory(s, problem) for s in cands):
                 raise
             interrupted = True  # Ctrl-C: keep the best so far (a hand-made schedule)
+        report()
 
     cpsat = _load("pipeopt.solvers.cpsat", "solve_cpsat")
     if interrupted:
@@ -163,7 +186,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         reason = cpsat_skip_reason(problem, left())
         if reason is not None:
             notes.append(("skipped_cpsat", reason))
+            logger.info("auto: CP-SAT skipped: %s", reason)
         else:
+            logger.info("auto: CP-SAT for the remaining %.1f s, warm-started from %s",
+                        max(CPSAT_MIN_TIME_S, left()), best_so_far().method
+                        if best_so_far() is not None else "nothing")
             try:
                 sched = cpsat(problem, replace(options, time_limit=max(CPSAT_MIN_TIME_S, left()),
                                                hint=best_so_far()))
@@ -200,6 +227,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     elif status == "optimal" and best.solver.objective != obj:
         status = "feasible"
     summary = tuple((s.method, _value(s, obj)) for s in cands)
+    logger.info("auto: chose %s, %.6g s (candidates: %s); lower bound %.6g s, %s", best.method,
+                val, ", ".join(f"{m} {v:.6g}" for m, v in summary), bound, status)
+    for key, note in notes:
+        if key.startswith(("classic_", "greedy", "cpsat")):
+            logger.info("auto: %s: %s", key, note)
     info = replace(best.solver, lower_bound=bound, status=status,
                    wall_time=time.perf_counter() - t0, objective=obj,
                    details=(*best.solver.details, ("chosen", best.method),

@@ -28,6 +28,7 @@ instances, two passes at p=64, m=1024); the best by its own timing is timed agai
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import random
 import time
@@ -39,6 +40,9 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.simulate import simulate
 from pipeopt.solvers import SolveOptions, lower_bound, memory_floor, require_memory
+
+logger = logging.getLogger("pipeopt.greedy")
+logger.addHandler(logging.NullHandler())
 
 #: Total number of ops the fixed variants may process together: p=64, m=1024 (196608 ops) gets
 #: two passes (0.3-0.5 s each in pure Python) while small instances try every variant.
@@ -441,6 +445,7 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
             break
         val = max(spans) if span_obj else makespan
         found.append((val, tried, orders, policy.name))
+        logger.debug("greedy: variant %s -> %.6g s", policy.name, val)
         tried += 1
         if val <= bound * (1 + 1e-9) and exact_timing:
             break  # meets the lower bound: optimal, nothing left to gain
@@ -458,6 +463,10 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
         if best is None or _objective(sched, span_obj) < _objective(best, span_obj) - 1e-12:
             best, name = sched, pname
     assert best is not None
+    logger.info("greedy: %d priority variant(s) tried in %.2f s; best %s: %s %.6g s (lower "
+                "bound %.6g s)%s", tried, time.perf_counter() - t0, name,
+                "span" if span_obj else "iteration time", _objective(best, span_obj), bound,
+                ", interrupted" if interrupted else "")
     details: tuple[tuple[str, Any], ...] = (("policy", name), ("variants_tried", tried))
     if interrupted:
         details += (("interrupted", True),)
