@@ -288,7 +288,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             [r.schedule for r in drawn], path, fits=[r.fits for r in drawn]))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
-        return 0
+        return _interrupted_compare(rows)
     head = ["method", "makespan", "vs best", "bubble", "peak mem (max)", "fits", "status"]
     table = [head]
     for r in rows:
@@ -306,7 +306,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print("  ".join("-" * w for w in widths))
     if args.plot:
         print(f"written {args.plot}")
-    return 0
+    return _interrupted_compare(rows)
+
+
+def _interrupted_compare(rows: list[Any]) -> int:
+    """130 with a note when Ctrl-C cut the comparison short, else 0."""
+    from pipeopt.solvers import INTERRUPTED
+
+    skipped = [r.method for r in rows if r.error == INTERRUPTED]
+    cut = [r.method for r in rows if r.schedule is not None
+           and r.schedule.solver.detail("interrupted")]
+    if not skipped and not cut:
+        return 0
+    print(f"pipeopt: interrupted: {', '.join(cut) or 'a method'} stopped early (best so far "
+          f"shown){'; not run: ' + ', '.join(skipped) if skipped else ''}", file=sys.stderr)
+    return 130
 
 
 def _method_list(text: str) -> list[str]:

@@ -472,6 +472,21 @@ class _SafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        """An integer, or inf when it has over 300 digits (larger than any float; Python
+        refuses to read integers of over 4300 digits): the checks then name the key."""
+        digits = sum(c.isdigit() for c in str(node.value))
+        if digits > 300:
+            try:
+                return float(str(node.value).replace("_", ""))
+            except ValueError:  # a hex/octal/sexagesimal literal: let YAML read it
+                pass
+        return super().construct_yaml_int(node)
+
+
+_SafeLoader.add_constructor("tag:yaml.org,2002:int", _SafeLoader.construct_yaml_int)
+
+
 class _DuplicateKey(yaml.YAMLError):
     def __init__(self, problem: str, mark: Any) -> None:
         super().__init__(problem)
@@ -598,7 +613,9 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     object); a ``.json`` object without one is a config written in JSON."""
     if str(path).lower().endswith(".json"):
         try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            from pipeopt.io import json_int
+
+            doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             doc = None  # let the reader that fits name the problem
         if not isinstance(doc, dict) or "format" in doc:

@@ -173,6 +173,13 @@ def _shown(val: Any) -> str:
     return f"{val!r:.60}"
 
 
+def json_int(text: str) -> int | float:
+    """``parse_int`` for :func:`json.loads`: an integer literal of over 300 digits, larger
+    than any float, becomes a float (inf), so the checks name it ("must be a finite number")
+    instead of Python failing on it (ints of over 4300 digits) or on its conversion later."""
+    return int(text) if len(text) <= 300 else float(text)
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -409,7 +416,7 @@ def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True)
     except UnicodeDecodeError:
         raise ScheduleError(f"{path}: not a UTF-8 text file") from None
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:
         raise ScheduleError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     except RecursionError:

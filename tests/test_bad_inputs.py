@@ -8,6 +8,7 @@ import copy
 import datetime
 import importlib.util
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,14 @@ def test_unusable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not out.exists()
 
 
+def test_integer_of_5000_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Python refuses to read integers of over 4300 digits; it is read as inf and named.
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(GOOD_YAML.replace("forward: 1.0", "forward: 1" + "0" * 5000), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+    _assert_one_error(rc, err, "stages.forward:", "must be a finite number")
+
+
 def test_directory_instead_of_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(["solve", str(tmp_path)], capsys)
     _assert_one_error(rc, err, str(tmp_path), "is a directory, expected a YAML file")
@@ -516,6 +525,11 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
     ("lower-bound-above-makespan", lambda d: d["solver"].update(lower_bound=d["makespan"] * 2),
      "solver.lower_bound:", "not a lower bound"),
     ("gap-edited", lambda d: d["solver"].update(gap=0.5), "solver.gap:", "the file says 0.5"),
+    ("start-400-digits", Text(lambda good: re.sub(r'"start": [0-9.e+-]+', '"start": 1' + "0" * 400,
+                                                  good, count=1)),
+     "ops[0].start:", "must be a finite number, got inf"),
+    ("makespan-5000-digits", lambda d: d.update(makespan=10**4000), "makespan:",
+     "the file says inf"),
     ("messages-not-list", put("messages", 5), "messages:", "expected a list"),
     ("message-delayed-wrongly", lambda d: d["messages"][0].update(arrival=99.0),
      "invalid schedule: message", "takes"),

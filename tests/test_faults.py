@@ -10,6 +10,7 @@ output file untouched and no temporary files behind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -168,6 +169,64 @@ def test_ctrl_c_during_auto_keeps_the_best_hand_made_schedule(
     assert "pipeopt: interrupted: wrote the best schedule so far" in capsys.readouterr().err
     sched = validate(load_schedule(out))
     assert sched.method.startswith("auto:") and sched.solver.detail("interrupted") is True
+
+
+@pytest.mark.parametrize("where", ["greedy", "model"])
+def test_ctrl_c_before_the_cpsat_search_keeps_the_warm_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        where: str) -> None:
+    """Ctrl-C while the warm start's greedy runs, or while the model is built, must stop the
+    solve there (it used to run the whole search and exit 0)."""
+    import pipeopt.solvers.cpsat as cpsat
+    import pipeopt.solvers.greedy as greedy
+
+    cfg, out = _config(tmp_path, HARD), tmp_path / "s.json"
+    real_greedy = greedy.solve_greedy
+
+    def greedy_stopped(*args: Any, **kwargs: Any) -> Any:
+        # As when Ctrl-C comes after the greedy's first variant: it keeps that one.
+        sched = real_greedy(*args, **kwargs)
+        return dataclasses.replace(sched, solver=dataclasses.replace(
+            sched.solver, details=(*sched.solver.details, ("interrupted", True))))
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    if where == "greedy":
+        monkeypatch.setattr(greedy, "solve_greedy", greedy_stopped)
+    else:
+        monkeypatch.setattr(cpsat, "build_model", interrupted)
+    t0 = time.perf_counter()
+    assert main(["solve", str(cfg), "--method", "cpsat", "--time-limit", "60", "-o", str(out),
+                 "-q"]) == 130
+    assert time.perf_counter() - t0 < 30  # not the 60 s search
+    assert "pipeopt: interrupted: wrote the best schedule so far" in capsys.readouterr().err
+    sched = validate(load_schedule(out))
+    assert sched.method == "cpsat" and sched.solver.status == "feasible"
+    assert sched.solver.detail("interrupted") is True
+    assert sched.solver.detail("cpsat_status") == "SKIPPED (interrupted)"
+
+
+def test_ctrl_c_during_compare_stops_and_shows_the_rows_so_far(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pipeopt.solvers.greedy as greedy
+
+    cfg = _config(tmp_path, {**HARD, "memory": {"limit": None}})
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(greedy, "solve_greedy", interrupted)
+    rc = main(["compare", str(cfg), "--methods", "1f1b,greedy,zb-h1,cpsat", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 130
+    rows = {r["method"]: r for r in json.loads(captured.out)}
+    assert rows["1f1b"]["makespan"] > 0  # ran before the Ctrl-C
+    for name in ("greedy", "zb-h1", "cpsat"):  # cut off: not run
+        assert rows[name]["error"] == "not run: interrupted (Ctrl-C)"
+    assert "pipeopt: interrupted:" in captured.err and "not run: greedy, zb-h1, cpsat" in \
+        captured.err
 
 
 # ----- atomic outputs --------------------------------------------------------------------------

@@ -244,7 +244,9 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        from pipeopt.io import json_int
+
+        doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -273,19 +273,25 @@ CHUNKED: dict[str, tuple[int, str]] = {
 }
 
 
+#: The error of the compare rows that Ctrl-C kept from running.
+INTERRUPTED = "not run: interrupted (Ctrl-C)"
+
+
 def compare(problem: Problem, names: list[str] | None = None, *,
             on_start: Callable[[str], None] | None = None,
             **options: Any) -> list[CompareRow]:
     """Run ``names`` (default: every method) on ``problem``; rows that produced a schedule
     first, those within the memory limits before those over them, each group best first.
     ``on_start`` is told each method's name as it starts; ``options`` go to :func:`solve`.
+    Ctrl-C stops the comparison: the methods not run get rows with the error
+    :data:`INTERRUPTED` (a search that was running keeps its best schedule).
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
     ``ratio`` compares objectives against the best schedule that fits.
     """
     names = names or methods()
     rows: list[CompareRow] = []
-    for name in names:
+    for i, name in enumerate(names):
         prob, label = problem, name
         if name in CHUNKED and problem.virtual_stages == 1 and problem.devices > 1:
             # Run it on the same work cut into equal chunks, and say so in the row's name.
@@ -307,7 +313,13 @@ def compare(problem: Problem, names: list[str] | None = None, *,
         except (NotApplicable, UnknownMethod) as exc:
             rows.append(CompareRow(label, None, str(exc)))
             continue
+        except KeyboardInterrupt:  # Ctrl-C: keep the rows so far, run nothing more
+            rows.extend(CompareRow(n, None, INTERRUPTED) for n in names[i:])
+            break
         rows.append(CompareRow(label, sched, fits=fits_memory(sched, prob)))
+        if sched.solver.detail("interrupted"):  # a search took the Ctrl-C and kept its best
+            rows.extend(CompareRow(n, None, INTERRUPTED) for n in names[i + 1:])
+            break
     fitting = [r.schedule.objective_value for r in rows if r.schedule is not None and r.fits]
     best = min(fitting, default=None)
     out = []

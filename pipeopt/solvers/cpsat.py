@@ -72,27 +72,36 @@ def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
     require_memory(problem)
     if problem.num_ops > MAX_MODEL_OPS:
         return _fallback(problem, options, t0)
-    warm = warm_start(problem, options)
+    warm, warm_interrupted = warm_start(problem, options)
     analytic = lower_bound(problem, objective)
     if objective == "makespan":
         analytic = max(analytic, iteration_lower_bound(problem))  # with gradient reductions
     workers = options.workers or _cpu_count()
     tgrid = time_grid(_time_values(problem), options.resolution)
-    if _objective(warm, objective) <= analytic * (1 + 1e-9):
-        # The warm start meets a proven bound: it is optimal, no search needed.
+
+    def warm_only(why: str, interrupted: bool) -> Schedule:
         return _result(warm, "warm start", analytic, objective, t0, options, (
             ("resolution_s", tgrid.unit), ("time_grid_exact", tgrid.exact),
-            ("cpsat_status", "SKIPPED"),
-            ("warm_start", warm.method), ("num_workers", workers)), interrupted=False)
+            ("cpsat_status", why), ("warm_start", warm.method), ("num_workers", workers)),
+            interrupted=interrupted)
 
-    data, mem_exact = int_data(problem, tgrid)
-    horizon = _horizon(problem, warm, tgrid, objective)
-    # On an exact time grid every model solution is a real schedule, so the analytic bound
-    # holds in the model too.
-    lower = tgrid.up(analytic * (1 - 1e-9)) if tgrid.exact else 0
-    sm = build_model(data, objective, horizon, lower)
-    starts_u, msgs_u = _hint_units(warm, tgrid, sm)
-    add_hints(sm, starts_u, msgs_u)
+    if warm_interrupted:  # Ctrl-C while the warm start ran: keep it, search no further
+        return warm_only("SKIPPED (interrupted)", True)
+    if _objective(warm, objective) <= analytic * (1 + 1e-9):
+        # The warm start meets a proven bound: it is optimal, no search needed.
+        return warm_only("SKIPPED", False)
+
+    try:
+        data, mem_exact = int_data(problem, tgrid)
+        horizon = _horizon(problem, warm, tgrid, objective)
+        # On an exact time grid every model solution is a real schedule, so the analytic
+        # bound holds in the model too.
+        lower = tgrid.up(analytic * (1 - 1e-9)) if tgrid.exact else 0
+        sm = build_model(data, objective, horizon, lower)
+        starts_u, msgs_u = _hint_units(warm, tgrid, sm)
+        add_hints(sm, starts_u, msgs_u)
+    except KeyboardInterrupt:  # Ctrl-C while the model was built: the warm start is the best
+        return warm_only("SKIPPED (interrupted)", True)
 
     def bound_s(units: float) -> float:
         """A proven bound in seconds from the model's bound in units."""
@@ -293,10 +302,13 @@ def on_problem(problem: Problem, schedule: Schedule) -> Schedule | None:
     return sched if fits_memory(sched, problem) else None
 
 
-def warm_start(problem: Problem, options: SolveOptions) -> Schedule:
+def warm_start(problem: Problem, options: SolveOptions) -> tuple[Schedule, bool]:
     """The best schedule that fits: ``options.hint`` if given, else the best classic schedule
-    and the greedy; the one-micro-batch-at-a-time schedule when nothing else fits."""
+    and the greedy; the one-micro-batch-at-a-time schedule when nothing else fits. The flag
+    is True when Ctrl-C stopped the greedy (its best variant so far is among the candidates).
+    """
     cands: list[Schedule] = []
+    stopped = False
     if options.hint is not None:
         cands.append(options.hint)
     else:
@@ -305,12 +317,18 @@ def warm_start(problem: Problem, options: SolveOptions) -> Schedule:
             cands.append(classic)
         bound = lower_bound(problem, options.objective)
         if classic is None or _objective(classic, options.objective) > bound * (1 + 1e-9):
-            greedy = _greedy(problem, options)  # only when the classic one is not optimal
+            try:
+                greedy = _greedy(problem, options)  # only when the classic one is not optimal
+            except KeyboardInterrupt:
+                if classic is None:
+                    raise
+                greedy, stopped = None, True  # before its first variant: keep the classic
             if greedy is not None:
                 cands.append(greedy)
+    interrupted = stopped or any(c.solver.detail("interrupted") for c in cands)
     cands.append(simulate(problem, sequential_orders(problem), method="sequential"))
     fitting = [s for s in (on_problem(problem, c) for c in cands) if s is not None]
-    return min(fitting, key=lambda s: _objective(s, options.objective))
+    return min(fitting, key=lambda s: _objective(s, options.objective)), interrupted
 
 
 def _best_classic(problem: Problem, objective: str) -> Schedule | None:
