@@ -1,21 +1,25 @@
-"""Trace-event export: one complete event per op at the right time, tracks named, CLI."""
+"""Trace-event export: one complete event per op and per message at the right time, link
+tracks that nest, flows from producer to consumer, tracks named, CLI."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
+from pipeopt import load_config, solve
 from pipeopt.cli import main
 from pipeopt.io import dump_schedule
-from pipeopt.problem import uniform_problem
+from pipeopt.problem import chain_links, uniform_problem
 from pipeopt.schedule import Schedule
-from pipeopt.solvers import run_classic
 from pipeopt.trace import DEVICES_PID, LINKS_PID, US_PER_S, to_trace_events
 from tests.strategies import SAMPLE_SCHEDULES
 
 SCHEDULES = SAMPLE_SCHEDULES
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(params=list(SCHEDULES))
@@ -39,18 +43,41 @@ def test_one_complete_event_per_op(schedule: Schedule) -> None:
         assert math.isclose(e["ts"] + e["dur"], o.end * US_PER_S, rel_tol=1e-12, abs_tol=1e-6)
 
 
+def _expected_links(problem) -> set[tuple[int, int]]:
+    """Directed device links that carry a message, from the stage placement alone."""
+    sd = problem.stage_device
+    out = set()
+    for k in range(problem.stages - 1):
+        if sd[k] != sd[k + 1]:
+            out |= {(sd[k], sd[k + 1]), (sd[k + 1], sd[k])}
+    return out
+
+
+def _threads(events: list[dict]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"] == "thread_name"}
+
+
+_LINK_NAME = re.compile(r"link (\d+)->(\d+)( #\d+)?( \(.+\))?$")
+
+
 def test_tracks_named(schedule: Schedule) -> None:
     events = to_trace_events(schedule)["traceEvents"]
-    meta = [e for e in events if e["ph"] == "M"]
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta
-               if e["name"] == "thread_name"}
-    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    threads = _threads(events)
+    procs = {e["pid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "process_name"}
     p = schedule.problem.devices
     dev_tracks = {tid: n for (pid, tid), n in threads.items() if pid == DEVICES_PID}
     assert dev_tracks == {d: f"device {d}" for d in range(p)}
-    links = {(m.src_device, m.dst_device) for m in schedule.messages}
-    link_tracks = sorted(n for (pid, _), n in threads.items() if pid == LINKS_PID)
-    assert link_tracks == sorted(f"link {a}->{b}" for a, b in links)
+    links = _expected_links(schedule.problem)
+    named = set()
+    for (pid, tid), n in threads.items():
+        if pid == LINKS_PID:
+            match = _LINK_NAME.match(n)
+            assert match, n
+            named.add((int(match[1]), int(match[2])))
+            assert tid >= p  # link tids never reuse a device's tid
+    assert named == links
     assert procs[DEVICES_PID] == "devices"
     assert (LINKS_PID in procs) == bool(links)
     # Every complete event sits on a named track.
@@ -59,14 +86,41 @@ def test_tracks_named(schedule: Schedule) -> None:
             assert (e["pid"], e["tid"]) in threads
 
 
+def _message_events(events: list[dict]) -> dict[tuple[str, int, int, int], dict]:
+    """Message events keyed by (kind, src_stage, dst_stage, microbatch); keys must be unique."""
+    msgs = [e for e in events if e["ph"] == "X" and e.get("cat") == "message"]
+    assert all(e["pid"] == LINKS_PID for e in msgs)
+    out = {(e["args"]["kind"], e["args"]["src_stage"], e["args"]["dst_stage"],
+            e["args"]["microbatch"]): e for e in msgs}
+    assert len(out) == len(msgs)
+    return out
+
+
 def test_messages_and_memory_counters() -> None:
     sched = SAMPLE_SCHEDULES["contended"]()
     assert sched.messages
     events = to_trace_events(sched)["traceEvents"]
-    msgs = [e for e in events if e["ph"] == "X" and e["pid"] == LINKS_PID]
+    msgs = _message_events(events)
     assert len(msgs) == len(sched.messages)
-    starts = sorted(e["ts"] for e in msgs)
-    assert starts == pytest.approx(sorted(m.start * 1e6 for m in sched.messages))
+    ends = {(o.kind, o.stage, o.microbatch): o.end for o in sched.ops}
+    for mm in sched.messages:
+        e = msgs[(mm.kind, mm.src_stage, mm.dst_stage, mm.microbatch)]
+        # A serialized message is drawn from its transmission start to its arrival.
+        assert e["ts"] == pytest.approx(mm.start * 1e6)
+        assert e["ts"] + e["dur"] == pytest.approx(mm.arrival * 1e6)
+        assert e["args"]["transmission_us"] == pytest.approx((mm.end - mm.start) * 1e6)
+        assert e["args"]["latency_us"] == pytest.approx((mm.arrival - mm.end) * 1e6)
+        queued = mm.start - ends[(mm.kind, mm.src_stage, mm.microbatch)]
+        assert e["args"].get("queued_us", 0.0) == pytest.approx(max(queued, 0.0) * 1e6,
+                                                               abs=1e-6)
+    # Each has a nested slice for its transmission, on its own track.
+    tx = [e for e in events if e["ph"] == "X" and e.get("cat") == "transmission"]
+    assert len(tx) == len(sched.messages)
+    starts = {(e["tid"], e["ts"]): e for e in msgs.values()}
+    for t in tx:
+        parent = starts[(t["tid"], t["ts"])]
+        assert 0 < t["dur"] < parent["dur"]
+        assert t["dur"] == pytest.approx(parent["args"]["transmission_us"])
     counters = [e for e in events if e["ph"] == "C"]
     for d, peak in enumerate(sched.peak_memory):
         vals = [e["args"]["bytes"] for e in counters if e["name"] == f"memory device {d}"]
@@ -74,11 +128,165 @@ def test_messages_and_memory_counters() -> None:
         assert vals[-1] == pytest.approx(sched.problem.static_memory[d])
 
 
-def test_no_link_tracks_without_messages() -> None:
-    sched = run_classic(uniform_problem(4, 8, latency=0.3), "1f1b")
-    assert not sched.messages
+def test_unrecorded_serialized_messages_rebuilt_fifo() -> None:
+    """A schedule file without its messages: the trace sends them first-ready-first-served,
+    as the simulator did."""
+    sched = SAMPLE_SCHEDULES["contended"]()
+    bare = Schedule(sched.problem, sched.method, sched.ops)
+    msgs = _message_events(to_trace_events(bare)["traceEvents"])
+    assert len(msgs) == len(sched.messages)
+    for mm in sched.messages:
+        e = msgs[(mm.kind, mm.src_stage, mm.dst_stage, mm.microbatch)]
+        assert e["ts"] == pytest.approx(mm.start * 1e6)
+        assert e["ts"] + e["dur"] == pytest.approx(mm.arrival * 1e6)
+
+
+# ----- latency-only links: the cross-datacenter example ----------------------------------------
+@pytest.fixture(scope="module", params=["1f1b", "zb-h1"])
+def cross_dc(request: pytest.FixtureRequest) -> Schedule:
+    problem = load_config(EXAMPLES / "cross_dc.yaml").problem
+    assert (problem.devices, problem.microbatches) == (8, 16)
+    assert problem.forward[0] == pytest.approx(0.040)
+    assert problem.latency[3][4] == pytest.approx(0.160) and problem.latency[2][3] == 0
+    sched = solve(problem, request.param)
+    assert not sched.messages  # infinite bandwidth: nothing occupies a link
+    return sched
+
+
+def _hops(problem):
+    """(kind, src_stage, dst_stage) of every hop between adjacent stages on two devices."""
+    sd = problem.stage_device
+    for k in range(problem.stages - 1):
+        for kind, src, dst in (("F", k, k + 1), ("B", k + 1, k)):
+            if sd[src] != sd[dst]:
+                yield kind, src, dst
+
+
+def test_every_message_has_an_event(cross_dc: Schedule) -> None:
+    pr = cross_dc.problem
+    sd = pr.stage_device
+    events = to_trace_events(cross_dc)["traceEvents"]
+    threads = _threads(events)
+    msgs = _message_events(events)
+    times = {(o.kind, o.stage, o.microbatch): o for o in cross_dc.ops}
+    expected = 0
+    for kind, src, dst in _hops(pr):
+        for j in range(pr.microbatches):
+            expected += 1
+            e = msgs[(kind, src, dst, j)]
+            leave = times[(kind, src, j)].end
+            arrive = leave + pr.delay(src, dst)
+            assert e["ts"] == pytest.approx(leave * 1e6, rel=1e-12, abs=1e-6)
+            assert e["ts"] + e["dur"] == pytest.approx(arrive * 1e6, rel=1e-12, abs=1e-6)
+            assert times[(kind, dst, j)].start >= arrive - 1e-9  # the consumer waited for it
+            assert e["name"] == f"{kind} s{src} mb{j} -> s{dst}"
+            assert e["args"]["latency_us"] == pytest.approx(pr.delay(src, dst) * 1e6)
+            assert e["args"]["transmission_us"] == 0
+            assert threads[(e["pid"], e["tid"])].startswith(f"link {sd[src]}->{sd[dst]}")
+    assert expected == 2 * 7 * 16 == len(msgs)
+    # The cross-datacenter delay is visible: 160 ms on the 3<->4 link, 0 elsewhere.
+    for (_, src, dst, _), e in msgs.items():
+        cross = {sd[src], sd[dst]} == {3, 4}
+        assert e["dur"] == pytest.approx(160_000.0 if cross else 0.0)
+    names = set(threads.values())
+    assert {"link 3->4 (latency 160 ms)", "link 4->3 (latency 160 ms)", "link 0->1"} <= names
+
+
+def _assert_nested(events: list[dict]) -> None:
+    """Complete events on one track are disjoint or nested, never partially overlapping."""
+    tracks: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for track, spans in tracks.items():
+        stack: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1], f"{track}: partial overlap at {start}"
+            stack.append(end)
+
+
+def test_link_tracks_never_partially_overlap(cross_dc: Schedule) -> None:
+    events = to_trace_events(cross_dc)["traceEvents"]
+    _assert_nested(events)
+    # 160 ms of latency against 40 ms forwards: several messages in flight on the WAN link,
+    # so it needs extra tracks.
+    threads = _threads(events)
+    wan = [n for (pid, _), n in sorted(threads.items()) if pid == LINKS_PID
+           and n.startswith("link 3->4")]  # in tid order
+    assert len(wan) > 1
+    assert wan == ["link 3->4 (latency 160 ms)"] + [f"link 3->4 #{i} (latency 160 ms)"
+                                                    for i in range(2, len(wan) + 1)]
+
+
+def test_sample_schedules_nest(schedule: Schedule) -> None:
+    _assert_nested(to_trace_events(schedule)["traceEvents"])
+
+
+def test_flows_pair_producer_and_consumer(cross_dc: Schedule) -> None:
+    pr = cross_dc.problem
+    events = to_trace_events(cross_dc)["traceEvents"]
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = [e for e in events if e["ph"] == "f"]
+    by_start = {e["id"]: e for e in starts}
+    by_end = {e["id"]: e for e in ends}
+    assert len(by_start) == len(starts) and len(by_end) == len(ends)  # ids unique
+    assert set(by_start) == set(by_end)
+    ops = [e for e in events if e["ph"] == "X" and e["pid"] == DEVICES_PID]
+
+    def op_at(e: dict) -> tuple[str, int, int]:
+        assert e["pid"] == DEVICES_PID
+        hit = [o for o in ops if o["tid"] == e["tid"] and o["ts"] < e["ts"] < o["ts"] + o["dur"]]
+        assert len(hit) == 1
+        a = hit[0]["args"]
+        return a["kind"], a["stage"], a["microbatch"]
+
+    pairs = set()
+    for fid, s in by_start.items():
+        f = by_end[fid]
+        assert (s["cat"], s["name"]) == (f["cat"], f["name"])
+        assert f.get("bp") == "e"
+        pairs.add((op_at(s), op_at(f)))
+    expected = {((kind, src, j), (kind, dst, j)) for kind, src, dst in _hops(pr)
+                for j in range(pr.microbatches)}
+    assert pairs == expected
+    # Without flows, the rest of the document is the same.
+    bare = to_trace_events(cross_dc, flows=False)["traceEvents"]
+    assert bare == [e for e in events if e["ph"] not in ("s", "f")]
+
+
+def test_kind_colors_differ() -> None:
+    sched = solve(uniform_problem(4, 8), "zb-h1")
     events = to_trace_events(sched)["traceEvents"]
-    assert all(e["pid"] == DEVICES_PID for e in events)
+    cname: dict[str, set[str]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["pid"] == DEVICES_PID:
+            cname.setdefault(e["args"]["kind"], set()).add(e["cname"])
+    assert set(cname) == {"F", "B", "W"}
+    assert all(len(c) == 1 for c in cname.values())
+    f, b, w = (next(iter(cname[k])) for k in "FBW")
+    assert len({f, b, w}) == 3
+    # Chrome's reserved colours, close to the plot's Blues / Oranges / Greens.
+    assert f in {"thread_state_runnable", "rail_response", "light_memory_dump",
+                 "vsync_highlight_color", "background_memory_dump"}
+    assert b in {"thread_state_iowait", "rail_idle", "bad"}
+    assert w in {"good", "thread_state_running", "rail_load", "cq_build_passed"}
+
+
+def test_link_names_say_cross_datacenter() -> None:
+    devices = [{"device": d, "gpu": f"dc{d // 2}/n0/g{d % 2}", "datacenter": d // 2}
+               for d in range(4)]
+    lat, bw = chain_links(4, [1e-6, 0.005, 1e-6], [50e9, 12.5e9, 50e9])
+    problem = uniform_problem(4, 4).replace(latency=lat, bandwidth=bw,
+                                            message_size=(1e6,) * 3,
+                                            meta=(("devices", devices),))
+    events = to_trace_events(solve(problem, "1f1b"))["traceEvents"]
+    names = {n for (pid, _), n in _threads(events).items() if pid == LINKS_PID}
+    assert "link 1->2 (cross-datacenter 0->1, latency 5 ms, 12.5 GB/s)" in names
+    assert "link 2->1 (cross-datacenter 1->0, latency 5 ms, 12.5 GB/s)" in names
+    assert "link 0->1 (latency 1 us, 50 GB/s)" in names
+    assert sum("cross-datacenter" in n for n in names) == 2
 
 
 def test_cli_trace(tmp_path) -> None:
