@@ -15,11 +15,11 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
-from pipeopt.io import dump_schedule, load_schedule, refuse_overwriting_input
+from pipeopt.io import dump_schedule, load_schedule, refuse_overwriting_input, write_output
 from pipeopt.problem import ProblemError
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
@@ -188,15 +188,6 @@ def seed_arg(text: str) -> int:
     if not 0 <= val < 2**31:
         raise argparse.ArgumentTypeError(f"must be in 0..{2**31 - 1}, got {text!r}")
     return val
-
-
-def write_output(what: str, path: str, write: Callable[[str], object]) -> None:
-    """Run ``write(path)``; a file system error becomes a one-line user error naming ``what``
-    (the flag). The writers are atomic, so the previous file survives."""
-    try:
-        write(path)
-    except OSError as exc:
-        raise ConfigError(f"{what}: cannot write {path} ({exc.strerror or exc})") from None
 
 
 def _log_to_stderr() -> None:

@@ -93,6 +93,47 @@ def write_atomic(path: str | os.PathLike[str],
     return target
 
 
+def write_output(flag: str, path: str | os.PathLike[str],
+                 write: Callable[[str], object]) -> None:
+    """Run ``write(path)`` (an atomic writer); a file-system error becomes one
+    :class:`~pipeopt.config.ConfigError` line naming ``flag``, and the previous file survives.
+    """
+    from pipeopt.config import ConfigError
+
+    try:
+        write(str(path))
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot write {path} ({_why_unwritable(path, exc)})") \
+            from None
+
+
+def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
+    """Refuse, before any work, an output path that cannot be written: a directory, or a
+    folder on the way that is a file. (Permissions are left to the write itself.)"""
+    from pipeopt.config import ConfigError
+
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag}: cannot write {path} ({parent} is a file, not a "
+                                  "directory)")
+            break
+
+
+def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
+    for parent in Path(path).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a directory"
+            break
+    if Path(path).is_dir():
+        return "it is a directory"
+    return str(exc.strerror or exc)
+
+
 def _umask() -> int:
     """The process umask (reading it means setting it: set it straight back)."""
     mask = os.umask(0o022)

@@ -618,6 +618,50 @@ def test_run_rejects_corrupted_schedule_before_starting(
     _assert_one_error(rc, err, where, reason)
 
 
+RUN_FLAG_CASES = [
+    (["--threads", "-3"], "--threads: must be >= 1, got -3"),
+    (["--timeout", "nan"], "--timeout: must be a finite number of seconds > 0"),
+    (["--timeout", "inf"], "--timeout: must be a finite number of seconds > 0"),
+    (["--lr", "inf"], "--lr: must be a finite number > 0"),
+    (["--seed", "-1"], "--seed: must be >= 0, got -1"),
+    (["--batch-size", "0"], "--batch-size: must be a positive multiple of the schedule's 4"),
+    (["--batch-size", "6"], "--batch-size: must be a positive multiple of the schedule's 4"),
+    (["--model-arg", "widht=8"], "mlp takes no argument 'widht'; did you mean 'width'?"),
+    (["--model-arg", "width=-4"], "model: mlp(width=-4, layers=4) failed: RuntimeError"),
+    (["--model", "os:system"], "model: os:system() failed: TypeError"),
+    (["--costs-out", "."], "--costs-out: . is a directory"),
+]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.parametrize(("flags", "phrase"), RUN_FLAG_CASES,
+                         ids=[" ".join(c[0]) for c in RUN_FLAG_CASES])
+def test_run_flags_checked_before_any_process(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        schedule_doc: dict[str, Any], flags: list[str], phrase: str) -> None:
+    import pipeopt.executor.launch as launch
+
+    def no_spawn(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("processes were about to be started despite a bad flag")
+
+    monkeypatch.setattr(launch, "spawn", no_spawn)
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "s.json"
+    src.write_text(json.dumps(schedule_doc), encoding="utf-8")
+    rc, _, err = _run(["run", str(src), "--model", "mlp", *flags], capsys)
+    _assert_one_error(rc, err, phrase)
+
+
+def test_export_to_a_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              schedule_doc: dict[str, Any]) -> None:
+    src = tmp_path / "s.json"
+    src.write_text(json.dumps(schedule_doc), encoding="utf-8")
+    rc, _, err = _run(["export", str(src), "-o", str(tmp_path)], capsys)
+    _assert_one_error(rc, err, "--output: cannot write", "it is a directory")
+    rc, _, err = _run(["export", str(src), "-o", str(src / "x.csv")], capsys)
+    _assert_one_error(rc, err, "--output: cannot write", "s.json is a file, not a directory")
+
+
 def test_config_written_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A .json config (JSON is YAML) is a config; a .json schedule is a problem to re-solve."""
     cfg = tmp_path / "c.json"

@@ -229,6 +229,31 @@ def test_ctrl_c_during_compare_stops_and_shows_the_rows_so_far(
         captured.err
 
 
+@pytest.mark.parametrize("delay", [0.2, 0.4, 0.8])
+def test_ctrl_c_at_any_moment_of_the_command_exits_130(tmp_path: Path, delay: float) -> None:
+    """While pydantic, numpy and OR-Tools still load, or once the solve runs: exit 130 with
+    one line, never a traceback."""
+    cfg = _config(tmp_path, HARD)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeopt", "compare", str(cfg),
+                             "--time-limit", "30"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().startswith("pipeopt: interrupted"), err
+
+
+def test_package_exports_resolve() -> None:
+    import pipeopt
+
+    assert sorted(pipeopt.__all__) == sorted(pipeopt._EXPORTS)
+    for name in pipeopt.__all__:
+        assert getattr(pipeopt, name) is not None
+    with pytest.raises(AttributeError):
+        _ = pipeopt.no_such_name
+
+
 # ----- atomic outputs --------------------------------------------------------------------------
 
 @pytest.fixture

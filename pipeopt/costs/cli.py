@@ -7,6 +7,7 @@ import importlib
 from typing import Any
 
 from pipeopt.config import ConfigError
+from pipeopt.io import check_writable, write_output
 
 
 def _int_at_least(low: int) -> Any:
@@ -101,6 +102,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError("profile: needs torch (pip install 'pipeopt[torch]')") from None
     from pipeopt.costs.profiler import profile_model, write_profile
 
+    check_writable("--output", args.output)  # before minutes of timing, not after
     device = _device(args.device)
     model, x, name = _build(args)
     if not isinstance(model, torch.nn.Sequential) or len(model) == 0:
@@ -118,7 +120,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(f"--model: running {name} on its example input failed: "
                           f"{type(exc).__name__}: {first}") from None
-    write_profile(doc, args.output)
+    write_output("--output", args.output, lambda path: write_profile(doc, path))
     print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'fused ms':>9} {'act KiB':>9} "
           f"{'params':>9}")
     for rec in doc["layers"]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from pipeopt.config import ConfigError
-from pipeopt.io import load_schedule, refuse_overwriting_input
+from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
 
 EXAMPLES = {
     "run": "pipeopt run schedule.json --model tiny-gpt --check",
@@ -31,11 +32,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeopt.executor.runtime import ExecutorError
 
     refuse_overwriting_input("--costs-out", args.costs_out, args.schedule)
+    if args.costs_out:
+        check_writable("--costs-out", args.costs_out)  # before the run, not after it
     sched = load_schedule(args.schedule)
     if args.steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout: must be > 0 seconds, got {args.timeout}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError(f"--timeout: must be a finite number of seconds > 0, got "
+                          f"{args.timeout}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ConfigError(f"--lr: must be a finite number > 0, got {args.lr}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed: must be >= 0, got {args.seed}")
+    m = sched.problem.microbatches
+    if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
+        raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
+                          f"micro-batches, got {args.batch_size}")
+    if args.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
+                              f"({torch.__version__}) sees none; use --backend gloo")
     options = []
     for item in args.model_arg or []:
         key, sep, val = item.partition("=")
@@ -57,7 +77,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     bad = args.check and not res.grads_match
     if args.costs_out:
-        from pipeopt.cli import write_output
         from pipeopt.executor.launch import measured_problem
         from pipeopt.io import dump_schedule
         from pipeopt.schedule import SolverInfo
@@ -108,7 +127,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--output", args.output, args.schedule)
     sched = load_schedule(args.schedule)
     if args.output:
-        export_torch(sched, args.output)
+        write_output("--output", args.output, lambda path: export_torch(sched, path))
         print(f"written {args.output} ({sched.problem.devices} ranks, compute-only)")
     else:
         sys.stdout.write(to_torch_csv(sched))

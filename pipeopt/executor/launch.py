@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 from pipeopt._malloc import steady_cpu_allocator
 from pipeopt.executor import comms
 from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
-from pipeopt.executor.models import BUILTIN, build_model, factory_of, split_stages
+from pipeopt.executor.models import build_model, split_stages
 from pipeopt.executor.runtime import ExecutorError, Fault, RankRunner, RankStatus, infer_shapes
 from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule
@@ -379,9 +379,8 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
         bad = comms.check_order(plans) or comms.check_protocol(plans, s.problem.stages)
         if bad:  # cannot happen for a valid schedule; a guard against future edits
             raise ExecutorError(f"{s.method}: message plan would fail: {bad[0]}")
-    for _, c in jobs:  # fail here, not in every worker
-        if c.model not in BUILTIN:
-            factory_of(c.model)
+    for s, c in jobs:  # fail here, once and clearly, not in every worker
+        _preflight(s, c)
     cfg0 = jobs[0][1]
     backend = resolve_backend(cfg0.backend)
     timeout = sum(c.timeout for _, c in jobs)
@@ -389,6 +388,26 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
                      backend=backend, threads=cfg0.threads)
     return [_assemble(s, c, [per_rank[r][i] for r in range(world)])
             for i, (s, c) in enumerate(jobs)]
+
+
+def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
+    """Build the model, cut it into the schedule's stages and run one micro-batch forward in
+    this process, as every rank will: a model that cannot be built, split or fed raises
+    :class:`~pipeopt.executor.models.ModelError` here (a bad batch size ExecutorError)."""
+    from pipeopt.executor.models import ModelError
+
+    prob = schedule.problem
+    bs = cfg.batch(prob.microbatches)
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    try:
+        xs, _ = batch_for(spec, bs, cfg.seed, 0, prob.microbatches)
+        infer_shapes(stages, xs[0])
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
+                         f"{bs // prob.microbatches} through its stages: "
+                         f"{type(exc).__name__}: {first}") from None
 
 
 def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:

@@ -146,9 +146,43 @@ def build_model(name: str, problem: Problem, seed: int = 0, **kwargs: Any) -> Mo
     torch.manual_seed(seed)
     if name in BUILTIN:
         kwargs.setdefault("layers", _layers_for(problem, 2 if name == "tiny-gpt" else 0))
-        return tiny_gpt(**kwargs) if name == "tiny-gpt" else mlp(**kwargs)
-    made = factory_of(name)(**kwargs)
+        factory: Callable[..., Any] = tiny_gpt if name == "tiny-gpt" else mlp
+    else:
+        factory = factory_of(name)
+    if not callable(factory):
+        raise ModelError(f"model: {name} is not a function that builds a model")
+    _check_keywords(name, factory, kwargs)
+    try:
+        made = factory(**kwargs)
+    except ModelError:
+        raise
+    except (TypeError, ValueError, RuntimeError) as exc:  # e.g. a negative size
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ModelError(f"model: {name}({shown}) failed: {type(exc).__name__}: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                         ) from None
     return _wrap(name, made)
+
+
+def _check_keywords(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword the factory does not take (``--model-arg``), with a "did you mean"."""
+    import difflib
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [k for k, p in params.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ModelError(f"model: {name} takes no argument {key!r}; {hint}it takes "
+                             f"{', '.join(known) or 'none'}")
 
 
 def factory_of(name: str) -> Callable[..., Any]:
