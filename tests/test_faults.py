@@ -246,7 +246,9 @@ def test_ctrl_c_at_any_moment_of_the_command_exits_130(tmp_path: Path, delay: fl
 
 def test_package_exports_resolve() -> None:
     import pipeopt
+    import pipeopt.simulate  # the submodule of the same name must not shadow the function
 
+    assert callable(pipeopt.simulate) and pipeopt.simulate.__name__ == "simulate"
     assert sorted(pipeopt.__all__) == sorted(pipeopt._EXPORTS)
     for name in pipeopt.__all__:
         assert getattr(pipeopt, name) is not None

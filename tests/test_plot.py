@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.colors import to_hex
 from matplotlib.image import imread
+from matplotlib.text import Text
 
 import pipeopt.plot as plot_mod
 from pipeopt.cli import main
@@ -16,9 +19,10 @@ from pipeopt.plot import (
     figure_size,
     plot_compare,
     plot_schedule,
+    render_compare,
     render_schedule,
 )
-from pipeopt.problem import uniform_problem
+from pipeopt.problem import chain_links, uniform_problem
 from pipeopt.solvers import run_classic
 from tests.strategies import SAMPLE_SCHEDULES
 
@@ -156,3 +160,238 @@ def test_cli_help_has_examples(capsys: pytest.CaptureFixture[str]) -> None:
             main([cmd, "--help"])
         assert exc.value.code == 0
         assert f"Example: pipeopt {cmd}" in capsys.readouterr().out
+
+
+# ----- compare: fits, ratios, legend ---------------------------------------------------------
+def _titles(fig) -> list[str]:
+    return [ax.get_title(loc="left") for ax in fig.axes]
+
+
+def test_compare_ratio_against_best_fitting() -> None:
+    prob = uniform_problem(4, 8)
+    fast, slow = run_classic(prob, "zb-h1"), run_classic(prob, "1f1b")
+    assert fast.makespan < slow.makespan
+    # The faster schedule does not fit: "of best" is relative to the slower one, which fits.
+    fig = render_compare([slow, fast], fits=[True, False])
+    t_slow, t_fast = _titles(fig)
+    assert "x1.000 of best" in t_slow and "OVER MEMORY LIMIT" not in t_slow
+    assert f"x{fast.makespan / slow.makespan:.3f} of best" in t_fast
+    assert "OVER MEMORY LIMIT" in t_fast
+    colors = [next(to_hex(t.get_color()) for t in ax.get_children()
+                   if isinstance(t, Text) and t.get_text() == ax.get_title(loc="left"))
+              for ax in fig.axes]
+    assert colors == [to_hex("black"), to_hex(plot_mod.LIMIT_COLOR)]
+    # Without fits every schedule fits: the best of all is the reference.
+    t_slow, t_fast = _titles(render_compare([slow, fast]))
+    assert f"x{slow.makespan / fast.makespan:.3f} of best" in t_slow
+    assert "x1.000 of best" in t_fast and "OVER" not in t_fast + t_slow
+    # Nothing fits: no ratio at all.
+    assert not any("of best" in t for t in _titles(render_compare([slow, fast],
+                                                                  fits=[False, False])))
+    with pytest.raises(ValueError, match="fits"):
+        render_compare([slow, fast], fits=[True])
+
+
+def test_compare_over_limit_names_device() -> None:
+    prob = uniform_problem(4, 8, memory_limit=5.0)
+    gpipe = run_classic(prob, "gpipe")  # all 8 micro-batches in flight on device 0
+    fig = render_compare([gpipe], fits=[False])
+    assert "OVER MEMORY LIMIT: dev 0 peaks at 8 > 5" in _titles(fig)[0]
+
+
+def test_compare_shared_legend(tmp_path: Path) -> None:
+    scheds = [SCHEDULES[n]() for n in ("1f1b", "zb-v", "latency")]
+    fig = render_compare(scheds)
+    assert len(fig.legends) == 1  # once, at the top: not one per schedule
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:4] == ["F: forward", "B: backward (input)", "W: backward (weight)",
+                          "idle (bubble)"]
+    assert "message delay" in labels  # "latency" has delay lines
+    assert not any(ax.get_legend() for ax in fig.axes)
+
+
+def test_compare_rows_keep_a_minimum_height() -> None:
+    sched = run_classic(uniform_problem(32, 16), "1f1b")
+    rows = plot_mod._compare_rows_heights([sched] * 15)
+    assert all(r >= 0.08 * 32 - 1e-9 for r in rows)  # 8 px per device row at 100 dpi
+    # A page of many tall pipelines squeezes them to stay drawable at 100 dpi.
+    big = run_classic(uniform_problem(128, 4), "1f1b")
+    _, h = compare_figure_size([big] * 15)
+    assert h <= 151 and h * 100 <= plot_mod.MAX_SIDE_PX
+
+
+# ----- dense schedules: no stripes -----------------------------------------------------------
+def test_dense_rows_drawn_as_averaged_images() -> None:
+    sched = run_classic(uniform_problem(16, 512), "1f1b")
+    gantt = render_schedule(sched).axes[0]
+    # Boxes of a pixel or two: one image per device row instead of a polygon per op.
+    assert len(gantt.images) == 16
+    polys = [c for c in gantt.collections if isinstance(c, PolyCollection)]
+    assert all(len(c.get_paths()) != len(sched.ops) for c in polys)
+    img = gantt.images[0].get_array()
+    assert img.shape[0] == 1 and img.shape[2] == 4
+    assert float(img[..., :3].min()) >= 0.0 and float(img[..., :3].max()) <= 1.0
+    # Pixels average what is under them: a stretch of the row has the time-weighted mean
+    # colour of the ops in it (polygons would let the last-drawn op win each pixel).
+    n = img.shape[1]
+    xmax = sched.makespan * 1.005
+    i0, i1 = n // 2 - 100, n // 2 + 100
+    t0, t1 = i0 * xmax / n, i1 * xmax / n
+    want = [0.0, 0.0, 0.0]
+    for o in sched.ops:
+        if o.device == 0:
+            part = max(0.0, min(o.end, t1) - max(o.start, t0))
+            for c in range(3):
+                want[c] += plot_mod._shade(o.kind, o.microbatch, 512)[c] * part / (t1 - t0)
+    got = img[0, i0:i1, :3].mean(axis=0)
+    assert [float(x) for x in got] == pytest.approx(want, abs=0.01)
+
+
+def test_narrow_boxes_have_no_edges() -> None:
+    assert plot_mod._box_edges([10.0, 2.0, 0.0], 20.0) == ["white", "none", "none"]
+    assert plot_mod._box_edges([10.0], 4.0) == ["none"]  # rows too thin for edges
+    sched = SCHEDULES["contended"]()
+    gantt = render_schedule(sched).axes[0]
+    boxes = next(c for c in gantt.collections
+                 if isinstance(c, PolyCollection) and len(c.get_paths()) == len(sched.ops))
+    assert len(boxes.get_edgecolors()) == len(sched.ops)
+
+
+# ----- labels and datacenters ----------------------------------------------------------------
+def _op_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts if t.get_text().isdigit()]
+
+
+def test_labels_follow_one_rule() -> None:
+    from pipeopt.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    prob = load_config(root / "examples" / "cross_dc.yaml").problem
+    sched = run_classic(prob, "zb-h1")
+    fig = render_schedule(sched)
+    gantt = fig.axes[0]
+    by_pos = {(round(t.get_position()[0], 9), round(t.get_position()[1]))
+              for t in gantt.texts if t.get_text().isdigit()}
+    # Boxes of one duration are all labelled or none, whatever their micro-batch's digits.
+    groups: dict[float, set[bool]] = {}
+    for o in sched.ops:
+        key = round(o.end - o.start, 9)
+        groups.setdefault(key, set()).add(
+            (round((o.start + o.end) / 2, 9), o.device) in by_pos)
+    assert all(len(v) == 1 for v in groups.values())
+    labels = _op_labels(gantt)
+    assert "9" in labels and "15" in labels  # one and two digits alike
+
+
+def test_datacenter_boundary() -> None:
+    devices = [{"device": d, "datacenter": d // 2, "gpu": f"dc{d // 2}/g{d}"} for d in range(4)]
+    prob = uniform_problem(4, 4).replace(meta=(("devices", devices),))
+    fig = render_schedule(run_classic(prob, "1f1b"))
+    gantt, memory = fig.axes
+    hlines = [ln for ln in gantt.get_lines() if list(ln.get_ydata()) == [1.5, 1.5]]
+    assert len(hlines) == 1  # between devices 1 and 2
+    assert {"dc0", "dc1"} <= {t.get_text() for t in gantt.texts}
+    assert any(list(ln.get_ydata()) == [-1.5, -1.5] for ln in memory.get_lines())
+    labels = [t.get_text() for t in gantt.get_legend().get_texts()]
+    assert "datacenter boundary" in labels
+    # Without datacenter info (or a single datacenter): no boundary, no legend entry.
+    for p in (uniform_problem(4, 4),
+              uniform_problem(4, 4).replace(meta=(("devices", [{"datacenter": 0}] * 4),))):
+        ax = render_schedule(run_classic(p, "1f1b")).axes[0]
+        assert "datacenter boundary" not in [t.get_text() for t in ax.get_legend().get_texts()]
+        assert not [t for t in ax.texts if t.get_text().startswith("dc")]
+
+
+# ----- delay lines ---------------------------------------------------------------------------
+def _legend_labels(fig) -> list[str]:
+    return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_delay_legend_absent_when_no_line_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    sched = SCHEDULES["latency"]()  # every link has the same latency: no slowest subset
+    fig = render_schedule(sched)
+    assert "message delay" in _legend_labels(fig)
+    monkeypatch.setattr(plot_mod, "_MAX_DELAY_LINES", 5)
+    fig = render_schedule(sched)
+    assert not any(isinstance(c, LineCollection) for c in fig.axes[0].collections)
+    assert not any(lab.startswith("message delay") for lab in _legend_labels(fig))
+    assert any("message delay lines not drawn" in t.get_text() for t in fig.texts)
+    # No latency at all: no entry and no note.
+    fig = render_schedule(SCHEDULES["1f1b"]())
+    assert not any(lab.startswith("message delay") for lab in _legend_labels(fig))
+    assert not fig.texts
+
+
+def test_delay_lines_keep_the_slowest_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    lat, bw = chain_links(4, [0.1, 0.5, 0.1], [math.inf] * 3)
+    sched = run_classic(uniform_problem(4, 8).replace(latency=lat, bandwidth=bw), "1f1b")
+    monkeypatch.setattr(plot_mod, "_MAX_DELAY_LINES", 20)  # of 3 links x 2 ways x 8 = 48
+    fig = render_schedule(sched)
+    (lines,) = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    segs = lines.get_segments()
+    assert len(segs) == 16  # both ways of the slow link between devices 1 and 2
+    assert all({round(seg[0][1]), round(seg[-1][1])} == {1, 2} for seg in segs)
+    assert "message delay (slowest links only; 32 more not drawn)" in _legend_labels(fig)
+    assert not fig.texts
+
+
+# ----- dpi and formats -----------------------------------------------------------------------
+def test_dpi_cap() -> None:
+    from pipeopt.config import ConfigError
+
+    sched = SCHEDULES["1f1b"]()
+    size = figure_size(sched)
+    top = plot_mod.max_dpi(size)
+    assert max(size) * top <= plot_mod.MAX_SIDE_PX < max(size) * (top + 1)
+    plot_mod.check_dpi(size, top)
+    with pytest.raises(ConfigError, match=rf"^--dpi: .*largest dpi for this .* is {top} "):
+        render_schedule(sched, dpi=1e6)
+    with pytest.raises(ConfigError, match="--dpi"):
+        plot_mod.check_dpi(size, top + 1)
+    with pytest.raises(ConfigError, match="dpi"):
+        render_compare([sched], dpi=10000)
+    with pytest.raises(ValueError, match="--dpi"):  # a ConfigError is a ValueError
+        plot_schedule(sched, "never.png", dpi=0)
+
+
+def test_cli_plot_dpi_too_large(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "s.json"
+    dump_schedule(SCHEDULES["1f1b"](), src)
+    out = tmp_path / "o.png"
+    assert main(["plot", str(src), "-o", str(out), "--dpi", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--dpi" in err and "largest dpi" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("suffix", "magic"), [(".svg", b"<?xml"), (".pdf", b"%PDF-"),
+                                               (".PNG", PNG_MAGIC)])
+def test_format_from_suffix(tmp_path: Path, suffix: str, magic: bytes) -> None:
+    sched = SCHEDULES["zb-v"]()
+    out = tmp_path / f"s{suffix}"
+    plot_schedule(sched, out, dpi=40)
+    data = out.read_bytes()
+    assert data.startswith(magic)
+    if suffix == ".svg":
+        assert b"<svg" in data[:2000]
+    cmp = tmp_path / f"c{suffix}"
+    plot_compare([sched, SCHEDULES["1f1b"]()], cmp, dpi=40)
+    assert cmp.read_bytes().startswith(magic)
+
+
+def test_unknown_suffix_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeopt.config import ConfigError
+
+    sched = SCHEDULES["1f1b"]()
+    for name in ("x.jpg", "x"):
+        with pytest.raises(ConfigError, match=r"\.png, \*\.svg or \*\.pdf"):
+            plot_schedule(sched, tmp_path / name)
+        assert not (tmp_path / name).exists()
+    with pytest.raises(ConfigError, match="png"):
+        plot_compare([sched], tmp_path / "c.gif")
+    src = tmp_path / "s.json"
+    dump_schedule(sched, src)
+    assert main(["plot", str(src), "-o", str(tmp_path / "o.jpg")]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert not (tmp_path / "o.jpg").exists()
