@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -258,8 +259,7 @@ def _check_problem_doc(doc: dict[str, Any]) -> None:
         where = f"problem.{key}"
         shape = _PROBLEM_SHAPES.get(key)
         if shape is None:
-            raise ScheduleError(f"{where}: unknown field; expected one of "
-                                f"{', '.join(_PROBLEM_SHAPES)}")
+            _known_keys({key: val}, list(_PROBLEM_SHAPES), "problem.")
         if shape == "int":
             ok = isinstance(val, int) and not isinstance(val, bool) and val >= 1
             if not ok:
@@ -316,6 +316,25 @@ def _problem(doc: dict[str, Any]) -> Problem:
     return prob
 
 
+#: The fields a schedule document may have at each level (SPEC section 2 and pipeopt's extras).
+_TOP_KEYS = ("format", "method", "makespan", "iteration_time", "bubble_ratio", "max_span",
+             "peak_memory", "solver", "problem", "ops", "messages")
+_OP_KEYS = ("device", "stage", "microbatch", "kind", "start", "end")
+_MESSAGE_KEYS = ("src_device", "dst_device", "src_stage", "dst_stage", "microbatch", "kind",
+                 "start", "end", "arrival")
+_SOLVER_KEYS = ("status", "lower_bound", "gap", "wall_time", "objective", "details")
+
+
+def _known_keys(doc: dict[str, Any], known: Sequence[str], where: str) -> None:
+    """Refuse a field that is not in ``known`` (a typo would otherwise be ignored)."""
+    for key in doc:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ScheduleError(f"{where}{key}: unknown field; {hint}expected one of "
+                                f"{', '.join(known)}")
+
+
 def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     """Parse and validate a SPEC v1 document: format version, schema, then the problem's rules
     (via the validator) and the recorded metrics. Raises :class:`ScheduleError` naming the first
@@ -325,6 +344,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     fmt = doc.get("format")
     if fmt != FORMAT:
         raise ScheduleError(f"format: expected {FORMAT!r}, got {fmt!r:.60}")
+    _known_keys(doc, _TOP_KEYS, "")
     method = _get(doc, "method", str)
     problem = _problem(_get(doc, "problem", dict))
     p, s, m = problem.devices, problem.stages, problem.microbatches
@@ -336,6 +356,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
         where = f"ops[{i}]."
         if not isinstance(o, dict):
             raise ScheduleError(f"ops[{i}]: expected an object, got {o!r:.60}")
+        _known_keys(o, _OP_KEYS, where)
         kind = _get(o, "kind", str, where)
         if kind not in problem.kinds:
             raise ScheduleError(f"{where}kind: must be one of {', '.join(problem.kinds)}, "
@@ -351,6 +372,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
         where = f"messages[{i}]."
         if not isinstance(mm, dict):
             raise ScheduleError(f"messages[{i}]: expected an object, got {mm!r:.60}")
+        _known_keys(mm, _MESSAGE_KEYS, where)
         msgs.append(Message(
             _index(mm, "src_device", where, p), _index(mm, "dst_device", where, p),
             _index(mm, "src_stage", where, s), _index(mm, "dst_stage", where, s),
@@ -389,6 +411,7 @@ def _solver_info(sol: Any) -> SolverInfo:
         sol = {}
     if not isinstance(sol, dict):
         raise ScheduleError(f"solver: expected an object, got {sol!r:.60}")
+    _known_keys(sol, _SOLVER_KEYS, "solver.")
     status = sol.get("status", "heuristic")
     if status not in _STATUSES:
         raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "

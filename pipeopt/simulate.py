@@ -360,6 +360,15 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
 
     # Messages on links: given by the schedule, or rebuilt first-come-first-served.
     msgs = {(mm.src_stage, mm.dst_stage, mm.microbatch, mm.kind): mm for mm in schedule.messages}
+    if len(msgs) < len(schedule.messages):  # each message crosses its link once
+        seen: set[tuple[int, int, int, str]] = set()
+        for mm in schedule.messages:
+            key = (mm.src_stage, mm.dst_stage, mm.microbatch, mm.kind)
+            if key in seen:
+                out.append(f"message {mm.kind} {mm.src_stage}->{mm.dst_stage} mb "
+                           f"{mm.microbatch}: listed more than once")
+                break
+            seen.add(key)
     if problem.has_link_contention and not schedule.messages and not missing:
         msgs = _fifo_messages(problem, times)
     out.extend(_check_links(problem, msgs, times, tol))
