@@ -8,6 +8,8 @@ command line starts (and answers Ctrl-C) before pydantic, numpy and the solvers 
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -36,9 +38,19 @@ __all__ = [
 ]
 
 
-# ``simulate`` names both a submodule and its function: importing the submodule later would
-# bind the module here, so the (light) function is bound now, after its module.
-from pipeopt.simulate import simulate  # noqa: E402
+class _Package(types.ModuleType):
+    """``simulate`` names both a submodule and its function. Importing the submodule binds the
+    module as this package's attribute; this keeps the name for the function (the submodule
+    stays in ``sys.modules``), as an eager ``from pipeopt.simulate import simulate`` would."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "simulate" and isinstance(value, types.ModuleType):
+            self.__dict__.pop(name, None)  # resolved again, as the function, by __getattr__
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
@@ -60,5 +72,5 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from pipeopt.problem import Op, Problem, ProblemError, uniform_problem
     from pipeopt.schedule import Schedule, SolverInfo, TimedOp
     from pipeopt.schedules import NotApplicable
-    from pipeopt.simulate import DeadlockError, ScheduleError, check, validate
+    from pipeopt.simulate import DeadlockError, ScheduleError, check, simulate, validate
     from pipeopt.solvers import SolveOptions, compare, lower_bound, methods, solve

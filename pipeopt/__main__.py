@@ -3,6 +3,7 @@ still loads (pydantic, numpy, OR-Tools take a while) answered as at any other ti
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -27,12 +28,20 @@ def run() -> None:
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
-    sys.exit(main())
+    code = main()
+    if code == 130:  # interrupted: what had to be written is written (atomically)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
 
 
 def _interrupted() -> None:
+    """Exit 130 at once. Nothing has been written yet; a normal interpreter shutdown after an
+    import cut short by Ctrl-C sometimes ended in a second SIGINT death (-2) instead of 130."""
     sys.stderr.write("pipeopt: interrupted\n")
-    sys.exit(130)
+    sys.stderr.flush()
+    os._exit(130)
 
 
 if __name__ == "__main__":

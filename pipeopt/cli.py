@@ -14,7 +14,9 @@ import argparse
 import json
 import logging
 import math
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -389,10 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``pipeopt``; returns the exit status (2 for bad input)."""
-    parser = build_parser()
+    """Entry point of ``pipeopt``; returns the exit status (2 for bad input, 130 on Ctrl-C)."""
+    pressed: list[bool] = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_sigint(signum: int, frame: Any) -> None:
+            pressed.append(True)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (*USER_ERRORS, UsageError) as exc:
         print(f"pipeopt: error: {one_line(str(exc))}", file=sys.stderr)
@@ -400,8 +409,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pipeopt: interrupted", file=sys.stderr)
         return 130
+    except ImportError:
+        # Ctrl-C while a C extension initialises (OR-Tools, torch, loaded on first use)
+        # surfaces as an ImportError.
+        if pressed:
+            print("pipeopt: interrupted", file=sys.stderr)
+            return 130
+        raise
     except BrokenPipeError:
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def one_line(text: str) -> str:

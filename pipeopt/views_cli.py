@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeopt.config import ConfigError
-from pipeopt.io import load_schedule, refuse_overwriting_input
+from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
 
 
 def _positive_float(text: str) -> float:
@@ -27,12 +26,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
     refuse_overwriting_input("--output", out, args.schedule)
     image_format(out, "--output")  # a suffix it cannot write is refused before any work
+    check_writable("--output", out)
     sched = load_schedule(args.schedule)
-    try:
-        plot_schedule(sched, out, title=args.title, show_memory=not args.no_memory,
-                      dpi=args.dpi)
-    except OSError as exc:  # written atomically: the previous file is untouched
-        raise ConfigError(f"--output: cannot write {out} ({exc.strerror or exc})") from None
+    write_output("--output", out, lambda path: plot_schedule(
+        sched, path, title=args.title, show_memory=not args.no_memory, dpi=args.dpi))
     print(f"written {out}")
     return 0
 
@@ -43,11 +40,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
     refuse_overwriting_input("--output", out, args.schedule)
+    check_writable("--output", out)
     sched = load_schedule(args.schedule)
-    try:
-        write_trace(sched, out)
-    except OSError as exc:
-        raise ConfigError(f"--output: cannot write {out} ({exc.strerror or exc})") from None
+    write_output("--output", out, lambda path: write_trace(sched, path, flows=not args.no_flows))
     print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
@@ -80,4 +75,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
     p.add_argument("-o", "--output", help="trace JSON to write atomically (default: the "
                                           "schedule's name with .trace.json)")
+    p.add_argument("--no-flows", action="store_true",
+                   help="leave out the arrows from each op to the op that uses its output "
+                        "(about a quarter of a large trace's size)")
     p.set_defaults(func=cmd_trace)

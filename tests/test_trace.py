@@ -301,6 +301,13 @@ def test_cli_trace(tmp_path) -> None:
     assert main(["trace", str(src)]) == 0
     assert (tmp_path / "s.trace.json").exists()
     assert not list(tmp_path.glob(".*.tmp")) and not list(out.parent.glob(".*.tmp"))
+    # --no-flows: the same trace less its flow events.
+    assert main(["trace", str(src), "-o", str(out), "--no-flows"]) == 0
+    lean = json.loads(out.read_text())["traceEvents"]
+    full = doc["traceEvents"]
+    assert not [e for e in lean if e["ph"] in ("s", "f")]
+    assert [e for e in full if e["ph"] in ("s", "f")]
+    assert lean == [e for e in full if e["ph"] not in ("s", "f")]
 
 
 def test_cli_trace_bad_file(tmp_path, capsys) -> None:
