@@ -72,7 +72,15 @@ def print_summary(s: Schedule, out: Any = None) -> None:
     if s.iteration_time != s.makespan:
         print(f"iteration     {_fmt(s.iteration_time)} s (with gradient reduction)", file=out)
     print(f"bubble ratio  {s.bubble_ratio:.2%}", file=out)
-    print("peak memory   " + ", ".join(_fmt_bytes(x) for x in s.peak_memory), file=out)
+    peaks = s.peak_memory
+    if len(peaks) <= 16:
+        print("peak memory   " + ", ".join(_fmt_bytes(x) for x in peaks), file=out)
+    else:  # a line of hundreds of numbers reads as nothing; the JSON has them all
+        hi = max(range(len(peaks)), key=peaks.__getitem__)
+        lo = min(range(len(peaks)), key=peaks.__getitem__)
+        print(f"peak memory   max {_fmt_bytes(peaks[hi])} (device {hi}), min "
+              f"{_fmt_bytes(peaks[lo])} (device {lo}) over {len(peaks)} devices; each device's "
+              "in the JSON (peak_memory)", file=out)
     print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
 
 

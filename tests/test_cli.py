@@ -143,3 +143,24 @@ def test_progress_clock_moves_between_reports() -> None:
     clocks = {f.split()[0] for f in frames}
     assert len(clocks) >= 2  # redrawn with a later elapsed time, no new report needed
     assert all("best 10  bound 8  gap 20.00%" in f for f in frames[1:])
+
+
+def test_many_devices_summarise_peak_memory(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pipeline: {devices: 32, microbatches: 64}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1, "
+                   "activation_memory: 1}\n")
+    assert main(["solve", str(cfg), "--method", "1f1b", "-q"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("peak memory"))
+    assert line == ("peak memory   max 32 (device 0), min 1 (device 31) over 32 devices; each "
+                    "device's in the JSON (peak_memory)")
+
+
+def test_auto_stops_trying_hand_made_schedules_when_time_runs_out() -> None:
+    prob = pipeopt.uniform_problem(devices=8, microbatches=32, f=1.0, b=1.0, w=1.0)
+    sched = pipeopt.solve(prob, "auto", time_limit=1e-4)
+    skipped = [k for k, v in sched.solver.details if v == "skipped: time limit"]
+    assert skipped and all(k.startswith("classic_") for k in skipped)
+    # The first tried, ZB-H1 (split backward), is kept: it is optimal here.
+    assert sched.makespan == pytest.approx(32 * 3 + 7 * 1)

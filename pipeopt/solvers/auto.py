@@ -43,6 +43,12 @@ CPSAT_OPS_PER_SECOND = 40.0
 CPSAT_MAX_OPS = 4000
 #: The least time worth handing to CP-SAT (seconds).
 CPSAT_MIN_TIME_S = 1.0
+#: Share of the time limit the hand-made schedules may take before the rest are skipped (once
+#: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
+CLASSIC_SHARE = 0.3
+#: Hand-made schedules in the order ``auto`` tries them: those that split the backward (usually
+#: the best) first, so a time limit that cuts the list short keeps the likely best.
+AUTO_ORDER = ("zb-v", "zb-h1", "zb-h2", "interleaved-1f1b", "1f1b", "looped-bfs", "gpipe")
 
 
 def _value(schedule: Schedule, objective: str) -> float:
@@ -98,6 +104,8 @@ def split_fused(schedule: Schedule, problem: Problem) -> Schedule | None:
 def cpsat_skip_reason(problem: Problem, time_limit: float) -> str | None:
     """Why CP-SAT is not worth running on ``problem`` with ``time_limit`` seconds, or None."""
     n = problem.num_ops
+    if time_limit <= 0:
+        return "the time limit is used up"
     cap = min(CPSAT_MAX_OPS, CPSAT_OPS_PER_SECOND * time_limit)
     if n > cap:
         return (f"{n} ops > {cap:g} (CP-SAT handles about {CPSAT_OPS_PER_SECOND:g} ops per "
@@ -127,7 +135,12 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     cands: list[Schedule] = []
     notes: list[tuple[str, Any]] = []
     classics = []
-    for name in GENERATORS:
+    order = [n for n in AUTO_ORDER if n in GENERATORS] + [n for n in GENERATORS
+                                                         if n not in AUTO_ORDER]
+    for name in order:
+        if classics and time.perf_counter() - t0 > CLASSIC_SHARE * options.time_limit:
+            notes.append((f"classic_{name}", "skipped: time limit"))
+            continue
         try:
             # Orders over the memory limits are dropped before they are timed; their split
             # re-timing holds the same peak (each W right after its B), so it would not fit
@@ -167,7 +180,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
     if greedy is not None:
         try:
-            cands.append(greedy(problem, options))
+            cands.append(greedy(problem, replace(options, time_limit=max(0.1, left()))))
             interrupted = bool(cands[-1].solver.detail("interrupted"))
         except NotApplicable as exc:
             notes.append(("greedy", str(exc)))
