@@ -92,6 +92,24 @@ def test_layer_costs_form_and_heterogeneous_cluster():
     assert c.problem.message_size[1] in (1e7, 0.0)
 
 
+def test_partition_for_one_in_flight_when_1f1b_counts_fit_nothing():
+    # GPT-2 small on 4 L4s, 2.1 GB each: with 1F1B's in-flight counts (stage 1 holds 3
+    # micro-batches, ~3.3 GiB) no partition fits, with one micro-batch in flight per stage one
+    # does, and a memory-aware schedule then keeps the limit.
+    import pipeopt
+
+    doc = {"pipeline": {"devices": 4, "microbatches": 8},
+           "model": {"preset": "gpt2-small", "seq_len": 1024, "micro_batch_size": 4},
+           "cluster": {"gpu": "L4", "gpus_per_node": 4}, "memory": {"limit": 2.1e9}}
+    c = parse_config(doc)
+    rep = dict(c.problem.meta)["partition_search"]
+    assert "1f1b in-flight counts fit no partition" in rep["inflight_fallback"]
+    sched = pipeopt.solve(c.problem, "greedy")
+    assert max(sched.peak_memory) <= 2.1e9
+    with pytest.raises(ConfigError, match="even with one micro-batch in flight per stage"):
+        parse_config({**doc, "memory": {"limit": 1.9e9}})
+
+
 def test_overrides_and_virtual_stages():
     c = parse_config(cfg(pipeline={"devices": 2, "microbatches": 4, "virtual_stages": 2},
                          model={"overrides": [{"layers": [0, 1], "time_scale": 3.0}]}))

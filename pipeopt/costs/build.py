@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -353,6 +353,22 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      model_params=params)
 
 
+def _fitting(part: Partition, costs: ChainCosts, what: str) -> Partition:
+    """``part`` if it fits ``costs``' memory limits, else :class:`PartitionError` naming the
+    device furthest over, its stages and bytes."""
+    ev = evaluate(costs, part)
+    if ev.fits:
+        return part
+    worst = max(range(len(ev.device_memory)),
+                key=lambda d: ev.device_memory[d] - costs.device_limit[d])
+    over = ev.device_memory[worst] - costs.device_limit[worst]
+    held = [k for k, d in enumerate(costs.stage_device) if d == worst]
+    names = ", ".join(f"stage {k} (layers {part[k][0]}..{part[k][1] - 1})" for k in held)
+    raise PartitionError(f"the {what} partition does not fit: device {worst}, holding {names}, "
+                         f"needs {ev.device_memory[worst]:.4g} bytes, {over:.4g} bytes over its "
+                         f"limit of {costs.device_limit[worst]:.4g} bytes")
+
+
 def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
     """Run the partition search the ``training:`` section asks for; returns the partition and
     a JSON-able report (method, objective values, wall time, the uniform baseline)."""
@@ -363,7 +379,8 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
     t0 = time.perf_counter()
     uniform = plan.uniform()
     report: dict[str, Any] = {"method": tc.partition, "objective": tc.partition_objective}
-    try:
+
+    def search(costs: ChainCosts) -> Partition:
         if tc.stage_layers is not None:
             if len(tc.stage_layers) != plan.stages:
                 raise ConfigError(f"training.stage_layers: expected {plan.stages} values (one "
@@ -371,11 +388,11 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
             if sum(tc.stage_layers) != len(plan.layers):
                 raise ConfigError(f"training.stage_layers: must add up to the model's "
                                   f"{len(plan.layers)} layers, got {sum(tc.stage_layers)}")
-            part = from_counts(tc.stage_layers)
             report["method"] = "explicit"
-        elif tc.partition == "uniform":
-            part = uniform
-        elif tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
+            return _fitting(from_counts(tc.stage_layers), costs, "explicit")
+        if tc.partition == "uniform":
+            return _fitting(uniform, costs, "uniform")
+        if tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
             from pipeopt.partition.ilp import ilp_partition, per_device_partition
 
             if tc.partition == "ilp":
@@ -384,37 +401,42 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
             else:  # devices hold several stages: memory is per device
                 found, how = per_device_partition(costs, tc.partition_objective,
                                                   time_limit=tc.ilp_time_limit)
-            part = found.partition
             report["method"] = how
             report["exact"] = found.exact
-        elif tc.partition == "joint":
+            return found.partition
+        if tc.partition == "joint":
             from pipeopt.partition.joint import joint_search
 
             res = joint_search(costs, plan.problem, top_k=tc.top_k,
                                objective=tc.partition_objective, method=tc.joint_method,
                                time_limit=tc.joint_time_limit, extra=[uniform])
-            part = res.partition
             report["scheduler"] = res.method
             report["candidates"] = [
                 {"stage_layers": [b - a for a, b in r.partition], "analytic_s": r.analytic,
                  "iteration_time_s": None if r.schedule is None else r.schedule.iteration_time,
                  "uniform": r.partition == uniform, "error": r.error}
                 for r in res.rows]
-        else:
-            part = best_partition(costs, tc.partition_objective).partition
+            return res.partition
+        return best_partition(costs, tc.partition_objective).partition
+
+    try:
+        part = search(costs)
     except PartitionError as exc:
-        raise ConfigError(f"memory: {exc}") from None
+        # The in-flight counts assumed (1F1B's, or GPipe's) fit no partition. A memory-aware
+        # method (greedy, cpsat, auto) can keep fewer micro-batches in flight, down to one at
+        # a time: search again on that, and refuse only if even that cannot fit.
+        lean = replace(costs, inflight=np.ones_like(costs.inflight))
+        try:
+            part = search(lean)
+        except PartitionError as exc1:
+            raise ConfigError(f"memory: {exc}; even with one micro-batch in flight per stage "
+                              f"(the least any schedule needs): {exc1}") from None
+        costs = lean
+        report["inflight_fallback"] = (
+            f"{tc.inflight} in-flight counts fit no partition ({exc}); partitioned for one "
+            "micro-batch in flight per stage: a memory-aware method (greedy, cpsat, auto) must "
+            "keep fewer in flight")
     ev = evaluate(costs, part)
-    if not ev.fits:  # only an explicit or uniform partition can get here
-        worst = max(range(len(ev.device_memory)),
-                    key=lambda d: ev.device_memory[d] - costs.device_limit[d])
-        over = ev.device_memory[worst] - costs.device_limit[worst]
-        held = [k for k, d in enumerate(costs.stage_device) if d == worst]
-        names = ", ".join(f"stage {k} (layers {part[k][0]}..{part[k][1] - 1})" for k in held)
-        raise ConfigError(f"memory: the {report['method']} partition does not fit: device "
-                          f"{worst}, holding {names}, needs {ev.device_memory[worst]:.4g} bytes, "
-                          f"{over:.4g} bytes over its limit of {costs.device_limit[worst]:.4g} "
-                          "bytes")
     uev = evaluate(costs, uniform)
     report.update({"wall_time_s": time.perf_counter() - t0,
                    "analytic_objective_s": ev.objective, "max_stage_time_s": ev.max_time,
@@ -474,6 +496,10 @@ def describe_partition(config: Config) -> str:
     if rep:
         proven = " (ILP time limit reached: not proven optimal)" \
             if rep.get("exact") is False else ""
+        if rep.get("inflight_fallback"):
+            lines.append("note: no partition fits with the assumed in-flight micro-batches; "
+                         "partitioned for one in flight per stage (the 'est' column assumes "
+                         "the former): use a memory-aware method (auto, greedy, cpsat)")
         lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}){proven}, "
                      f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
                      f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "
