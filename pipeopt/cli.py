@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
 from pipeopt.io import dump_schedule, load_schedule, refuse_overwriting_input, write_output
-from pipeopt.problem import ProblemError
+from pipeopt.problem import ProblemError, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import ScheduleError, retime
@@ -47,13 +47,6 @@ PLUGINS: dict[str, tuple[str, str]] = {
 }
 
 
-def _fmt_bytes(x: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= scale:
-            return f"{x / scale:.2f} {unit}"
-    return f"{x:g}"
-
-
 def _fmt(x: float | None, digits: int = 6) -> str:
     if x is None:
         return "-"
@@ -74,12 +67,14 @@ def print_summary(s: Schedule, out: Any = None) -> None:
     print(f"bubble ratio  {s.bubble_ratio:.2%}", file=out)
     peaks = s.peak_memory
     if len(peaks) <= 16:
-        print("peak memory   " + ", ".join(_fmt_bytes(x) for x in peaks), file=out)
+        print("peak memory   " + ", ".join(format_memory(x, s.problem) for x in peaks),
+              file=out)
     else:  # a line of hundreds of numbers reads as nothing; the JSON has them all
         hi = max(range(len(peaks)), key=peaks.__getitem__)
         lo = min(range(len(peaks)), key=peaks.__getitem__)
-        print(f"peak memory   max {_fmt_bytes(peaks[hi])} (device {hi}), min "
-              f"{_fmt_bytes(peaks[lo])} (device {lo}) over {len(peaks)} devices; each device's "
+        print(f"peak memory   max {format_memory(peaks[hi], s.problem)} (device {hi}), min "
+              f"{format_memory(peaks[lo], s.problem)} (device {lo}) over {len(peaks)} devices; "
+              "each device's "
               "in the JSON (peak_memory)", file=out)
     print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
 
@@ -302,7 +297,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             continue
         s = r.schedule
         table.append([r.method, _fmt(s.makespan), f"{r.ratio:.3f}", f"{s.bubble_ratio:.1%}",
-                      _fmt_bytes(max(s.peak_memory)), "yes" if r.fits else "no",
+                      format_memory(max(s.peak_memory), s.problem), "yes" if r.fits else "no",
                       s.solver.status])
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
     for i, row in enumerate(table):

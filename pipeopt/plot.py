@@ -187,11 +187,15 @@ def _text_color(rgba: tuple[float, float, float, float]) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
 
 
-def _fmt_bytes(x: float) -> str:
+def _fmt_mem(x: float, schedule: Schedule) -> str:
+    """Memory in KiB/MiB/GiB when the problem counts bytes (a model/cluster config), else the
+    config's own unit as a plain number (see :func:`pipeopt.problem.format_memory`)."""
+    if "cost_model" not in dict(schedule.problem.meta):
+        return f"{x:.3g}"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {unit}"
-    return f"{x:.3g}"
+    return f"{x:.3g} B"
 
 
 def _fmt_time(x: float) -> str:
@@ -528,7 +532,7 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
             y = base + band * lim / full
             ax.plot([0, xmax], [y, y], ls="--", lw=0.8, color=LIMIT_COLOR)
         if label_rows:
-            ax.text(xmax, base + band * 0.5, f" peak {_fmt_bytes(schedule.peak_memory[d])}",
+            ax.text(xmax, base + band * 0.5, f" peak {_fmt_mem(schedule.peak_memory[d], schedule)}",
                     fontsize=6, va="center", ha="left", color="#2c4f73", clip_on=False)
     ax.set_xlim(0, xmax)
     ax.set_ylim(-p + 0.5, 0.5)
@@ -538,7 +542,7 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     limit_txt = ", dashed: memory limit" if limits else ""
-    ax.set_title(f"memory in use (each band: 0 to {_fmt_bytes(full)}{limit_txt})",
+    ax.set_title(f"memory in use (each band: 0 to {_fmt_mem(full, schedule)}{limit_txt})",
                  fontsize=9, loc="left")
     ax.set_xlabel("time (s)")
 
@@ -654,7 +658,8 @@ def _over_limit_note(schedule: Schedule) -> str:
     if not over:
         return "OVER MEMORY LIMIT"
     _, d, peak, lim = max(over, key=lambda t: (t[0], -t[1]))  # worst; first on a tie
-    return f"OVER MEMORY LIMIT: dev {d} peaks at {_fmt_bytes(peak)} > {_fmt_bytes(lim)}"
+    return (f"OVER MEMORY LIMIT: dev {d} peaks at {_fmt_mem(peak, schedule)} > "
+            f"{_fmt_mem(lim, schedule)}")
 
 
 def _ratio_text(schedule: Schedule, best: float | None) -> str:
@@ -702,7 +707,7 @@ def render_compare(schedules: Sequence[Schedule], *, dpi: float = 100,
         first = first or ax
         drawn.append(_draw_gantt(ax, s, axes_w, dpi, xmax, rows))
         title = (schedule_title(s) + _ratio_text(s, best)
-                 + f"   peak mem {_fmt_bytes(max(s.peak_memory))}")
+                 + f"   peak mem {_fmt_mem(max(s.peak_memory), s)}")
         if not f:
             title += f"   {_over_limit_note(s)}"
         ax.set_title(title, fontsize=9, loc="left", color="black" if f else LIMIT_COLOR,

@@ -256,7 +256,8 @@ class Problem:
     @cached_property
     def has_link_contention(self) -> bool:
         """True when some message occupies its link for a positive time (links serialize)."""
-        return any(self.transfer(k, k + 1)[0] > 0 for k in range(self.stages - 1))
+        return any(self.transfer(k, k + 1)[0] > 0 or self.transfer(k + 1, k)[0] > 0
+                   for k in range(self.stages - 1))
 
     # ----- memory --------------------------------------------------------------------------
     def memory_delta(self, op: Op) -> tuple[float, float]:
@@ -413,3 +414,15 @@ def rechunk(problem: Problem, virtual_stages: int, placement: Placement) -> Prob
         # The per-layer partition no longer describes these stages.
         meta=tuple((k, x) for k, x in problem.meta if k not in ("partition", "stage_costs")),
     )
+
+
+def format_memory(value: float, problem: Problem) -> str:
+    """``value`` for people: in KiB/MiB/GiB when the problem's memory is in bytes (built from a
+    model and cluster, ``meta['cost_model']``), else as the plain number of the config's own
+    unit (an explicit config may count memory in any unit, e.g. micro-batches' activations)."""
+    if "cost_model" not in dict(problem.meta):
+        return f"{value:g}"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:g} B"

@@ -357,6 +357,11 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
         op for op in problem.ops() if op not in times]
     if missing:
         out.append(f"{len(missing)} ops missing, first {missing[0]}")
+    first = min((o for o in schedule.ops if math.isfinite(o.start)), key=lambda o: o.start,
+                default=None)
+    if first is not None and first.start > tol:
+        out.append(f"{first.op}: the first op starts at {first.start:g}; times count from the "
+                   "iteration's start, so the first op starts at 0")
 
     # Messages on links: given by the schedule, or rebuilt first-come-first-served.
     msgs = {(mm.src_stage, mm.dst_stage, mm.microbatch, mm.kind): mm for mm in schedule.messages}
@@ -370,7 +375,14 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
                 break
             seen.add(key)
     if problem.has_link_contention and not schedule.messages and not missing:
+        # A file without messages (SPEC section 2 has none): find one-at-a-time sending
+        # orders, first-ready-first-served (the simulator's rule), else in deadline order
+        # (a receiver that starts early needs its message first).
         msgs = _fifo_messages(problem, times)
+        if _late_messages(problem, msgs, times, tol):
+            edf = _edf_messages(problem, times)
+            if not _late_messages(problem, edf, times, tol):
+                msgs = edf
     out.extend(_check_links(problem, msgs, times, tol))
 
     # Inputs of every op, from Problem.inputs: the same kinds and stages for every micro-batch.
@@ -438,6 +450,46 @@ def _fifo_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
     return out
 
 
+def _edf_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
+                  ) -> dict[tuple[int, int, int, str], Message]:
+    """Messages sent in order of their deadlines on each directed link (the latest start that
+    still reaches the receiver in time), each as soon as its producer has ended and the link
+    is free: the order that serves a receiver which starts early, when first-ready does not."""
+    per_link: dict[tuple[int, int], list[tuple[float, float, int, int, str, int, float,
+                                               float]]] = {}
+    sd = problem.stage_device
+    for o in times.values():
+        op = o.op
+        for dst in _dependents(problem, op):
+            tx, lat = problem.transfer(op.stage, dst.stage)
+            if tx > 0:
+                recv = times.get((dst.kind, dst.stage, dst.microbatch))
+                due = (recv.start if recv is not None else math.inf) - tx - lat
+                per_link.setdefault((sd[op.stage], sd[dst.stage]), []).append(
+                    (due, o.end, op.stage, op.microbatch, op.kind, dst.stage, tx, lat))
+    out = {}
+    for (a, b), lst in per_link.items():
+        lst.sort()
+        t = 0.0
+        for _, ready, k, j, kind, dk, tx, lat in lst:
+            t = max(t, ready)
+            out[(k, dk, j, kind)] = Message(a, b, k, dk, j, kind, t, t + tx, t + tx + lat)
+            t += tx
+    return out
+
+
+def _late_messages(problem: Problem, msgs: dict[tuple[int, int, int, str], Message],
+                   times: dict[tuple[str, int, int], TimedOp], tol: float) -> int:
+    """How many of ``msgs`` arrive after their receiver starts."""
+    late = 0
+    for (k, dk, j, kind), mm in msgs.items():
+        for dst in _dependents(problem, Op(kind, k, j)):
+            recv = times.get((dst.kind, dst.stage, dst.microbatch))
+            if dst.stage == dk and recv is not None and mm.arrival > recv.start + tol:
+                late += 1
+    return late
+
+
 def _dependents(problem: Problem, op: Op) -> list[Op]:
     """The ops that take ``op``'s output as an input (the reverse of :func:`_inputs`)."""
     k, j = op.stage, op.microbatch
@@ -460,6 +512,10 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
             continue
         tx, lat = problem.transfer(k, dk)
         name = f"message {kind} {k}->{dk} mb {j}"
+        if kind != ("F" if dk == k + 1 else "B"):
+            out.append(f"{name}: a message from stage {k} to {dk} carries "
+                       f"{'an activation (kind F)' if dk == k + 1 else 'a gradient (kind B)'}")
+            continue
         if (mm.src_device, mm.dst_device) != (sd[k], sd[dk]):
             out.append(f"{name}: on link {mm.src_device}->{mm.dst_device}, expected "
                        f"{sd[k]}->{sd[dk]}")

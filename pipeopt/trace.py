@@ -281,15 +281,17 @@ def _link_events(schedule: Schedule, with_flows: bool) -> list[dict[str, Any]]:
     if not msgs:
         return []
     ops = {(o.kind, o.stage, o.microbatch): o for o in schedule.ops}
+    # Zero-length messages get no slice (and a link of only those no track), but their flows.
     per_link: dict[tuple[int, int], list[int]] = defaultdict(list)
     spans = []
     for i, mm in enumerate(msgs):
-        per_link[(mm.src_device, mm.dst_device)].append(i)
+        if mm.arrival > mm.start:  # a message that takes no time has nothing to show
+            per_link[(mm.src_device, mm.dst_device)].append(i)
         spans.append(_span(mm.start, mm.arrival))
     events: list[dict[str, Any]] = [
         _meta("process_name", LINKS_PID, None, "links"),
         _meta("process_sort_index", LINKS_PID, None, 1),
-    ]
+    ] if per_link else []
     # Link tids start after the device tids: no tid names two tracks, even across processes.
     tid_of = [0] * len(msgs)
     tid = pr.devices
@@ -316,9 +318,10 @@ def _link_events(schedule: Schedule, with_flows: bool) -> list[dict[str, Any]]:
         if mm.start > ready:
             args["queued_us"] = _us(mm.start - ready)
         name = f"{mm.kind} s{mm.src_stage} mb{mm.microbatch} -> s{mm.dst_stage}"
-        events.append({"name": name, "cat": MESSAGE_CAT, "ph": "X", "pid": LINKS_PID,
-                       "tid": tid_of[i], "ts": ts, "dur": dur, "cname": MESSAGE_COLOR,
-                       "args": args})
+        if mm.arrival > mm.start:
+            events.append({"name": name, "cat": MESSAGE_CAT, "ph": "X", "pid": LINKS_PID,
+                           "tid": tid_of[i], "ts": ts, "dur": dur, "cname": MESSAGE_COLOR,
+                           "args": args})
         if mm.end > mm.start and mm.arrival > mm.end:
             # Same ts and shorter, written after its parent: nested in both viewers.
             events.append({"name": "transmission", "cat": TRANSMISSION_CAT, "ph": "X",

@@ -520,6 +520,9 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
     ("solver-not-object", put("solver", [1]), "solver:", "expected an object"),
     ("wall-time-junk", put("solver.wall_time", {"s": 1}), "solver.wall_time:",
      "expected a finite number"),
+    ("all-ops-shifted-later", lambda d: [o.update(start=o["start"] + 5, end=o["end"] + 5)
+                                         for o in d["ops"]] and None,
+     "invalid schedule:", "the first op starts at 5"),
     ("bubble-ratio-edited", lambda d: d.update(bubble_ratio=d["bubble_ratio"] + 1e-4),
      "bubble_ratio:", "the file says"),
     ("lower-bound-above-makespan", lambda d: d["solver"].update(lower_bound=d["makespan"] * 2),

@@ -173,6 +173,26 @@ def _profile(tmp_path):
 
 
 @pytest.mark.parametrize("split", [True, False])
+def test_partition_search_costs_stages_as_the_problem_does(tmp_path, split):
+    """For every partition, the search's stage time is the problem's F + B + W of that stage
+    (stage 0's fused backward included): else the search optimises another problem."""
+    from pipeopt.config import ConfigFile
+    from pipeopt.costs.build import make_plan
+    from pipeopt.partition import evaluate
+
+    path = _profile(tmp_path)
+    doc = {"pipeline": {"devices": 2, "microbatches": 4, "split_backward": split},
+           "model": {"profile": str(path)}, "cluster": {"gpu": "L4"}}
+    plan = make_plan(ConfigFile.model_validate(doc))
+    costs = plan.chain_costs()
+    for part in (((0, 1), (1, 4)), ((0, 2), (2, 4)), ((0, 3), (3, 4))):
+        prob = plan.problem(part)
+        want = [prob.forward[k] + prob.backward_input[k] + prob.backward_weight[k]
+                for k in range(2)]
+        assert evaluate(costs, part).stage_time == pytest.approx(want)
+
+
+@pytest.mark.parametrize("split", [True, False])
 def test_profile_times_follow_the_executor(tmp_path, split):
     """Split backward: stage 0 (token-id input) has no B, its W is the whole fused backward;
     other stages pay the split path's B and W. Fused backward: B + W is the measured fused

@@ -213,3 +213,32 @@ def test_peak_memory_from_the_orders_alone(prob, seed):
         assert peaks == pytest.approx(timed)
     else:  # a zero-length op's events may be reordered at equal times: an upper bound
         assert all(p >= t - 1e-9 for p, t in zip(peaks, timed, strict=True))
+
+
+def test_file_without_messages_checked_against_any_sending_order():
+    """SPEC files carry no messages: a receiver that runs micro-batch 1 first needs its
+    message first, which first-ready-first-served would not send; earliest-deadline does."""
+    from pipeopt.schedule import Message, Schedule, TimedOp
+    from pipeopt.solvers import solve
+
+    lat, bw = chain_links(2, [0.0], [1.0])
+    prob = Problem(devices=2, microbatches=2, forward=(1, 1), backward_input=(1, 1),
+                   backward_weight=(0, 0), split_backward=False, latency=lat, bandwidth=bw,
+                   message_size=(1.5,))
+    ops = (TimedOp(0, 0, 0, "F", 0, 1), TimedOp(0, 0, 1, "F", 1, 2),
+           TimedOp(1, 1, 1, "F", 3.5, 4.5), TimedOp(1, 1, 1, "B", 4.5, 5.5),
+           TimedOp(1, 1, 0, "F", 5.5, 6.5), TimedOp(1, 1, 0, "B", 6.5, 7.5),
+           TimedOp(0, 0, 1, "B", 7, 8), TimedOp(0, 0, 0, "B", 9, 10))
+    msgs = (Message(0, 1, 0, 1, 1, "F", 2, 3.5, 3.5), Message(0, 1, 0, 1, 0, "F", 3.5, 5, 5),
+            Message(1, 0, 1, 0, 1, "B", 5.5, 7, 7), Message(1, 0, 1, 0, 0, "B", 7.5, 9, 9))
+    sched = Schedule(prob, "hand", ops, msgs)
+    assert check(sched) == []
+    assert check(replace(sched, messages=())) == []
+    # One direction slow only: still a contended link (it used to be taken for latency-only).
+    one_way = prob.replace(bandwidth=((math.inf, math.inf), (1.0, math.inf)))
+    assert one_way.has_link_contention
+    for method in ("1f1b", "greedy"):
+        validate(solve(one_way, method))
+    # A message's kind must match its direction.
+    bad = replace(sched, messages=(msgs[0]._replace(kind="B"), *msgs[1:]))
+    assert any("carries an activation (kind F)" in v for v in check(bad))

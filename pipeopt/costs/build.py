@@ -199,6 +199,14 @@ class ModelPlan:
         sd = self.stage_device
         per_dev = {d: self.layer_times(d).sum(axis=1) for d in set(sd)}
         compute = np.stack([per_dev[d] for d in sd])
+        if self.first_stage_backward(sd[0], 0, 1) is not None:
+            # Stage 0 runs its backward fused (no input gradient to hand on, see
+            # stage_costs): cost its layers as forward + fused backward, as the problem will.
+            peak = self.peak(sd[0])
+            compute[0] = [lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))[0]
+                          + lc.fused_backward(peak, efficiency_at(lc.forward_flops,
+                                                                  self.efficiency))
+                          for lc in self.layers]
         out_bytes = np.array([lc.output_bytes for lc in self.layers])
         comm = np.zeros((self.stages - 1, len(self.layers)))
         for k in range(self.stages - 1):
