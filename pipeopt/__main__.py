@@ -10,14 +10,14 @@ from typing import Any
 
 
 def run() -> None:
-    """Load the command line and run it; exit 130 on Ctrl-C at any point."""
+    """Load the command line and run it; exit 130 on Ctrl-C or SIGTERM at any point."""
     pressed: list[bool] = []
 
     def on_sigint(signum: int, frame: Any) -> None:
         pressed.append(True)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         from pipeopt.cli import main
     except KeyboardInterrupt:
@@ -27,7 +27,8 @@ def run() -> None:
             _interrupted()
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     code = main()
     if code == 130:  # interrupted: what had to be written is written (atomically)
         sys.stdout.flush()

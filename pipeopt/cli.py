@@ -11,9 +11,11 @@ failed or interrupted run leaves the previous file as it was.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -21,7 +23,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
-from pipeopt.io import dump_schedule, load_schedule, refuse_overwriting_input, write_output
+from pipeopt.io import (
+    check_writable,
+    dump_schedule,
+    load_schedule,
+    refuse_overwriting_input,
+    write_output,
+)
 from pipeopt.problem import ProblemError, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
@@ -210,6 +218,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.verbose:
         _log_to_stderr()
     refuse_overwriting_input("--output", args.output, args.config)
+    if args.output:
+        check_writable("--output", args.output)  # before the search, not after it
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
@@ -274,11 +284,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from pipeopt.plot import image_format
 
         image_format(args.plot, "--plot")  # a bad suffix before any method runs
+        check_writable("--plot", args.plot)
     names = _method_list(args.methods) if args.methods is not None else None
     cfg = load_config(args.config, time_limit=args.time_limit)
     with _progress_line(args.quiet or args.json) as line:
-        rows = compare(cfg.problem, names, time_limit=cfg.solver.time_limit,
-                       seed=cfg.solver.seed, objective=cfg.solver.objective,
+        sc = cfg.solver
+        rows = compare(cfg.problem, names, time_limit=sc.time_limit, seed=sc.seed,
+                       objective=sc.objective, workers=sc.workers,
+                       relative_gap=sc.relative_gap, resolution=sc.resolution,
                        on_progress=line.report, on_start=line.running)
     drawn = [r for r in rows if r.schedule is not None]
     if args.plot:
@@ -396,16 +409,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pipeopt``; returns the exit status (2 for bad input, 130 on Ctrl-C)."""
     pressed: list[bool] = []
-    previous = None
+    previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         def on_sigint(signum: int, frame: Any) -> None:
             pressed.append(True)
             raise KeyboardInterrupt
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        # SIGTERM (timeout, Slurm, Kubernetes) stops a run as Ctrl-C does: the best schedule
+        # so far is kept and written.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_sigint)
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full or closed standard output fails here, not at exit
+        return code
     except (*USER_ERRORS, UsageError) as exc:
         print(f"pipeopt: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -420,10 +438,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         raise
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT):
+            # Standard output (or another stream) cannot take what is printed.
+            _quiet_stdout()
+            print(f"pipeopt: error: cannot write the output: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's flush at exit does not fail again
+    on the pipe or device that already failed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind sys.stdout
+        pass
 
 
 def one_line(text: str) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -65,26 +67,34 @@ def write_atomic(path: str | os.PathLike[str],
     ``data`` is text (written as UTF-8), bytes, or a function that writes to a binary file.
     The new file keeps the permission bits of the file it replaces, or gets the ones a plain
     ``open()`` would give (0666 less the umask); a symlink is followed, so its target is what
-    gets replaced.
+    gets replaced. A target that is not a regular file (a device such as /dev/null, a FIFO)
+    is written into directly, never replaced.
     """
     target = Path(path)
     if target.is_symlink():
         target = Path(os.path.realpath(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = target.stat().st_mode & 0o7777
-    except OSError:
-        mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        st: os.stat_result | None = target.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "it is a directory", str(target))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        # A device, FIFO or socket (/dev/null, /dev/stdout, a pipe): write into it. Renaming
+        # a file over it would replace the device itself.
+        with open(target, "wb") as fh:
+            _emit(fh, data)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = st.st_mode & 0o7777 if st is not None else 0o666 & ~_umask()
+    # A short temporary name: ".<name>.<random>.tmp" must stay within the file system's
+    # 255-byte limit even when the name itself is close to it.
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:80]}.", suffix=".tmp",
+                               dir=target.parent)
     try:
         os.fchmod(fd, mode)  # mkstemp makes it 0600: private to the user
         with os.fdopen(fd, "wb") as fh:
-            if isinstance(data, str):
-                fh.write(data.encode("utf-8"))
-            elif isinstance(data, bytes):
-                fh.write(data)
-            else:
-                data(fh)
+            _emit(fh, data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -92,6 +102,15 @@ def write_atomic(path: str | os.PathLike[str],
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _emit(fh: BinaryIO, data: str | bytes | Callable[[BinaryIO], object]) -> None:
+    if isinstance(data, str):
+        fh.write(data.encode("utf-8"))
+    elif isinstance(data, bytes):
+        fh.write(data)
+    else:
+        data(fh)
 
 
 def write_output(flag: str, path: str | os.PathLike[str],
@@ -114,24 +133,35 @@ def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
     from pipeopt.config import ConfigError
 
     target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{flag}: {path} is a directory; give a file name")
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{flag}: cannot write {path} ({parent} is a file, not a "
-                                  "directory)")
-            break
+    try:
+        if target.is_dir():
+            raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+        for parent in target.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ConfigError(f"{flag}: cannot write {path} ({parent} is a file, not "
+                                      "a directory)")
+                if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
+                    raise ConfigError(f"{flag}: cannot write {path} (no permission to create "
+                                      f"files in {parent})")
+                break
+        if target.exists() and target.is_file() and not os.access(target, os.W_OK):
+            raise ConfigError(f"{flag}: cannot write {path} (no permission)")
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"{flag}: cannot write {path} ({exc.strerror or exc})") from None
 
 
 def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
-    for parent in Path(path).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"{parent} is a file, not a directory"
-            break
-    if Path(path).is_dir():
-        return "it is a directory"
+    try:
+        for parent in Path(path).parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    return f"{parent} is a file, not a directory"
+                break
+        if Path(path).is_dir():
+            return "it is a directory"
+    except OSError:
+        pass
     return str(exc.strerror or exc)
 
 

@@ -83,8 +83,11 @@ def test_time_limit_returns_best_so_far_as_feasible_with_gap(tmp_path: Path,
 
 # ----- Ctrl-C ----------------------------------------------------------------------------------
 
-def test_ctrl_c_in_a_subprocess_writes_best_schedule_and_exits_130(tmp_path: Path) -> None:
-    """Send SIGINT once CP-SAT reports its first solution (the ``-v`` search log)."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_in_a_subprocess_writes_best_schedule_and_exits_130(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """Send SIGINT (Ctrl-C) or SIGTERM (a job scheduler's stop) once CP-SAT reports its first
+    solution (the ``-v`` search log): the best schedule so far is written either way."""
     cfg, out = _config(tmp_path, HARD), tmp_path / "s.json"
     out.write_text("previous", encoding="utf-8")
     proc = subprocess.Popen(
@@ -99,7 +102,7 @@ def test_ctrl_c_in_a_subprocess_writes_best_schedule_and_exits_130(tmp_path: Pat
         for line in proc.stderr:
             seen.append(line)
             if line.startswith("#") and line[1:2].isdigit():  # "#1  0.04s best:..."
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(sig)
                 break
         t0 = time.perf_counter()
         stdout, stderr = proc.communicate(timeout=30)
@@ -336,6 +339,53 @@ def test_atomic_write_keeps_permissions_and_follows_symlinks(tmp_path: Path) -> 
     write_atomic(link, "via the link")
     assert link.is_symlink() and shared.read_text() == "via the link"
     assert _leftovers(tmp_path) == []
+
+
+def test_output_into_a_fifo_or_device_is_written_not_replaced(tmp_path: Path) -> None:
+    """-o /dev/null or a pipe: write into it. (A rename over it, as root, replaced the device.)"""
+    import stat
+
+    from pipeopt.io import write_atomic
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, "through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"]
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert _leftovers(tmp_path) == []
+    if os.path.exists("/dev/null") and stat.S_ISCHR(os.stat("/dev/null").st_mode):
+        link = tmp_path / "null"
+        link.symlink_to("/dev/null")
+        write_atomic(link, "gone")
+        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["solve", "examples/uniform.yaml", "--method", "1f1b", "--json"],
+                                  ["compare", "examples/uniform.yaml", "--methods", "1f1b"]])
+def test_full_standard_output_is_one_error_line(args: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pipeopt", *args], cwd=ROOT, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "pipeopt: error: cannot write the output: No space left on device\n"
+
+
+def test_long_output_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(tmp_path, HARD)
+    ok = tmp_path / ("b" * 240 + ".json")  # legal; its temporary name must stay legal too
+    assert main(["solve", str(cfg), "--method", "greedy", "-q", "-o", str(ok)]) == 0
+    assert load_schedule(ok).method == "greedy"
+    capsys.readouterr()
+    too_long = tmp_path / ("b" * 300 + ".json")
+    assert main(["solve", str(cfg), "--method", "greedy", "-q", "-o", str(too_long)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeopt: error: --output: cannot write") and "too long" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_plot_failure_keeps_previous_png(tmp_path: Path, good_output: tuple[Path, Path, bytes],

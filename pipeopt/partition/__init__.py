@@ -163,7 +163,9 @@ class Evaluation:
 
 
 def evaluate(costs: ChainCosts, partition: Partition) -> Evaluation:
-    """Stage times, the pipeline objective sum + (m-1)·max, and memory of a partition."""
+    """Stage times, the pipeline objective (sum of stage times and boundary delays, plus m-1
+    times the busiest device's time per micro-batch: its largest stage with one stage per
+    device, the sum of its stages with virtual stages), and memory of a partition."""
     check_partition(partition, costs.layers, costs.stages)
     times, comms, mems = [], [], []
     for k, (a, b) in enumerate(partition):
@@ -177,5 +179,10 @@ def evaluate(costs: ChainCosts, partition: Partition) -> Evaluation:
         dev[costs.stage_device[k]] += mem
     fits = all(m <= lim * (1 + 1e-9) for m, lim in zip(dev, costs.device_limit, strict=True))
     mx = max(times)
-    obj = sum(times) + sum(comms) + (costs.microbatches - 1) * mx
+    # The steady state is paced by the busiest device: with several stages per device
+    # (virtual stages) that is the sum of its stages' times, not the largest stage.
+    load = [0.0] * len(costs.device_limit)
+    for k, t in enumerate(times):
+        load[costs.stage_device[k]] += t
+    obj = sum(times) + sum(comms) + (costs.microbatches - 1) * max(load)
     return Evaluation(tuple(times), tuple(comms), tuple(mems), tuple(dev), mx, obj, fits)

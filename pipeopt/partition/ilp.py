@@ -17,11 +17,15 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pulp
 
 from pipeopt.partition import ChainCosts, Partition, PartitionError, evaluate
-from pipeopt.partition.dp import PartitionResult, best_partition, explain_infeasible
+from pipeopt.partition.dp import (
+    PartitionResult,
+    best_partition,
+    explain_infeasible,
+    neighbours,
+)
 
 
 def _var(prob: pulp.LpProblem, name: str, **kw: Any) -> pulp.LpVariable:
@@ -32,9 +36,11 @@ def _var(prob: pulp.LpProblem, name: str, **kw: Any) -> pulp.LpVariable:
 
 
 def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: float = 30.0,
-                  ) -> PartitionResult:
-    """Optimal partition for ``objective`` (``pipeline``: sum + (m-1)·max; ``minmax``) under
-    per-device memory limits, searched for at most ``time_limit`` seconds.
+                  start: Partition | None = None) -> PartitionResult:
+    """Optimal partition for ``objective`` (``pipeline``: sum of stage times and delays +
+    (m-1)·the busiest device's time per micro-batch; ``minmax``: that device's time) under
+    per-device memory limits, searched for at most ``time_limit`` seconds; ``start`` is a
+    partition CBC starts from.
 
     The result's ``exact`` is False when CBC stopped at the time limit with a partition it had
     not proven optimal. Raises :class:`PartitionError` when nothing fits, or when the time limit
@@ -80,8 +86,8 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
     # Stage times and the objective.
     stage_time = {k: pulp.lpSum(x(j, k) * float(costs.compute[k, j]) for j in J) for k in S}
     big = _var(prob, "max_time", lowBound=0)
-    for k in S:
-        prob += big >= stage_time[k]
+    for d in sorted(set(costs.stage_device)):  # the busiest device paces the steady state
+        prob += big >= pulp.lpSum(stage_time[k] for k in S if costs.stage_device[k] == d)
     if objective == "minmax":
         prob += big
     else:
@@ -91,7 +97,12 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
     with warnings.catch_warnings():
         # PuLP 3 announces that its bundled CBC moves to an extra in 4.0; it is what we use.
         warnings.simplefilter("ignore", DeprecationWarning)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
+        if start is not None:  # a known partition as CBC's first incumbent
+            for k, (_, b) in enumerate(start):
+                for j in J:
+                    y[j, k].setInitialValue(1 if j < b else 0)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit,
+                                   warmStart=start is not None)
     status = prob.solve(solver)
     # CBC stopped by its time limit with an incumbent reports status "Optimal"; only the
     # solution status tells a proven optimum from a merely feasible partition.
@@ -117,17 +128,62 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
 def per_device_partition(costs: ChainCosts, objective: str = "pipeline",
                          time_limit: float = 30.0) -> tuple[PartitionResult, str]:
     """The best partition under per-device memory limits, and which search found it
-    (``dp`` or ``ilp``).
-
-    With one stage per device the DP is exact. With several stages per device, the DP without
-    memory limits is tried first: when its optimum fits every device's whole limit it is
-    optimal for the limited problem too (a relaxation's optimum that is feasible), found in
-    milliseconds where the ILP can take longer than its time limit. Otherwise the ILP decides.
-    """
+    (``dp`` or ``ilp``). With one stage per device the DP is exact; with several, the ILP
+    decides (see below), within ``time_limit`` seconds."""
     if len(set(costs.stage_device)) == costs.stages:
         return best_partition(costs, objective), "dp"
-    free = best_partition(replace(costs, device_limit=np.full(len(costs.device_limit), math.inf)),
-                          objective)
-    if free.exact and evaluate(costs, free.partition).fits:
-        return replace(free, evaluation=evaluate(costs, free.partition)), "dp"
-    return ilp_partition(costs, objective, time_limit=time_limit), "ilp"
+    # The DP's answers for each stage (its limit split evenly over the device's stages), each
+    # improved by moving one boundary at a time on the true objective, start the ILP, which
+    # prices the busiest device's whole load and memory: the ILP's answer is never worse, and
+    # the start stands if the ILP finds nothing in time.
+    start = _best_start(costs, objective)
+    try:
+        found = ilp_partition(costs, objective, time_limit=time_limit,
+                              start=None if start is None else start.partition)
+    except PartitionError:
+        if start is None:
+            raise
+        return replace(start, exact=False), "dp"
+    if start is not None and (_value(costs, start.evaluation, objective)
+                              < _value(costs, found.evaluation, objective) - 1e-12):
+        return replace(start, exact=False), "dp"
+    return found, "ilp"
+
+
+def _best_start(costs: ChainCosts, objective: str) -> PartitionResult | None:
+    """The best of the DP's partitions (pipeline and min-max objectives), each improved by
+    steepest descent over one-layer boundary moves (see :func:`neighbours`)."""
+    starts = []
+    for how in ("pipeline", "minmax"):
+        try:
+            starts.append(best_partition(costs, how).partition)
+        except PartitionError:
+            continue
+    best: PartitionResult | None = None
+    for part in starts:
+        cur, ev = part, evaluate(costs, part)
+        value = _value(costs, ev, objective)
+        while True:
+            step = None
+            for nb in neighbours(cur, costs.layers):
+                e = evaluate(costs, nb)
+                v = _value(costs, e, objective)
+                if e.fits and v < value - 1e-12 and (step is None or v < step[2]):
+                    step = (nb, e, v)
+            if step is None:
+                break
+            cur, ev, value = step
+        if best is None or value < _value(costs, best.evaluation, objective):
+            best = PartitionResult(cur, ev, objective, exact=False)
+    return best
+
+
+def _value(costs: ChainCosts, ev: Any, objective: str) -> float:
+    """The ILP's objective of an evaluated partition: the pipeline objective, or (minmax)
+    the busiest device's time per micro-batch."""
+    if objective != "minmax":
+        return float(ev.objective)
+    load: dict[int, float] = {}
+    for k, t in enumerate(ev.stage_time):
+        load[costs.stage_device[k]] = load.get(costs.stage_device[k], 0.0) + t
+    return max(load.values())

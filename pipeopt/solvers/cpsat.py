@@ -453,14 +453,16 @@ def _solve_interruptible(solver: cp_model.CpSolver, model: cp_model.CpModel,
             interrupted.set()
             solver.stop_search()
 
-        previous = signal.signal(signal.SIGINT, on_sigint)
+        # Ctrl-C or SIGTERM (a job scheduler's stop): end the search, keep its best.
+        previous = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             worker = threading.Thread(target=run, name="pipeopt-cpsat", daemon=True)
             worker.start()
             while worker.is_alive():
                 worker.join(0.05)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     if "error" in result:
         raise result["error"]
     return result["status"], interrupted.is_set()
