@@ -333,6 +333,19 @@ def _problem(doc: dict[str, Any]) -> Problem:
     for key in _PROBLEM_REQUIRED:
         if key not in doc:
             raise ScheduleError(f"problem.{key}: missing")
+    # The size caps of configs, before anything of that size is built (a p x p matrix of a
+    # 20000-device file alone would take gigabytes).
+    from pipeopt.config import MAX_DEVICES, MAX_OPS
+
+    p, v = doc["devices"], doc.get("virtual_stages", 1)
+    if p > MAX_DEVICES:
+        raise ScheduleError(f"problem.devices: at most {MAX_DEVICES}, got {p}")
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        kinds = 3 if doc.get("split_backward", True) else 2
+        ops = kinds * p * v * doc["microbatches"]
+        if ops > MAX_OPS:
+            raise ScheduleError(f"problem: {ops} ops is more than pipeopt schedules "
+                                f"({MAX_OPS:,})")
     try:
         prob = Problem.from_dict(doc)
     except ProblemError as exc:

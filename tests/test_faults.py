@@ -375,6 +375,16 @@ def test_full_standard_output_is_one_error_line(args: list[str]) -> None:
     assert proc.stderr == "pipeopt: error: cannot write the output: No space left on device\n"
 
 
+def test_cpsat_resolution_too_fine_is_named(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {**HARD, "solver": {"workers": 2, "resolution": 1e-300, "time_limit": 5}}
+    cfg = _config(tmp_path, doc)
+    assert main(["solve", str(cfg), "--method", "cpsat", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeopt: error: solver.resolution: 1e-300 s per unit is too fine")
+    assert "Traceback" not in err
+
+
 def test_long_output_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _config(tmp_path, HARD)
     ok = tmp_path / ("b" * 240 + ".json")  # legal; its temporary name must stay legal too

@@ -110,6 +110,16 @@ def test_partition_for_one_in_flight_when_1f1b_counts_fit_nothing():
         parse_config({**doc, "memory": {"limit": 1.9e9}})
 
 
+def test_too_many_layers_for_the_partition_tables_get_the_uniform_split():
+    c = parse_config(cfg(pipeline={"devices": 16, "microbatches": 32},
+                         model={"layers": 3000, "hidden": 256, "heads": 4, "seq_len": 128,
+                                "vocab": 1000}, cluster={"gpus_per_node": 8,
+                                                         "nodes_per_datacenter": 2}))
+    rep = dict(c.problem.meta)["partition_search"]
+    assert rep["method"] == "uniform" and "too large for the dp search" in rep["note"]
+    assert describe_partition(c).count("note: 16 stages x 3002 layers is too large") == 1
+
+
 def test_overrides_and_virtual_stages():
     c = parse_config(cfg(pipeline={"devices": 2, "microbatches": 4, "virtual_stages": 2},
                          model={"overrides": [{"layers": [0, 1], "time_scale": 3.0}]}))
@@ -171,6 +181,21 @@ def _profile(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def test_profile_typos_and_deep_nesting_are_named(tmp_path):
+    path = _profile(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["layers"][1]["backwrd_s"] = doc["layers"][1].pop("backward_s")
+    path.write_text(json.dumps(doc))
+    base = {"pipeline": {"devices": 2, "microbatches": 4}, "model": {"profile": str(path)},
+            "cluster": {"gpu": "L4"}}
+    with pytest.raises(ConfigError, match=r"layers\[1\]\.backwrd_s: unknown field; did you "
+                                          r"mean 'backward_s'\?"):
+        parse_config(base)
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_config(base)
 
 
 @pytest.mark.parametrize("split", [True, False])

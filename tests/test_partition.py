@@ -160,7 +160,7 @@ def test_virtual_stage_partition_prices_each_devices_whole_load():
 def _all_partitions(n: int, s: int):
     for cuts in itertools.combinations(range(1, n), s - 1):
         bounds = (0, *cuts, n)
-        yield tuple(zip(bounds[:-1], bounds[1:], strict=True))
+        yield tuple(itertools.pairwise(bounds))
 
 
 def test_uniform_counts_and_neighbours():

@@ -66,10 +66,19 @@ def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[L
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         try:
-            return load_profile(path), "profile"
+            layers = load_profile(path)
         except ProfileError as exc:
             raise ConfigError(f"model.profile: {exc}") from None
+        if len(layers) > MAX_LAYERS:
+            raise ConfigError(f"model.profile: {len(layers)} layers, at most {MAX_LAYERS}; "
+                              "profile the model with fewer, larger layers")
+        return layers, "profile"
     if cfg.layer_costs is not None:
+        total = sum(spec.count for spec in cfg.layer_costs)
+        if total > MAX_LAYERS:
+            raise ConfigError(f"model.layer_costs: {total} layers (counts included), at most "
+                              f"{MAX_LAYERS}; merge consecutive layers into one entry with "
+                              "their summed costs")
         out = []
         for spec in cfg.layer_costs:
             fwd = spec.forward
@@ -321,6 +330,14 @@ class ModelPlan:
             grad_reduce=tuple(reduce), meta=tuple(info.items()))
 
 
+#: Most pipeline layers a model may have: real models have a few hundred; the partition
+#: search's tables grow with the square of the count.
+MAX_LAYERS = 4096
+#: Most cells (stages x (layers + 1)^2) the partition DP may tabulate (about 240 MB a table);
+#: beyond it the uniform partition is used, with a note.
+MAX_DP_CELLS = 30_000_000
+
+
 def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     """Validate the sections of a model/cluster config and collect what the search needs."""
     if cfg.model is None:
@@ -400,6 +417,13 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
             return _fitting(from_counts(tc.stage_layers), costs, "explicit")
         if tc.partition == "uniform":
             return _fitting(uniform, costs, "uniform")
+        cells = plan.stages * (len(plan.layers) + 1) ** 2
+        if cells > MAX_DP_CELLS:  # too large to tabulate: the uniform split, said so
+            report["method"] = "uniform"
+            report["note"] = (f"{plan.stages} stages x {len(plan.layers)} layers is too large "
+                              f"for the {tc.partition} search ({cells:,} cells > "
+                              f"{MAX_DP_CELLS:,}); the uniform partition is used")
+            return _fitting(uniform, costs, "uniform")
         if tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
             from pipeopt.partition.ilp import ilp_partition, per_device_partition
 
@@ -437,6 +461,9 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
         try:
             part = search(lean)
         except PartitionError as exc1:
+            if str(exc1) == str(exc):
+                raise ConfigError(f"memory: {exc} (and so with any number of micro-batches in "
+                                  "flight)") from None
             raise ConfigError(f"memory: {exc}; even with one micro-batch in flight per stage "
                               f"(the least any schedule needs): {exc1}") from None
         costs = lean
@@ -504,6 +531,8 @@ def describe_partition(config: Config) -> str:
     if rep:
         proven = " (ILP time limit reached: not proven optimal)" \
             if rep.get("exact") is False else ""
+        if rep.get("note"):
+            lines.append(f"note: {rep['note']}")
         if rep.get("inflight_fallback"):
             lines.append("note: no partition fits with the assumed in-flight micro-batches; "
                          "partitioned for one in flight per stage (the 'est' column assumes "

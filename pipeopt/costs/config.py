@@ -67,7 +67,7 @@ class ModelConfig(_Strict):
     preset: str | None = None
     profile: str | None = None
     layer_costs: list[LayerCostSpec] | None = None
-    layers: int | None = Field(None, gt=0)
+    layers: int | None = Field(None, gt=0, le=4094)  # + embedding and head: MAX_LAYERS
     hidden: int | None = Field(None, gt=0)
     heads: int | None = Field(None, gt=0)
     kv_heads: int | None = Field(None, gt=0)
@@ -157,6 +157,9 @@ class ClusterConfig(_Strict):
     def _check(self) -> ClusterConfig:
         if isinstance(self.datacenters, int) and self.datacenters < 1:
             raise ValueError(f"datacenters: must be >= 1, got {self.datacenters}")
+        if isinstance(self.datacenters, list) and not self.datacenters:
+            raise ValueError("datacenters: an empty list; give a count >= 1 or a list of "
+                             "datacenters")
         eff = self.compute_efficiency
         points = [(None, eff)] if isinstance(eff, float | int) else list(eff)
         if not points:

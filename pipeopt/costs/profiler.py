@@ -28,6 +28,7 @@ share cores in a real run see slower ops than these. torch is imported lazily, s
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import statistics
@@ -241,6 +242,24 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
     write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
+#: The fields a profile may have (what :func:`profile_model` writes); others are refused, as a
+#: typo (``backwrd_s``) would otherwise be ignored.
+_TOP_KEYS = ("format", "model", "device", "torch", "micro_batch_size", "warmup", "repeats",
+             "backward_split", "layers")
+_LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "backward_s",
+               "input_grad", "params", "param_bytes", "activation_bytes", "output_bytes",
+               "forward_flops", "backward_flops", "peak_memory_bytes")
+
+
+def _known(doc: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    for key in doc:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ProfileError(f"{where}{key}: unknown field; {hint}expected one of "
+                               f"{', '.join(known)}")
+
+
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
     try:
@@ -253,11 +272,17 @@ def load_profile(path: str | Path) -> list[LayerCost]:
         raise ProfileError(f"{path}: cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: not usable JSON: nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ProfileError(f"{path}: format: expected {FORMAT!r}")
+    _known(doc, _TOP_KEYS, f"{path}: ")
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ProfileError(f"{path}: layers: expected a non-empty list")
+    for i, rec in enumerate(layers):
+        if isinstance(rec, dict):
+            _known(rec, _LAYER_KEYS, f"{path}: layers[{i}].")
     out = []
     for i, rec in enumerate(layers):
         vals: dict[str, float] = {}

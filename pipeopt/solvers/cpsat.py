@@ -58,6 +58,9 @@ _GREEDY_SHARE = 0.1
 #: 2 cores, 3 s limit: 24576 ops found no solution; p=64, m=1024, 196608 ops took 23 s and
 #: 1.2 GB), so the greedy's schedule is returned instead, with a note in ``details``.
 MAX_MODEL_OPS = 20_000
+#: Most time units from 0 to the horizon: CP-SAT's integers are 64-bit, and sums of durations
+#: must not overflow them.
+MAX_HORIZON_UNITS = 10**15
 
 
 def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
@@ -91,9 +94,16 @@ def solve_cpsat(problem: Problem, options: SolveOptions) -> Schedule:
         # The warm start meets a proven bound: it is optimal, no search needed.
         return warm_only("SKIPPED", False)
 
+    horizon = _horizon(problem, warm, tgrid, objective)
+    if horizon > MAX_HORIZON_UNITS:
+        # CP-SAT works with 64-bit integers; a grid this fine cannot even state the horizon.
+        coarsest = _objective(warm, objective) / MAX_HORIZON_UNITS
+        raise NotApplicable(f"solver.resolution: {tgrid.unit:g} s per unit is too fine for this "
+                            f"problem ({horizon:.3g} units to its horizon, at most "
+                            f"{MAX_HORIZON_UNITS:.0e}); use at least {coarsest:.3g} s, or leave "
+                            "it unset to have it chosen")
     try:
         data, mem_exact = int_data(problem, tgrid)
-        horizon = _horizon(problem, warm, tgrid, objective)
         # On an exact time grid every model solution is a real schedule, so the analytic
         # bound holds in the model too.
         lower = tgrid.up(analytic * (1 - 1e-9)) if tgrid.exact else 0
