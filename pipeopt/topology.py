@@ -1,13 +1,15 @@
 """Cluster topology: datacenters -> nodes -> GPUs, as a networkx graph with tiered links.
 
 Each edge carries a one-way ``latency`` (seconds) and a per-direction ``bandwidth`` (bytes/s).
-GPUs of a node are fully connected by NVLink (through NVSwitch); each GPU reaches its node's
-network interface over PCIe; nodes reach their datacenter's switch over InfiniBand / RoCE; the
-datacenter switches are connected pairwise by WAN links. Edges through a hub (node NIC, switch)
-carry half the tier latency, so that two hops through it add up to one tier latency.
+GPUs of a node are fully connected by NVLink (through NVSwitch), except GPUs without NVLink
+(L4, L40S), which reach each other over PCIe through the node's switch; each GPU reaches its
+node's network interface over PCIe (the GPU's generation: Gen4 or Gen5); nodes reach their
+datacenter's switch over InfiniBand / RoCE; the datacenter switches are connected pairwise by
+WAN links. Edges through a hub (node NIC, switch) carry half the tier latency, so that two hops
+through it add up to one tier latency.
 
-The point-to-point delay of ``n`` bytes between two GPUs is the latency of the lowest-latency
-path plus ``n`` over the path's bottleneck bandwidth.
+The point-to-point delay of ``n`` bytes between two GPUs is the latency of the path plus ``n``
+over its bottleneck bandwidth, on the path for which that sum is least.
 """
 
 from __future__ import annotations
@@ -68,11 +70,17 @@ class Topology:
         # Dijkstra results per (source, bandwidth floor).
         self._paths: dict[tuple[str, float], dict[str, list[str]]] = {}
         nv_given = tiers is not None and "nvlink" in tiers
+        pcie_given = tiers is not None and "pcie" in tiers
         for d, dc in enumerate(self.datacenters):
             switch = f"dc{d}"
             self.graph.add_node(switch, kind="switch")
             nv = self.tiers["nvlink"] if nv_given else Tier(dc.gpu.nvlink_bandwidth,
                                                             self.tiers["nvlink"].latency)
+            pcie = self.tiers["pcie"] if pcie_given else Tier(dc.gpu.pcie_bandwidth,
+                                                              self.tiers["pcie"].latency)
+            # GPUs without NVLink (L4, L40S) reach each other over PCIe, through the node's
+            # switch: no direct edge, unless an nvlink tier is given for them explicitly.
+            direct = dc.gpu.nvlink or nv_given
             for n in range(dc.nodes):
                 nic = f"dc{d}/n{n}"
                 self.graph.add_node(nic, kind="nic")
@@ -84,10 +92,10 @@ class Topology:
                     self.gpus.append(name)
                     self.gpu_info.append((d, n, g))
                     self.gpu_models.append(dc.gpu)
-                    self._edge(name, nic, self.tiers["pcie"], "pcie", half=True)
+                    self._edge(name, nic, pcie, "pcie", half=True)
                     members.append(name)
                 for i, a in enumerate(members):
-                    for b in members[i + 1:]:
+                    for b in members[i + 1:] if direct else ():
                         self._edge(a, b, nv, "nvlink")
         for a in range(len(self.datacenters)):
             for b in range(a + 1, len(self.datacenters)):
@@ -168,15 +176,15 @@ class Topology:
         slots: list[int] = []
         g0 = 0
         for dc in self.datacenters:
-            if group > dc.gpus_per_node:
-                raise TopologyError(
-                    f"a tensor-parallel group of {group} GPUs does not fit in a node of "
-                    f"{dc.gpus_per_node} GPUs")
-            per_node = dc.gpus_per_node // group
+            per_node = dc.gpus_per_node // group  # 0: a group does not fit its nodes
             for n in range(dc.nodes):
                 base = g0 + n * dc.gpus_per_node
                 slots.extend(base + i * group for i in range(per_node))
             g0 += dc.nodes * dc.gpus_per_node
+        if not slots:
+            raise TopologyError(
+                f"a tensor-parallel group of {group} GPUs does not fit in any node (at most "
+                f"{max(dc.gpus_per_node for dc in self.datacenters)} GPUs per node)")
         if ranks > len(slots):
             raise TopologyError(
                 f"{ranks} pipeline ranks x {group} GPU(s) need {ranks * group} GPUs in groups "

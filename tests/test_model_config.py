@@ -156,11 +156,23 @@ def test_gpt_small_example_loads():
 
 
 def test_data_parallel_adds_gradient_reduction():
-    one = parse_config(cfg()).problem
-    four = parse_config(cfg(training={"data_parallel": 4})).problem
+    # 4 nodes of 4 A100s: one pipeline replica per node, so each rank's ring of 4 replicas
+    # crosses InfiniBand: latency PCIe + IB (2 + 5 us), bottleneck the A100's PCIe Gen4
+    # (32e9 B/s, below IB's 50e9).
+    cluster = {"gpus_per_node": 4, "nodes_per_datacenter": 4}
+    one = parse_config(cfg(cluster=cluster)).problem
+    four = parse_config(cfg(cluster=cluster, training={"data_parallel": 4})).problem
     assert sum(one.grad_reduce) == 0
-    assert all(x > 0 for x in four.grad_reduce)
     assert four.forward == one.forward
+    rows = dict(four.meta)["stage_costs"]
+    for k, r in enumerate(rows):
+        chunk = r["params"] * 2 / 4  # grad_bytes_per_param 2, a quarter per ring step
+        assert four.grad_reduce[k] == pytest.approx(2 * 3 * (7e-6 + chunk / 32e9))
+    assert dict(four.meta)["cost_model"]["data_parallel"] == 4
+    # The replicas must fit the cluster: 4 ranks x 4 replicas do not fit one node of 4.
+    with pytest.raises(ConfigError, match=r"training\.data_parallel: .*4 pipeline ranks x 4 "
+                                          r"data-parallel replicas"):
+        parse_config(cfg(training={"data_parallel": 4}))
 
 
 def test_explicit_config_has_no_partition_table():

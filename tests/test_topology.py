@@ -43,8 +43,13 @@ def test_placement_fills_nodes_and_counts_cuts():
     assert lat[2][2] == 0
     with pytest.raises(TopologyError, match="need 34 GPUs"):
         topo.place(17, group=2)
-    with pytest.raises(TopologyError, match="does not fit in a node"):
+    with pytest.raises(TopologyError, match="does not fit in any node"):
         topo.place(1, group=8)
+    # A datacenter whose nodes are too small for a group is skipped, not an error.
+    mixed = Topology([Datacenter(lookup("H100-SXM"), 2, 8), Datacenter(lookup("H100-SXM"), 2, 4)])
+    assert mixed.place(2, group=8) == [0, 8]
+    with pytest.raises(TopologyError, match="need 24 GPUs"):
+        mixed.place(3, group=8)
 
 
 def test_heterogeneous_datacenters_and_default_nvlink():
@@ -67,3 +72,14 @@ def test_path_chosen_for_the_message_size():
     assert (lat, bw) == (pytest.approx(1e-6), 64e9)
     assert topo.p2p_time(0, 1, 64e6) == pytest.approx(1e-6 + 1e-3)
     assert topo.p2p_time(0, 1, 100) == pytest.approx(1e-7 + 1e-7)  # 100 B: NVLink still
+
+
+def test_pcie_only_gpus_talk_over_pcie_of_their_generation():
+    l4 = Topology([Datacenter(lookup("L4"), 1, 4)])
+    assert not l4.graph.has_edge(l4.gpus[0], l4.gpus[1])  # no NVLink between L4s
+    assert l4.link(0, 1) == (pytest.approx(DEFAULT_TIERS["pcie"].latency), 32e9)  # Gen4
+    h100 = Topology([Datacenter(lookup("H100-SXM"), 1, 4)])
+    assert h100.link(0, 1)[1] == 450e9  # NVLink
+    assert h100.graph.edges[h100.gpus[0], "dc0/n0"]["bandwidth"] == 64e9  # PCIe Gen5
+    given = Topology([Datacenter(lookup("L4"), 1, 4)], tiers={"pcie": Tier(25e9, 5e-6)})
+    assert given.link(0, 1) == (pytest.approx(5e-6), 25e9)

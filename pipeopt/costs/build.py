@@ -152,6 +152,8 @@ class ModelPlan:
     extra_static: list[float]
     training: TrainingConfig
     model_params: float | None = None
+    #: Per pipeline rank, the GPUs of its data-parallel replicas (the rank's own first).
+    replica_gpus: list[list[int]] | None = None
 
     @property
     def stages(self) -> int:
@@ -202,6 +204,16 @@ class ModelPlan:
         """The largest message a stage cut can send (bytes): links between two ranks take the
         path fastest for it (:meth:`pipeopt.topology.Topology.path`)."""
         return max((lc.output_bytes for lc in self.layers[:-1]), default=0.0)
+
+    def _ring_link(self, device: int, chunk: float) -> tuple[float, float]:
+        """(latency s, bandwidth B/s) of the slowest link of the ring through the replicas of
+        pipeline rank ``device``, for ``chunk``-byte messages."""
+        gpus = (self.replica_gpus or [[g] for g in self.rank_gpus])[device]
+        links = [self.topology.link(a, b, chunk)
+                 for a, b in zip(gpus, gpus[1:] + gpus[:1], strict=True) if a != b]
+        if not links:
+            return 0.0, math.inf
+        return max(x[0] for x in links), min(x[1] for x in links)
 
     def chain_costs(self) -> ChainCosts:
         """Inputs of the partition search."""
@@ -292,11 +304,12 @@ class ModelPlan:
         reduce = [0.0] * self.stages
         dp = self.training.data_parallel
         if dp > 1:
-            ib = self.topology.tiers["infiniband"]
             for k, r in enumerate(rows):
                 nbytes = r["params"] * self.training.grad_bytes_per_param
-                # Ring all-reduce: 2(d-1)/d of the bytes over each link, 2(d-1) latencies.
-                reduce[k] = 2 * (dp - 1) / dp * nbytes / ib.bandwidth + 2 * (dp - 1) * ib.latency
+                ring_lat, ring_bw = self._ring_link(sd[k], nbytes / dp)
+                # Ring all-reduce over the rank's replicas: 2(d-1) steps, each sending 1/d of
+                # the bytes over every ring link at once, paced by the slowest link.
+                reduce[k] = 2 * (dp - 1) * (ring_lat + (nbytes / dp) / ring_bw)
         info = {
             "partition": [list(r["layers"]) for r in rows],
             "layer_names": [lc.name for lc in self.layers],
@@ -311,7 +324,8 @@ class ModelPlan:
             "cost_model": {"source": self.source, "dtype": self.dtype,
                            "compute_efficiency": self.efficiency,
                            "bytes_per_param": self.training.bytes_per_param,
-                           "model_params": self.model_params},
+                           "model_params": self.model_params,
+                           "data_parallel": self.training.data_parallel},
             **(meta or {}),
         }
         return Problem(
@@ -355,10 +369,17 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                           f"{len(layers)}")
     topo = topology_of(ccfg)
     group = mcfg.tensor_parallel if origin == "analytic" else 1
+    dp = tcfg.data_parallel
     try:
-        ranks = topo.place(pl.devices, group)
+        placed = topo.place(pl.devices * dp, group)
     except TopologyError as exc:
-        raise ConfigError(f"cluster: {exc}") from None
+        where = "training.data_parallel" if dp > 1 else "cluster"
+        what = f" ({pl.devices} pipeline ranks x {dp} data-parallel replicas)" if dp > 1 else ""
+        raise ConfigError(f"{where}: {exc}{what}") from None
+    # Replica i of pipeline rank d sits at placed[i * devices + d]: each replica is a whole
+    # pipeline in consecutive slots, and a rank's replicas form its all-reduce ring.
+    ranks = placed[:pl.devices]
+    replicas = [[placed[i * pl.devices + d] for i in range(dp)] for d in range(pl.devices)]
     limits: list[float | None]
     if cfg.memory.limit is None:
         limits = []
@@ -375,7 +396,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      split_backward=pl.split_backward, dtype=mcfg.dtype,
                      efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
                      memory_limit=limits, extra_static=extra, training=tcfg,
-                     model_params=params)
+                     model_params=params, replica_gpus=replicas)
 
 
 def _fitting(part: Partition, costs: ChainCosts, what: str) -> Partition:
