@@ -164,3 +164,24 @@ def test_auto_stops_trying_hand_made_schedules_when_time_runs_out() -> None:
     assert skipped and all(k.startswith("classic_") for k in skipped)
     # The first tried, ZB-H1 (split backward), is kept: it is optimal here.
     assert sched.makespan == pytest.approx(32 * 3 + 7 * 1)
+
+
+def test_gradient_reduction_keeps_spec_gap_and_reports_the_objectives(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SPEC: lower_bound bounds the makespan and gap = (makespan - lower_bound) / makespan.
+    With a gradient reduction the solver minimises the iteration time: its own bound and gap
+    are objective_lower_bound / objective_gap."""
+    cfg, out = tmp_path / "gr.yaml", tmp_path / "s.json"
+    cfg.write_text("pipeline: {devices: 4, microbatches: 8}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1, "
+                   "grad_reduce: 5}\n")
+    assert main(["solve", str(cfg), "--method", "zb-h1", "-q", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    sol = doc["solver"]
+    assert doc["makespan"] == pytest.approx(27) and doc["iteration_time"] == pytest.approx(32)
+    assert sol["lower_bound"] <= doc["makespan"]
+    assert sol["gap"] == pytest.approx((doc["makespan"] - sol["lower_bound"]) / doc["makespan"])
+    # Device 3 cannot finish before 27, plus 5 s of reduction: ZB-H1 is optimal here.
+    assert sol["objective_lower_bound"] == pytest.approx(32) and sol["objective_gap"] == 0
+    assert "status        heuristic (lower bound 32, gap 0.00%)" in capsys.readouterr().out
+    assert pipeopt.load_schedule(out).solver.lower_bound == pytest.approx(32)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pipeopt._gc import cyclic_gc_paused
-from pipeopt.bounds import makespan_lower_bound, span_lower_bound
+from pipeopt.bounds import iteration_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
 from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable
@@ -152,8 +152,10 @@ def classic_methods() -> list[str]:
 
 
 def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
-    """The analytic lower bound on ``objective`` for ``problem`` (seconds)."""
-    return span_lower_bound(problem) if objective == "span" else makespan_lower_bound(problem)
+    """The analytic lower bound on ``objective`` for ``problem`` (seconds): the largest
+    per-device span, or the iteration time (the makespan plus the gradient reduction still
+    running after it; the makespan bound when there is none)."""
+    return span_lower_bound(problem) if objective == "span" else iteration_lower_bound(problem)
 
 
 @cyclic_gc_paused()  # generating orders builds one Op per op and no cycles (pipeopt._gc)
