@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,12 +23,16 @@ from pathlib import Path
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import Colormap, to_rgba
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Text
+from matplotlib.textpath import TextToPath
 
 from pipeopt.config import ConfigError
 from pipeopt.io import write_atomic
@@ -38,12 +42,16 @@ from pipeopt.simulate import ScheduleError
 #: Colour map of each op kind; the micro-batch picks the shade within it.
 KIND_CMAPS = {"F": "Blues", "B": "Oranges", "W": "Greens"}
 KIND_NAMES = {"F": "forward", "B": "backward (input)", "W": "backward (weight)"}
+#: Legend name of B in a compare plot mixing split and fused schedules.
+B_MIXED_NAME = "backward (input; the whole backward where fused)"
 IDLE_COLOR = "#e6e6e6"
 LINK_COLOR = "#7b3294"
 LIMIT_COLOR = "#d62728"
 CHUNK_MARK_COLOR = "#333333"
 DC_COLOR = "#111111"
 NOTE_COLOR = "#555555"
+REDUCE_COLOR = "#3a3a3a"  # hatching of the data-parallel gradient reduction
+REDUCE_HATCH = "////"
 
 #: Image formats by file suffix (all written by matplotlib's own backends).
 IMAGE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
@@ -66,6 +74,11 @@ _EDGE_MIN_PX = 3.0  # boxes narrower than this get no white edge: it would cover
 _HALF = 0.38  # half the height of an op box, in row units
 _RASTER_BELOW_PX = 3.0  # rows whose median box is narrower are drawn as averaged images
 _RASTER_SAMPLES = 8  # samples per pixel of those images
+_MIN_TEXT_PX = 6.0  # text smaller than this many pixels is a blob: enlarged, shrunk or dropped
+_TITLE_PT = 9.0  # compare titles; shrink to _MIN_TITLE_PT when a line would pass the edge
+_MIN_TITLE_PT = 7.0
+_TITLE_LINE_IN = _TITLE_PT * 1.3 / 72  # height of each further line of a compare title
+_EDGE_PAD_IN = 0.04  # titles and legends end at least this far left of the figure's edge
 
 
 def _gantt_rows_height(devices: int) -> float:
@@ -82,17 +95,19 @@ def _eighths(inches: float) -> float:
     return math.ceil(inches * 8 - 1e-9) / 8
 
 
-def _compare_rows_heights(schedules: Sequence[Schedule]) -> list[float]:
+def _compare_rows_heights(schedules: Sequence[Schedule], extra_in: float = 0.0
+                          ) -> list[float]:
     """Height in inches of each schedule's Gantt rows in :func:`plot_compare`.
 
     Many tall pipelines would make a poster: each is squeezed towards 24 inches over all,
     but never below 1.5 inch nor below :data:`_MIN_ROW_IN` per device row (thinner rows
     alias into stripes). Only a page over :data:`_COMPARE_MAX_IN` squeezes further.
+    ``extra_in``: the further title lines' height, which the page must hold as well.
     """
     count = max(1, len(schedules))
     rows = [min(_gantt_rows_height(s.problem.devices),
                 max(1.5, 24.0 / count, _MIN_ROW_IN * s.problem.devices)) for s in schedules]
-    fixed = _COMPARE_HEAD_IN + _BOTTOM_IN + (_TOP_IN * 0.6 + 0.3) * len(schedules)
+    fixed = _COMPARE_HEAD_IN + _BOTTOM_IN + (_TOP_IN * 0.6 + 0.3) * len(schedules) + extra_in
     total = sum(rows)
     if total and fixed + total > _COMPARE_MAX_IN:
         scale = max(_COMPARE_MAX_IN - fixed, 0.5 * len(schedules)) / total
@@ -108,7 +123,7 @@ def _median(values: Sequence[float]) -> float:
 def _width(schedules: Sequence[Schedule]) -> float:
     """Figure width in inches: room for the busiest device's ops (about 0.07 inch per op)
     and for a median op about 0.15 inch wide on the common time axis, clamped to a page."""
-    xmax = max((s.makespan for s in schedules), default=0.0)
+    xmax = max((s.iteration_time for s in schedules), default=0.0)
     need = 0.0
     for s in schedules:
         need = max(need, 4.0 + 0.07 * len(s.ops) / max(1, s.problem.devices))
@@ -127,11 +142,35 @@ def figure_size(schedule: Schedule, show_memory: bool = True) -> tuple[float, fl
     return _width([schedule]), _eighths(h)
 
 
-def compare_figure_size(schedules: Sequence[Schedule]) -> tuple[float, float]:
-    """(width, height) in inches of :func:`plot_compare`'s figure."""
-    h = (_COMPARE_HEAD_IN + _BOTTOM_IN + sum(_compare_rows_heights(schedules))
-         + (_TOP_IN * 0.6 + 0.3) * len(schedules))
-    return _width(schedules), _eighths(h)
+def compare_figure_size(schedules: Sequence[Schedule], fits: Sequence[bool] | None = None
+                        ) -> tuple[float, float]:
+    """(width, height) in inches of :func:`plot_compare`'s figure (``fits`` as there: a
+    schedule over its memory limit gets a second title line)."""
+    return _compare_layout(list(schedules), _fits(schedules, fits))[:2]
+
+
+def _fits(schedules: Sequence[Schedule], fits: Sequence[bool] | None) -> list[bool]:
+    fit = [True] * len(schedules) if fits is None else [bool(f) for f in fits]
+    if len(fit) != len(schedules):
+        raise ValueError(f"fits: {len(fit)} values for {len(schedules)} schedules")
+    return fit
+
+
+def _compare_layout(schedules: list[Schedule], fit: list[bool]
+                    ) -> tuple[float, float, list[list[str]], list[float]]:
+    """Width and height (inches) of a compare figure, each schedule's title lines and the
+    height of its Gantt rows (inches)."""
+    w = _width(schedules)
+    best = min((s.objective_value for s, f in zip(schedules, fit, strict=True) if f),
+               default=None)
+    room_pt = (w - _LEFT_IN - _EDGE_PAD_IN) * 72
+    titles = [_wrap_title(_compare_title_lines(s, f, best), room_pt, bold=not f)
+              for s, f in zip(schedules, fit, strict=True)]
+    extra = sum(len(t) - 1 for t in titles) * _TITLE_LINE_IN
+    rows = _compare_rows_heights(schedules, extra)
+    h = (_COMPARE_HEAD_IN + _BOTTOM_IN + sum(rows) + (_TOP_IN * 0.6 + 0.3) * len(schedules)
+         + extra)
+    return w, _eighths(h), titles, rows
 
 
 def max_dpi(size: tuple[float, float]) -> int:
@@ -203,16 +242,85 @@ def _fmt_time(x: float) -> str:
 
 
 def schedule_title(schedule: Schedule) -> str:
-    """One line naming the method, the shape, makespan and bubble ratio."""
+    """One line naming the method, the shape, makespan (and the iteration time when a
+    gradient reduction ends after the last op) and bubble ratio."""
     pr = schedule.problem
     shape = f"p={pr.devices} m={pr.microbatches}"
     if pr.virtual_stages > 1:
         shape += f" v={pr.virtual_stages} ({pr.placement})"
-    out = (f"{schedule.method}   {shape}   makespan {_fmt_time(schedule.makespan)}   "
-           f"bubble ratio {schedule.bubble_ratio:.1%}")
+    out = f"{schedule.method}   {shape}   makespan {_fmt_time(schedule.makespan)}   "
+    if not math.isclose(schedule.iteration_time, schedule.makespan, rel_tol=1e-12):
+        out += f"iteration {_fmt_time(schedule.iteration_time)}   "
+    out += f"bubble ratio {schedule.bubble_ratio:.1%}"
     if schedule.solver.status != "heuristic":
         out += f"   [{schedule.solver.status}]"
     return out
+
+
+# ----- text that fits ------------------------------------------------------------------------
+_SEP = "   "  # between the parts of a title
+
+
+def _text_width_pt(text: str, size: float, bold: bool = False) -> float:
+    """Width of one line of text in points from the font's outlines (no hinting: the same
+    at every dpi; rendered text is up to ~7% wider, hence the margins of the callers)."""
+    prop = FontProperties(size=size, weight="bold" if bold else "normal")
+    return TextToPath().get_text_width_height_descent(text, prop, ismath=False)[0]
+
+
+def _text_width_px(text: str, size: float, dpi: float) -> float:
+    """Width in pixels of one line of ``text`` at ``size`` points as Agg renders it."""
+    renderer = RendererAgg(8, 8, dpi)  # measuring needs no canvas of the figure's size
+    w, _, _ = renderer.get_text_width_height_descent(text, FontProperties(size=size), False)
+    return w
+
+
+def _wrap_title(lines: list[str], room_pt: float, *, bold: bool) -> list[str]:
+    """``lines``, each broken at its ``_SEP`` separators into as few lines as keep within
+    ``room_pt`` points at :data:`_MIN_TITLE_PT` (with a margin for hinting)."""
+    out: list[str] = []
+    for line in lines:
+        cur = ""
+        for part in line.split(_SEP):
+            trial = cur + _SEP + part if cur else part
+            if cur and _text_width_pt(trial, _MIN_TITLE_PT, bold) * 1.1 > room_pt:
+                out.append(cur)
+                cur = part
+            else:
+                cur = trial
+        out.append(cur)
+    return out
+
+
+def _fit_texts(fig: Figure, texts: Sequence[Text], sizes: Sequence[float]) -> float:
+    """Give ``texts`` the largest of ``sizes`` (points, largest first) at which each of them
+    ends left of the figure's right edge as the Agg renderer draws them; the smallest when
+    none does. Returns the size."""
+    renderer = RendererAgg(8, 8, fig.dpi)
+    right = fig.bbox.width - _EDGE_PAD_IN * fig.dpi
+    for size in sizes:
+        for t in texts:
+            t.set_fontsize(size)
+        if all(t.get_window_extent(renderer).x1 <= right for t in texts):
+            break
+    return size
+
+
+def _fit_legend(fig: Figure, make: Callable[[int], Legend], handles: Sequence[object]
+                ) -> tuple[Legend, int]:
+    """The legend ``make(ncol)`` in as few rows as keep it within the figure's width (one
+    when it fits), and its number of rows."""
+    renderer = RendererAgg(8, 8, fig.dpi)
+    right = fig.bbox.width - _EDGE_PAD_IN * fig.dpi
+    n = max(1, len(handles))
+    rows = 1
+    while True:
+        ncol = math.ceil(n / rows)  # rows of equal length: legends fill column by column
+        legend = make(ncol)
+        if ncol == 1 or legend.get_window_extent(renderer).x1 <= right:
+            return legend, math.ceil(n / ncol)
+        legend.remove()
+        rows += 1
 
 
 # ----- drawing -------------------------------------------------------------------------------
@@ -225,6 +333,8 @@ class _Drawn:
     delays_drawn: int = 0
     delays_left_out: int = 0
     dc_boundaries: int = 0
+    grad_reduce: bool = False
+    zero_kinds: tuple[str, ...] = ()  # kinds with zero-length ops drawn as ticks
 
 
 def _datacenters(schedule: Schedule) -> list[int] | None:
@@ -245,12 +355,18 @@ def _datacenters(schedule: Schedule) -> list[int] | None:
     return [out[d] for d in range(pr.devices)] if len(out) == pr.devices else None
 
 
+def _min_pt(pt: float, dpi: float) -> float:
+    """``pt``, or more when that is under :data:`_MIN_TEXT_PX` pixels at ``dpi``."""
+    return max(pt, _MIN_TEXT_PX * 72 / dpi)
+
+
 def _draw_dc_boundaries(ax: Axes, schedule: Schedule, sign: float, label: bool) -> int:
     """A dashed line between device rows of different datacenters (rows at ``sign * d``);
     with ``label``, each datacenter's name right of the chart. Returns the lines drawn."""
     dcs = _datacenters(schedule)
     if dcs is None or len(set(dcs)) < 2:
         return 0
+    dpi = ax.figure.dpi if ax.figure is not None else 100.0
     lines = 0
     first = 0
     for d in range(1, len(dcs) + 1):
@@ -260,7 +376,8 @@ def _draw_dc_boundaries(ax: Axes, schedule: Schedule, sign: float, label: bool) 
             ax.axhline(sign * (d - 0.5), color=DC_COLOR, lw=1.0, ls=(0, (5, 3)), zorder=5)
             lines += 1
         if label:
-            ax.text(1.005, sign * (first + d - 1) / 2, f"dc{dcs[first]}", fontsize=8,
+            ax.text(1.005, sign * (first + d - 1) / 2, f"dc{dcs[first]}",
+                    fontsize=_min_pt(8.0, dpi),
                     ha="left", va="center", color=DC_COLOR,
                     transform=ax.get_yaxis_transform(), clip_on=False)
         first = d
@@ -278,6 +395,7 @@ def _box_edges(widths_px: Sequence[float], row_px: float) -> list[str]:
 def _label_font(widths_px: Sequence[float], chars: int, dpi: float) -> float:
     """Font size (points) of the micro-batch labels: the widest label (``chars`` digits)
     fits most boxes (the narrowest tenth excepted), between 5 and 7 points."""
+    widths_px = [w for w in widths_px if w > 0]  # zero-length ops are ticks, not boxes
     if not widths_px:
         return _LABEL_FONT_PT
     narrow = sorted(widths_px)[len(widths_px) // 10]
@@ -288,8 +406,8 @@ def _label_font(widths_px: Sequence[float], chars: int, dpi: float) -> float:
 
 def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
                 xmax: float, height_in: float, *, dc_labels: bool = True) -> _Drawn:
-    """Ops, idle background, link traffic, latency lines and datacenter boundaries of
-    ``schedule`` on ``ax``; returns what was drawn."""
+    """Ops, idle background, gradient reductions, link traffic, latency lines and datacenter
+    boundaries of ``schedule`` on ``ax``; returns what was drawn."""
     pr = schedule.problem
     p, m = pr.devices, pr.microbatches
     half = _HALF
@@ -304,20 +422,39 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
     row_px = height_in * dpi / max(1, p)
     shades = _shade_table(pr.kinds, m)
     widths_px = [(o.end - o.start) * px_per_s for o in schedule.ops]
-    if _median(widths_px) < _RASTER_BELOW_PX:
+    raster = _median(widths_px) < _RASTER_BELOW_PX
+    if raster:
         # Boxes of a pixel or two: polygons would alias into stripes (each one painted over
         # its neighbours' edge pixels). Paint the rows as images whose pixels average the
         # colours of the ops under them instead.
         _draw_rows_raster(ax, schedule, shades, round(axes_width_in * dpi), xmax)
     else:
-        _draw_boxes(ax, schedule, shades, widths_px, row_px, drawn)
+        _draw_boxes(ax, schedule, shades, widths_px, row_px, dpi, drawn)
+
+    # Data-parallel gradient reductions: a hatched bar from each stage's last W (its last B
+    # when the backward is fused) for the stage's grad_reduce seconds. It runs on the
+    # network, so the device may compute other chunks' ops meanwhile: the bar lies under
+    # the boxes (over the averaged image of dense rows, which paints idle time too).
+    reductions = _reductions(schedule)
+    if reductions:
+        bars = [[(a, d - half), (b, d - half), (b, d + half), (a, d + half)]
+                for d, a, b in reductions]
+        hatched = PolyCollection(bars, facecolors="none", edgecolors=REDUCE_COLOR,
+                                 hatch=REDUCE_HATCH, linewidths=0.6,
+                                 zorder=2.6 if raster else 1.5)
+        if hasattr(hatched, "set_hatchcolor"):  # matplotlib >= 3.10; before, rcParams'
+            hatched.set_hatchcolor(REDUCE_COLOR)  # hatch.color (black by default)
+        ax.add_collection(hatched)
+        drawn.grad_reduce = True
 
     # Micro-batch numbers inside the boxes. One rule for every box: it gets its number when
     # the widest number of the schedule fits in it, so equal boxes are all labelled or none.
+    # None at all when the font would be under _MIN_TEXT_PX pixels (a low dpi): a blob.
     chars = len(str(max(0, m - 1)))
     font = _label_font(widths_px, chars, dpi)
     need_px = 0.62 * font * dpi / 72 * chars + _LABEL_PAD_PX
-    if 2 * half * row_px >= font * dpi / 72 * 1.1 and len(schedule.ops) <= _MAX_LABELS:
+    if (font * dpi / 72 >= _MIN_TEXT_PX and 2 * half * row_px >= font * dpi / 72 * 1.1
+            and len(schedule.ops) <= _MAX_LABELS):
         for o, w in zip(schedule.ops, widths_px, strict=True):
             if w < need_px:
                 continue
@@ -336,11 +473,12 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
         ax.add_collection(PolyCollection(bars, facecolors=LINK_COLOR, edgecolors="none",
                                          alpha=0.85, zorder=3))
         drawn.link_busy = True
-    segments, left_out = _pick_delays(_delay_segments(schedule), _MAX_DELAY_LINES)
-    if segments:
-        ax.add_collection(LineCollection(segments, colors=LINK_COLOR, linewidths=0.6,
-                                         alpha=0.45, zorder=3))
-    drawn.delays_drawn, drawn.delays_left_out = len(segments), left_out
+    picked, left_out = _pick_delays(_delay_segments(schedule), _MAX_DELAY_LINES)
+    if picked:
+        ax.add_collection(LineCollection([seg for segs in picked for seg in segs],
+                                         colors=LINK_COLOR, linewidths=0.6, alpha=0.45,
+                                         zorder=3))
+    drawn.delays_drawn, drawn.delays_left_out = len(picked), left_out
 
     ax.set_xlim(0, xmax)
     ax.set_ylim(p - 0.5, -0.5)  # device 0 on top
@@ -352,6 +490,30 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
     return drawn
 
 
+def _reductions(schedule: Schedule) -> list[tuple[int, float, float]]:
+    """(device, start, end) of each stage's gradient reduction (``problem.grad_reduce``)
+    that lasts > 0: from the end of the stage's last W, or its last B when the backward is
+    fused, as :attr:`Schedule.iteration_time` counts it."""
+    pr = schedule.problem
+    red = pr.grad_reduce
+    if not any(red):
+        return []
+    final = "W" if pr.split_backward else "B"
+    last: dict[int, TimedOp] = {}
+    for o in schedule.ops:
+        if o.kind == final and (o.stage not in last or o.end > last[o.stage].end):
+            last[o.stage] = o
+    return [(o.device, o.end, o.end + red[k]) for k, o in sorted(last.items()) if red[k] > 0]
+
+
+def _tick_color(kind: str, microbatch: int, microbatches: int
+                ) -> tuple[float, float, float, float]:
+    """Colour of a zero-length op's tick: its kind's colour, a shade darker than a box's so
+    that a line one or two pixels wide stands out from the grey."""
+    frac = microbatch / (microbatches - 1) if microbatches > 1 else 0.5
+    return _cmap(kind)(0.6 + 0.35 * frac)
+
+
 def _shade_table(kinds: Sequence[str], microbatches: int
                  ) -> dict[tuple[str, int], tuple[float, float, float, float]]:
     """:func:`_shade` of every (kind, micro-batch): one colour-map lookup each, not per op."""
@@ -360,8 +522,9 @@ def _shade_table(kinds: Sequence[str], microbatches: int
 
 def _draw_boxes(ax: Axes, schedule: Schedule,
                 shades: dict[tuple[str, int], tuple[float, float, float, float]],
-                widths_px: Sequence[float], row_px: float, drawn: _Drawn) -> None:
-    """One polygon per op (white edges where they show) and the odd-chunk strips."""
+                widths_px: Sequence[float], row_px: float, dpi: float, drawn: _Drawn) -> None:
+    """One polygon per op (white edges where they show), the odd-chunk strips, and a thin
+    vertical tick for each zero-length op (a box of no width would not show)."""
     p = schedule.problem.devices
     half = _HALF
     chunk_of = _chunk_index(schedule)
@@ -386,6 +549,14 @@ def _draw_boxes(ax: Axes, schedule: Schedule,
                                          edgecolors=_box_edges(mark_widths, 2 * half * row_px),
                                          linewidths=lw, zorder=2.5))
         drawn.chunk_marks = True
+    zero = [o for o in schedule.ops if o.end <= o.start]
+    if zero:
+        m = schedule.problem.microbatches
+        ax.add_collection(LineCollection(
+            [[(o.start, o.device - half), (o.start, o.device + half)] for o in zero],
+            colors=[_tick_color(o.kind, o.microbatch, m) for o in zero],
+            linewidths=max(1.0, 1.5 * 72 / dpi), zorder=3.5))  # at least 1.5 px wide
+        drawn.zero_kinds = tuple(k for k in ("F", "B", "W") if any(o.kind == k for o in zero))
 
 
 def _draw_rows_raster(ax: Axes, schedule: Schedule,
@@ -417,13 +588,24 @@ def _draw_rows_raster(ax: Axes, schedule: Schedule,
 
 
 def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float) -> None:
-    """Label rows "dev d", every row if the labels fit, else every 2nd, 4th, ... row."""
-    font_pt = 8.0 if row_px >= 14 else 6.0
+    """Label rows "dev d", every row if the labels fit, else every 2nd, 4th, ... row.
+
+    The font is 8 points (6 on thin rows), never under :data:`_MIN_TEXT_PX` pixels: larger
+    at a low dpi, shrunk to fit the left margin, and no labels at all when even that size
+    does not fit it."""
+    font_pt = _min_pt(8.0 if row_px >= 14 else 6.0, dpi)
+    room_px = _LEFT_IN * dpi - 3.5 * dpi / 72 - 2  # the margin less the tick label's pad
+    widest = _text_width_px(f"dev {len(positions) - 1}", font_pt, dpi)
+    if widest > room_px:
+        font_pt *= room_px / widest
+    ax.set_yticks(positions)
+    if font_pt * dpi / 72 < _MIN_TEXT_PX - 1e-9:
+        ax.set_yticklabels([""] * len(positions))
+        return
     need_px = font_pt * dpi / 72 * 1.2
     step = 1
     while step * row_px < need_px:
         step *= 2
-    ax.set_yticks(positions)
     ax.set_yticklabels([f"dev {d}" if d % step == 0 else "" for d in range(len(positions))],
                        fontsize=font_pt)
 
@@ -439,21 +621,44 @@ def _chunk_index(schedule: Schedule) -> list[int]:
 
 
 _Segment = list[tuple[float, float]]
+_Delay = tuple[tuple[int, int], float, list[_Segment]]
 
 
-def _delay_segments(schedule: Schedule) -> list[tuple[tuple[int, int], float, _Segment]]:
-    """Lines from a producer's end on its row to the arrival on the consumer's row, each with
-    its link (sender, receiver device) and its delay (seconds).
+def _delay_line(devices: int, src: int, t0: float, dst: int, t1: float) -> list[_Segment]:
+    """The polylines of one delay line from ``src``'s row at ``t0`` to ``dst``'s at ``t1``.
+
+    It leaves the sender's row at the edge facing the receiver (a line leaving from the
+    middle or the far edge would cross the sender's next box) and ends in the middle of the
+    receiver's row. The wrap-around link of an interleaved pipeline (between the last device
+    and device 0) would cross every row: it leaves past the chart's edge beyond the sender
+    and comes back in from the opposite edge, halfway through the delay.
+    """
+    down = dst > src
+    if devices >= 3 and {src, dst} == {0, devices - 1}:
+        # Out of the bottom edge below the last device, in from the top to device 0 (or the
+        # other way round).
+        mid = (t0 + t1) / 2
+        out_y, in_y = (-0.5, devices - 0.5) if down else (devices - 0.5, -0.5)
+        start = (t0, src + (-_HALF if down else _HALF))
+        return [[start, (mid, out_y)], [(mid, in_y), (t1, dst)]]
+    return [[(t0, src + (_HALF if down else -_HALF)), (t1, dst)]]
+
+
+def _delay_segments(schedule: Schedule) -> list[_Delay]:
+    """The delay line (:func:`_delay_line`) of every message from a producer's end to the
+    arrival on the consumer's row, each with its link (sender, receiver device) and its
+    delay (seconds).
 
     For messages that occupy a link the line starts where the transmission ends; for
     latency-only links it starts at the producer's end. Links with no delay draw nothing.
     """
     pr = schedule.problem
-    segs: list[tuple[tuple[int, int], float, _Segment]] = []
+    p = pr.devices
+    segs: list[_Delay] = []
     for mm in schedule.messages:
         if mm.arrival > mm.end:
             segs.append(((mm.src_device, mm.dst_device), mm.arrival - mm.end,
-                         [(mm.end, mm.src_device + _HALF), (mm.arrival, mm.dst_device)]))
+                         _delay_line(p, mm.src_device, mm.end, mm.dst_device, mm.arrival)))
     sent = {(mm.src_stage, mm.dst_stage, mm.microbatch) for mm in schedule.messages}
     ends: dict[tuple[str, int, int], TimedOp] = {(o.kind, o.stage, o.microbatch): o
                                                   for o in schedule.ops}
@@ -474,13 +679,13 @@ def _delay_segments(schedule: Schedule) -> list[tuple[tuple[int, int], float, _S
         if consumer is None:
             continue
         segs.append(((o.device, consumer.device), delay,
-                     [(o.end, o.device), (o.end + delay, consumer.device)]))
+                     _delay_line(p, o.device, o.end, consumer.device, o.end + delay)))
     return segs
 
 
-def _pick_delays(segments: Sequence[tuple[tuple[int, int], float, _Segment]], limit: int
-                 ) -> tuple[list[_Segment], int]:
-    """The delay lines to draw, and how many are left out.
+def _pick_delays(segments: Sequence[_Delay], limit: int
+                 ) -> tuple[list[list[_Segment]], int]:
+    """The delay lines to draw (each one or two polylines), and how many are left out.
 
     All of them when there are at most ``limit``; else the lines of the slowest links (by
     their longest delay; links of equal delay all or none), as many links as stay within
@@ -488,13 +693,13 @@ def _pick_delays(segments: Sequence[tuple[tuple[int, int], float, _Segment]], li
     """
     if len(segments) <= limit:
         return [seg for _, _, seg in segments], 0
-    by_link: dict[tuple[int, int], list[_Segment]] = {}
+    by_link: dict[tuple[int, int], list[list[_Segment]]] = {}
     slowest: dict[tuple[int, int], float] = {}
     for link, delay, seg in segments:
         by_link.setdefault(link, []).append(seg)
         slowest[link] = max(slowest.get(link, 0.0), delay)
     order = sorted(by_link, key=lambda k: -slowest[k])
-    out: list[_Segment] = []
+    out: list[list[_Segment]] = []
     i = 0
     while i < len(order):
         tier_delay = slowest[order[i]]
@@ -519,7 +724,8 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
     full = full if full > 0 else 1.0
     band = 0.8
     rows_px = height_in * dpi
-    label_rows = rows_px / p >= 10
+    peak_pt, peak_labels = _peak_labels(schedule, dpi)
+    label_rows = bool(peak_labels) and rows_px / p >= max(10.0, 1.2 * peak_pt * dpi / 72)
     for d, steps in enumerate(schedule.memory_timeline):
         base = -d - band / 2
         xs = [t for t, _ in steps] + [max(xmax, steps[-1][0])]
@@ -532,8 +738,8 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
             y = base + band * lim / full
             ax.plot([0, xmax], [y, y], ls="--", lw=0.8, color=LIMIT_COLOR)
         if label_rows:
-            ax.text(xmax, base + band * 0.5, f" peak {_fmt_mem(schedule.peak_memory[d], schedule)}",
-                    fontsize=6, va="center", ha="left", color="#2c4f73", clip_on=False)
+            ax.text(xmax, base + band * 0.5, peak_labels[d], fontsize=peak_pt, va="center",
+                    ha="left", color="#2c4f73", clip_on=False)
     ax.set_xlim(0, xmax)
     ax.set_ylim(-p + 0.5, 0.5)
     _draw_dc_boundaries(ax, schedule, -1.0, False)
@@ -547,16 +753,44 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
     ax.set_xlabel("time (s)")
 
 
+def _peak_labels(schedule: Schedule, dpi: float) -> tuple[float, list[str]]:
+    """Font size (points) and text of the "peak" labels right of the memory bands: 6 points
+    but never under :data:`_MIN_TEXT_PX` pixels, shrunk to fit the right margin, and none
+    (an empty list) when even that smallest size does not fit it."""
+    labels = [f" peak {_fmt_mem(pk, schedule)}" for pk in schedule.peak_memory]
+    pt = _min_pt(6.0, dpi)
+    room_px = _RIGHT_IN * dpi - 2
+    widest = max((_text_width_px(t, pt, dpi) for t in set(labels)), default=0.0)
+    if widest > room_px:
+        pt *= room_px / widest
+    if pt * dpi / 72 < _MIN_TEXT_PX - 1e-9:
+        return pt, []
+    return pt, labels
+
+
 def _legend_handles(schedules: Sequence[Schedule], drawn: Sequence[_Drawn]
                     ) -> list[Patch | Line2D]:
     """Legend entries for what is on the charts (``drawn``, one per schedule)."""
     handles: list[Patch | Line2D] = []
     kinds = [k for k in ("F", "B", "W") if any(k in s.problem.kinds for s in schedules)]
     split = any(s.problem.split_backward for s in schedules)
+    fused = any(not s.problem.split_backward for s in schedules)
     for kind in kinds:
-        name = KIND_NAMES[kind] if split or kind != "B" else "backward"
+        name = KIND_NAMES[kind]
+        if kind == "B" and not split:
+            name = "backward"  # every B is the whole backward
+        elif kind == "B" and fused:
+            name = B_MIXED_NAME  # orange boxes of the fused rows are the whole backward
         handles.append(Patch(facecolor=_shade(kind, 1, 3), label=f"{kind}: {name}"))
+    zero = [k for k in ("F", "B", "W") if any(k in d.zero_kinds for d in drawn)]
+    if zero:
+        handles.append(Line2D([], [], color=_tick_color(zero[0], 1, 3), marker="|",
+                              linestyle="none", markersize=8, markeredgewidth=1.5,
+                              label=f"zero-length {'/'.join(zero)} (tick)"))
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle (bubble)"))
+    if any(d.grad_reduce for d in drawn):
+        handles.append(Patch(facecolor="none", edgecolor=REDUCE_COLOR, hatch=REDUCE_HATCH,
+                             linewidth=0.6, label="gradient all-reduce"))
     if any(d.chunk_marks for d in drawn):
         handles.append(Patch(facecolor=CHUNK_MARK_COLOR, label="underlined: odd chunk"))
     if any(d.link_busy for d in drawn):
@@ -602,7 +836,7 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
     fig = Figure(figsize=(w, h), dpi=dpi)
     FigureCanvasAgg(fig)
     p = schedule.problem.devices
-    xmax = schedule.makespan * 1.005 or 1.0
+    xmax = schedule.iteration_time * 1.005 or 1.0  # gradient reductions after the last op
     gantt_h = _gantt_rows_height(p)
     mem_h = _memory_rows_height(p) if show_memory else 0.0
     # When the caller picks the size, scale the rows to fill it.
@@ -612,10 +846,18 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
     ax = fig.add_axes(_axes_rect(w, h, _TOP_IN, gantt_h))
     axes_w = w - _LEFT_IN - _RIGHT_IN
     drawn = _draw_gantt(ax, schedule, axes_w, dpi, xmax, gantt_h)
-    ax.set_title(title or schedule_title(schedule), fontsize=11, loc="left", pad=22)
-    ax.legend(handles=_legend_handles([schedule], [drawn]), loc="lower left",
-              bbox_to_anchor=(0, 1.0), ncol=8, fontsize=7, frameon=False, borderaxespad=0.1,
-              handlelength=1.5)
+    handles = _legend_handles([schedule], [drawn])
+    for legend_pt in (7.0, 6.0):  # 6 points when 7 takes more rows than the top margin holds
+        legend, rows = _fit_legend(fig, lambda ncol, pt=legend_pt: ax.legend(
+            handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=ncol,
+            fontsize=pt, frameon=False, borderaxespad=0.1, handlelength=1.5), handles)
+        pad = 22 + legend_pt * 1.25 * (rows - 1)  # the title sits above the legend's rows
+        if pad + 14 <= _TOP_IN * 72 or legend_pt == 6.0:
+            break
+        legend.remove()
+    # Long titles get a smaller font.
+    text = ax.set_title(title or schedule_title(schedule), fontsize=11, loc="left", pad=pad)
+    _fit_texts(fig, [text], (11.0, 10.0, 9.0, 8.0))
     if show_memory:
         mem_ax = fig.add_axes(_axes_rect(w, h, _TOP_IN + gantt_h + _GAP_IN, mem_h),
                               sharex=ax)
@@ -662,6 +904,15 @@ def _over_limit_note(schedule: Schedule) -> str:
             f"{_fmt_mem(lim, schedule)}")
 
 
+def _compare_title_lines(schedule: Schedule, fits: bool, best: float | None) -> list[str]:
+    """The title of ``schedule`` in a compare plot: the method, shape, times, bubble ratio,
+    "x1.041 of best" and peak memory; when it does not fit, the over-limit note on a second
+    line (it would run past the figure's edge at the end of the first)."""
+    first = (schedule_title(schedule) + _ratio_text(schedule, best)
+             + f"{_SEP}peak mem {_fmt_mem(max(schedule.peak_memory), schedule)}")
+    return [first] if fits else [first, _over_limit_note(schedule)]
+
+
 def _ratio_text(schedule: Schedule, best: float | None) -> str:
     """"x1.041 of best" against ``best`` (the best objective that fits), as compare does."""
     if not best or best <= 0:
@@ -687,38 +938,38 @@ def render_compare(schedules: Sequence[Schedule], *, dpi: float = 100,
     schedules = list(schedules)
     if not schedules:
         raise ScheduleError("plot: no schedule to draw (every method failed or was skipped)")
-    fit = [True] * len(schedules) if fits is None else [bool(f) for f in fits]
-    if len(fit) != len(schedules):
-        raise ValueError(f"fits: {len(fit)} values for {len(schedules)} schedules")
-    w, h = compare_figure_size(schedules)
+    fit = _fits(schedules, fits)
+    w, h, titles, heights = _compare_layout(schedules, fit)
     check_dpi((w, h), dpi, "dpi")
     fig = Figure(figsize=(w, h), dpi=dpi)
     FigureCanvasAgg(fig)
-    xmax = max(s.makespan for s in schedules) * 1.005 or 1.0
+    # Gradient reductions may run past the last op: the axis ends at the iteration time.
+    xmax = max(s.iteration_time for s in schedules) * 1.005 or 1.0
     axes_w = w - _LEFT_IN - _RIGHT_IN
-    best = min((s.objective_value for s, f in zip(schedules, fit, strict=True) if f),
-               default=None)
     top = _COMPARE_HEAD_IN
     first: Axes | None = None
     drawn: list[_Drawn] = []
-    for s, f, rows in zip(schedules, fit, _compare_rows_heights(schedules), strict=True):
-        top += _TOP_IN * 0.6
+    texts: list[Text] = []
+    for s, f, lines, rows in zip(schedules, fit, titles, heights, strict=True):
+        # Further title lines (the over-limit note, a wrapped long title) get their room.
+        top += _TOP_IN * 0.6 + (len(lines) - 1) * _TITLE_LINE_IN
         ax = fig.add_axes(_axes_rect(w, h, top, rows), sharex=first)
         first = first or ax
         drawn.append(_draw_gantt(ax, s, axes_w, dpi, xmax, rows))
-        title = (schedule_title(s) + _ratio_text(s, best)
-                 + f"   peak mem {_fmt_mem(max(s.peak_memory), s)}")
-        if not f:
-            title += f"   {_over_limit_note(s)}"
-        ax.set_title(title, fontsize=9, loc="left", color="black" if f else LIMIT_COLOR,
-                     fontweight="normal" if f else "bold")
+        texts.append(ax.set_title(
+            "\n".join(lines), fontsize=_TITLE_PT, loc="left", linespacing=1.1,
+            color="black" if f else LIMIT_COLOR, fontweight="normal" if f else "bold"))
         ax.tick_params(axis="x", labelsize=7)
         top += rows + 0.3
+    # One font for every title, the largest at which none passes the figure's right edge.
+    _fit_texts(fig, texts,
+               [_TITLE_PT - 0.5 * i for i in range(int((_TITLE_PT - _MIN_TITLE_PT) / 0.5) + 1)])
     fig.suptitle("methods compared (common time axis)", x=_LEFT_IN / w, ha="left",
                  y=1 - 0.12 / h, fontsize=11, va="top")
-    fig.legend(handles=_legend_handles(schedules, drawn), loc="upper left",
-               bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h), ncol=8, fontsize=7,
-               frameon=False, borderaxespad=0.0, handlelength=1.5)
+    handles = _legend_handles(schedules, drawn)
+    _fit_legend(fig, lambda ncol: fig.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h),
+        ncol=ncol, fontsize=7, frameon=False, borderaxespad=0.0, handlelength=1.5), handles)
     fig.axes[-1].set_xlabel("time (s)")
     _caption(fig, drawn)
     return fig

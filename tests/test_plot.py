@@ -200,7 +200,7 @@ def test_compare_over_limit_names_device() -> None:
 
 
 def test_compare_shared_legend(tmp_path: Path) -> None:
-    scheds = [SCHEDULES[n]() for n in ("1f1b", "zb-v", "latency")]
+    scheds = [SCHEDULES[n]() for n in ("zb-h2", "zb-v", "latency")]
     fig = render_compare(scheds)
     assert len(fig.legends) == 1  # once, at the top: not one per schedule
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -208,6 +208,21 @@ def test_compare_shared_legend(tmp_path: Path) -> None:
                           "idle (bubble)"]
     assert "message delay" in labels  # "latency" has delay lines
     assert not any(ax.get_legend() for ax in fig.axes)
+
+
+def _b_label(fig) -> str:
+    return next(t.get_text() for t in fig.legends[0].get_texts()
+                if t.get_text().startswith("B:"))
+
+
+def test_compare_legend_names_fused_backward() -> None:
+    split, fused = SCHEDULES["zb-h2"](), SCHEDULES["1f1b"]()  # 1f1b runs fused
+    assert split.problem.split_backward and not fused.problem.split_backward
+    # Mixed: orange is the input gradient in split rows, the whole backward in fused ones.
+    assert _b_label(render_compare([split, fused])) == (
+        "B: backward (input; the whole backward where fused)")
+    assert _b_label(render_compare([split, SCHEDULES["zb-v"]()])) == "B: backward (input)"
+    assert _b_label(render_compare([fused, SCHEDULES["gpipe-fused"]()])) == "B: backward"
 
 
 def test_compare_rows_keep_a_minimum_height() -> None:
@@ -395,3 +410,215 @@ def test_unknown_suffix_refused(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(["plot", str(src), "-o", str(tmp_path / "o.jpg")]) == 2
     assert "--output" in capsys.readouterr().err
     assert not (tmp_path / "o.jpg").exists()
+
+
+# ----- compare titles fit the figure ---------------------------------------------------------
+def _left_title(ax) -> Text:
+    return next(t for t in ax.get_children()
+                if isinstance(t, Text) and t.get_text() == ax.get_title(loc="left"))
+
+
+def _long_title_schedules() -> tuple[list, list[bool]]:
+    """The longest titles of the reported compare plot (examples/uniform.yaml): long method
+    names, v=2 shapes and the red over-limit note, plus one name no line can hold."""
+    from dataclasses import replace
+
+    prob = uniform_problem(4, 8, memory_limit=4.0)
+    chunked = uniform_problem(4, 8, virtual_stages=2, memory_limit=4.0)
+    scheds = [
+        run_classic(prob, "zb-h1"),
+        replace(run_classic(chunked, "interleaved-1f1b"), method="torch:Interleaved1F1B"),
+        replace(run_classic(chunked, "interleaved-1f1b"), method="torch:InterleavedZeroBubble"),
+        run_classic(prob, "gpipe"),
+        replace(run_classic(prob, "zb-h2"), method="a-search-method-with-a-long-name:" * 3),
+    ]
+    return scheds, [True, False, True, False, False]
+
+
+@pytest.mark.parametrize("dpi", [50, 100, 200])
+def test_compare_titles_fit_the_figure(dpi: int) -> None:
+    scheds, fits = _long_title_schedules()
+    fig = render_compare(scheds, fits=fits, dpi=dpi)
+    renderer = fig.canvas.get_renderer()
+    width = fig.bbox.width
+    titles = [_left_title(ax) for ax in fig.axes]
+    for t in titles:
+        assert t.get_window_extent(renderer).x1 <= width, t.get_text()
+    # One font for all, never under 7 points.
+    assert len({t.get_fontsize() for t in titles}) == 1 and titles[0].get_fontsize() >= 7
+    # Over the limit: the note is the title's own line, and the title does not reach up into
+    # the chart above (its room was reserved).
+    lines = [t.get_text().split("\n") for t in titles]
+    assert len(lines[0]) == 1 and len(lines[2]) == 1
+    assert lines[1][-1].startswith("OVER MEMORY LIMIT: dev 0 peaks at")
+    assert lines[3][-1] == "OVER MEMORY LIMIT: dev 0 peaks at 8 > 4"
+    assert len(lines[4]) >= 3  # the long name is wrapped at its parts, then the note
+    fig.canvas.draw()
+    for above, ax, t in zip(fig.axes, fig.axes[1:], titles[1:], strict=False):
+        top = t.get_window_extent(renderer).y1
+        ticks = above.get_tightbbox(renderer)  # the chart above and its tick labels
+        assert top < ticks.y0, _left_title(ax).get_text()
+    w, h = compare_figure_size(scheds, fits)
+    assert (fig.get_figwidth(), fig.get_figheight()) == (w, h)
+    assert h > compare_figure_size(scheds)[1]  # the notes' lines take room
+
+
+def test_single_plot_title_fits() -> None:
+    from dataclasses import replace
+
+    sched = replace(SCHEDULES["zb-v"](), method="a-search-method-with-a-long-name:" * 2)
+    fig = render_schedule(sched, dpi=80)
+    t = _left_title(fig.axes[0])
+    assert t.get_window_extent(fig.canvas.get_renderer()).x1 <= fig.bbox.width
+
+
+# ----- gradient reduction --------------------------------------------------------------------
+def _reduce_problem(split_backward: bool = True):
+    # pipeline {devices: 4, microbatches: 4}, stages {forward: 1, backward_input: 1,
+    # backward_weight: 1, grad_reduce: [6, 1, 1, 1]}
+    return uniform_problem(4, 4, split_backward=split_backward).replace(
+        grad_reduce=(6.0, 1.0, 1.0, 1.0))
+
+
+def _hatched(ax) -> list[PolyCollection]:
+    return [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_hatch()]
+
+
+def test_grad_reduce_drawn_after_last_w(tmp_path: Path) -> None:
+    from pipeopt.config import load_config
+
+    cfg = tmp_path / "gr.yaml"
+    cfg.write_text("pipeline: {devices: 4, microbatches: 4}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1, "
+                   "grad_reduce: [6, 1, 1, 1]}\n")
+    prob = load_config(cfg).problem
+    assert prob.grad_reduce == (6.0, 1.0, 1.0, 1.0)
+    sched = run_classic(prob, "zb-h1")
+    assert sched.iteration_time > sched.makespan
+    fig = render_schedule(sched)
+    gantt, memory = fig.axes
+    (bars,) = _hatched(gantt)
+    boxes = sorted((float(pth.vertices[:, 0].min()), float(pth.vertices[:, 0].max()),
+                    round(float(pth.vertices[:, 1].mean())))
+                   for pth in bars.get_paths())
+    want = []
+    for k, red in enumerate(prob.grad_reduce):
+        last = max((o for o in sched.ops if o.kind == "W" and o.stage == k), key=lambda o: o.end)
+        want.append((last.end, last.end + red, last.device))
+    assert boxes == pytest.approx(sorted(want))
+    # The axis reaches the iteration time, which the title gives.
+    assert gantt.get_xlim()[1] >= sched.iteration_time
+    assert memory.get_xlim()[1] >= sched.iteration_time
+    title = gantt.get_title(loc="left")
+    assert f"makespan {sched.makespan:.4g} s   iteration {sched.iteration_time:.4g} s" in title
+    assert "gradient all-reduce" in _legend_labels(fig)
+    # Fused backward: the reduction follows the last B.
+    fused = run_classic(_reduce_problem(False), "1f1b")
+    (bars,) = _hatched(render_schedule(fused).axes[0])
+    ends = sorted(float(pth.vertices[:, 0].min()) for pth in bars.get_paths())
+    assert ends == pytest.approx(sorted(
+        max(o.end for o in fused.ops if o.kind == "B" and o.stage == k) for k in range(4)))
+    # Without a reduction: no bar, no entry, no iteration time in the title.
+    plain = render_schedule(SCHEDULES["zb-h2"]())
+    assert not _hatched(plain.axes[0])
+    assert "gradient all-reduce" not in _legend_labels(plain)
+    assert "iteration" not in plain.axes[0].get_title(loc="left")
+
+
+def test_grad_reduce_in_compare() -> None:
+    prob = _reduce_problem()
+    scheds = [run_classic(prob, "zb-h1"), run_classic(prob, "1f1b")]
+    fig = render_compare(scheds)
+    assert fig.axes[0].get_xlim()[1] >= max(s.iteration_time for s in scheds)
+    assert all(_hatched(ax) for ax in fig.axes)
+    assert "gradient all-reduce" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert all("iteration " in ax.get_title(loc="left") for ax in fig.axes)
+    # A dense schedule (rows drawn as images) shows its reductions too, over the image.
+    dense = uniform_problem(16, 512).replace(grad_reduce=(50.0,) * 16)
+    gantt = render_schedule(run_classic(dense, "1f1b")).axes[0]
+    assert gantt.images and _hatched(gantt)
+
+
+# ----- zero-length ops -----------------------------------------------------------------------
+def test_zero_length_ops_are_ticks() -> None:
+    prob = uniform_problem(4, 8).replace(backward_input=(0.0, 1.0, 1.0, 1.0))
+    sched = run_classic(prob, "zb-h1")
+    zero = [o for o in sched.ops if o.end <= o.start]
+    assert len(zero) == 8 and {o.kind for o in zero} == {"B"}
+    fig = render_schedule(sched)
+    gantt = fig.axes[0]
+    ticks = [c for c in gantt.collections if isinstance(c, LineCollection)
+             and len(c.get_segments()) == len(zero)
+             and all(seg[0][0] == seg[-1][0] for seg in c.get_segments())]
+    assert len(ticks) == 1
+    segs = ticks[0].get_segments()
+    assert sorted((seg[0][0], round(seg[0][1] + plot_mod._HALF)) for seg in segs) == sorted(
+        (o.start, o.device) for o in zero)
+    assert all(abs(seg[1][1] - seg[0][1]) == pytest.approx(2 * plot_mod._HALF) for seg in segs)
+    # In B's colours (orange: more red than blue), at least 1.5 px wide.
+    assert all(r > b for r, _, b, _ in ticks[0].get_colors())
+    assert ticks[0].get_linewidths()[0] * fig.dpi / 72 >= 1.5
+    assert "zero-length B (tick)" in _legend_labels(fig)
+    # Zero-length ops do not make the labels smaller: the same font as without them.
+    nonzero = render_schedule(run_classic(uniform_problem(4, 8), "zb-h1")).axes[0]
+    assert {t.get_fontsize() for t in gantt.texts} == {t.get_fontsize() for t in nonzero.texts}
+    assert "zero-length B (tick)" not in _legend_labels(render_schedule(SCHEDULES["zb-h2"]()))
+
+
+# ----- low dpi: no blobs ---------------------------------------------------------------------
+def _px(t: Text, dpi: float) -> float:
+    return t.get_fontsize() * dpi / 72
+
+
+@pytest.mark.parametrize("dpi", [20, 30, 50, 72, 100])
+def test_low_dpi_drops_or_grows_small_text(dpi: int) -> None:
+    sched = SCHEDULES["zb-h2"]()
+    fig = render_schedule(sched, dpi=dpi)
+    gantt, memory = fig.axes
+    labels = _op_labels(gantt)
+    font = max((t.get_fontsize() for t in gantt.texts if t.get_text().isdigit()), default=0)
+    if labels:
+        assert font * dpi / 72 >= 6
+    for ax in (gantt, memory):
+        ticks = [t for t in ax.get_yticklabels() if t.get_text()]
+        assert all(_px(t, dpi) >= 6 - 1e-9 for t in ticks)
+        assert all(_px(t, dpi) >= 6 - 1e-9 for t in ax.texts)  # peaks, datacenters
+    peaks = [t for t in memory.texts if "peak" in t.get_text()]
+    if dpi >= 72:
+        assert len(labels) == len(sched.ops)  # labelled as before
+        assert len(peaks) == sched.problem.devices
+        assert all(t.get_text() for t in gantt.get_yticklabels())
+    if dpi == 50:
+        assert not labels  # 5 to 7 points are 3.5 to 4.9 pixels: no numbers
+        assert all(t.get_text() for t in gantt.get_yticklabels())  # "dev d" still fits
+    # Labels that are drawn stay inside the margins.
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for t in [*peaks, *(t for t in gantt.get_yticklabels() if t.get_text())]:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+
+
+# ----- delay-line geometry -------------------------------------------------------------------
+def test_delay_lines_leave_towards_the_receiver_and_wrap_around() -> None:
+    prob = uniform_problem(4, 8, virtual_stages=2, latency=0.3)
+    sched = run_classic(prob, "interleaved-1f1b")
+    p, half = prob.devices, plot_mod._HALF
+    (lines,) = [c for c in render_schedule(sched).axes[0].collections
+                if isinstance(c, LineCollection)]
+    segs = [[tuple(pt) for pt in seg] for seg in lines.get_segments()]
+    # No line crosses a row: wrap-around lines (device 3 <-> 0) leave past the chart's edge.
+    assert all(abs(seg[-1][1] - seg[0][1]) <= 1.0 for seg in segs)
+    wraps = [seg for seg in segs if seg[-1][1] in (-0.5, p - 0.5) or seg[0][1] in (-0.5, p - 0.5)]
+    assert wraps
+    for src, dst in ((p - 1, 0), (0, p - 1)):
+        pieces = plot_mod._delay_line(p, src, 1.0, dst, 2.0)
+        assert len(pieces) == 2
+        (out_a, out_b), (in_a, in_b) = pieces
+        assert out_a == (1.0, src + (half if src == p - 1 else -half))
+        assert out_b[1] == (p - 0.5 if src == p - 1 else -0.5)
+        assert in_a[1] == (-0.5 if src == p - 1 else p - 0.5) and in_b == (2.0, dst)
+    # Upward lines leave from the top edge of the sender's row, downward ones from the bottom.
+    assert plot_mod._delay_line(p, 2, 1.0, 1, 2.0) == [[(1.0, 2 - half), (2.0, 1)]]
+    assert plot_mod._delay_line(p, 1, 1.0, 2, 2.0) == [[(1.0, 1 + half), (2.0, 2)]]
+    assert plot_mod._delay_line(2, 1, 1.0, 0, 2.0) == [[(1.0, 1 - half), (2.0, 0)]]
