@@ -302,7 +302,7 @@ def _check_problem_doc(doc: dict[str, Any]) -> None:
         where = f"problem.{key}"
         shape = _PROBLEM_SHAPES.get(key)
         if shape is None:
-            _known_keys({key: val}, list(_PROBLEM_SHAPES), "problem.")
+            known_fields({key: val}, list(_PROBLEM_SHAPES), "problem.")
         if shape == "int":
             ok = isinstance(val, int) and not isinstance(val, bool) and val >= 1
             if not ok:
@@ -382,14 +382,16 @@ _SOLVER_KEYS = ("status", "lower_bound", "gap", "wall_time", "objective", "detai
                 "objective_lower_bound", "objective_gap")
 
 
-def _known_keys(doc: dict[str, Any], known: Sequence[str], where: str) -> None:
-    """Refuse a field that is not in ``known`` (a typo would otherwise be ignored)."""
+def known_fields(doc: dict[str, Any], known: Sequence[str], where: str,
+                 error: type[Exception] = ScheduleError) -> None:
+    """Raise ``error`` for a field of a JSON object that is not in ``known`` (a typo would
+    otherwise be ignored), with a did-you-mean; ``where`` prefixes the field's name."""
     for key in doc:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ScheduleError(f"{where}{key}: unknown field; {hint}expected one of "
-                                f"{', '.join(known)}")
+            raise error(f"{where}{key}: unknown field; {hint}expected one of "
+                        f"{', '.join(known)}")
 
 
 def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
@@ -401,7 +403,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     fmt = doc.get("format")
     if fmt != FORMAT:
         raise ScheduleError(f"format: expected {FORMAT!r}, got {fmt!r:.60}")
-    _known_keys(doc, _TOP_KEYS, "")
+    known_fields(doc, _TOP_KEYS, "")
     method = _get(doc, "method", str)
     problem = _problem(_get(doc, "problem", dict))
     p, s, m = problem.devices, problem.stages, problem.microbatches
@@ -413,7 +415,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
         where = f"ops[{i}]."
         if not isinstance(o, dict):
             raise ScheduleError(f"ops[{i}]: expected an object, got {o!r:.60}")
-        _known_keys(o, _OP_KEYS, where)
+        known_fields(o, _OP_KEYS, where)
         kind = _get(o, "kind", str, where)
         if kind not in problem.kinds:
             raise ScheduleError(f"{where}kind: must be one of {', '.join(problem.kinds)}, "
@@ -429,7 +431,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
         where = f"messages[{i}]."
         if not isinstance(mm, dict):
             raise ScheduleError(f"messages[{i}]: expected an object, got {mm!r:.60}")
-        _known_keys(mm, _MESSAGE_KEYS, where)
+        known_fields(mm, _MESSAGE_KEYS, where)
         msgs.append(Message(
             _index(mm, "src_device", where, p), _index(mm, "dst_device", where, p),
             _index(mm, "src_stage", where, s), _index(mm, "dst_stage", where, s),
@@ -468,7 +470,7 @@ def _solver_info(sol: Any) -> SolverInfo:
         sol = {}
     if not isinstance(sol, dict):
         raise ScheduleError(f"solver: expected an object, got {sol!r:.60}")
-    _known_keys(sol, _SOLVER_KEYS, "solver.")
+    known_fields(sol, _SOLVER_KEYS, "solver.")
     status = sol.get("status", "heuristic")
     if status not in _STATUSES:
         raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "

@@ -28,7 +28,6 @@ share cores in a real run see slower ops than these. torch is imported lazily, s
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import statistics
@@ -251,20 +250,11 @@ _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "ba
                "forward_flops", "backward_flops", "peak_memory_bytes")
 
 
-def _known(doc: dict[str, Any], known: tuple[str, ...], where: str) -> None:
-    for key in doc:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ProfileError(f"{where}{key}: unknown field; {hint}expected one of "
-                               f"{', '.join(known)}")
-
-
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
-    try:
-        from pipeopt.io import json_int
+    from pipeopt.io import json_int, known_fields
 
+    try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
@@ -276,13 +266,13 @@ def load_profile(path: str | Path) -> list[LayerCost]:
         raise ProfileError(f"{path}: not usable JSON: nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ProfileError(f"{path}: format: expected {FORMAT!r}")
-    _known(doc, _TOP_KEYS, f"{path}: ")
+    known_fields(doc, _TOP_KEYS, f"{path}: ", ProfileError)
     layers = doc.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ProfileError(f"{path}: layers: expected a non-empty list")
     for i, rec in enumerate(layers):
         if isinstance(rec, dict):
-            _known(rec, _LAYER_KEYS, f"{path}: layers[{i}].")
+            known_fields(rec, _LAYER_KEYS, f"{path}: layers[{i}].", ProfileError)
     out = []
     for i, rec in enumerate(layers):
         vals: dict[str, float] = {}
