@@ -239,13 +239,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
         sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
                       objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
                       resolution=sc.resolution, on_progress=line.report, log=args.verbose)
-    if args.output:
-        write_output("--output", args.output, lambda path: dump_schedule(sched, path))
+    # The summary first: if the write then fails, what was found is still on the screen.
     if args.json:
         print(json.dumps(sched.summary()))
     else:
         print_summary(sched)
-        if args.output:
+    if args.output:
+        sys.stdout.flush()
+        write_output("--output", args.output, lambda path: dump_schedule(sched, path))
+        if not args.json:
             print(f"written       {args.output}")
     details = dict(sched.solver.details)
     if details.get("fallback"):
@@ -293,15 +295,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        objective=sc.objective, workers=sc.workers,
                        relative_gap=sc.relative_gap, resolution=sc.resolution,
                        on_progress=line.report, on_start=line.running)
-    drawn = [r for r in rows if r.schedule is not None]
-    if args.plot:
-        from pipeopt.plot import plot_compare
-
-        write_output("--plot", args.plot, lambda path: plot_compare(
-            [r.schedule for r in drawn], path, fits=[r.fits for r in drawn]))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
-        return _interrupted_compare(rows)
+    else:
+        _print_table(rows)
+    if args.plot:  # after the table: if drawing fails, the results are already shown
+        from pipeopt.plot import plot_compare
+
+        drawn = [r for r in rows if r.schedule is not None]
+        sys.stdout.flush()
+        write_output("--plot", args.plot, lambda path: plot_compare(
+            [r.schedule for r in drawn], path, fits=[r.fits for r in drawn]))
+        if not args.json:
+            print(f"written {args.plot}")
+    return _interrupted_compare(rows)
+
+
+def _print_table(rows: list[Any]) -> None:
+    """The comparison as an aligned text table."""
     head = ["method", "makespan", "vs best", "bubble", "peak mem (max)", "fits", "status"]
     table = [head]
     for r in rows:
@@ -317,9 +328,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    if args.plot:
-        print(f"written {args.plot}")
-    return _interrupted_compare(rows)
 
 
 def _interrupted_compare(rows: list[Any]) -> int:
