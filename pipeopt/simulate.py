@@ -378,9 +378,9 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
         # A file without messages (SPEC section 2 has none): find one-at-a-time sending
         # orders, first-ready-first-served (the simulator's rule), else in deadline order
         # (a receiver that starts early needs its message first).
-        msgs = _fifo_messages(problem, times)
+        msgs = _sent_messages(problem, times, "ready")
         if _late_messages(problem, msgs, times, tol):
-            edf = _edf_messages(problem, times)
+            edf = _sent_messages(problem, times, "due")
             if not _late_messages(problem, edf, times, tol):
                 msgs = edf
     out.extend(_check_links(problem, msgs, times, tol))
@@ -428,33 +428,12 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     return out
 
 
-def _fifo_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
-                   ) -> dict[tuple[int, int, int, str], Message]:
-    """Messages sent first-ready-first-served on each directed link (the simulator's rule)."""
-    pending = []
-    for o in times.values():
-        op = o.op
-        for dst in _dependents(problem, op):
-            tx, lat = problem.transfer(op.stage, dst.stage)
-            if tx > 0:
-                pending.append((o.end, op.stage, op.microbatch, op.kind, dst.stage, tx, lat))
-    pending.sort()
-    free: dict[tuple[int, int], float] = {}
-    out = {}
-    sd = problem.stage_device
-    for t, k, j, kind, dk, tx, lat in pending:
-        a, b = sd[k], sd[dk]
-        t0 = max(t, free.get((a, b), 0.0))
-        free[(a, b)] = t0 + tx
-        out[(k, dk, j, kind)] = Message(a, b, k, dk, j, kind, t0, t0 + tx, t0 + tx + lat)
-    return out
-
-
-def _edf_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
-                  ) -> dict[tuple[int, int, int, str], Message]:
-    """Messages sent in order of their deadlines on each directed link (the latest start that
-    still reaches the receiver in time), each as soon as its producer has ended and the link
-    is free: the order that serves a receiver which starts early, when first-ready does not."""
+def _sent_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp],
+                   order: str = "ready") -> dict[tuple[int, int, int, str], Message]:
+    """The messages of a timed schedule sent one at a time on each directed link, each as soon
+    as its producer has ended and the link is free, in the ``order``: ``ready``, first ready
+    first served (the simulator's rule), or ``due``, by deadline (the latest start that still
+    reaches the receiver in time: the order that serves a receiver which starts early)."""
     per_link: dict[tuple[int, int], list[tuple[float, float, int, int, str, int, float,
                                                float]]] = {}
     sd = problem.stage_device
@@ -466,12 +445,12 @@ def _edf_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp]
                 recv = times.get((dst.kind, dst.stage, dst.microbatch))
                 due = (recv.start if recv is not None else math.inf) - tx - lat
                 per_link.setdefault((sd[op.stage], sd[dst.stage]), []).append(
-                    (due, o.end, op.stage, op.microbatch, op.kind, dst.stage, tx, lat))
+                    (o.end, due, op.stage, op.microbatch, op.kind, dst.stage, tx, lat))
     out = {}
     for (a, b), lst in per_link.items():
-        lst.sort()
+        lst.sort(key=(lambda e: (e[1], e)) if order == "due" else (lambda e: (e[0], e[2:])))
         t = 0.0
-        for _, ready, k, j, kind, dk, tx, lat in lst:
+        for ready, _, k, j, kind, dk, tx, lat in lst:
             t = max(t, ready)
             out[(k, dk, j, kind)] = Message(a, b, k, dk, j, kind, t, t + tx, t + tx + lat)
             t += tx
