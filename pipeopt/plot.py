@@ -36,6 +36,7 @@ from matplotlib.textpath import TextToPath
 
 from pipeopt.config import ConfigError
 from pipeopt.io import write_atomic
+from pipeopt.problem import format_memory
 from pipeopt.schedule import Schedule, TimedOp
 from pipeopt.simulate import ScheduleError
 
@@ -227,14 +228,8 @@ def _text_color(rgba: tuple[float, float, float, float]) -> str:
 
 
 def _fmt_mem(x: float, schedule: Schedule) -> str:
-    """Memory in KiB/MiB/GiB when the problem counts bytes (a model/cluster config), else the
-    config's own unit as a plain number (see :func:`pipeopt.problem.format_memory`)."""
-    if "cost_model" not in dict(schedule.problem.meta):
-        return f"{x:.3g}"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.3g} B"
+    """Memory to 3 significant digits (:func:`pipeopt.problem.format_memory`)."""
+    return format_memory(x, schedule.problem, ".3g", ".3g")
 
 
 def _fmt_time(x: float) -> str:

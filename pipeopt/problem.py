@@ -416,13 +416,14 @@ def rechunk(problem: Problem, virtual_stages: int, placement: Placement) -> Prob
     )
 
 
-def format_memory(value: float, problem: Problem) -> str:
-    """``value`` for people: in KiB/MiB/GiB when the problem's memory is in bytes (built from a
-    model and cluster, ``meta['cost_model']``), else as the plain number of the config's own
-    unit (an explicit config may count memory in any unit, e.g. micro-batches' activations)."""
+def format_memory(value: float, problem: Problem, scaled: str = ".2f", plain: str = "g") -> str:
+    """``value`` for people: in KiB/MiB/GiB (number format ``scaled``) when the problem's memory
+    is in bytes (built from a model and cluster, ``meta['cost_model']``), else as the plain
+    number (format ``plain``) of the config's own unit (an explicit config may count memory in
+    any unit, e.g. micro-batches' activations)."""
     if "cost_model" not in dict(problem.meta):
-        return f"{value:g}"
+        return f"{value:{plain}}"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:g} B"
+            return f"{value / scale:{scaled}} {unit}"
+    return f"{value:{plain}} B"
