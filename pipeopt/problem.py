@@ -78,6 +78,15 @@ class Problem:
     (``stages - 1``; bytes of the activation sent from stage k to k+1 and of the gradient sent
     back). ``grad_reduce`` is a per-stage data-parallel gradient reduction (seconds on the
     network, after the stage's last W), counted in :attr:`iteration time` but not in the makespan.
+
+    Micro-batches of different cost: ``microbatch_scale[j]`` (``microbatches`` entries, each
+    finite and > 0; ``()`` = all 1) multiplies micro-batch j's op durations on every stage.
+    ``microbatch_memory_scale[j]`` multiplies its activation and weight-gradient memory and
+    ``microbatch_message_scale[j]`` its message bytes (transmission time; latency unchanged).
+    The memory scale defaults to the time scale and the message scale to the memory scale (a
+    message is an activation), so a cost model can give FLOPs (linear + quadratic attention in
+    the sequence length) a different factor from the bytes. A scale equal to its default is
+    stored as ``()``, so equal problems compare equal however they were written.
     """
 
     devices: int
@@ -96,6 +105,9 @@ class Problem:
     memory_limit: tuple[float | None, ...] = ()
     static_memory: tuple[float, ...] = ()
     grad_reduce: tuple[float, ...] = ()
+    microbatch_scale: tuple[float, ...] = ()
+    microbatch_memory_scale: tuple[float, ...] = ()
+    microbatch_message_scale: tuple[float, ...] = ()
     meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -142,6 +154,17 @@ class Problem:
         set_(self, "memory_limit", tuple(lim))
         red = self.grad_reduce or (0.0,) * s
         set_(self, "grad_reduce", _floats("grad_reduce", red, s))
+        # Each scale is stored as () when it equals its default (all 1 / the time scale / the
+        # memory scale), so the canonical form of a problem does not depend on how it was given.
+        time_s = _scales("microbatch_scale", self.microbatch_scale, m)
+        mem_s = _scales("microbatch_memory_scale", self.microbatch_memory_scale, m) or time_s
+        msg_s = _scales("microbatch_message_scale", self.microbatch_message_scale, m) or mem_s
+        ones = (1.0,) * m
+        set_(self, "microbatch_scale", () if time_s in ((), ones) else time_s)
+        set_(self, "microbatch_memory_scale",
+             () if mem_s == (time_s or ones) else mem_s)
+        set_(self, "microbatch_message_scale",
+             () if msg_s == (mem_s or time_s or ones) else msg_s)
         if not isinstance(self.meta, tuple):
             set_(self, "meta", tuple(dict(self.meta).items()))
 
@@ -169,22 +192,69 @@ class Problem:
         """Op kinds of this problem: F, B, W, or F, B when the backward is fused."""
         return ("F", "B", "W") if self.split_backward else ("F", "B")
 
+    # ----- micro-batches of different cost ----------------------------------------------------
+    @cached_property
+    def time_scale(self) -> tuple[float, ...]:
+        """Factor on micro-batch j's op durations, one per micro-batch (all 1 by default)."""
+        return self.microbatch_scale or (1.0,) * self.microbatches
+
+    @cached_property
+    def memory_scale(self) -> tuple[float, ...]:
+        """Factor on micro-batch j's activation and weight-gradient memory (resolved)."""
+        return self.microbatch_memory_scale or self.time_scale
+
+    @cached_property
+    def message_scale(self) -> tuple[float, ...]:
+        """Factor on micro-batch j's message bytes (resolved; latency is not scaled)."""
+        return self.microbatch_message_scale or self.memory_scale
+
+    @cached_property
+    def uniform_microbatches(self) -> bool:
+        """True when every micro-batch costs the same (every scale is 1)."""
+        return not (self.microbatch_scale or self.microbatch_memory_scale
+                    or self.microbatch_message_scale)
+
+    @cached_property
+    def microbatch_key(self) -> tuple[tuple[float, float, float], ...]:
+        """(time, memory, message) scale of each micro-batch: micro-batches with equal keys are
+        interchangeable (any schedule stays valid, with the same times, when they swap)."""
+        return tuple(zip(self.time_scale, self.memory_scale, self.message_scale, strict=True))
+
+    def permute_microbatches(self, order: Sequence[int]) -> Problem:
+        """The same problem with micro-batches relabelled: its micro-batch i is this problem's
+        micro-batch ``order[i]``. Running a FIFO order (hand-made schedules) on it runs the
+        micro-batches in ``order``."""
+        m = self.microbatches
+        order = [int(j) for j in order]
+        if sorted(order) != list(range(m)):
+            raise ProblemError(f"order: must be a permutation of 0..{m - 1}, got {order}")
+
+        def perm(scale: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(scale[j] for j in order) if scale else ()
+
+        return replace(self, microbatch_scale=perm(self.time_scale),
+                       microbatch_memory_scale=perm(self.memory_scale),
+                       microbatch_message_scale=perm(self.message_scale))
+
     def duration(self, op: Op) -> float:
-        """Duration of ``op`` in seconds."""
+        """Duration of ``op`` in seconds (scaled by its micro-batch's time scale)."""
         k = op.stage
         if op.kind == "F":
-            return self.forward[k]
-        if op.kind == "B":
-            if self.split_backward:
-                return self.backward_input[k]
-            return self.backward_input[k] + self.backward_weight[k]
-        if op.kind == "W":
-            return self.backward_weight[k]
-        raise ProblemError(f"unknown op kind {op.kind!r}")
+            t = self.forward[k]
+        elif op.kind == "B":
+            t = self.backward_input[k]
+            if not self.split_backward:
+                t += self.backward_weight[k]
+        elif op.kind == "W":
+            t = self.backward_weight[k]
+        else:
+            raise ProblemError(f"unknown op kind {op.kind!r}")
+        return t * self.microbatch_scale[op.microbatch] if self.microbatch_scale else t
 
     @cached_property
     def durations(self) -> dict[str, tuple[float, ...]]:
-        """Per-stage duration of each op kind (seconds)."""
+        """Per-stage duration of each op kind for a unit micro-batch (seconds); micro-batch j
+        takes ``time_scale[j]`` times as long (see :meth:`duration`)."""
         if self.split_backward:
             return {"F": self.forward, "B": self.backward_input, "W": self.backward_weight}
         fused = tuple(b + w for b, w in zip(self.backward_input, self.backward_weight,
@@ -228,29 +298,37 @@ class Problem:
         return len(self.kinds) * self.stages * self.microbatches
 
     def device_work(self, device: int) -> float:
-        """Total busy time of ``device`` over one iteration (seconds)."""
+        """Total busy time of ``device`` over one iteration (seconds), every micro-batch at its
+        own cost."""
         per_mb = sum(self.forward[k] + self.backward_input[k] + self.backward_weight[k]
                      for k in self.device_stages[device])
-        return per_mb * self.microbatches
+        if not self.microbatch_scale:
+            return per_mb * self.microbatches
+        return per_mb * math.fsum(self.microbatch_scale)
 
     # ----- links ---------------------------------------------------------------------------
-    def transfer(self, src_stage: int, dst_stage: int) -> tuple[float, float]:
+    def transfer(self, src_stage: int, dst_stage: int, microbatch: int | None = None
+                 ) -> tuple[float, float]:
         """(transmission seconds, latency seconds) of one message between two adjacent stages.
 
         The transmission occupies the directed link between the two devices; the latency is a
-        pure delay after it. Both are 0 when the stages share a device.
+        pure delay after it. Both are 0 when the stages share a device. With ``microbatch`` the
+        message's bytes are scaled by its message scale; without it, a unit micro-batch's.
         """
         a, b = self.stage_device[src_stage], self.stage_device[dst_stage]
         if a == b:
             return 0.0, 0.0
         size = self.message_size[min(src_stage, dst_stage)]
+        if microbatch is not None and not self.uniform_microbatches:
+            size *= self.message_scale[microbatch]
         bw = self.bandwidth[a][b]
         tx = 0.0 if size == 0 or math.isinf(bw) else size / bw
         return tx, self.latency[a][b]
 
-    def delay(self, src_stage: int, dst_stage: int) -> float:
-        """Delay of one message between adjacent stages on an idle link (seconds)."""
-        tx, lat = self.transfer(src_stage, dst_stage)
+    def delay(self, src_stage: int, dst_stage: int, microbatch: int | None = None) -> float:
+        """Delay of one message between adjacent stages on an idle link (seconds); see
+        :meth:`transfer` for ``microbatch``."""
+        tx, lat = self.transfer(src_stage, dst_stage, microbatch)
         return tx + lat
 
     @cached_property
@@ -261,20 +339,29 @@ class Problem:
 
     # ----- memory --------------------------------------------------------------------------
     def memory_delta(self, op: Op) -> tuple[float, float]:
-        """(allocated at op start, released at op end) in bytes for ``op``."""
-        k = op.stage
-        act, wgm = self.activation_memory[k], self.weight_grad_memory[k]
-        if op.kind == "F":
-            return act, 0.0
-        if op.kind == "B":
-            return 0.0, (act - wgm) if self.split_backward else act
-        return 0.0, wgm
+        """(allocated at op start, released at op end) in bytes for ``op`` (scaled by its
+        micro-batch's memory scale)."""
+        try:
+            alloc, free = self.memory_deltas[(op.kind, op.stage)]
+        except KeyError:
+            raise ProblemError(f"no op {op} in this problem") from None
+        if self.uniform_microbatches:
+            return alloc, free
+        c = self.memory_scale[op.microbatch]
+        return alloc * c, free * c
 
     @cached_property
     def memory_deltas(self) -> dict[tuple[str, int], tuple[float, float]]:
-        """:meth:`memory_delta` of every (kind, stage): the same for every micro-batch."""
-        return {(kind, k): self.memory_delta(Op(kind, k, 0))
-                for kind in self.kinds for k in range(self.stages)}
+        """(allocated at start, released at end) in bytes of every (kind, stage) for a unit
+        micro-batch; micro-batch j's are ``memory_scale[j]`` times these."""
+        out: dict[tuple[str, int], tuple[float, float]] = {}
+        for k in range(self.stages):
+            act, wgm = self.activation_memory[k], self.weight_grad_memory[k]
+            out[("F", k)] = (act, 0.0)
+            out[("B", k)] = (0.0, (act - wgm) if self.split_backward else act)
+            if self.split_backward:
+                out[("W", k)] = (0.0, wgm)
+        return out
 
     def replace(self, **changes: Any) -> Problem:
         """A copy with some fields changed (validated again)."""
@@ -285,6 +372,8 @@ class Problem:
         out: dict[str, Any] = {}
         for f in fields(self):
             val = getattr(self, f.name)
+            if f.name in _SCALES and not val:
+                continue  # default; keeps files of uniform problems as they were
             if f.name == "meta":
                 out[f.name] = dict(val)
             elif f.name in ("latency", "bandwidth"):
@@ -322,6 +411,16 @@ class Problem:
         if "stage_device" in data and list(data["stage_device"]) != list(prob.stage_device):
             raise ProblemError("problem.stage_device: does not match devices/placement")
         return prob
+
+
+_SCALES = ("microbatch_scale", "microbatch_memory_scale", "microbatch_message_scale")
+
+
+def _scales(name: str, values: Sequence[float], m: int) -> tuple[float, ...]:
+    """Validated per-micro-batch factors (each finite and > 0), or () when none are given."""
+    if not values:
+        return ()
+    return _floats(name, values, m, positive=True)
 
 
 def _matrix(name: str, rows: Sequence[Sequence[float]], p: int, *, allow_inf: bool,

@@ -170,6 +170,14 @@ class Schedule:
             return None
         return max(0.0, (val - lb) / val)
 
+    @cached_property
+    def microbatch_order(self) -> tuple[int, ...]:
+        """Micro-batches in the order their F ops start on stage 0 (ties by index): the
+        micro-batch order a solver chose (FIFO methods run it on every stage)."""
+        first = sorted((o.start, o.microbatch) for o in self.ops
+                       if o.kind == "F" and o.stage == 0)
+        return tuple(j for _, j in first)
+
     # ----- views ---------------------------------------------------------------------------
     def device_orders(self) -> tuple[tuple[Op, ...], ...]:
         """Per device, its ops sorted by start time (the input form of the simulator).
@@ -230,11 +238,15 @@ def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
     """
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(problem.devices)]
     delta = problem.memory_deltas  # (allocated at start, released at end) per (kind, stage)
-    for device, stage, _, kind, start, end in ops:
+    scale = None if problem.uniform_microbatches else problem.memory_scale
+    m = problem.microbatches
+    for device, stage, mb, kind, start, end in ops:
         d = delta.get((kind, stage))
         if d is None or not 0 <= device < problem.devices:
             continue  # not an op of this problem: the validator names it
         alloc, free = d
+        if scale is not None and 0 <= mb < m:
+            alloc, free = alloc * scale[mb], free * scale[mb]
         if alloc:
             events[device].append((start, 1, alloc))
         if free:
@@ -261,11 +273,14 @@ def order_peak_memory(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple
     timed schedule; with zero-length ops it is an upper bound (the timeline releases before
     it allocates at equal times, which can reorder a zero-length op's events)."""
     delta = problem.memory_deltas
+    scale = None if problem.uniform_microbatches else problem.memory_scale
     peaks = []
     for d, order in enumerate(orders):
         cur = peak = problem.static_memory[d]
         for op in order:
             alloc, free = delta[(op.kind, op.stage)]
+            if scale is not None:
+                alloc, free = alloc * scale[op.microbatch], free * scale[op.microbatch]
             cur += alloc
             if cur > peak:
                 peak = cur
