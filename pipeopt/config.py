@@ -54,6 +54,12 @@ class PipelineConfig(_Strict):
     virtual_stages: int = Field(1, ge=1, description="model chunks per device v")
     placement: Literal["loop", "vshape"] = "loop"
     split_backward: bool = True
+    microbatch_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its op times (and by default memory)")
+    microbatch_memory_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its activation memory")
+    microbatch_message_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its message bytes")
 
 
 class StagesConfig(_Strict):
@@ -138,7 +144,8 @@ def key_path(prefix: str, loc: tuple[Any, ...]) -> str:
 
 def _is_branch(part: str) -> bool:
     """A pydantic union-branch label such as ``float``, ``list[float]``, ``ModelName``."""
-    return (part.startswith(("list[", "tuple[", "dict[", "function-", "literal["))
+    return (part.startswith(("list[", "tuple[", "dict[", "function-", "literal[",
+                             "constrained-"))
             or part in ("int", "float", "str", "bool", "none", "is-instance")
             or part[:1].isupper())
 
@@ -304,17 +311,21 @@ def parse_config(data: Any, source: str = "<memory>",
 def check_totals(problem: Problem, where: str) -> None:
     """Refuse values so large that one iteration's time or memory overflows a float (each
     value alone is finite, but 1e308 seconds twice is not): schedules need finite times."""
-    m = problem.microbatches
+    # Micro-batches of different cost: the summed time factors, the largest message factor
+    # (an upper bound on the link time) and the summed memory factors.
+    m = math.fsum(problem.time_scale)
     work = m * sum(sum(problem.durations[k]) for k in problem.kinds)
     hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
-               for k in range(problem.stages - 1))
-    total = work + m * hops + sum(problem.grad_reduce)
+               for k in range(problem.stages - 1)) * max(1.0, *problem.message_scale)
+    m_hops = problem.microbatches * hops
+    total = work + m_hops + sum(problem.grad_reduce)
     if not math.isfinite(total):
         # Name the section whose values overflow: the link delays alone, or the op times.
         key = "links" if where == "stages" and math.isfinite(work) and not math.isfinite(
-            m * hops) else where
+            m_hops) else where
         raise ConfigError(f"{key}: the times of one iteration add up to more than a float "
                           f"holds ({total}); use smaller time units")
+    m = math.fsum(problem.memory_scale)
     memory = max(s + m * sum(problem.activation_memory[k] for k in ks)
                  for s, ks in zip(problem.static_memory, problem.device_stages, strict=True))
     if not math.isfinite(memory):
@@ -376,6 +387,33 @@ def _check_values(name: str, raw: Any, vals: list[Any], unit: str) -> None:
                               f"got {x}")
 
 
+#: ``pipeline:`` keys of the per-micro-batch factors, by their :class:`Problem` field.
+SCALE_KEYS = ("microbatch_scale", "microbatch_memory_scale", "microbatch_message_scale")
+
+
+def microbatch_scales(pl: PipelineConfig) -> dict[str, tuple[float, ...]]:
+    """The per-micro-batch factors of ``pipeline:`` as :class:`Problem` fields (only those
+    given; a scalar applies to every micro-batch). Each must be finite and > 0."""
+    m = pl.microbatches
+    out: dict[str, tuple[float, ...]] = {}
+    for key in SCALE_KEYS:
+        raw = getattr(pl, key)
+        if raw is None:
+            continue
+        name = f"pipeline.{key}"
+        if isinstance(raw, list) and len(raw) != m:
+            raise ConfigError(f"{name}: expected {m} values (pipeline.microbatches), got "
+                              f"{len(raw)}")
+        vals = _expand(name, raw, m, "micro-batch")
+        for i, x in enumerate(vals):
+            if not math.isfinite(x):
+                raise ConfigError(f"{_at(name, raw, i)}: must be a finite number > 0, got {x}")
+            if x <= 0:
+                raise ConfigError(f"{_at(name, raw, i)}: must be > 0, got {x:g}")
+        out[key] = tuple(float(x) for x in vals)
+    return out
+
+
 def build_problem(cfg: ConfigFile) -> Problem:
     """The problem of an explicit-form config (scalars broadcast, lists checked)."""
     pl, st, ln, mem = cfg.pipeline, cfg.stages, cfg.links, cfg.memory
@@ -416,6 +454,7 @@ def build_problem(cfg: ConfigFile) -> Problem:
                               f"(bytes) or null for no limit, got {x}")
     static = _expand("memory.static", mem.static, p, "device")
     _check_values("memory.static", mem.static, static, "bytes")
+    scales = microbatch_scales(pl)
     try:
         return Problem(
             devices=p, microbatches=pl.microbatches, virtual_stages=v, placement=pl.placement,
@@ -427,7 +466,7 @@ def build_problem(cfg: ConfigFile) -> Problem:
             weight_grad_memory=tuple(per_stage["weight_grad_memory"]),
             grad_reduce=tuple(per_stage["grad_reduce"]),
             latency=lat_m, bandwidth=bw_m, message_size=tuple(msg),
-            memory_limit=tuple(limit), static_memory=tuple(static),
+            memory_limit=tuple(limit), static_memory=tuple(static), **scales,
         )
     except ProblemError as exc:
         raise ConfigError(_section_of(str(exc))) from None
@@ -439,7 +478,7 @@ _SECTION = {
     "latency": "links", "bandwidth": "links", "message_size": "links",
     "memory_limit": "memory.limit", "static_memory": "memory.static",
     "devices": "pipeline", "microbatches": "pipeline", "virtual_stages": "pipeline",
-    "placement": "pipeline",
+    "placement": "pipeline", **dict.fromkeys(SCALE_KEYS, "pipeline"),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeopt.config import Config, ConfigError, ConfigFile, check_totals
+from pipeopt.config import Config, ConfigError, ConfigFile, check_totals, microbatch_scales
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
@@ -27,6 +27,13 @@ from pipeopt.costs.config import (
     parse_training,
 )
 from pipeopt.costs.gpus import GPU, lookup
+from pipeopt.costs.lengths import (
+    MicrobatchRatios,
+    MicrobatchTokens,
+    microbatch_ratios,
+    microbatch_tokens,
+    split_layers,
+)
 from pipeopt.costs.transformer import LayerCost, TransformerShape, efficiency_at, total_params
 from pipeopt.costs.transformer import transformer_layers as _transformer_layers
 from pipeopt.partition import (
@@ -101,12 +108,17 @@ def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[L
                     backward_weight_time=(spec.backward_weight if spec.backward_weight
                                           is not None else fwd)))
         return out, "layer_costs"
+    return _transformer_layers(shape_of(cfg), block_overrides(cfg)), "analytic"
+
+
+def block_overrides(cfg: ModelConfig) -> dict[int, dict[str, object]]:
+    """``model.overrides`` by block index: the changed shape fields (and ``time_scale``)."""
     overrides: dict[int, dict[str, object]] = {}
     for ov in cfg.overrides:
         change = {k: v for k, v in ov.model_dump(exclude={"layers"}).items() if v is not None}
         for b in ov.layers:
             overrides.setdefault(b, {}).update(change)
-    return _transformer_layers(shape_of(cfg), overrides), "analytic"
+    return overrides
 
 
 # ----- cluster -----------------------------------------------------------------------------
@@ -154,6 +166,10 @@ class ModelPlan:
     model_params: float | None = None
     #: Per pipeline rank, the GPUs of its data-parallel replicas (the rank's own first).
     replica_gpus: list[list[int]] | None = None
+    #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
+    ratios: MicrobatchRatios | None = None
+    #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
+    explicit_scales: dict[str, tuple[float, ...]] | None = None
 
     @property
     def stages(self) -> int:
@@ -237,6 +253,12 @@ class ModelPlan:
                 comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
         static = np.array([lc.params * self.training.bytes_per_param for lc in self.layers])
         act = np.array([lc.activation_bytes for lc in self.layers])
+        if self.ratios is not None:
+            # Micro-batches of different cost: the search sees the average micro-batch.
+            compute = compute * self.ratios.flops.mean(axis=(0, 2))[None, :]
+            act = act * self.ratios.activation.mean(axis=0)
+            out_bytes = out_bytes * float(self.ratios.message.mean())
+            comm = comm * float(self.ratios.message.mean())
         inflight = inflight_microbatches(self.devices, self.virtual_stages, self.microbatches,
                                          self.training.inflight)
         lim = [math.inf if x is None else x - s
@@ -328,6 +350,8 @@ class ModelPlan:
                            "data_parallel": self.training.data_parallel},
             **(meta or {}),
         }
+        if self.ratios is not None:
+            info["microbatch_costs"] = self.ratios.summary()
         return Problem(
             devices=p, microbatches=self.microbatches, virtual_stages=self.virtual_stages,
             placement=self.placement,  # type: ignore[arg-type]
@@ -341,7 +365,32 @@ class ModelPlan:
             latency=lat, bandwidth=bw,
             message_size=tuple(r["output_bytes"] for r in rows[:-1]),
             memory_limit=tuple(self.memory_limit), static_memory=tuple(static),
-            grad_reduce=tuple(reduce), meta=tuple(info.items()))
+            grad_reduce=tuple(reduce), meta=tuple(info.items()),
+            **self.microbatch_scales(partition))
+
+    def microbatch_scales(self, partition: Partition) -> dict[str, tuple[float, ...]]:
+        """The :class:`Problem`'s per-micro-batch factors: as given in ``pipeline:``, or from
+        the sequence lengths. The problem has one factor per micro-batch for all stages, so
+        the time factor is the one that keeps the iteration's total busy time (the layers'
+        times weighted by their own FLOP ratios), the memory factor the activation-weighted
+        mean over the layers, the message factor the token ratio (exact)."""
+        if self.explicit_scales:
+            return dict(self.explicit_scales)
+        if self.ratios is None:
+            return {}
+        sd = self.stage_device
+        times = {d: self.layer_times(d) for d in set(sd)}
+        ref = np.zeros((len(self.layers), 3))
+        for k, (a, b) in enumerate(partition):
+            ref[a:b] = times[sd[k]][a:b]
+        r = self.ratios
+        busy = float(ref.sum())
+        time_s = (r.flops * ref[None]).sum(axis=(1, 2)) / busy if busy > 0 else r.message
+        act = np.array([lc.activation_bytes for lc in self.layers])
+        mem_s = (r.activation @ act) / act.sum() if act.sum() > 0 else r.message
+        return {"microbatch_scale": tuple(float(x) for x in time_s),
+                "microbatch_memory_scale": tuple(float(x) for x in mem_s),
+                "microbatch_message_scale": tuple(float(x) for x in r.message)}
 
 
 #: Most pipeline layers a model may have: real models have a few hundred; the partition
@@ -390,13 +439,40 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
         limits = _per_device("memory.limit", cfg.memory.limit, pl.devices)
     extra = [float(x) for x in _per_device("memory.static", cfg.memory.static, pl.devices)]
     params = total_params(shape_of(mcfg)) if origin == "analytic" else None
+    ratios = length_ratios(mcfg, tcfg, pl)
+    explicit = microbatch_scales(pl)
+    if explicit and ratios is not None:
+        raise ConfigError(f"pipeline.{next(iter(explicit))}: cannot be combined with "
+                          "training.sequence_lengths (give the lengths or the factors, not both)")
     return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
                      devices=pl.devices, microbatches=pl.microbatches,
                      virtual_stages=pl.virtual_stages, placement=pl.placement,
                      split_backward=pl.split_backward, dtype=mcfg.dtype,
                      efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
                      memory_limit=limits, extra_static=extra, training=tcfg,
-                     model_params=params, replica_gpus=replicas)
+                     model_params=params, replica_gpus=replicas, ratios=ratios,
+                     explicit_scales=explicit or None)
+
+
+def length_ratios(mcfg: ModelConfig, tcfg: TrainingConfig, pl: Any) -> MicrobatchRatios | None:
+    """Per micro-batch cost ratios of ``training.sequence_lengths`` against the configured
+    micro-batch (``model.micro_batch_size`` sequences of ``model.seq_len`` tokens); None when
+    no lengths are given."""
+    spec = tcfg.sequence_lengths
+    if spec is None:
+        return None
+    if mcfg.layers is None or mcfg.profile is not None or mcfg.layer_costs is not None:
+        raise ConfigError("training.sequence_lengths: needs a transformer model (model.preset "
+                          "or its shape) to price each length; with layer_costs or a profile "
+                          "give pipeline.microbatch_scale instead")
+    m = pl.microbatches
+    if isinstance(spec, list) and len(spec) != m:
+        raise ConfigError(f"training.sequence_lengths: expected {m} values "
+                          f"(pipeline.microbatches), got {len(spec)}")
+    shape = shape_of(mcfg)
+    mbs = microbatch_tokens(spec, m, shape.seq_len, shape.micro_batch_size)
+    return microbatch_ratios(split_layers(shape, block_overrides(mcfg)), mbs,
+                             MicrobatchTokens.padded(shape.seq_len, shape.micro_batch_size))
 
 
 def _fitting(part: Partition, costs: ChainCosts, what: str) -> Partition:

@@ -174,6 +174,37 @@ class ClusterConfig(_Strict):
 
 
 # ----- training: ---------------------------------------------------------------------------
+Tokens = Annotated[int, Field(ge=1)]
+
+
+class LengthDistribution(_Strict):
+    """``training.sequence_lengths`` as a seeded distribution of lengths (tokens)."""
+
+    distribution: Literal["uniform", "lognormal", "zipf"]
+    mean: float | None = Field(None, gt=0, description="lognormal: mean length (tokens)")
+    sigma: float = Field(1.0, gt=0, description="lognormal: spread of log(length)")
+    exponent: float = Field(1.2, gt=0, description="zipf: P(length >= x) = (min / x)^exponent")
+    min: int = Field(1, ge=1, description="tokens")
+    max: int | None = Field(None, ge=1, description="tokens")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    tokens_per_microbatch: int | None = Field(None, ge=1, description="pack documents")
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDistribution:
+        given = self.model_fields_set
+        own = {"uniform": (), "lognormal": ("mean", "sigma"), "zipf": ("exponent",)}
+        for key in ("mean", "sigma", "exponent"):
+            if key in given and key not in own[self.distribution]:
+                raise ValueError(f"{key}: not used by the {self.distribution} distribution")
+        if self.distribution == "uniform" and self.max is None:
+            raise ValueError("max: missing (the uniform distribution needs min and max)")
+        if self.distribution == "lognormal" and self.mean is None:
+            raise ValueError("mean: missing (the lognormal distribution needs its mean length)")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max: must be >= min ({self.min}), got {self.max}")
+        return self
+
+
 class TrainingConfig(_Strict):
     """``training:`` — optimizer state, data parallelism and the stage-partition search."""
 
@@ -191,6 +222,8 @@ class TrainingConfig(_Strict):
     joint_time_limit: float = Field(5.0, gt=0, description="seconds per candidate schedule")
     ilp_time_limit: float = Field(30.0, gt=0, description="seconds for the partition ILP")
     inflight: Literal["1f1b", "gpipe"] = "1f1b"
+    sequence_lengths: (list[Tokens | list[Tokens]] | LengthDistribution | None) = Field(
+        None, description="per micro-batch, tokens per sequence (or packed document lengths)")
 
 
 # ----- validation with key-path messages ---------------------------------------------------
@@ -300,6 +333,12 @@ def parse_training(data: Any) -> TrainingConfig:
             if n < 1:
                 raise ConfigError(f"training.stage_layers[{i}]: must be >= 1 (no empty "
                                   f"stage), got {n}")
+    lengths = cfg.sequence_lengths
+    if isinstance(lengths, list):
+        for i, x in enumerate(lengths):
+            if x == []:
+                raise ConfigError(f"training.sequence_lengths[{i}]: an empty micro-batch; give "
+                                  "its sequence length or the lengths of its documents")
     if cfg.joint_method is not None and cfg.joint_method != "classic":
         from pipeopt.solvers import UnknownMethod, check_method
 
