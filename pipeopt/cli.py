@@ -84,6 +84,13 @@ def print_summary(s: Schedule, out: Any = None) -> None:
               f"{format_memory(peaks[lo], s.problem)} (device {lo}) over {len(peaks)} devices; "
               "each device's "
               "in the JSON (peak_memory)", file=out)
+    order = s.microbatch_order
+    if not s.problem.uniform_microbatches and order != tuple(range(len(order))):
+        # Micro-batches of different cost: the order the schedule runs them in.
+        shown = ", ".join(map(str, order[:32]))
+        more = f", ... ({len(order)} in all, see microbatch_order in the JSON)" if len(
+            order) > 32 else ""
+        print(f"micro-batches {shown}{more} (the order run)", file=out)
     print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
 
 
@@ -241,7 +248,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
                       resolution=sc.resolution, on_progress=line.report, log=args.verbose)
     # The summary first: if the write then fails, what was found is still on the screen.
     if args.json:
-        print(json.dumps(sched.summary()))
+        extra = {} if sched.problem.uniform_microbatches else {
+            "microbatch_order": list(sched.microbatch_order)}
+        print(json.dumps({**sched.summary(), **extra}))
     else:
         print_summary(sched)
     if args.output:

@@ -49,6 +49,10 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
             for o in sorted(s.ops, key=lambda o: (o.device, o.start, o.end))
         ],
         "messages": [m._asdict() for m in sorted(s.messages, key=lambda m: m.start)],
+        # Micro-batches of different cost: the order the schedule runs them in (pipeopt extra;
+        # left out when every micro-batch costs the same, so those files stay as they were).
+        **({} if s.problem.uniform_microbatches
+           else {"microbatch_order": list(s.microbatch_order)}),
     }
 
 
@@ -291,7 +295,8 @@ _PROBLEM_SHAPES: dict[str, str] = {
     "activation_memory": "numbers", "weight_grad_memory": "numbers",
     "message_size": "numbers", "static_memory": "numbers", "grad_reduce": "numbers",
     "memory_limit": "numbers or null", "latency": "matrix", "bandwidth": "matrix",
-    "stage_device": "ints",
+    "stage_device": "ints", "microbatch_scale": "numbers", "microbatch_memory_scale": "numbers",
+    "microbatch_message_scale": "numbers",
 }
 _INF_WORDS = ("inf", "-inf", ".inf", "Infinity")
 
@@ -374,7 +379,7 @@ def _problem(doc: dict[str, Any]) -> Problem:
 
 #: The fields a schedule document may have at each level (SPEC section 2 and pipeopt's extras).
 _TOP_KEYS = ("format", "method", "makespan", "iteration_time", "bubble_ratio", "max_span",
-             "peak_memory", "solver", "problem", "ops", "messages")
+             "peak_memory", "solver", "problem", "ops", "messages", "microbatch_order")
 _OP_KEYS = ("device", "stage", "microbatch", "kind", "start", "end")
 _MESSAGE_KEYS = ("src_device", "dst_device", "src_stage", "dst_stage", "microbatch", "kind",
                  "start", "end", "arrival")
@@ -534,6 +539,18 @@ def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
         elif not _is_number(gap) or not math.isfinite(gap) or abs(gap - actual) > 1e-6:
             raise ScheduleError(f"solver.{gap_key}: the file says {gap!r:.60}, its lower bound "
                                 f"and ops give {actual:g}")
+    if "microbatch_order" in doc:
+        val, actual = doc["microbatch_order"], list(sched.microbatch_order)
+        m = sched.problem.microbatches
+        if not isinstance(val, list) or sorted(
+                x if isinstance(x, int) and not isinstance(x, bool) else -1 for x in val
+        ) != list(range(m)):
+            raise ScheduleError(f"microbatch_order: expected a permutation of 0..{m - 1}, got "
+                                f"{val!r:.80}")
+        if val != actual:
+            raise ScheduleError(f"microbatch_order: the file says {val!r:.80}, its ops give "
+                                f"{actual!r:.80} (micro-batches by the start of their F on "
+                                "stage 0)")
     if "peak_memory" in doc:
         val = doc["peak_memory"]
         if (not isinstance(val, list) or len(val) != len(sched.peak_memory)

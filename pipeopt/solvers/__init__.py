@@ -158,14 +158,47 @@ def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
     return span_lower_bound(problem) if objective == "span" else iteration_lower_bound(problem)
 
 
+#: Suffix of the method name of a hand-made schedule run longest micro-batch first.
+LONGEST_FIRST = "+longest-first"
+
+
+def longest_first(problem: Problem) -> tuple[int, ...]:
+    """Micro-batches by decreasing cost: time factor, then memory, then message factor; equal
+    ones keep their order (so the identity when every micro-batch costs the same)."""
+    key = problem.microbatch_key
+    return tuple(sorted(range(problem.microbatches),
+                        key=lambda j: (-key[j][0], -key[j][1], -key[j][2], j)))
+
+
+def relabel(schedule: Schedule, order: Sequence[int]) -> Schedule:
+    """A schedule of ``P.permute_microbatches(order)`` as a schedule of ``P``: its micro-batch
+    i is ``P``'s micro-batch ``order[i]``; the times stay as they are."""
+    inverse = [0] * len(order)
+    for i, j in enumerate(order):
+        inverse[j] = i
+    ops = tuple(o._replace(microbatch=order[o.microbatch]) for o in schedule.ops)
+    msgs = tuple(m._replace(microbatch=order[m.microbatch]) for m in schedule.messages)
+    return replace(schedule, problem=schedule.problem.permute_microbatches(inverse), ops=ops,
+                   messages=msgs)
+
+
 @cyclic_gc_paused()  # generating orders builds one Op per op and no cycles (pipeopt._gc)
-def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Schedule:
+def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
+                order: Sequence[int] | None = None) -> Schedule:
     """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
 
     Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem. With
     ``require_fit``, orders whose peak memory (computed from the orders alone, exact when every
-    op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed.
+    op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed. With
+    ``order``, the schedule runs the micro-batches in that order instead of 0, 1, ...
+    (hand-made schedules take micro-batches first in, first out); the result is still a
+    schedule of ``problem``, its method name ending in :data:`LONGEST_FIRST` when ``order``
+    is :func:`longest_first`'s.
     """
+    if order is not None and tuple(order) != tuple(range(problem.microbatches)):
+        sched = run_classic(problem.permute_microbatches(order), name, require_fit=require_fit)
+        suffix = LONGEST_FIRST if tuple(order) == longest_first(problem) else "+reordered"
+        return replace(relabel(sched, order), method=sched.method + suffix)
     t0 = time.perf_counter()
     prob = problem.replace(split_backward=False) if name in FUSED_BACKWARD else problem
     orders = GENERATORS[name](prob)
@@ -292,18 +325,28 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     ``ratio`` compares objectives against the best schedule that fits.
     """
     names = names or methods()
+    # Micro-batches of different cost: every hand-made schedule also runs longest first.
+    order = None if problem.uniform_microbatches else longest_first(problem)
+    if order == tuple(range(problem.microbatches)):
+        order = None  # already sorted: the second row would repeat the first
+    runs = [(n, None) for n in names]
+    if order is not None:
+        runs = [r for n in names for r in ([(n, None), (n, order)] if n in GENERATORS
+                                           else [(n, None)])]
     rows: list[CompareRow] = []
-    for i, name in enumerate(names):
+    for i, (name, mb_order) in enumerate(runs):
         prob, label = problem, name
         if name in CHUNKED and problem.virtual_stages == 1 and problem.devices > 1:
             # Run it on the same work cut into equal chunks, and say so in the row's name.
             v, placement = CHUNKED[name]
             prob, label = rechunk(problem, v, placement), f"{name} (v={v})"
+        if mb_order is not None:
+            label += " (longest first)"
         if on_start is not None:
             on_start(label)
         try:
             if name in GENERATORS:
-                sched = validate_loose(run_classic(prob, name))
+                sched = validate_loose(run_classic(prob, name, order=mb_order))
             elif name.startswith("torch:"):
                 # PyTorch's schedules do not know memory limits either: time them without the
                 # limit and report whether they fit.
@@ -316,11 +359,11 @@ def compare(problem: Problem, names: list[str] | None = None, *,
             rows.append(CompareRow(label, None, str(exc)))
             continue
         except KeyboardInterrupt:  # Ctrl-C: keep the rows so far, run nothing more
-            rows.extend(CompareRow(n, None, INTERRUPTED) for n in names[i:])
+            rows.extend(CompareRow(n, None, INTERRUPTED) for n, o in runs[i:] if o is None)
             break
         rows.append(CompareRow(label, sched, fits=fits_memory(sched, prob)))
         if sched.solver.detail("interrupted"):  # a search took the Ctrl-C and kept its best
-            rows.extend(CompareRow(n, None, INTERRUPTED) for n in names[i + 1:])
+            rows.extend(CompareRow(n, None, INTERRUPTED) for n, o in runs[i + 1:] if o is None)
             break
     fitting = [r.schedule.objective_value for r in rows if r.schedule is not None and r.fits]
     best = min(fitting, default=None)

@@ -24,9 +24,11 @@ from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers import (
+    LONGEST_FIRST,
     Progress,
     SolveOptions,
     fits_memory,
+    longest_first,
     lower_bound,
     require_memory,
     run_classic,
@@ -65,11 +67,15 @@ def _pick(cands: list[Schedule], objective: str, problem: Problem) -> Schedule:
 
 
 def best_classic(problem: Problem, objective: str = "makespan") -> Schedule | None:
-    """The best hand-made schedule that keeps the memory limits, or None if none does."""
+    """The best hand-made schedule that keeps the memory limits, or None if none does (with
+    micro-batches of different cost, each in the given order and longest first)."""
     best: Schedule | None = None
-    for name in GENERATORS:
+    mb_orders: list[tuple[int, ...] | None] = [None]
+    if not problem.uniform_microbatches:
+        mb_orders.append(longest_first(problem))
+    for name, mb_order in ((n, o) for n in GENERATORS for o in mb_orders):
         try:
-            sched = run_classic(problem, name)
+            sched = run_classic(problem, name, order=mb_order)
         except (NotApplicable, ScheduleError):
             continue  # ScheduleError: a generator whose orders deadlock here (a bug to report)
         if not fits_memory(sched, problem):
@@ -137,21 +143,28 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     classics = []
     order = [n for n in AUTO_ORDER if n in GENERATORS] + [n for n in GENERATORS
                                                          if n not in AUTO_ORDER]
-    for name in order:
+    # Micro-batches of different cost: each hand-made schedule in the given order and longest
+    # micro-batch first (the usual remedy: the long ones fill the pipeline while it starts).
+    mb_orders: list[tuple[int, ...] | None] = [None]
+    if not problem.uniform_microbatches and longest_first(problem) != tuple(
+            range(problem.microbatches)):
+        mb_orders.append(longest_first(problem))
+    for name, mb_order in ((n, o) for n in order for o in mb_orders):
+        label = name if mb_order is None else name + LONGEST_FIRST
         if classics and time.perf_counter() - t0 > CLASSIC_SHARE * options.time_limit:
-            notes.append((f"classic_{name}", "skipped: time limit"))
+            notes.append((f"classic_{label}", "skipped: time limit"))
             continue
         try:
             # Orders over the memory limits are dropped before they are timed; their split
             # re-timing holds the same peak (each W right after its B), so it would not fit
             # either.
-            sched = run_classic(problem, name, require_fit=True)
+            sched = run_classic(problem, name, require_fit=True, order=mb_order)
             split = split_fused(sched, problem)
             classics += [s for s in (split, sched) if s is not None and fits_memory(s, problem)]
         except NotApplicable:
             continue
         except ScheduleError as exc:  # a generator whose orders deadlock: skip it, say so
-            notes.append((f"classic_{name}", f"skipped, invalid orders: {exc}"))
+            notes.append((f"classic_{label}", f"skipped, invalid orders: {exc}"))
             continue
     if classics:
         # The best hand-made schedule, or its split-backward re-timing when that is better.
