@@ -32,6 +32,7 @@ from pipeopt.costs.lengths import (
     MicrobatchTokens,
     microbatch_ratios,
     microbatch_tokens,
+    problem_scales,
     split_layers,
 )
 from pipeopt.costs.transformer import LayerCost, TransformerShape, efficiency_at, total_params
@@ -370,10 +371,7 @@ class ModelPlan:
 
     def microbatch_scales(self, partition: Partition) -> dict[str, tuple[float, ...]]:
         """The :class:`Problem`'s per-micro-batch factors: as given in ``pipeline:``, or from
-        the sequence lengths. The problem has one factor per micro-batch for all stages, so
-        the time factor is the one that keeps the iteration's total busy time (the layers'
-        times weighted by their own FLOP ratios), the memory factor the activation-weighted
-        mean over the layers, the message factor the token ratio (exact)."""
+        the sequence lengths (:func:`~pipeopt.costs.lengths.problem_scales`)."""
         if self.explicit_scales:
             return dict(self.explicit_scales)
         if self.ratios is None:
@@ -383,14 +381,8 @@ class ModelPlan:
         ref = np.zeros((len(self.layers), 3))
         for k, (a, b) in enumerate(partition):
             ref[a:b] = times[sd[k]][a:b]
-        r = self.ratios
-        busy = float(ref.sum())
-        time_s = (r.flops * ref[None]).sum(axis=(1, 2)) / busy if busy > 0 else r.message
         act = np.array([lc.activation_bytes for lc in self.layers])
-        mem_s = (r.activation @ act) / act.sum() if act.sum() > 0 else r.message
-        return {"microbatch_scale": tuple(float(x) for x in time_s),
-                "microbatch_memory_scale": tuple(float(x) for x in mem_s),
-                "microbatch_message_scale": tuple(float(x) for x in r.message)}
+        return problem_scales(self.ratios, ref, act)
 
 
 #: Most pipeline layers a model may have: real models have a few hundred; the partition

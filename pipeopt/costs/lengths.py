@@ -161,3 +161,23 @@ def microbatch_ratios(split: LayerSplit, mbs: Sequence[MicrobatchTokens],
     return MicrobatchRatios(flops=ratio[:, :, :3], activation=ratio[:, :, 3],
                             weight_grad=ratio[:, :, 4], message=lin[:, 0, 0].copy(),
                             microbatches=tuple(mbs))
+
+
+def problem_scales(ratios: MicrobatchRatios, layer_time: np.ndarray,
+                   activation: np.ndarray) -> dict[str, tuple[float, ...]]:
+    """The :class:`~pipeopt.problem.Problem`'s per-micro-batch factors from layer ratios.
+
+    The problem has one factor per micro-batch for every stage, so: the time factor keeps the
+    iteration's total busy time (each layer's F, B, W reference times ``layer_time``, shape
+    (layers, 3), seconds, weighted by their own ratios); the memory factor is the mean of the
+    layers' activation ratios weighted by their reference ``activation`` bytes; the message
+    factor is the token ratio (exact: a message is b·s·h values).
+    """
+    busy = float(layer_time.sum())
+    time_s = ((ratios.flops * layer_time[None]).sum(axis=(1, 2)) / busy if busy > 0
+              else ratios.message)
+    total = float(activation.sum())
+    mem_s = ratios.activation @ activation / total if total > 0 else ratios.message
+    return {"microbatch_scale": tuple(float(x) for x in time_s),
+            "microbatch_memory_scale": tuple(float(x) for x in mem_s),
+            "microbatch_message_scale": tuple(float(x) for x in ratios.message)}
