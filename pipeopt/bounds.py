@@ -2,6 +2,13 @@
 
 Used to report how far any schedule can be from optimal and to seed the search. Each bound
 counts only work and delays that no schedule can avoid; all in seconds.
+
+Micro-batches of different cost (``Problem.microbatch_scale`` and its memory / message
+companions): a bound about one micro-batch's path takes, over the micro-batches, the one that
+keeps it valid (the largest for a path every micro-batch must take, the smallest for a path
+only some micro-batch must take); device work sums every micro-batch's real cost; the memory
+arguments count micro-batches by their own memory. With every scale 1 each bound is computed
+exactly as for identical micro-batches.
 """
 
 from __future__ import annotations
@@ -11,42 +18,69 @@ import math
 from pipeopt.problem import Problem
 
 
-def earliest_arrival(problem: Problem) -> tuple[float, ...]:
-    """Per stage, the earliest time its first F can start: the forward chain before it, with
-    link delays."""
+def _representatives(problem: Problem) -> list[int]:
+    """One micro-batch of each distinct (time, memory, message) scale, lowest index first."""
+    seen: dict[tuple[float, float, float], int] = {}
+    for j, key in enumerate(problem.microbatch_key):
+        seen.setdefault(key, j)
+    return list(seen.values())
+
+
+def _arrival(problem: Problem, j: int) -> list[float]:
+    """Per stage, the earliest start of F(stage, j): micro-batch j's forward chain before it,
+    with its link delays (seconds)."""
+    c = problem.time_scale[j]
     out = [0.0]
     for k in range(1, problem.stages):
-        out.append(out[-1] + problem.forward[k - 1] + problem.delay(k - 1, k))
-    return tuple(out)
+        out.append(out[-1] + problem.forward[k - 1] * c + problem.delay(k - 1, k, j))
+    return out
+
+
+def earliest_arrival(problem: Problem) -> tuple[float, ...]:
+    """Per stage, the earliest time its first F can start: the forward chain before it, with
+    link delays, of the micro-batch that gets there first (whichever runs first)."""
+    arrivals = [_arrival(problem, j) for j in _representatives(problem)]
+    return tuple(min(col) for col in zip(*arrivals, strict=True))
 
 
 def critical_path(problem: Problem) -> float:
-    """One micro-batch all the way forward and back, then stage 0's weight gradient."""
+    """One micro-batch all the way forward and back, then stage 0's weight gradient: every
+    micro-batch takes this path, so the longest one's is a bound."""
     s = problem.stages
-    t = earliest_arrival(problem)[-1] + problem.forward[s - 1]
-    for k in range(s - 1, -1, -1):
-        t += problem.durations["B"][k]
-        if k > 0:
-            t += problem.delay(k, k - 1)
-    if problem.split_backward:
-        t += problem.backward_weight[0]
-    return t
+    best = 0.0
+    for j in _representatives(problem):
+        c = problem.time_scale[j]
+        t = _arrival(problem, j)[-1] + problem.forward[s - 1] * c
+        for k in range(s - 1, -1, -1):
+            t += problem.durations["B"][k] * c
+            if k > 0:
+                t += problem.delay(k, k - 1, j)
+        if problem.split_backward:
+            t += problem.backward_weight[0] * c
+        best = max(best, t)
+    return best
 
 
 def device_bound(problem: Problem) -> tuple[float, ...]:
-    """Per device: the earliest arrival of its first micro-batch plus all of its work."""
+    """Per device: the earliest arrival of its first micro-batch (any of them) plus all of its
+    work (every micro-batch at its own cost)."""
     arr = earliest_arrival(problem)
     return tuple(min(arr[k] for k in problem.device_stages[d]) + problem.device_work(d)
                  for d in range(problem.devices))
 
 
-def round_trip(problem: Problem, stage: int) -> float:
+def round_trip(problem: Problem, stage: int, microbatch: int | None = None) -> float:
     """Least time from the start of F(stage, j) to the start of B(stage, j): the forward through
-    the later stages and the backward back down to stage + 1, with link delays."""
-    s = problem.stages
-    t = sum(problem.forward[k] for k in range(stage, s))
-    t += sum(problem.durations["B"][k] for k in range(stage + 1, s))
-    t += sum(problem.delay(k, k + 1) + problem.delay(k + 1, k) for k in range(stage, s - 1))
+    the later stages and the backward back down to stage + 1, with link delays. For
+    ``microbatch`` j at its own cost; without it, the least over the micro-batches."""
+    if microbatch is None:
+        return min(round_trip(problem, stage, j) for j in _representatives(problem))
+    s, j = problem.stages, microbatch
+    c = problem.time_scale[j]
+    t = sum(problem.forward[k] * c for k in range(stage, s))
+    t += sum(problem.durations["B"][k] * c for k in range(stage + 1, s))
+    t += sum(problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
+             for k in range(stage, s - 1))
     return t
 
 
@@ -64,10 +98,31 @@ def _free_memory(problem: Problem, device: int) -> float:
 
 
 def _max_in_flight(problem: Problem, device: int, stage: int) -> int:
-    """How many F's of ``stage`` can start on ``device`` before any of them is released."""
+    """How many F's of ``stage`` can start on ``device`` before any of them is released (the
+    micro-batches of least memory first when they differ)."""
     act = problem.activation_memory[stage]
     free = _free_memory(problem, device)
-    return _whole(free, act, problem.microbatches)
+    if problem.uniform_microbatches:
+        return _whole(free, act, problem.microbatches)
+    return _prefix_fit(free, [act * x for x in sorted(problem.memory_scale)])
+
+
+def _prefix_fit(amount: float, sizes: list[float]) -> int:
+    """How many of ``sizes`` (in the given order) fit in ``amount`` together."""
+    used = 0.0
+    for n, x in enumerate(sizes):
+        used += x
+        if used > amount:
+            return n
+    return len(sizes)
+
+
+def _largest_sums(values: list[float]) -> list[float]:
+    """``out[n]``: the sum of the n largest ``values`` (n = 0 .. len)."""
+    out = [0.0]
+    for x in sorted(values, reverse=True):
+        out.append(out[-1] + x)
+    return out
 
 
 def _whole(amount: float, per: float, most: int) -> int:
@@ -89,6 +144,12 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
     Each of those holds its activation until a B or W ends, so at most
     ``L = (limit - static) // activation`` of them fit (and at most m exist). The idle time is
     at least ``round_trip - min(L, m) * forward``. Devices with several stages get 0.
+
+    Micro-batches of different cost: the first B belongs to some micro-batch, so the round trip
+    is the least over them; the F's in the window are a set whose memory fits, so L is how many
+    of the least-memory micro-batches fit, and their forward time is at most that of the L
+    longest micro-batches (and at most ``free / activation`` times the largest time-to-memory
+    ratio of a micro-batch, a fractional knapsack: it matters when memory and time differ).
     """
     out = []
     for d in range(problem.devices):
@@ -97,7 +158,16 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
             out.append(0.0)
             continue
         n = _max_in_flight(problem, d, k)
-        out.append(max(0.0, round_trip(problem, k) - n * problem.forward[k]))
+        if problem.uniform_microbatches:
+            busy = n * problem.forward[k]
+        else:
+            busy = problem.forward[k] * _largest_sums(list(problem.time_scale))[n]
+            act = problem.activation_memory[k]
+            if act > 0:
+                ratio = max(c / x for c, x in zip(problem.time_scale, problem.memory_scale,
+                                                  strict=True))
+                busy = min(busy, problem.forward[k] * ratio * _free_memory(problem, d) / act)
+        out.append(max(0.0, round_trip(problem, k) - busy))
     return tuple(out)
 
 
@@ -110,7 +180,13 @@ def cooldown_idle(problem: Problem) -> tuple[float, ...]:
     activation (B and W still to run), y only the weight-gradient part (W to run), with
     ``(1 + x) * activation + y * weight_grad <= limit - static`` and ``x + y <= m - 1``. The
     idle time is at least ``round_trip - forward - max(x * (B + W) + y * W)``.
+
+    Micro-batches of different cost (see :func:`_cooldown_idle_scaled`): the last F's round
+    trip without its own F is the least over the micro-batches, x and y count micro-batches
+    whose memory fits with the least-memory ones first, and their work is that of the longest.
     """
+    if not problem.uniform_microbatches:
+        return _cooldown_idle_scaled(problem)
     out = []
     m = problem.microbatches
     for d in range(problem.devices):
@@ -133,6 +209,55 @@ def cooldown_idle(problem: Problem) -> tuple[float, ...]:
             y = _whole(free - (1 + x) * act, wgm, left) if w > 0 else 0
             best = max(best, x * bw + y * w)
         out.append(max(0.0, round_trip(problem, k) - problem.forward[k] - best))
+    return tuple(out)
+
+
+def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
+    """:func:`cooldown_idle` with micro-batches of different cost.
+
+    With the last F of micro-batch i starting at t, B(k, i) starts no earlier than
+    ``t + round_trip(i)``; the device meanwhile runs F(k, i) and the B / W of a set X (B and W
+    to run, holding ``activation * mem_j``) and a set Y (only W, holding ``weight_grad *
+    mem_j``), all distinct. For sizes ``|X| = x, |Y| = y``: memory is least with the x + 1
+    least-memory micro-batches holding whole activations (activation >= weight_grad) and the
+    next y the weight-gradient part; the work is at most (B + W) times the x largest time
+    scales plus W times the next y (B + W >= W). So the idle time is at least
+    ``min_i (round_trip(i) - forward * time_i) - max over fitting (x, y) of that work``.
+    """
+    out = []
+    m = problem.microbatches
+    mem = sorted(problem.memory_scale)
+    least_mem = [0.0]
+    for x in mem:
+        least_mem.append(least_mem[-1] + x)
+    top = _largest_sums(list(problem.time_scale))
+    for d in range(problem.devices):
+        k = _single_stage(problem, d)
+        if k is None:
+            out.append(0.0)
+            continue
+        free = _free_memory(problem, d)
+        act = problem.activation_memory[k]
+        if problem.split_backward:
+            wgm, w = problem.weight_grad_memory[k], problem.backward_weight[k]
+            bw = problem.durations["B"][k] + w
+        else:
+            wgm, bw, w = 0.0, problem.durations["B"][k], 0.0  # a fused B frees everything
+        best = 0.0
+        end = m  # x + 1 + y: the micro-batches holding memory; it shrinks as x grows
+        for x in range(m):
+            held = act * least_mem[x + 1]
+            if held > free:
+                break
+            y = 0
+            if w > 0:  # the most y whose weight-gradient memory fits beside them
+                while end > x + 1 and held + wgm * (least_mem[end] - least_mem[x + 1]) > free:
+                    end -= 1
+                y = max(0, end - x - 1)
+            best = max(best, bw * top[x] + w * (top[x + y] - top[x]))
+        lead = min(round_trip(problem, k, j) - problem.forward[k] * problem.time_scale[j]
+                   for j in _representatives(problem))
+        out.append(max(0.0, lead - best))
     return tuple(out)
 
 

@@ -11,6 +11,9 @@ starts as early as its device and its inputs allow. Inputs are:
 * a message occupies its directed link for ``message_size / bandwidth`` seconds, one message at
   a time per direction, in the order the messages became ready; latency is a pure delay after.
 
+Micro-batch j's op durations and message bytes are scaled by the problem's per-micro-batch
+factors (:attr:`Problem.time_scale`, :attr:`Problem.message_scale`).
+
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
 """
@@ -117,7 +120,8 @@ def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
 
 
 def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
-    """Dependency-counting timing when no message occupies a link (delays are plain offsets).
+    """Dependency-counting timing when no message occupies a link (delays are plain offsets,
+    the latencies, which no micro-batch scale changes).
 
     Every op keeps a count of unfinished prerequisites (its device predecessor and its data
     inputs) and the latest time one of them made it ready; timing an op updates its at most
@@ -128,10 +132,15 @@ def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
     split = problem.split_backward
     n = (3 if split else 2) * sm
     dur: list[float] = []
+    scale = None if not problem.microbatch_scale else problem.time_scale
     for kind in problem.kinds:
         per_stage = problem.durations[kind]
         for k in range(s):
-            dur.extend([per_stage[k]] * m)
+            if scale is None:
+                dur.extend([per_stage[k]] * m)
+            else:
+                t = per_stage[k]
+                dur.extend([t * c for c in scale])
     dfwd, dbwd = _stage_delays(problem)
     # Per op id: delay of its activation to the next stage's F / of its gradient to the
     # previous stage's B (only F and B ids use these).
@@ -257,7 +266,7 @@ def _simulate_events(problem: Problem, orders: Orders
         if typ == 0:  # op ended: hand its outputs on, then let its device continue
             d = sd[op.stage]
             for c in _dependents(problem, op):
-                tx, lat = problem.transfer(op.stage, c.stage)
+                tx, lat = problem.transfer(op.stage, c.stage, op.microbatch)
                 if tx > 0:
                     heapq.heappush(heap, (t, seq, 1, op, c))
                     seq += 1
@@ -268,7 +277,7 @@ def _simulate_events(problem: Problem, orders: Orders
         else:  # a message is ready: queue it on its directed link
             assert dst is not None
             a, b = sd[op.stage], sd[dst.stage]
-            tx, lat = problem.transfer(op.stage, dst.stage)
+            tx, lat = problem.transfer(op.stage, dst.stage, op.microbatch)
             t0 = max(t, link_free.get((a, b), 0.0))
             link_free[(a, b)] = t0 + tx
             arrival[(op, dst)] = t0 + tx + lat
@@ -332,6 +341,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     times: dict[tuple[str, int, int], TimedOp] = {}
     kinds = set(problem.kinds)
     durations = problem.durations
+    scale = problem.time_scale
     s, m, sdev = problem.stages, problem.microbatches, problem.stage_device
     for o in schedule.ops:
         d, k, j, kind, start, end = o
@@ -350,7 +360,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
             continue
         if start < -tol:
             out.append(f"{o.op}: starts at {start:g} < 0")
-        want = durations[kind][k]
+        want = durations[kind][k] * scale[j]
         if abs((end - start) - want) > tol:
             out.append(f"{o.op}: lasts {end - start:g}, its duration is {want:g}")
     missing = [] if len(times) == problem.num_ops else [
@@ -386,6 +396,8 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     out.extend(_check_links(problem, msgs, times, tol))
 
     # Inputs of every op, from Problem.inputs: the same kinds and stages for every micro-batch.
+    # Whether a message occupies its link (tx > 0) and its latency are the same for every
+    # micro-batch too (scales are > 0); only its transmission time differs, read from msgs.
     sources = {}
     for kind in problem.kinds:
         for k in range(s):
@@ -440,7 +452,7 @@ def _sent_messages(problem: Problem, times: dict[tuple[str, int, int], TimedOp],
     for o in times.values():
         op = o.op
         for dst in _dependents(problem, op):
-            tx, lat = problem.transfer(op.stage, dst.stage)
+            tx, lat = problem.transfer(op.stage, dst.stage, op.microbatch)
             if tx > 0:
                 recv = times.get((dst.kind, dst.stage, dst.microbatch))
                 due = (recv.start if recv is not None else math.inf) - tx - lat
@@ -489,7 +501,7 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
         if not (0 <= k < problem.stages and 0 <= dk < problem.stages) or abs(k - dk) != 1:
             out.append(f"message {k}->{dk} mb {j}: not between adjacent stages")
             continue
-        tx, lat = problem.transfer(k, dk)
+        tx, lat = problem.transfer(k, dk, j if 0 <= j < problem.microbatches else None)
         name = f"message {kind} {k}->{dk} mb {j}"
         if kind != ("F" if dk == k + 1 else "B"):
             out.append(f"{name}: a message from stage {k} to {dk} carries "
