@@ -235,17 +235,23 @@ class ModelPlan:
     def chain_costs(self) -> ChainCosts:
         """Inputs of the partition search."""
         sd = self.stage_device
-        per_dev = {d: self.layer_times(d).sum(axis=1) for d in set(sd)}
+        # Micro-batches of different cost: the search sees the average micro-batch (each
+        # layer's F, B, W times the mean of their ratios over the micro-batches).
+        mean = np.ones((len(self.layers), 3)) if self.ratios is None else (
+            self.ratios.flops.mean(axis=0))
+        per_dev = {d: (self.layer_times(d) * mean).sum(axis=1) for d in set(sd)}
         compute = np.stack([per_dev[d] for d in sd])
         if self.first_stage_backward(sd[0], 0, 1) is not None:
             # Stage 0 runs its backward fused (no input gradient to hand on, see
             # stage_costs): cost its layers as forward + fused backward, as the problem will.
             peak = self.peak(sd[0])
-            compute[0] = [lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))[0]
-                          + lc.fused_backward(peak, efficiency_at(lc.forward_flops,
-                                                                  self.efficiency))
-                          for lc in self.layers]
+            compute[0] = [(lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))[0]
+                           + lc.fused_backward(peak, efficiency_at(lc.forward_flops,
+                                                                   self.efficiency))) * r
+                          for lc, r in zip(self.layers, mean.mean(axis=1), strict=True)]
         out_bytes = np.array([lc.output_bytes for lc in self.layers])
+        if self.ratios is not None:  # the average micro-batch's messages
+            out_bytes = out_bytes * float(self.ratios.message.mean())
         comm = np.zeros((self.stages - 1, len(self.layers)))
         for k in range(self.stages - 1):
             a, b = self.rank_gpus[sd[k]], self.rank_gpus[sd[k + 1]]
@@ -254,12 +260,8 @@ class ModelPlan:
                 comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
         static = np.array([lc.params * self.training.bytes_per_param for lc in self.layers])
         act = np.array([lc.activation_bytes for lc in self.layers])
-        if self.ratios is not None:
-            # Micro-batches of different cost: the search sees the average micro-batch.
-            compute = compute * self.ratios.flops.mean(axis=(0, 2))[None, :]
+        if self.ratios is not None:  # the average micro-batch's bytes
             act = act * self.ratios.activation.mean(axis=0)
-            out_bytes = out_bytes * float(self.ratios.message.mean())
-            comm = comm * float(self.ratios.message.mean())
         inflight = inflight_microbatches(self.devices, self.virtual_stages, self.microbatches,
                                          self.training.inflight)
         lim = [math.inf if x is None else x - s
