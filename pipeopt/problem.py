@@ -228,6 +228,8 @@ class Problem:
         order = [int(j) for j in order]
         if sorted(order) != list(range(m)):
             raise ProblemError(f"order: must be a permutation of 0..{m - 1}, got {order}")
+        if order == list(range(m)):
+            return self
 
         def perm(scale: tuple[float, ...]) -> tuple[float, ...]:
             return tuple(scale[j] for j in order) if scale else ()

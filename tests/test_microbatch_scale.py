@@ -19,6 +19,9 @@ from pipeopt.bounds import (
 )
 from pipeopt.problem import Op, Problem, ProblemError, chain_links, uniform_problem
 from pipeopt.simulate import check, simulate, validate
+from pipeopt.solvers import SolveOptions, fits_memory, memory_floor
+from pipeopt.solvers.greedy import POLICIES, _Context, _run, microbatch_orders, solve_greedy
+from tests.strategies import problems
 from tests.test_brute_force import _two_devices, brute_force, tiny_problems
 
 
@@ -226,3 +229,83 @@ def test_warmup_bound_counts_memory_per_microbatch() -> None:
     best, _ = brute_force(prob)
     assert math.isfinite(best)
     assert iteration_lower_bound(prob) <= best * (1 + 1e-9)
+
+
+# ----- the searches ------------------------------------------------------------------------
+
+@st.composite
+def scaled_problems(draw, contention: bool = False) -> Problem:
+    """Random problems of :mod:`tests.strategies` with a time scale per micro-batch and, half
+    the time, a memory scale of their own."""
+    prob = draw(problems(max_devices=3, max_microbatches=5, contention=contention))
+    m = prob.microbatches
+    factor = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
+    mem = tuple(draw(factor) for _ in range(m)) if draw(st.booleans()) else ()
+    return prob.replace(microbatch_scale=tuple(draw(factor) for _ in range(m)),
+                        microbatch_memory_scale=mem)
+
+
+def _least_memory(prob: Problem) -> list[float]:
+    """Per device, what any schedule needs: the largest micro-batch's activations on all of the
+    device's stages (all live when its last F there starts), plus static memory."""
+    big = max(prob.memory_scale)
+    return [prob.static_memory[d] + big * sum(prob.activation_memory[k]
+                                              for k in prob.device_stages[d])
+            for d in range(prob.devices)]
+
+
+@settings(deadline=None)
+@given(scaled_problems(), st.floats(0.0, 2.0))
+def test_greedy_valid_and_within_memory(prob: Problem, slack: float) -> None:
+    # (max with memory_floor: until it counts the largest micro-batch, it refuses less)
+    least = [max(a, b) for a, b in zip(_least_memory(prob), memory_floor(prob), strict=True)]
+    limited = prob.replace(memory_limit=tuple(x + slack for x in least))
+    for p in (prob, limited):
+        sched = validate(solve_greedy(p, SolveOptions(time_limit=2.0)))
+        assert fits_memory(sched, p)
+        assert sched.makespan >= makespan_lower_bound(p) * (1 - 1e-9)
+        order = sched.solver.detail("microbatch_order")
+        if order is not None:  # F's of stage 0 start in the chosen order
+            assert sched.microbatch_order == tuple(order)
+
+
+@settings(deadline=None, max_examples=30)
+@given(scaled_problems(contention=True))
+def test_greedy_valid_with_link_contention(prob: Problem) -> None:
+    validate(solve_greedy(prob, SolveOptions(time_limit=2.0)))
+
+
+def test_greedy_tries_microbatch_orders() -> None:
+    prob = uniform_problem(4, 8, 1.0, 1.2, 0.8).replace(
+        microbatch_scale=(1, 1, 4, 1, 1, 4, 1, 1))
+    orders = microbatch_orders(prob)
+    assert orders[0] == (0, 3, 6, 2, 5, 7, 4, 1)  # short ends, long middle
+    assert orders[1] == (0, 1, 3, 4, 6, 7, 2, 5)  # shortest first
+    assert orders[2] == tuple(range(8)) and orders[3][:2] == (2, 5)
+    assert all(sorted(o) == list(range(8)) for o in orders) and len(set(orders)) == len(orders)
+    assert microbatch_orders(uniform_problem(4, 8)) == [tuple(range(8))]
+    sched = validate(solve_greedy(prob, SolveOptions(time_limit=2.0)))
+    assert tuple(sched.solver.detail("microbatch_order")) in orders
+    # At least as good as every variant on every one of these orders (all fit the budget).
+    for order in orders:
+        ctx = _Context(prob.permute_microbatches(order))
+        for policy in POLICIES:
+            assert sched.makespan <= _run(ctx, policy)[1] * (1 + 1e-9)
+
+
+def test_greedy_all_ones_is_todays() -> None:
+    prob = uniform_problem(4, 8, 1.0, 1.2, 0.8, latency=0.3, memory_limit=5.0)
+    ones = prob.replace(microbatch_scale=(1.0,) * 8)
+    a, b = solve_greedy(prob, SolveOptions()), solve_greedy(ones, SolveOptions())
+    assert a.ops == b.ops and b.solver.detail("microbatch_order") is None
+
+
+def test_greedy_memory_headroom_for_the_largest_microbatch() -> None:
+    """Two stages per device (v = 2): the F of stage 0 must leave room for the largest
+    micro-batch's stage-2 activation, whatever micro-batch it admits (else a small one taken
+    early can block a big one's later stage)."""
+    prob = uniform_problem(2, 4, virtual_stages=2).replace(
+        microbatch_scale=(1, 1, 3, 1))
+    lim = [max(a, b) for a, b in zip(_least_memory(prob), memory_floor(prob), strict=True)]
+    sched = validate(solve_greedy(prob.replace(memory_limit=tuple(lim)), SolveOptions()))
+    assert fits_memory(sched, sched.problem)
