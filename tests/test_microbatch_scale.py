@@ -20,6 +20,8 @@ from pipeopt.bounds import (
 from pipeopt.problem import Op, Problem, ProblemError, chain_links, uniform_problem
 from pipeopt.simulate import check, simulate, validate
 from pipeopt.solvers import SolveOptions, fits_memory, memory_floor
+from pipeopt.solvers.cpsat import sequential_orders, solve_cpsat
+from pipeopt.solvers.cpsat_model import equal_chains
 from pipeopt.solvers.greedy import POLICIES, _Context, _run, microbatch_orders, solve_greedy
 from tests.strategies import problems
 from tests.test_brute_force import _two_devices, brute_force, tiny_problems
@@ -309,3 +311,96 @@ def test_greedy_memory_headroom_for_the_largest_microbatch() -> None:
     lim = [max(a, b) for a, b in zip(_least_memory(prob), memory_floor(prob), strict=True)]
     sched = validate(solve_greedy(prob.replace(memory_limit=tuple(lim)), SolveOptions()))
     assert fits_memory(sched, sched.problem)
+
+
+SCALED_CASES = {
+    "p2 m2 [1, 3]": uniform_problem(2, 2).replace(microbatch_scale=(1, 3)),
+    "p2 m3 [2, 1, 2] latency": _two_devices(3, split=False, latency=0.5).replace(
+        microbatch_scale=(2, 1, 2)),
+    "p2 m2 memory scale, limit": _two_devices(2, latency=0.25, act=(1.0, 2.0), wgm=(0.5, 0.5),
+                                              limit=(3.0, 5.0)).replace(
+        microbatch_scale=(1, 2.5), microbatch_memory_scale=(2, 1)),
+    "p2 m2 reduce": _two_devices(2, reduce=(2.5, 0.5)).replace(microbatch_scale=(0.5, 2)),
+    "vshape p2 v2 m2 fused": uniform_problem(2, 2, 1, 2, 1, virtual_stages=2,
+                                             placement="vshape", split_backward=False).replace(
+        microbatch_scale=(3, 1)),
+    "p3 m2 hetero": Problem(devices=3, microbatches=2, forward=(1.0, 2.0, 1.0),
+                            backward_input=(1.0, 1.0, 3.0), backward_weight=(2.0, 0.5, 1.0),
+                            activation_memory=(1.0, 1.0, 1.0), memory_limit=(2.0, 4.0, None),
+                            microbatch_scale=(2, 1)),
+}
+
+
+@pytest.mark.parametrize("warm", ["default", "sequential"])
+@pytest.mark.parametrize("name", list(SCALED_CASES))
+def test_cpsat_matches_brute_force_with_scales(name: str, warm: str) -> None:
+    problem = SCALED_CASES[name]
+    best, _ = brute_force(problem)
+    assert math.isfinite(best)
+    hint = (simulate(problem, sequential_orders(problem), "sequential")
+            if warm == "sequential" else None)
+    sched = validate(solve_cpsat(problem, SolveOptions(time_limit=10, workers=2, hint=hint)))
+    assert sched.solver.status == "optimal"
+    assert sched.iteration_time == pytest.approx(best, rel=1e-9)
+    assert sched.solver.lower_bound == pytest.approx(best, rel=1e-9)
+    assert fits_memory(sched, problem)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tiny_scaled_problems())
+def test_cpsat_optimum_is_brute_force_with_scales(problem: Problem) -> None:
+    best, _ = brute_force(problem)
+    if not math.isfinite(best):
+        return
+    sched = validate(solve_cpsat(problem, SolveOptions(time_limit=10, workers=2)))
+    assert sched.solver.status == "optimal"
+    assert sched.iteration_time == pytest.approx(best, rel=1e-9)
+
+
+def test_cpsat_symmetry_only_among_equal_microbatches() -> None:
+    """Scales [1, 1, 4, 4]: 0 before 1 and 2 before 3 on every (kind, stage), nothing between
+    the two groups; the span objective counts from the earliest first F of any group."""
+    prob = uniform_problem(2, 4).replace(microbatch_scale=(1, 1, 4, 4))
+    prev, nxt = equal_chains(prob)
+    assert prev == [-1, 0, -1, 2] and nxt == [1, -1, 3, -1]
+    assert equal_chains(uniform_problem(2, 3)) == ([-1, 0, 1], [1, 2, -1])
+    for objective in ("makespan", "span"):
+        sched = validate(solve_cpsat(prob, SolveOptions(time_limit=10, workers=2,
+                                                        objective=objective)))
+        assert sched.solver.status == "optimal"
+    # The optimum runs a short micro-batch first (it fills the pipeline soonest).
+    sched = solve_cpsat(prob, SolveOptions(time_limit=10, workers=2))
+    assert prob.time_scale[sched.microbatch_order[0]] == 1.0
+
+
+def test_cpsat_all_ones_is_todays() -> None:
+    prob = uniform_problem(3, 4, 1.0, 1.5, 0.5, latency=0.5, memory_limit=2.5)
+    ones = prob.replace(microbatch_scale=(1.0,) * 4)
+    a = solve_cpsat(prob, SolveOptions(time_limit=10, workers=1))
+    b = solve_cpsat(ones, SolveOptions(time_limit=10, workers=1))
+    assert a.ops == b.ops and a.solver.status == b.solver.status == "optimal"
+
+
+@pytest.mark.parametrize("objective", ["makespan", "span"])
+def test_cpsat_hint_is_complete_with_scales(objective: str) -> None:
+    """The warm start, relabelled among equal micro-batches only, hints every variable with a
+    solution of the model: fixing every variable to its hint is feasible."""
+    from ortools.sat.python import cp_model
+
+    from pipeopt.solvers import cpsat
+
+    lat, bw = chain_links(3, [0.2, 0.2], [2.0, 2.0])
+    prob = uniform_problem(3, 5, 1.0, 1.2, 0.8, memory_limit=6.0).replace(
+        microbatch_scale=(2, 1, 1, 2, 0.5), latency=lat, bandwidth=bw, message_size=(1.0, 1.0))
+    warm = validate(solve_greedy(prob, SolveOptions(objective=objective)))
+    tgrid = cpsat.time_grid(cpsat._time_values(prob), None)
+    data, _ = cpsat.int_data(prob, tgrid)
+    sm = cpsat.build_model(data, objective, cpsat._horizon(prob, warm, tgrid, objective))
+    cpsat.add_hints(sm, *cpsat._hint_units(warm, tgrid, sm))
+    proto = sm.model.proto
+    assert len(set(proto.solution_hint.vars)) == len(proto.variables)  # every variable
+    solver = cp_model.CpSolver()
+    solver.parameters.fix_variables_to_their_hinted_value = True
+    solver.parameters.max_time_in_seconds = 10
+    solver.parameters.num_workers = 1
+    assert solver.solve(sm.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)

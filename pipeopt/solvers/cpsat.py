@@ -206,13 +206,25 @@ def require_memory(problem: Problem) -> None:
     _require_memory(problem, "cpsat")
 
 
+def _representatives(problem: Problem) -> list[int]:
+    """One micro-batch of each distinct cost (time, memory, message scales)."""
+    seen: dict[tuple[float, float, float], int] = {}
+    for j, key in enumerate(problem.microbatch_key):
+        seen.setdefault(key, j)
+    return list(seen.values())
+
+
 def _time_values(problem: Problem) -> list[float]:
+    """Every duration, transmission and latency the model states (seconds), for the grid."""
     vals: list[float] = []
-    for kind in problem.kinds:
-        vals.extend(problem.durations[kind])
+    reps = _representatives(problem)
+    ops = [Op(kind, k, j) for kind in problem.kinds for k in range(problem.stages)
+           for j in reps]
+    vals.extend(problem.duration(op) for op in ops)
     for k in range(problem.stages - 1):
         for a, b in ((k, k + 1), (k + 1, k)):
-            vals.extend(problem.transfer(a, b))
+            for j in reps:
+                vals.extend(problem.transfer(a, b, j))
     vals.extend(problem.grad_reduce)
     return vals
 
@@ -221,21 +233,34 @@ def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
     """The problem on the grids, and whether the memory grid is exact.
 
     Times are rounded down (a relaxation); memory demands up and capacities down (a
-    restriction), so that the model's orders always keep the real memory limits.
+    restriction), so that the model's orders always keep the real memory limits. Values are
+    per micro-batch; equal micro-batches share one list entry's value.
     """
-    dur = {kind: [tgrid.down(x) for x in problem.durations[kind]] for kind in problem.kinds}
-    tx: dict[tuple[int, int], int] = {}
+    m = problem.microbatches
+    reps = _representatives(problem)
+    key = problem.microbatch_key
+    rep_of = {key[j]: j for j in reps}
+    group = [rep_of[key[j]] for j in range(m)]  # per micro-batch, its representative
+
+    def per_mb(units: dict[int, Any]) -> list[Any]:
+        """Per micro-batch, the value of its representative in ``units``."""
+        return [units[reps[0]]] * m if len(reps) == 1 else [units[g] for g in group]
+
+    dur = {kind: [per_mb({j: tgrid.down(problem.duration(Op(kind, k, j))) for j in reps})
+                  for k in range(problem.stages)] for kind in problem.kinds}
+    tx: dict[tuple[int, int], list[int]] = {}
     lat: dict[tuple[int, int], int] = {}
     for k in range(problem.stages - 1):
         for a, b in ((k, k + 1), (k + 1, k)):
             t, la = problem.transfer(a, b)
             if t > 0:
-                tx[(a, b)] = tgrid.down(t)
+                tx[(a, b)] = per_mb({j: tgrid.down(problem.transfer(a, b, j)[0]) for j in reps})
             if la > 0:
                 lat[(a, b)] = tgrid.down(la)
     reduce = [tgrid.down(x) for x in problem.grad_reduce]
-    memory: dict[int, tuple[int, dict[int, tuple[int, int]]]] = {}
+    memory: dict[int, tuple[int, dict[int, list[tuple[int, int]]]]] = {}
     exact = True
+    scale = problem.memory_scale
     for d, lim in enumerate(problem.memory_limit):
         if lim is None:
             continue
@@ -244,10 +269,13 @@ def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
         for k in problem.device_stages[d]:
             a, w = problem.activation_memory[k], problem.weight_grad_memory[k]
             held[k] = (a - w, w) if problem.split_backward else (a, 0.0)
-        mgrid = memory_grid([x for pair in held.values() for x in pair], cap)
+        mgrid = memory_grid([x * scale[j] for pair in held.values() for x in pair
+                             for j in reps], cap)
         exact = exact and mgrid.exact
         memory[d] = (max(0, mgrid.down(cap)),
-                     {k: (mgrid.up(b), mgrid.up(w)) for k, (b, w) in held.items()})
+                     {k: per_mb({j: (mgrid.up(b * scale[j]), mgrid.up(w * scale[j]))
+                                 for j in reps})
+                      for k, (b, w) in held.items()})
     return IntData(problem, dur, tx, lat, reduce, memory), exact
 
 
@@ -261,7 +289,8 @@ def _horizon(problem: Problem, warm: Schedule, tgrid: Grid, objective: str) -> i
     if objective == "makespan":
         return tgrid.up(warm.iteration_time)
     total = sum(problem.duration(op) for op in problem.ops())
-    total += sum(problem.delay(src.stage, dst.stage) for src, dst in edges(problem))
+    total += sum(problem.delay(src.stage, dst.stage, src.microbatch)
+                 for src, dst in edges(problem))
     return max(tgrid.up(total), tgrid.up(warm.makespan))
 
 
@@ -373,26 +402,34 @@ def _greedy(problem: Problem, options: SolveOptions) -> Schedule | None:
 def _hint_units(warm: Schedule, tgrid: Grid, sm: ScheduleModel
                 ) -> tuple[dict[Op, int], dict[tuple[Op, Op], int]]:
     """The warm start's start times in units, relabelled so that every (kind, stage) runs its
-    micro-batches in order (as the model requires; the relabelled schedule is just as valid).
+    equal micro-batches in order (as the model requires; the relabelled schedule is just as
+    valid). Micro-batches of different cost keep their labels.
 
     Times are floored like the durations, so the hint is a solution of the model."""
-    groups: dict[tuple[str, int], list[TimedOp]] = defaultdict(list)
+    # Each group of equal micro-batches, in index order (the model's in-order chains).
+    members: dict[int, list[int]] = defaultdict(list)  # first of the group -> the group
+    head_of = []
+    for j, q in enumerate(sm.data.prev_equal):
+        h = j if q < 0 else head_of[q]
+        head_of.append(h)
+        members[h].append(j)
+    groups: dict[tuple[str, int, int], list[TimedOp]] = defaultdict(list)
     for o in warm.ops:
-        groups[(o.kind, o.stage)].append(o)
+        groups[(o.kind, o.stage, head_of[o.microbatch])].append(o)
     starts: dict[Op, int] = {}
-    for (kind, k), lst in groups.items():
+    for (kind, k, h), lst in groups.items():
         lst.sort(key=lambda o: (o.start, o.end, o.microbatch))
-        for j, o in enumerate(lst):
+        for j, o in zip(members[h], lst, strict=True):
             starts[Op(kind, k, j)] = tgrid.down(o.start)
-    mgroups: dict[tuple[str, int, int], list[Message]] = defaultdict(list)
+    mgroups: dict[tuple[str, int, int, int], list[Message]] = defaultdict(list)
     for mm in warm.messages:
-        mgroups[(mm.kind, mm.src_stage, mm.dst_stage)].append(mm)
+        mgroups[(mm.kind, mm.src_stage, mm.dst_stage, head_of[mm.microbatch])].append(mm)
     by_key = {(src.kind, src.stage, dst.stage, src.microbatch): (src, dst)
               for src, dst in sm.msg_start}
     msgs: dict[tuple[Op, Op], int] = {}
-    for (kind, a, b), lst in mgroups.items():
+    for (kind, a, b, h), lst in mgroups.items():
         lst.sort(key=lambda mm: (mm.start, mm.microbatch))
-        for j, mm in enumerate(lst):
+        for j, mm in zip(members[h], lst, strict=False):
             edge = by_key.get((kind, a, b, j))
             if edge is not None:
                 msgs[edge] = tgrid.down(mm.start)
@@ -483,13 +520,12 @@ def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.Cp
     """The solver's orders re-timed by the simulator and, on an exact grid, the solver's own
     timing when the validator accepts it."""
     start_u = {op: solver.value(var) for op, var in sm.start.items()}
-    dur = sm.data.dur
+    data = sm.data
     rank = {op: i for i, op in enumerate(topological_ops(problem))}  # ties: zero-length ops
     per_dev: list[list[Op]] = [[] for _ in range(problem.devices)]
     for op in problem.ops():
         per_dev[problem.stage_device[op.stage]].append(op)
-    orders = [sorted(lst, key=lambda op: (start_u[op], start_u[op] + dur[op.kind][op.stage],
-                                          rank[op]))
+    orders = [sorted(lst, key=lambda op: (start_u[op], start_u[op] + data.d(op), rank[op]))
               for lst in per_dev]
     out = [(simulate(problem, orders, method="cpsat"), "simulated")]
     if tgrid.exact:
@@ -501,7 +537,7 @@ def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.Cp
         msgs = []
         for (src, dst), var in sm.msg_start.items():
             t = tgrid.seconds(solver.value(var))
-            tx, lat = problem.transfer(src.stage, dst.stage)
+            tx, lat = problem.transfer(src.stage, dst.stage, src.microbatch)
             msgs.append(Message(sd[src.stage], sd[dst.stage], src.stage, dst.stage,
                                 src.microbatch, src.kind, t, t + tx, t + tx + lat))
         direct = Schedule(problem, "cpsat", ops, tuple(msgs))

@@ -10,8 +10,8 @@ Read it like the model on paper. For every op ``o`` (kind F/B/W, stage k, micro-
 * per device, the activations alive (F start to B / W end) stay within the free memory
   (:func:`_add_memory`);
 * a stage's gradient reduction ends ``grad_reduce`` after its last W (:func:`_add_reduce`);
-* micro-batches are interchangeable, so each (stage, kind) runs them in order
-  (:func:`_add_symmetry`);
+* micro-batches of equal cost are interchangeable, so each (stage, kind) runs those in order
+  (:func:`_add_symmetry`); micro-batches of different cost are ordered freely;
 * the objective: the iteration time or the largest per-device span (:func:`_add_objective`).
 
 All numbers here are in grid units (see :mod:`pipeopt.solvers.cpsat_grid`); the caller maps them
@@ -33,24 +33,68 @@ Edge = tuple[Op, Op]
 
 @dataclass
 class IntData:
-    """The problem on the integer grids: durations, delays and memory, all in units."""
+    """The problem on the integer grids: durations, delays and memory, all in units, per
+    micro-batch (the lists of identical micro-batches share one value)."""
 
     problem: Problem
-    dur: dict[str, list[int]]  # kind -> per stage
-    tx: dict[tuple[int, int], int]  # (src stage, dst stage) -> transmission units (messages only)
+    dur: dict[str, list[list[int]]]  # kind -> stage -> micro-batch
+    # (src stage, dst stage) -> per micro-batch transmission units (messages on links only)
+    tx: dict[tuple[int, int], list[int]]
     lat: dict[tuple[int, int], int]  # (src stage, dst stage) -> latency units
     reduce: list[int]  # per stage, gradient reduction units
-    # per device: (free capacity units, {stage: (units held F..B end, units held F..W end)})
-    memory: dict[int, tuple[int, dict[int, tuple[int, int]]]]
+    # per device: (free capacity units, {stage: per micro-batch (units held F..B end,
+    # units held F..W end)})
+    memory: dict[int, tuple[int, dict[int, list[tuple[int, int]]]]]
+    # per micro-batch, the previous / next one of equal cost (-1 if none): the in-order rule
+    # of :func:`_add_symmetry` holds along these chains
+    prev_equal: list[int] = field(default_factory=list)
+    next_equal: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prev_equal:
+            self.prev_equal, self.next_equal = equal_chains(self.problem)
 
     @property
     def last_kind(self) -> str:
         """The kind that ends a stage's work on a micro-batch (W, or the fused B)."""
         return "W" if self.problem.split_backward else "B"
 
-    def delay(self, src: int, dst: int) -> int:
+    def d(self, op: Op) -> int:
+        """Duration of ``op`` in units."""
+        return self.dur[op.kind][op.stage][op.microbatch]
+
+    def delay(self, src: int, dst: int, microbatch: int) -> int:
         """Units between the producer's end and the consumer's earliest start on idle links."""
-        return self.tx.get((src, dst), 0) + self.lat.get((src, dst), 0)
+        tx = self.tx.get((src, dst))
+        return (tx[microbatch] if tx else 0) + self.lat.get((src, dst), 0)
+
+    @property
+    def last_microbatches(self) -> list[int]:
+        """The last micro-batch of each group of equal ones: by the in-order rule, the last op
+        of a stage is one of theirs (micro-batch m - 1 when all are equal)."""
+        return [j for j, n in enumerate(self.next_equal) if n < 0]
+
+    @property
+    def first_microbatches(self) -> list[int]:
+        """The first micro-batch of each group of equal ones (micro-batch 0 when all are
+        equal)."""
+        return [j for j, q in enumerate(self.prev_equal) if q < 0]
+
+
+def equal_chains(problem: Problem) -> tuple[list[int], list[int]]:
+    """Per micro-batch, the previous and the next micro-batch with the same scales (-1 when
+    none): the chains along which equal micro-batches run in order."""
+    m = problem.microbatches
+    if problem.uniform_microbatches:
+        return list(range(-1, m - 1)), [*range(1, m), -1]
+    prev, nxt = [-1] * m, [-1] * m
+    last: dict[tuple[float, float, float], int] = {}
+    for j, key in enumerate(problem.microbatch_key):
+        q = last.get(key, -1)
+        if q >= 0:
+            prev[j], nxt[q] = q, j
+        last[key] = j
+    return prev, nxt
 
 
 def edges(problem: Problem) -> Iterator[Edge]:
@@ -71,42 +115,39 @@ def topological_ops(problem: Problem) -> list[Op]:
     return out
 
 
-def _same_kind_pred(op: Op) -> Op | None:
-    return Op(op.kind, op.stage, op.microbatch - 1) if op.microbatch > 0 else None
-
-
 def heads_and_tails(data: IntData, with_reduce: bool) -> tuple[dict[Op, int], dict[Op, int]]:
     """Per op, the earliest start (head) and the least time from its start to the end of the
     iteration (tail, duration included), in units.
 
-    Both follow the dependencies plus the in-order rule of :func:`_add_symmetry`, so they hold for
-    every solution of the model.
+    Both follow the dependencies plus the in-order rule of :func:`_add_symmetry` (among equal
+    micro-batches), so they hold for every solution of the model.
     """
     p = data.problem
+    prev_eq, next_eq = data.prev_equal, data.next_equal
     order = topological_ops(p)
     head: dict[Op, int] = {}
     for op in order:
         t = 0
         for src in p.inputs(op):
-            t = max(t, head[src] + data.dur[src.kind][src.stage] + data.delay(src.stage, op.stage))
-        prev = _same_kind_pred(op)
-        if prev is not None:
-            t = max(t, head[prev] + data.dur[op.kind][op.stage])
+            t = max(t, head[src] + data.d(src) + data.delay(src.stage, op.stage, src.microbatch))
+        q = prev_eq[op.microbatch]
+        if q >= 0:
+            t = max(t, head[Op(op.kind, op.stage, q)] + data.d(op))
         head[op] = t
     succ: dict[Op, list[Op]] = {op: [] for op in order}
     for src, dst in edges(p):
         succ[src].append(dst)
     tail: dict[Op, int] = {}
-    m = p.microbatches
     for op in reversed(order):
-        d = data.dur[op.kind][op.stage]
+        d = data.d(op)
         t = d
-        if with_reduce and op.kind == data.last_kind and op.microbatch == m - 1:
+        q = next_eq[op.microbatch]
+        if with_reduce and op.kind == data.last_kind and q < 0:
             t = d + data.reduce[op.stage]
         for dst in succ[op]:
-            t = max(t, d + data.delay(op.stage, dst.stage) + tail[dst])
-        if op.microbatch < m - 1:
-            t = max(t, d + tail[Op(op.kind, op.stage, op.microbatch + 1)])
+            t = max(t, d + data.delay(op.stage, dst.stage, op.microbatch) + tail[dst])
+        if q >= 0:
+            t = max(t, d + tail[Op(op.kind, op.stage, q)])
         tail[op] = t
     return head, tail
 
@@ -124,6 +165,7 @@ class ScheduleModel:
     interval: dict[Op, cp_model.IntervalVar] = field(default_factory=dict)
     msg_start: dict[Edge, cp_model.IntVar] = field(default_factory=dict)
     lifetime: dict[tuple[Op, Op], cp_model.IntVar] = field(default_factory=dict)  # sizes
+    first_start: dict[int, cp_model.IntVar] = field(default_factory=dict)  # span: per device
     value: cp_model.IntVar | None = None  # the objective variable
     lower: int = 0  # a bound on the objective implied by the model's data
 
@@ -148,7 +190,7 @@ def _add_intervals(sm: ScheduleModel, head: dict[Op, int], tail: dict[Op, int]) 
     p, md = sm.data.problem, sm.model
     per_device: list[list[cp_model.IntervalVar]] = [[] for _ in range(p.devices)]
     for op in p.ops():
-        d = sm.data.dur[op.kind][op.stage]
+        d = sm.data.d(op)
         # Domain from the longest dependency chains before and after the op (both valid for
         # every solution), which prunes the search before it starts.
         hi = max(head[op], sm.horizon - tail[op])
@@ -181,8 +223,8 @@ def _add_links(sm: ScheduleModel, head: dict[Op, int]) -> None:
         key = (src.stage, dst.stage)
         if key not in data.tx:
             continue
-        tx, lat = data.tx[key], data.lat.get(key, 0)
-        lo = head[src] + data.dur[src.kind][src.stage]
+        tx, lat = data.tx[key][src.microbatch], data.lat.get(key, 0)
+        lo = head[src] + data.d(src)
         ms = md.new_int_var(lo, max(lo, sm.horizon), f"send[{src}->{dst.stage}]")
         sm.msg_start[(src, dst)] = ms
         md.add(ms >= sm.end[src])
@@ -205,8 +247,8 @@ def _add_memory(sm: ScheduleModel) -> None:
     p = data.problem
     for _d, (cap, stages) in data.memory.items():
         ivs, demands = [], []
-        for k, (held_to_b, held_to_w) in stages.items():
-            for j in range(p.microbatches):
+        for k, held in stages.items():
+            for j, (held_to_b, held_to_w) in enumerate(held):
                 f = Op("F", k, j)
                 for kind, amount in (("B", held_to_b), ("W", held_to_w)):
                     if amount <= 0:
@@ -219,13 +261,15 @@ def _add_memory(sm: ScheduleModel) -> None:
                     demands.append(amount)
         if ivs:
             md.add_cumulative(ivs, demands, cap)
-        _add_memory_precedences(sm, cap, stages)
+        if p.uniform_microbatches:
+            _add_memory_precedences(sm, cap, {k: held[0] for k, held in stages.items()})
 
 
 def _add_memory_precedences(sm: ScheduleModel, cap: int,
                             stages: dict[int, tuple[int, int]]) -> None:
     """Redundant precedences implied by the memory limit and the in-order rule (they let
-    propagation see the limit early).
+    propagation see the limit early). Only when all micro-batches are equal (all in order,
+    each holding the same memory).
 
     When F(k, j) starts, stage k alone holds its j+1 activations minus what the finished B's and
     W's released; in order, ``nb`` finished B's are B(k, 0..nb-1), at most j of them, and at most
@@ -237,7 +281,7 @@ def _add_memory_precedences(sm: ScheduleModel, cap: int,
     m = sm.data.problem.microbatches
     for k, (to_b, to_w) in stages.items():
         a = to_b + to_w
-        if a <= 0 or sm.data.dur["F"][k] <= 0:
+        if a <= 0 or sm.data.dur["F"][k][0] <= 0:
             continue  # (a zero-length F could meet its own B's end; skip that corner)
         for j in range(m):
             f = sm.start[Op("F", k, j)]
@@ -251,24 +295,33 @@ def _add_memory_precedences(sm: ScheduleModel, cap: int,
 
 
 def _add_symmetry(sm: ScheduleModel) -> None:
-    """Micro-batches are identical, so WLOG every (kind, stage) runs them in order (relabel the
-    ops of any schedule by their start times: dependencies, links, memory and objective all hold
-    for the relabelled schedule). The same holds for the messages of each stage pair on a link."""
+    """Micro-batches of equal cost (the same time, memory and message scales) are
+    interchangeable, so WLOG every (kind, stage) runs them in order: relabel the ops of any
+    schedule among equal micro-batches by their start times, and dependencies, links, memory
+    and objective all hold for the relabelled schedule (equal micro-batches have equal
+    durations on each stage, so the i-th to start is also the i-th to end). The same holds for
+    the messages of each stage pair on a link. Micro-batches of different cost keep any order:
+    the search chooses it."""
     data, md = sm.data, sm.model
-    p = data.problem
-    for op in p.ops():
-        if op.microbatch + 1 < p.microbatches:
-            md.add(sm.start[Op(op.kind, op.stage, op.microbatch + 1)] >= sm.end[op])
+    nxt_eq = data.next_equal
+    for op in data.problem.ops():
+        q = nxt_eq[op.microbatch]
+        if q >= 0:
+            md.add(sm.start[Op(op.kind, op.stage, q)] >= sm.end[op])
     for (src, dst), ms in sm.msg_start.items():
-        nxt = (Op(src.kind, src.stage, src.microbatch + 1),
-               Op(dst.kind, dst.stage, dst.microbatch + 1))
+        q = nxt_eq[src.microbatch]
+        if q < 0:
+            continue
+        nxt = (Op(src.kind, src.stage, q), Op(dst.kind, dst.stage, q))
         if nxt in sm.msg_start:
-            md.add(sm.msg_start[nxt] >= ms + data.tx[(src.stage, dst.stage)])
+            md.add(sm.msg_start[nxt] >= ms + data.tx[(src.stage, dst.stage)][src.microbatch])
 
 
-def _last_ops(p: Problem, last_kind: str) -> list[Op]:
-    """The last op of every stage (its last micro-batch's W or fused B, by the in-order rule)."""
-    return [Op(last_kind, k, p.microbatches - 1) for k in range(p.stages)]
+def _last_ops(data: IntData) -> list[Op]:
+    """Ops one of which ends each stage's work: the last micro-batch's W or fused B of each
+    group of equal micro-batches (by the in-order rule; one per stage when all are equal)."""
+    return [Op(data.last_kind, k, j) for k in range(data.problem.stages)
+            for j in data.last_microbatches]
 
 
 def _add_reduce(sm: ScheduleModel) -> None:
@@ -277,7 +330,7 @@ def _add_reduce(sm: ScheduleModel) -> None:
     data = sm.data
     if sm.objective != "makespan" or sm.value is None:
         return
-    for op in _last_ops(data.problem, data.last_kind):
+    for op in _last_ops(data):
         red = data.reduce[op.stage]
         if red > 0:
             sm.model.add(sm.value >= sm.end[op] + red)
@@ -288,7 +341,7 @@ def _add_objective(sm: ScheduleModel, head: dict[Op, int], tail: dict[Op, int]) 
     ``span``: minimise the largest per-device time from the first F to the last op."""
     data, md = sm.data, sm.model
     p = data.problem
-    last = _last_ops(p, data.last_kind)
+    last = _last_ops(data)
     if sm.objective == "makespan":
         # Implied bounds: the longest chain through any op; per device, its earliest op plus all
         # its work (it runs one op at a time).
@@ -296,25 +349,35 @@ def _add_objective(sm: ScheduleModel, head: dict[Op, int], tail: dict[Op, int]) 
         for d in range(p.devices):
             ops = [op for op in p.ops() if p.stage_device[op.stage] == d]
             if ops:
-                lower = max(lower, min(head[o] for o in ops)
-                            + sum(data.dur[o.kind][o.stage] for o in ops))
+                lower = max(lower, min(head[o] for o in ops) + sum(data.d(o) for o in ops))
         sm.lower = min(max(lower, sm.lower), sm.horizon)
         sm.value = md.new_int_var(sm.lower, max(sm.lower, sm.horizon), "iteration")
         for op in last:
             md.add(sm.value >= sm.end[op])
     else:
         # The first op of a device is F of its lowest stage on micro-batch 0 (in order, and
-        # its other stages' F need that one's output first).
+        # its other stages' F need that one's output first); with micro-batches of different
+        # cost, on the first of some group of equal ones, so the span counts from the earliest
+        # of those (a variable per device).
         lower = 0
         for d in range(p.devices):
-            work = sum(data.dur[o.kind][o.stage] for o in p.ops() if p.stage_device[o.stage] == d)
+            work = sum(data.d(o) for o in p.ops() if p.stage_device[o.stage] == d)
             lower = max(lower, work)
         sm.lower = min(max(lower, sm.lower), sm.horizon)
         sm.value = md.new_int_var(sm.lower, max(sm.lower, sm.horizon), "max_span")
         for d in range(p.devices):
-            first = sm.start[Op("F", p.device_stages[d][0], 0)]
+            k0 = p.device_stages[d][0]
+            firsts = [sm.start[Op("F", k0, j)] for j in data.first_microbatches]
+            if len(firsts) == 1:
+                first = firsts[0]
+            else:
+                first = md.new_int_var(0, sm.horizon, f"first[{d}]")
+                md.add_min_equality(first, firsts)
+                sm.first_start[d] = first
             for k in p.device_stages[d]:
-                md.add(sm.value >= sm.end[Op(data.last_kind, k, p.microbatches - 1)] - first)
+                for op in last:
+                    if op.stage == k:
+                        md.add(sm.value >= sm.end[op] - first)
     md.minimize(sm.value)
 
 
@@ -327,7 +390,7 @@ def add_hints(sm: ScheduleModel, start_units: dict[Op, int],
     p = data.problem
 
     def end(op: Op) -> int:
-        return start_units[op] + data.dur[op.kind][op.stage]
+        return start_units[op] + data.d(op)
 
     for op, var in sm.start.items():
         md.add_hint(var, start_units[op])
@@ -335,13 +398,16 @@ def add_hints(sm: ScheduleModel, start_units: dict[Op, int],
         md.add_hint(var, msg_units.get(e, end(e[0])))
     for (f, rel), var in sm.lifetime.items():
         md.add_hint(var, max(0, end(rel) - start_units[f]))
-    last = _last_ops(p, data.last_kind)
+    last = _last_ops(data)
+    firsts = data.first_microbatches
+    first = [min(start_units[Op("F", p.device_stages[d][0], j)] for j in firsts)
+             for d in range(p.devices)]
+    for d, var in sm.first_start.items():
+        md.add_hint(var, first[d])
     if sm.objective == "makespan":
         val = max([end(op) for op in last] + [end(op) + data.reduce[op.stage] for op in last])
     else:
-        val = max(end(Op(data.last_kind, k, p.microbatches - 1))
-                  - start_units[Op("F", p.device_stages[d][0], 0)]
-                  for d in range(p.devices) for k in p.device_stages[d])
+        val = max(end(op) - first[p.stage_device[op.stage]] for op in last)
     if sm.value is not None:
         md.add_hint(sm.value, val)
     return val
