@@ -341,7 +341,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     times: dict[tuple[str, int, int], TimedOp] = {}
     kinds = set(problem.kinds)
     durations = problem.durations
-    scale = problem.time_scale
+    scale = problem.microbatch_scale  # () when every micro-batch takes the unit time
     s, m, sdev = problem.stages, problem.microbatches, problem.stage_device
     for o in schedule.ops:
         d, k, j, kind, start, end = o
@@ -360,7 +360,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
             continue
         if start < -tol:
             out.append(f"{o.op}: starts at {start:g} < 0")
-        want = durations[kind][k] * scale[j]
+        want = durations[kind][k] * scale[j] if scale else durations[kind][k]
         if abs((end - start) - want) > tol:
             out.append(f"{o.op}: lasts {end - start:g}, its duration is {want:g}")
     missing = [] if len(times) == problem.num_ops else [

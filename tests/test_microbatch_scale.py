@@ -18,12 +18,13 @@ from pipeopt.bounds import (
     span_lower_bound,
 )
 from pipeopt.problem import Op, Problem, ProblemError, chain_links, uniform_problem
+from pipeopt.schedule import order_peak_memory
 from pipeopt.simulate import check, simulate, validate
 from pipeopt.solvers import SolveOptions, fits_memory, memory_floor
 from pipeopt.solvers.cpsat import sequential_orders, solve_cpsat
 from pipeopt.solvers.cpsat_model import equal_chains
 from pipeopt.solvers.greedy import POLICIES, _Context, _run, microbatch_orders, solve_greedy
-from tests.strategies import problems
+from tests.strategies import problems, random_orders
 from tests.test_brute_force import _two_devices, brute_force, tiny_problems
 
 
@@ -404,3 +405,37 @@ def test_cpsat_hint_is_complete_with_scales(objective: str) -> None:
     solver.parameters.max_time_in_seconds = 10
     solver.parameters.num_workers = 1
     assert solver.solve(sm.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+@settings(deadline=None, max_examples=40)
+@given(scaled_problems(contention=True), st.integers(0, 10**6))
+def test_simulator_and_validator_agree_with_scales(prob: Problem, seed: int) -> None:
+    sched = validate(simulate(prob, random_orders(prob, seed)))
+    for o in sched.ops:
+        assert o.end - o.start == pytest.approx(prob.duration(o.op), rel=1e-12, abs=1e-12)
+    # Memory from the orders alone is the timeline's peak when every op lasts > 0.
+    assert order_peak_memory(prob, sched.device_orders()) == pytest.approx(sched.peak_memory)
+
+
+def test_memory_scales_with_the_microbatch() -> None:
+    """One device, activation 2 (weight-gradient part 0.5), memory scales [1, 3]: F0 holds 2,
+    F1 6 more; B frees (2 - 0.5) x scale, W the rest."""
+    prob = uniform_problem(1, 2, activation=2.0, weight_grad=0.5).replace(
+        microbatch_scale=(1, 3))
+    orders = [[Op("F", 0, 0), Op("F", 0, 1), Op("B", 0, 0), Op("W", 0, 0), Op("B", 0, 1),
+               Op("W", 0, 1)]]
+    sched = simulate(prob, orders)
+    assert sched.peak_memory == (8.0,)
+    assert [b for _, b in sched.memory_timeline[0]] == [0.0, 2.0, 8.0, 6.5, 6.0, 1.5, 0.0]
+    assert order_peak_memory(prob, orders) == (8.0,)
+
+
+@settings(max_examples=20, deadline=None)
+@given(tiny_scaled_problems())
+def test_span_bound_below_the_optimal_span(problem: Problem) -> None:
+    if not math.isfinite(brute_force(problem)[0]):
+        return  # nothing fits
+    sched = validate(solve_cpsat(problem, SolveOptions(time_limit=10, workers=2,
+                                                       objective="span")))
+    assert sched.solver.status == "optimal"
+    assert span_lower_bound(problem) <= sched.max_span * (1 + 1e-9)

@@ -1,4 +1,8 @@
-"""Hand-made schedules as per-device order generators (baselines and warm starts)."""
+"""Hand-made schedules as per-device order generators (baselines and warm starts).
+
+They take micro-batches first in, first out (0, 1, ...), whatever their cost; to run them in
+another order, generate them for ``problem.permute_microbatches(order)`` (its micro-batch i is
+the original ``order[i]``)."""
 
 from __future__ import annotations
 
