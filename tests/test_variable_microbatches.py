@@ -271,3 +271,28 @@ def test_summary_prints_the_order(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert sorted(order) == list(range(8))
     assert main(["compare", str(cfg), "--methods", "1f1b,zb-h1", "-q"]) == 0
     assert "1f1b (longest first)" in capsys.readouterr().out
+
+
+def test_multimodal_example_solves_and_validates(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeopt.config import load_config
+    from pipeopt.io import load_schedule
+
+    example = str(ROOT / "examples" / "multimodal.yaml")
+    prob = load_config(example).problem
+    assert (prob.devices, prob.microbatches) == (8, 32)
+    assert (min(prob.time_scale), max(prob.time_scale)) == (1.0, 4.0)
+    # The limit is 1F1B's peak when every micro-batch is the longest: p x 4 x 1.
+    assert prob.memory_limit == (32.0,) * 8
+    out = tmp_path / "s.json"
+    assert main(["solve", example, "--method", "greedy", "-q", "-o", str(out)]) == 0
+    sched = load_schedule(out)  # validated again, memory limit included
+    assert max(sched.peak_memory) <= 32.0
+    capsys.readouterr()
+    assert main(["compare", example, "--methods", "1f1b,zb-h1,greedy", "--json", "-q"]) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"1f1b", "1f1b (longest first)", "zb-h1", "zb-h1 (longest first)",
+                         "greedy"}
+    assert all(r["fits"] for r in rows.values())
+    hand = min(rows[k]["makespan"] for k in rows if k != "greedy")
+    assert rows["greedy"]["makespan"] <= hand * 1.05
