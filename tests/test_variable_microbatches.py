@@ -126,6 +126,9 @@ def test_model_form_scales_by_hand() -> None:
     assert p.memory_scale == pytest.approx([act(a, b) / act(1, 1) for a, b in cases])
     assert p.message_scale == pytest.approx([1, 2, 0.5, 1])
     assert dict(p.meta)["microbatch_costs"]["tokens"] == [128, 256, 64, 128]
+    from pipeopt.costs import describe_partition
+
+    assert "micro-batches: 4 of 64..256 tokens" in describe_partition(parse_config(doc))
 
 
 def test_model_form_equal_lengths_are_uniform() -> None:

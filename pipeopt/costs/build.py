@@ -628,6 +628,15 @@ def describe_partition(config: Config) -> str:
             lines.append("note: no partition fits with the assumed in-flight micro-batches; "
                          "partitioned for one in flight per stage (the 'est' column assumes "
                          "the former): use a memory-aware method (auto, greedy, cpsat)")
+        mbc = meta.get("microbatch_costs")
+        if mbc:
+            prob = config.problem
+            lines.append(
+                f"micro-batches: {len(mbc['tokens'])} of {min(mbc['tokens']):g}.."
+                f"{max(mbc['tokens']):g} tokens (training.sequence_lengths): time x"
+                f"{min(prob.time_scale):.2f}..{max(prob.time_scale):.2f}, memory x"
+                f"{min(prob.memory_scale):.2f}..{max(prob.memory_scale):.2f}; the partition "
+                "is searched for the average micro-batch")
         lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}){proven}, "
                      f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
                      f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "
