@@ -18,14 +18,6 @@ import math
 from pipeopt.problem import Problem
 
 
-def _representatives(problem: Problem) -> list[int]:
-    """One micro-batch of each distinct (time, memory, message) scale, lowest index first."""
-    seen: dict[tuple[float, float, float], int] = {}
-    for j, key in enumerate(problem.microbatch_key):
-        seen.setdefault(key, j)
-    return list(seen.values())
-
-
 def _arrival(problem: Problem, j: int) -> list[float]:
     """Per stage, the earliest start of F(stage, j): micro-batch j's forward chain before it,
     with its link delays (seconds)."""
@@ -39,7 +31,9 @@ def _arrival(problem: Problem, j: int) -> list[float]:
 def earliest_arrival(problem: Problem) -> tuple[float, ...]:
     """Per stage, the earliest time its first F can start: the forward chain before it, with
     link delays, of the micro-batch that gets there first (whichever runs first)."""
-    arrivals = [_arrival(problem, j) for j in _representatives(problem)]
+    arrivals = [_arrival(problem, j) for j in problem.distinct_microbatches]
+    if len(arrivals) == 1:
+        return tuple(arrivals[0])
     return tuple(min(col) for col in zip(*arrivals, strict=True))
 
 
@@ -48,7 +42,7 @@ def critical_path(problem: Problem) -> float:
     micro-batch takes this path, so the longest one's is a bound."""
     s = problem.stages
     best = 0.0
-    for j in _representatives(problem):
+    for j in problem.distinct_microbatches:
         c = problem.time_scale[j]
         t = _arrival(problem, j)[-1] + problem.forward[s - 1] * c
         for k in range(s - 1, -1, -1):
@@ -74,7 +68,7 @@ def round_trip(problem: Problem, stage: int, microbatch: int | None = None) -> f
     the later stages and the backward back down to stage + 1, with link delays. For
     ``microbatch`` j at its own cost; without it, the least over the micro-batches."""
     if microbatch is None:
-        return min(round_trip(problem, stage, j) for j in _representatives(problem))
+        return min(round_trip(problem, stage, j) for j in problem.distinct_microbatches)
     s, j = problem.stages, microbatch
     c = problem.time_scale[j]
     t = sum(problem.forward[k] * c for k in range(stage, s))
@@ -256,7 +250,7 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
                 y = max(0, end - x - 1)
             best = max(best, bw * top[x] + w * (top[x + y] - top[x]))
         lead = min(round_trip(problem, k, j) - problem.forward[k] * problem.time_scale[j]
-                   for j in _representatives(problem))
+                   for j in problem.distinct_microbatches)
         out.append(max(0.0, lead - best))
     return tuple(out)
 

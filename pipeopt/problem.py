@@ -220,6 +220,17 @@ class Problem:
         interchangeable (any schedule stays valid, with the same times, when they swap)."""
         return tuple(zip(self.time_scale, self.memory_scale, self.message_scale, strict=True))
 
+    @cached_property
+    def distinct_microbatches(self) -> tuple[int, ...]:
+        """One micro-batch of each distinct :attr:`microbatch_key`, lowest index first
+        (``(0,)`` when all are equal)."""
+        if self.uniform_microbatches:
+            return (0,)
+        seen: dict[tuple[float, float, float], int] = {}
+        for j, key in enumerate(self.microbatch_key):
+            seen.setdefault(key, j)
+        return tuple(seen.values())
+
     def permute_microbatches(self, order: Sequence[int]) -> Problem:
         """The same problem with micro-batches relabelled: its micro-batch i is this problem's
         micro-batch ``order[i]``. Running a FIFO order (hand-made schedules) on it runs the

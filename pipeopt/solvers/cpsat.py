@@ -206,18 +206,10 @@ def require_memory(problem: Problem) -> None:
     _require_memory(problem, "cpsat")
 
 
-def _representatives(problem: Problem) -> list[int]:
-    """One micro-batch of each distinct cost (time, memory, message scales)."""
-    seen: dict[tuple[float, float, float], int] = {}
-    for j, key in enumerate(problem.microbatch_key):
-        seen.setdefault(key, j)
-    return list(seen.values())
-
-
 def _time_values(problem: Problem) -> list[float]:
     """Every duration, transmission and latency the model states (seconds), for the grid."""
     vals: list[float] = []
-    reps = _representatives(problem)
+    reps = problem.distinct_microbatches
     ops = [Op(kind, k, j) for kind in problem.kinds for k in range(problem.stages)
            for j in reps]
     vals.extend(problem.duration(op) for op in ops)
@@ -237,7 +229,7 @@ def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
     per micro-batch; equal micro-batches share one list entry's value.
     """
     m = problem.microbatches
-    reps = _representatives(problem)
+    reps = problem.distinct_microbatches
     key = problem.microbatch_key
     rep_of = {key[j]: j for j in reps}
     group = [rep_of[key[j]] for j in range(m)]  # per micro-batch, its representative
