@@ -313,24 +313,41 @@ def check_totals(problem: Problem, where: str) -> None:
     value alone is finite, but 1e308 seconds twice is not): schedules need finite times."""
     # Micro-batches of different cost: the summed time factors, the largest message factor
     # (an upper bound on the link time) and the summed memory factors.
-    m = math.fsum(problem.time_scale)
-    work = m * sum(sum(problem.durations[k]) for k in problem.kinds)
-    hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
-               for k in range(problem.stages - 1)) * max(1.0, *problem.message_scale)
-    m_hops = problem.microbatches * hops
+    unit_work = sum(sum(problem.durations[k]) for k in problem.kinds)
+    work = math.fsum(problem.time_scale) * unit_work
+    unit_hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
+                    for k in range(problem.stages - 1))
+    m_hops = problem.microbatches * unit_hops * max(1.0, *problem.message_scale)
     total = work + m_hops + sum(problem.grad_reduce)
     if not math.isfinite(total):
-        # Name the section whose values overflow: the link delays alone, or the op times.
-        key = "links" if where == "stages" and math.isfinite(work) and not math.isfinite(
-            m_hops) else where
+        # Name what overflows: the micro-batch factors, the link delays alone, or the op times.
+        key = where
+        if where == "stages":
+            if not math.isfinite(work) and math.isfinite(problem.microbatches * unit_work):
+                key = "pipeline.microbatch_scale"
+            elif math.isfinite(work) and not math.isfinite(m_hops):
+                key = ("links" if not math.isfinite(problem.microbatches * unit_hops)
+                       else _scale_key(problem, "microbatch_message_scale"))
         raise ConfigError(f"{key}: the times of one iteration add up to more than a float "
                           f"holds ({total}); use smaller time units")
-    m = math.fsum(problem.memory_scale)
-    memory = max(s + m * sum(problem.activation_memory[k] for k in ks)
-                 for s, ks in zip(problem.static_memory, problem.device_stages, strict=True))
+    per_device = [sum(problem.activation_memory[k] for k in ks) for ks in problem.device_stages]
+    memory = max(s + math.fsum(problem.memory_scale) * a
+                 for s, a in zip(problem.static_memory, per_device, strict=True))
     if not math.isfinite(memory):
-        raise ConfigError(f"{where}: the memory of one iteration adds up to more than a float "
+        unit = max(s + problem.microbatches * a
+                   for s, a in zip(problem.static_memory, per_device, strict=True))
+        key = _scale_key(problem, "microbatch_memory_scale") if (
+            where == "stages" and math.isfinite(unit)) else where
+        raise ConfigError(f"{key}: the memory of one iteration adds up to more than a float "
                           f"holds ({memory}); use larger memory units")
+
+
+def _scale_key(problem: Problem, field: str) -> str:
+    """The ``pipeline:`` key that set a resolved micro-batch factor: ``field`` itself, or the
+    one it defaults to (message -> memory -> time factor)."""
+    order = SCALE_KEYS[:SCALE_KEYS.index(field) + 1]
+    given = [k for k in order if getattr(problem, k)]
+    return f"pipeline.{given[-1] if given else field}"
 
 
 def _yaml_type(data: Any) -> str:

@@ -78,6 +78,17 @@ def test_explicit_scale_errors(pipeline: dict[str, Any], message: str) -> None:
     assert message in str(err.value)
 
 
+def test_factors_that_overflow_are_named() -> None:
+    doc = explicit(microbatch_scale=[1e300] * 8)
+    doc["stages"]["forward"] = 1e10
+    with pytest.raises(ConfigError, match=r"^pipeline\.microbatch_scale: the times of one "):
+        parse_config(doc)
+    doc = explicit(microbatch_memory_scale=1e300)
+    doc["stages"]["activation_memory"] = 1e10
+    with pytest.raises(ConfigError, match=r"^pipeline\.microbatch_memory_scale: the memory "):
+        parse_config(doc)
+
+
 # ----- sequence lengths -> costs -----------------------------------------------------------
 def test_split_layers_by_hand() -> None:
     shape = TransformerShape(layers=1, hidden=64, heads=4, seq_len=128, vocab=1000)
