@@ -396,18 +396,21 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     out.extend(_check_links(problem, msgs, times, tol))
 
     # Inputs of every op, from Problem.inputs: the same kinds and stages for every micro-batch.
-    # Whether a message occupies its link (tx > 0) and its latency are the same for every
-    # micro-batch too (scales are > 0); only its transmission time differs, read from msgs.
+    # Its latency is the same for every micro-batch too, and whether its message occupies the
+    # link (tx > 0), except when a scale rounds a tiny transmission time to 0.
     sources = {}
     for kind in problem.kinds:
         for k in range(s):
             sources[(kind, k)] = [(src.kind, src.stage, problem.transfer(src.stage, k))
                                   for src in problem.inputs(Op(kind, k, 0))]
+    scaled_msgs = not problem.uniform_microbatches
     for (kind, k, j), o in times.items():
         for src_kind, src_stage, (tx, lat) in sources[(kind, k)]:
             so = times.get((src_kind, src_stage, j))
             if so is None:
                 continue
+            if scaled_msgs and tx > 0:  # (a tiny message scaled down can round to no time)
+                tx = problem.transfer(src_stage, k, j)[0]
             if tx > 0:
                 mm = msgs.get((src_stage, k, j, src_kind))
                 if mm is None:
