@@ -28,8 +28,9 @@ Micro-batches of different cost: "micro-batch order" above is one permutation of
 micro-batches, the same on every stage, so the deadlock-freedom argument is unchanged (the
 scheduler runs on :meth:`Problem.permute_microbatches` and maps the ops back). Its memory
 headroom is for the largest micro-batch (see :func:`_run`). Several permutations are tried
-(:func:`microbatch_orders`: given, longest first, shortest first, ...) with the variants; the
-chosen one is ``details['microbatch_order']`` (also :attr:`Schedule.microbatch_order`).
+with the variants (:func:`microbatch_orders`: short ones at both ends, shortest first, given,
+longest first, alternating); the chosen one is ``details['microbatch_order']`` (also
+:attr:`Schedule.microbatch_order`).
 """
 
 from __future__ import annotations
