@@ -310,3 +310,14 @@ def test_multimodal_example_solves_and_validates(tmp_path: Path,
     assert all(r["fits"] for r in rows.values())
     hand = min(rows[k]["makespan"] for k in rows if k != "greedy")
     assert rows["greedy"]["makespan"] <= hand * 1.05
+
+
+def test_memory_floor_counts_the_largest_microbatch() -> None:
+    from pipeopt.schedules import NotApplicable
+    from pipeopt.solvers import memory_floor, require_memory
+
+    prob = uniform_problem(2, 2, activation=1.0).replace(microbatch_scale=(0.25, 0.5))
+    assert memory_floor(prob) == (0.5, 0.5)
+    require_memory(prob.replace(memory_limit=(0.5, 0.5)), "greedy")  # one at a time fits
+    with pytest.raises(NotApplicable, match=r"0\.5 of activations that the largest micro-batch"):
+        require_memory(prob.replace(memory_limit=(0.4, 0.4)), "greedy")

@@ -106,12 +106,13 @@ def over_limit(values: Sequence[float], limits: Sequence[float | None]) -> list[
 
 
 def memory_floor(problem: Problem) -> tuple[float, ...]:
-    """Per device, the least memory any schedule needs (bytes): static memory plus one
+    """Per device, the least memory any schedule needs (bytes): static memory plus the largest
     micro-batch's activations on all of the device's stages (all are live when the device's
     last F of that micro-batch starts). Running the micro-batches one at a time needs exactly
     this on every device at once, so it is also enough."""
-    return tuple(problem.static_memory[d] + sum(problem.activation_memory[k]
-                                                for k in problem.device_stages[d])
+    largest = max(problem.memory_scale)
+    return tuple(problem.static_memory[d] + largest * sum(problem.activation_memory[k]
+                                                          for k in problem.device_stages[d])
                  for d in range(problem.devices))
 
 
@@ -126,11 +127,12 @@ def require_memory(problem: Problem, method: str) -> None:
         return
     d = short[0]
     act = need[d] - problem.static_memory[d]
+    one = "one micro-batch" if problem.uniform_microbatches else "the largest micro-batch"
     others = f"; {len(short) - 1} more devices are short too" if len(short) > 1 else ""
     raise NotApplicable(
         f"{method}: memory.limit[{d}] = {problem.memory_limit[d]:g} is too small for any "
         f"schedule: device {d} needs at least {need[d]:g} (static {problem.static_memory[d]:g} "
-        f"+ {act:g} of activations that one micro-batch holds on its stages "
+        f"+ {act:g} of activations that {one} holds on its stages "
         f"{list(problem.device_stages[d])}){others}; the cheapest schedule, one micro-batch at "
         f"a time, fits with memory.limit >= [{', '.join(f'{x:g}' for x in need)}]")
 
@@ -168,6 +170,15 @@ def longest_first(problem: Problem) -> tuple[int, ...]:
     key = problem.microbatch_key
     return tuple(sorted(range(problem.microbatches),
                         key=lambda j: (-key[j][0], -key[j][1], -key[j][2], j)))
+
+
+def fifo_orders(problem: Problem) -> list[tuple[int, ...] | None]:
+    """The micro-batch orders to run hand-made schedules in: the given one (None) and, when
+    micro-batches differ in cost and are not sorted already, :func:`longest_first`."""
+    if problem.uniform_microbatches:
+        return [None]
+    order = longest_first(problem)
+    return [None] if order == tuple(range(problem.microbatches)) else [None, order]
 
 
 def relabel(schedule: Schedule, order: Sequence[int]) -> Schedule:
@@ -326,13 +337,8 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     """
     names = names or methods()
     # Micro-batches of different cost: every hand-made schedule also runs longest first.
-    order = None if problem.uniform_microbatches else longest_first(problem)
-    if order == tuple(range(problem.microbatches)):
-        order = None  # already sorted: the second row would repeat the first
-    runs = [(n, None) for n in names]
-    if order is not None:
-        runs = [r for n in names for r in ([(n, None), (n, order)] if n in GENERATORS
-                                           else [(n, None)])]
+    orders = fifo_orders(problem)
+    runs = [(n, o) for n in names for o in (orders if n in GENERATORS else [None])]
     rows: list[CompareRow] = []
     for i, (name, mb_order) in enumerate(runs):
         prob, label = problem, name

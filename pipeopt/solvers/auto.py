@@ -1,7 +1,8 @@
 """``auto``: the best schedule among the hand-made ones and the searches that fit the budget.
 
 Candidates, in order: every hand-made schedule that keeps the memory limits (those published
-with a fused backward also re-timed with B and W split, which is never slower), the ``greedy``
+with a fused backward also re-timed with B and W split, which is never slower; with micro-batches
+of different cost each also run longest micro-batch first), the ``greedy``
 list scheduler, then ``cpsat`` warm-started from the best so far when the instance is small
 enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is
 in ``details['skipped_cpsat']``). The result is the candidate with the best objective, so it is
@@ -27,8 +28,8 @@ from pipeopt.solvers import (
     LONGEST_FIRST,
     Progress,
     SolveOptions,
+    fifo_orders,
     fits_memory,
-    longest_first,
     lower_bound,
     require_memory,
     run_classic,
@@ -70,10 +71,7 @@ def best_classic(problem: Problem, objective: str = "makespan") -> Schedule | No
     """The best hand-made schedule that keeps the memory limits, or None if none does (with
     micro-batches of different cost, each in the given order and longest first)."""
     best: Schedule | None = None
-    mb_orders: list[tuple[int, ...] | None] = [None]
-    if not problem.uniform_microbatches:
-        mb_orders.append(longest_first(problem))
-    for name, mb_order in ((n, o) for n in GENERATORS for o in mb_orders):
+    for name, mb_order in ((n, o) for n in GENERATORS for o in fifo_orders(problem)):
         try:
             sched = run_classic(problem, name, order=mb_order)
         except (NotApplicable, ScheduleError):
@@ -145,10 +143,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
                                                          if n not in AUTO_ORDER]
     # Micro-batches of different cost: each hand-made schedule in the given order and longest
     # micro-batch first (the usual remedy: the long ones fill the pipeline while it starts).
-    mb_orders: list[tuple[int, ...] | None] = [None]
-    if not problem.uniform_microbatches and longest_first(problem) != tuple(
-            range(problem.microbatches)):
-        mb_orders.append(longest_first(problem))
+    mb_orders = fifo_orders(problem)
     for name, mb_order in ((n, o) for n in order for o in mb_orders):
         label = name if mb_order is None else name + LONGEST_FIRST
         if classics and time.perf_counter() - t0 > CLASSIC_SHARE * options.time_limit:
