@@ -512,22 +512,27 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
              + [(policy, c) for policy in POLICIES[2:] for c in orders_])
     budget = _WORK_BUDGET_OPS * (2 if len(mb_orders) > 1 else 1)
     runs = pairs[:max(1, budget // n)]
-    # Random restarts: every policy (and order) in turn with a little noise in the F/B/W
-    # choices.
+    # Random restarts: every policy in turn with a little noise in the F/B/W choices, on the
+    # two micro-batch orders that did best so far (order -1 - r: the r-th best, chosen when
+    # the restart runs).
     restarts = min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // n) if len(runs) == len(pairs) else 0
     for i in range(restarts):
         runs.append((replace(POLICIES[i % len(POLICIES)], noise=_NOISE[i % len(_NOISE)],
-                             seed=options.seed * 7919 + i), i % len(mb_orders)))
+                             seed=options.seed * 7919 + i), -1 - i % min(2, len(mb_orders))))
     span_obj = options.objective == "span"
     bound = lower_bound(problem, options.objective)
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
     found: list[tuple[float, int, list[list[Op]], str, int]] = []
+    best_of_order: dict[int, float] = {}
     tried = 0
     interrupted = False
     for policy, c in runs:
         if tried and time.perf_counter() - t0 > max(0.05, 0.5 * options.time_limit):
             break
+        if c < 0:
+            ranked = sorted(best_of_order, key=lambda x: (best_of_order[x], x)) or [0]
+            c = ranked[min(-1 - c, len(ranked) - 1)]
         try:
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
@@ -541,6 +546,7 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
             break
         val = max(spans) if span_obj else makespan
         found.append((val, tried, _relabel(orders, mb_orders[c]), policy.name, c))
+        best_of_order[c] = min(val, best_of_order.get(c, _INF))
         logger.debug("greedy: variant %s, micro-batch order %d -> %.6g s", policy.name, c, val)
         tried += 1
         if val <= bound * (1 + 1e-9) and exact_timing:
