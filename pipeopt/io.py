@@ -534,6 +534,7 @@ def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
         elif not _is_number(gap) or not math.isfinite(gap) or abs(gap - actual) > 1e-6:
             raise ScheduleError(f"solver.{gap_key}: the file says {gap!r:.60}, its lower bound "
                                 f"and ops give {actual:g}")
+    _check_status(sched)
     if "peak_memory" in doc:
         val = doc["peak_memory"]
         if (not isinstance(val, list) or len(val) != len(sched.peak_memory)
@@ -542,6 +543,24 @@ def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
                        for a, b in zip(val, sched.peak_memory, strict=False))):
             raise ScheduleError(f"peak_memory: the file says {val!r:.80}, its ops give "
                                 f"{list(sched.peak_memory)}")
+
+
+#: Largest gap (relative) an ``optimal`` schedule may have: float rounding only. pipeopt's
+#: searches say ``optimal`` only when the schedule meets its proven bound; a CP-SAT search on
+#: an inexact time grid that stops one grid unit short (a gap of ~0.05 %) says ``feasible``.
+OPTIMAL_GAP_TOLERANCE = 1e-6
+
+
+def _check_status(sched: Schedule) -> None:
+    """``optimal`` must agree with the gap of the objective the solver minimised."""
+    gap = sched.gap
+    if sched.solver.status == "optimal" and gap is not None and gap > OPTIMAL_GAP_TOLERANCE:
+        what = ("span" if sched.solver.objective == "span" else
+                "makespan" if sched.iteration_time == sched.makespan else "iteration time")
+        raise ScheduleError(
+            f"solver.status: optimal, but the {what} {sched.objective_value:g} is {gap:.2%} "
+            f"above the lower bound {sched.solver.lower_bound:g}; a proven optimum has gap 0 "
+            "(use feasible or heuristic)")
 
 
 def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True) -> Schedule:

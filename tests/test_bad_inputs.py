@@ -537,6 +537,9 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
     ("lower-bound-above-makespan", lambda d: d["solver"].update(lower_bound=d["makespan"] * 2),
      "solver.lower_bound:", "not a lower bound"),
     ("gap-edited", lambda d: d["solver"].update(gap=0.5), "solver.gap:", "the file says 0.5"),
+    ("optimal-with-97pct-gap", lambda d: d["solver"].update(
+        status="optimal", lower_bound=0.03 * d["makespan"], gap=0.97),
+     "solver.status:", "optimal, but the makespan"),
     ("start-400-digits", Text(lambda good: re.sub(r'"start": [0-9.e+-]+', '"start": 1' + "0" * 400,
                                                   good, count=1)),
      "ops[0].start:", "must be a finite number, got inf"),
@@ -573,6 +576,42 @@ def test_edited_bubble_ratio_caught_at_any_time_scale(tmp_path: Path,
     capsys.readouterr()
     rc, _, err = _run(["simulate", str(out)], capsys)
     _assert_one_error(rc, err, "bubble_ratio:", "the file says 0.0")
+
+
+def test_status_agrees_with_the_gap_of_what_was_minimised(tmp_path: Path) -> None:
+    """``optimal`` is checked against the objective's gap: CP-SAT's files stay valid, both an
+    optimal iteration time whose makespan (SPEC ``gap``) is 17% above its bound and a search on
+    an inexact time grid that stopped 0.01-0.1% short (which says ``feasible``)."""
+    import pipeopt
+    from pipeopt.problem import Problem
+    from pipeopt.simulate import ScheduleError
+
+    base = pipeopt.uniform_problem(devices=4, microbatches=4, f=1.0, b=1.0, w=1.0).to_dict()
+    reduce = Problem.from_dict({**base, "grad_reduce": [0, 0, 0, 9]})
+    three = pipeopt.uniform_problem(devices=3, microbatches=4, f=1.0, b=1.0, w=1.0).to_dict()
+    odd = Problem.from_dict({**three, "forward": [0.91343, 1.23771, 0.57211],
+                             "backward_input": [1.40417, 0.62989, 1.12711],
+                             "backward_weight": [0.31555, 0.87013, 0.5129]})
+    for prob in (reduce, odd):
+        sched = pipeopt.solve(prob, "cpsat", time_limit=5, workers=1)
+        path = tmp_path / "s.json"
+        pipeopt.dump_schedule(sched, path)
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        assert pipeopt.load_schedule(path).solver.status == sched.solver.status
+        if prob is reduce:
+            assert doc["solver"]["status"] == "optimal" and doc["solver"]["gap"] > 0.1
+            doc["solver"].update(objective_lower_bound=20.0, objective_gap=1 / 6)
+            reason = "the iteration time 24 is 16.67% above the lower bound 20"
+        else:
+            assert doc["solver"]["status"] in ("optimal", "feasible")
+            assert doc["solver"]["gap"] < 0.002
+            if doc["solver"]["gap"] == 0:
+                continue
+            doc["solver"]["status"] = "optimal"
+            reason = "% above the lower bound"
+        path.write_text(json.dumps(doc), encoding="utf-8")
+        with pytest.raises(ScheduleError, match=re.escape(reason)):
+            pipeopt.load_schedule(path)
 
 
 @pytest.mark.parametrize("command", ["simulate", "plot", "solve"])
