@@ -312,15 +312,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: list[Any]) -> None:
-    """The comparison as an aligned text table."""
-    head = ["method", "makespan", "vs best", "bubble", "peak mem (max)", "fits", "status"]
+    """The comparison as an aligned text table: the compared quantity (iteration time, or max
+    span with ``objective: span``), its ratio to the best that fits ("n/a" where undefined),
+    and the makespan only when it differs from that quantity somewhere."""
+    key = rows[0].ratio_of if rows else "iteration_time"
+    what = "max span" if key == "max_span" else "iteration time"
+    extra = any(r.value is not None and not math.isclose(r.schedule.makespan, r.value,
+                                                         rel_tol=1e-12) for r in rows)
+    head = ["method", what, "vs best", *(["makespan"] if extra else []), "bubble",
+            "peak mem (max)", "fits", "status"]
     table = [head]
     for r in rows:
         if r.schedule is None:
-            table.append([r.method, "-", "-", "-", "-", "-", f"n/a: {r.error}"])
+            table.append([r.method, *["-"] * (len(head) - 2), f"n/a: {r.error}"])
             continue
         s = r.schedule
-        table.append([r.method, _fmt(s.makespan), f"{r.ratio:.3f}", f"{s.bubble_ratio:.1%}",
+        table.append([r.method, _fmt(r.value), "n/a" if r.ratio is None else f"{r.ratio:.3f}",
+                      *([_fmt(s.makespan)] if extra else []), f"{s.bubble_ratio:.1%}",
                       format_memory(max(s.peak_memory), s.problem), "yes" if r.fits else "no",
                       s.solver.status])
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
@@ -328,6 +336,11 @@ def _print_table(rows: list[Any]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    if extra:
+        print("(times in s; makespan = the last op's end; " + (
+            "max span = the longest device's first op start to last op end"
+            if key == "max_span" else "iteration time = makespan + the gradient reduction "
+            "still running after it") + f"; vs best = {what} / the best that fits)")
 
 
 def _interrupted_compare(rows: list[Any]) -> int:

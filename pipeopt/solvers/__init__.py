@@ -245,13 +245,24 @@ class CompareRow:
     method: str
     schedule: Schedule | None
     error: str | None = None
-    ratio: float = math.inf  # objective / best objective among schedules that fit in memory
+    #: Objective / the best objective among the schedules that fit in memory; None where that
+    #: is undefined (no schedule, none fits, or the best is 0 s).
+    ratio: float | None = None
     fits: bool = False  # peak memory within every device's limit
+    #: The schedule field that ``ratio`` compares, the same for every row: ``iteration_time``
+    #: (seconds: the makespan plus any gradient reduction still running after it), or
+    #: ``max_span`` when the objective is ``span``.
+    ratio_of: str = "iteration_time"
+
+    @property
+    def value(self) -> float | None:
+        """The compared quantity of this row's schedule (seconds), None without one."""
+        return None if self.schedule is None else getattr(self.schedule, self.ratio_of)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
+        """JSON-able form: ``ratio`` (null where undefined) is of the field ``ratio_of``."""
         out: dict[str, Any] = {"method": self.method, "error": self.error, "fits": self.fits,
-                               "ratio": None if math.isinf(self.ratio) else self.ratio}
+                               "ratio": self.ratio, "ratio_of": self.ratio_of}
         if self.schedule is not None:
             summary = self.schedule.summary()
             # The row's label (e.g. "zb-v (v=2)") names the variant that ran; keep the
@@ -289,9 +300,11 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     :data:`INTERRUPTED` (a search that was running keeps its best schedule).
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
-    ``ratio`` compares objectives against the best schedule that fits.
+    ``ratio`` is each row's iteration time (or max span, with ``objective="span"``) over the
+    best one that fits; None where undefined (none fits, or the best is 0 s). Each name runs
+    once.
     """
-    names = names or methods()
+    names = list(dict.fromkeys(names or methods()))  # each method once
     rows: list[CompareRow] = []
     for i, name in enumerate(names):
         prob, label = problem, name
@@ -322,14 +335,17 @@ def compare(problem: Problem, names: list[str] | None = None, *,
         if sched.solver.detail("interrupted"):  # a search took the Ctrl-C and kept its best
             rows.extend(CompareRow(n, None, INTERRUPTED) for n in names[i + 1:])
             break
-    fitting = [r.schedule.objective_value for r in rows if r.schedule is not None and r.fits]
-    best = min(fitting, default=None)
+    # One quantity for every row, hand-made schedules included (they minimise nothing).
+    key = "max_span" if options.get("objective") == "span" else "iteration_time"
+    rows = [replace(r, ratio_of=key) for r in rows]
+    best = min((r.value for r in rows if r.value is not None and r.fits), default=None)
     out = []
     for r in rows:
-        if r.schedule is not None and best:
-            r = replace(r, ratio=r.schedule.objective_value / best)
+        if r.value is not None and best is not None and best > 0:
+            r = replace(r, ratio=r.value / best)
         out.append(r)
-    out.sort(key=lambda r: (r.schedule is None, not r.fits, r.ratio))
+    out.sort(key=lambda r: (r.schedule is None, not r.fits,
+                            math.inf if r.value is None else r.value))
     return out
 
 
