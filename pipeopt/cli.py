@@ -182,13 +182,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def seconds_arg(text: str) -> float:
-    """argparse type of ``--time-limit``: a finite number of seconds > 0."""
+    """argparse type of ``--time-limit``: a finite number of seconds > 0 (the rule of
+    ``solver.time_limit`` and of ``pipeopt.solve(time_limit=...)``)."""
+    from pipeopt.config import solver_option_rule
+
     try:
         val = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(val) and val > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    why = solver_option_rule("time_limit", val)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{why}, got {text!r}")
     return val
 
 

@@ -11,6 +11,7 @@ import datetime
 import difflib
 import json
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -95,6 +96,37 @@ class SolverConfig(_Strict):
                                      description="seconds per CP-SAT time unit")
 
 
+def check_solver_option(name: str, value: Any) -> None:
+    """Raise :class:`ConfigError` ("time_limit: must be ..., got -1") when ``value`` breaks a
+    rule of the ``solver:`` key ``name``: the same rules as :class:`SolverConfig`, for values
+    that do not come from a file (``pipeopt.solve(..., time_limit=...)``, command-line flags).
+    Keys without a rule here (method, callbacks) pass."""
+    why = solver_option_rule(name, value)
+    if why is not None:
+        raise ConfigError(f"{name}: {why}, got {value!r:.60}")
+
+
+def solver_option_rule(name: str, value: Any) -> str | None:
+    """The rule of the ``solver:`` key ``name`` that ``value`` breaks, or None."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    why = None
+    if name == "time_limit" and not (real and math.isfinite(value) and value > 0):
+        why = "must be a finite number of seconds > 0"
+    elif name == "seed" and not (whole and 0 <= value <= MAX_SEED):
+        why = f"must be an integer in 0..{MAX_SEED}"
+    elif name == "workers" and value is not None and not (whole and 1 <= value <= MAX_WORKERS):
+        why = f"must be an integer in 1..{MAX_WORKERS}, or None for all cores"
+    elif name == "relative_gap" and not (real and 0 <= value <= 1):
+        why = "must be a number in 0..1"
+    elif name == "resolution" and value is not None and not (
+            real and math.isfinite(value) and value > 0):
+        why = "must be a finite number of seconds > 0, or None to have it chosen"
+    elif name == "objective" and value not in ("makespan", "span"):
+        why = "must be 'makespan' or 'span'"
+    return why
+
+
 class ConfigFile(_Strict):
     """The whole file."""
 
@@ -165,13 +197,24 @@ _TYPE_WORDS = {
 }
 
 
+def _quoted_number_hint(val: Any) -> str:
+    """For a string that reads as a number: numbers are not taken from strings, say so."""
+    if isinstance(val, str):
+        try:
+            float(val.replace("_", ""))
+        except ValueError:
+            return ""
+        return " (a string: write the number without quotes)"
+    return ""
+
+
 def error_message(err: Any) -> str:
     """The reason of one pydantic error in words (without the key path)."""
     kind = err["type"]
     ctx = err.get("ctx") or {}
     got = f", got {_yaml_name(err.get('input'))}"
     if kind in _TYPE_WORDS:
-        return f"expected {_TYPE_WORDS[kind]}{got}"
+        return f"expected {_TYPE_WORDS[kind]}{got}{_quoted_number_hint(err.get('input'))}"
     for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
         if key in ctx and kind.startswith(("greater", "less")):
             return f"must be {op} {ctx[key]:g}{got}" if isinstance(ctx[key], float) else (
@@ -262,17 +305,21 @@ _OPTIONAL_SECTIONS = ("links", "memory", "solver", "model", "cluster", "training
 
 
 def parse_config(data: Any, source: str = "<memory>",
-                 overrides: dict[str, Any] | None = None) -> Config:
+                 overrides: dict[str, Any] | None = None, *,
+                 yaml11_strings: bool = True) -> Config:
     """Validate a config mapping (already parsed from YAML) and build its problem.
 
     ``overrides`` replace ``solver:`` keys (command-line flags win over the file).
+    ``yaml11_strings``: read the strings that plain YAML 1.1 (``yaml.safe_load``) leaves
+    unparsed, such as ``1e-3`` or ``inf``, as numbers; :func:`load_config` turns it off, its
+    reader parses those already, so a string there was quoted and is refused like ``"1.5"``.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (pipeline, stages, ...), "
                           f"got {_yaml_type(data)}")
     _check_expanded_size(data, source)
-    data = {k: _floats_from_strings(v, str(k), frozenset({id(data)})) for k, v in data.items()
-            if not (k in _OPTIONAL_SECTIONS and v is None)}
+    data = {k: _floats_from_strings(v, str(k), frozenset({id(data)}), yaml11_strings)
+            for k, v in data.items() if not (k in _OPTIONAL_SECTIONS and v is None)}
     if overrides:
         solver = data.get("solver")
         solver = dict(solver) if isinstance(solver, dict) else {}
@@ -376,6 +423,19 @@ def _check_values(name: str, raw: Any, vals: list[Any], unit: str) -> None:
                               f"got {x}")
 
 
+def memory_values(mem: MemoryConfig, p: int) -> tuple[list[float | None], list[float]]:
+    """``memory:`` per device, checked (both forms): limits >= 0 or None, static memory
+    finite and >= 0 (bytes)."""
+    limit = _expand("memory.limit", mem.limit, p, "device")
+    for i, x in enumerate(limit):
+        if x is not None and (math.isnan(x) or x < 0):
+            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
+                              f"(bytes) or null for no limit, got {x}")
+    static = _expand("memory.static", mem.static, p, "device")
+    _check_values("memory.static", mem.static, static, "bytes")
+    return limit, [float(x) for x in static]
+
+
 def build_problem(cfg: ConfigFile) -> Problem:
     """The problem of an explicit-form config (scalars broadcast, lists checked)."""
     pl, st, ln, mem = cfg.pipeline, cfg.stages, cfg.links, cfg.memory
@@ -409,13 +469,7 @@ def build_problem(cfg: ConfigFile) -> Problem:
         lat_m, bw_m = chain_links(p, lat, bw)
     msg = _expand("links.message_size", ln.message_size, s - 1, "stage boundary")
     _check_values("links.message_size", ln.message_size, msg, "bytes")
-    limit = _expand("memory.limit", mem.limit, p, "device")
-    for i, x in enumerate(limit):
-        if x is not None and (math.isnan(x) or x < 0):
-            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
-                              f"(bytes) or null for no limit, got {x}")
-    static = _expand("memory.static", mem.static, p, "device")
-    _check_values("memory.static", mem.static, static, "bytes")
+    limit, static = memory_values(mem, p)
     try:
         return Problem(
             devices=p, microbatches=pl.microbatches, virtual_stages=v, placement=pl.placement,
@@ -473,14 +527,20 @@ class _SafeLoader(yaml.SafeLoader):
 
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
-        """An integer, or inf when it has over 300 digits (larger than any float; Python
-        refuses to read integers of over 4300 digits): the checks then name the key."""
+        """An integer, or :class:`~pipeopt.io.TooLarge` when it has over 300 digits (larger
+        than any float; Python refuses to read integers of over 4300 digits), which
+        :func:`parse_config` refuses naming the key."""
         digits = sum(c.isdigit() for c in str(node.value))
         if digits > 300:
+            text = str(node.value).replace("_", "")
             try:
-                return float(str(node.value).replace("_", ""))
+                float(text)
             except ValueError:  # a hex/octal/sexagesimal literal: let YAML read it
                 pass
+            else:
+                from pipeopt.io import TooLarge
+
+                return TooLarge(text)
         return super().construct_yaml_int(node)
 
 
@@ -542,20 +602,29 @@ def _check_expanded_size(data: Any, source: str) -> None:
                           "fewer nested aliases")
 
 
-def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset()) -> Any:
-    """``data`` with the strings of :data:`_MORE_FLOATS` read as numbers, for mappings that
-    were parsed by plain ``yaml.safe_load`` rather than :func:`read_yaml`. A value that
-    contains itself (a YAML alias to an enclosing anchor) is refused."""
+def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset(),
+                         convert: bool = True) -> Any:
+    """``data`` with the strings of :data:`_MORE_FLOATS` read as numbers (when ``convert``),
+    for mappings that were parsed by plain ``yaml.safe_load`` rather than :func:`read_yaml`.
+    A value that contains itself (a YAML alias to an enclosing anchor) is refused, and so is
+    an integer too large for any number (:class:`~pipeopt.io.TooLarge`)."""
     if isinstance(data, dict | list):
         if id(data) in inside:
             raise ConfigError(f"{path or '<top>'}: refers to itself (a YAML alias to an "
                               "enclosing anchor)")
         inside = inside | {id(data)}
         if isinstance(data, dict):
-            return {k: _floats_from_strings(v, f"{path}.{k}" if path else str(k), inside)
-                    for k, v in data.items()}
-        return [_floats_from_strings(v, f"{path}[{i}]", inside) for i, v in enumerate(data)]
-    if isinstance(data, str) and _MORE_FLOATS.match(data):
+            return {k: _floats_from_strings(v, f"{path}.{k}" if path else str(k), inside,
+                                            convert) for k, v in data.items()}
+        return [_floats_from_strings(v, f"{path}[{i}]", inside, convert)
+                for i, v in enumerate(data)]
+    if isinstance(data, float) and type(data) is not float:
+        from pipeopt.io import TooLarge
+
+        if isinstance(data, TooLarge):
+            raise ConfigError(f"{path or '<top>'}: too large (an integer of {data.digits} "
+                              "digits, more than any number pipeopt takes)")
+    if convert and isinstance(data, str) and _MORE_FLOATS.match(data):
         return float(data.replace("_", ""))
     return data
 
@@ -621,7 +690,8 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
         if not isinstance(doc, dict) or "format" in doc:
             return config_from_schedule(path, doc if isinstance(doc, dict) else None,
                                         **overrides)
-    return parse_config(read_yaml(path), source=str(path), overrides=overrides)
+    return parse_config(read_yaml(path), source=str(path), overrides=overrides,
+                        yaml11_strings=False)
 
 
 def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | None = None,

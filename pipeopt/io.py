@@ -258,11 +258,29 @@ def _shown(val: Any) -> str:
     return f"{val!r:.60}"
 
 
+class TooLarge(float):
+    """An integer literal of over 300 digits, larger than any float: infinite as a number, and
+    shown as what it was ("an integer of 5000 digits (too large)") instead of "inf"."""
+
+    digits: int
+
+    def __new__(cls, literal: str) -> TooLarge:
+        obj = super().__new__(cls, -math.inf if literal.lstrip().startswith("-") else math.inf)
+        obj.digits = sum(c.isdigit() for c in literal)
+        return obj
+
+    def __repr__(self) -> str:
+        sign = "a negative integer" if self < 0 else "an integer"
+        return f"{sign} of {self.digits} digits (too large)"
+
+    __str__ = __repr__
+
+
 def json_int(text: str) -> int | float:
     """``parse_int`` for :func:`json.loads`: an integer literal of over 300 digits, larger
-    than any float, becomes a float (inf), so the checks name it ("must be a finite number")
-    instead of Python failing on it (ints of over 4300 digits) or on its conversion later."""
-    return int(text) if len(text) <= 300 else float(text)
+    than any float, becomes :class:`TooLarge` (infinite), so the checks name it instead of
+    Python failing on it (ints of over 4300 digits) or on its conversion later."""
+    return int(text) if len(text) <= 300 else TooLarge(text)
 
 
 def _is_number(x: Any) -> bool:
@@ -305,6 +323,8 @@ def _check_problem_doc(doc: dict[str, Any]) -> None:
             known_fields({key: val}, list(_PROBLEM_SHAPES), "problem.")
         if shape == "int":
             ok = isinstance(val, int) and not isinstance(val, bool) and val >= 1
+            if isinstance(val, TooLarge):
+                raise ScheduleError(f"{where}: too large (an integer of {val.digits} digits)")
             if not ok:
                 raise ScheduleError(f"{where}: expected an integer >= 1, got {val!r:.60}")
         elif shape == "str":

@@ -369,11 +369,49 @@ def test_unusable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_integer_of_5000_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Python refuses to read integers of over 4300 digits; it is read as inf and named.
+    # Python refuses to read integers of over 4300 digits; it is named as too large, not inf.
     cfg = tmp_path / "config.yaml"
     cfg.write_text(GOOD_YAML.replace("forward: 1.0", "forward: 1" + "0" * 5000), encoding="utf-8")
     rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
-    _assert_one_error(rc, err, "stages.forward:", "must be a finite number")
+    _assert_one_error(rc, err, "stages.forward:", "too large (an integer of 5001 digits")
+    cfg.write_text(GOOD_YAML.replace("devices: 4", "devices: 4" + "0" * 5000), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+    line = _assert_one_error(rc, err, "pipeline.devices:", "too large")
+    assert "inf" not in line
+
+
+def test_strict_types_hold_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 11: a quoted number is a string in every spelling ("1e-3" as "1.5"),
+    model-form memory.static is checked as the explicit form's, and a time limit is checked by
+    the same rule in a config, a flag and the Python API."""
+    import pipeopt
+
+    cfg = tmp_path / "config.yaml"
+    for text in ('"1e-3"', '"1.5"', "'inf'", '["1e-3", 1, 1, 1]'):
+        cfg.write_text(GOOD_YAML.replace("forward: 1.0", f"forward: {text}"), encoding="utf-8")
+        rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+        _assert_one_error(rc, err, "stages.forward", "expected a number, got '",
+                          "a string: write the number without quotes")
+    cfg.write_text(GOOD_YAML.replace("forward: 1.0", "forward: 1e-3"), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q", "--method", "1f1b"], capsys)
+    assert rc == 0, err  # unquoted, it is a number (YAML 1.2), though PyYAML reads text
+
+    model = copy.deepcopy(MODEL)
+    model["memory"] = {"static": -1.0}
+    cfg.write_text(yaml.safe_dump(model), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+    _assert_one_error(rc, err, "memory.static:", "must be a finite number >= 0 (bytes), got -1")
+
+    rule = "must be a finite number of seconds > 0"
+    cfg.write_text(GOOD_YAML, encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q", "--time-limit", "-1"], capsys)
+    _assert_one_error(rc, err, "--time-limit", rule)
+    prob = pipeopt.uniform_problem(devices=2, microbatches=2, f=1.0, b=1.0, w=1.0)
+    for bad in (-1, 0, float("nan"), float("inf"), True):
+        with pytest.raises(pipeopt.ConfigError, match=f"time_limit: {rule}"):
+            pipeopt.solve(prob, "greedy", time_limit=bad)
+    with pytest.raises(pipeopt.ConfigError, match=r"workers: must be an integer in 1\.\.256"):
+        pipeopt.solve(prob, "greedy", workers=0)
 
 
 def test_directory_instead_of_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -542,9 +580,12 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
      "solver.status:", "optimal, but the makespan"),
     ("start-400-digits", Text(lambda good: re.sub(r'"start": [0-9.e+-]+', '"start": 1' + "0" * 400,
                                                   good, count=1)),
-     "ops[0].start:", "must be a finite number, got inf"),
+     "ops[0].start:", "must be a finite number, got an integer of 401 digits (too large)"),
     ("makespan-5000-digits", lambda d: d.update(makespan=10**4000), "makespan:",
-     "the file says inf"),
+     "the file says an integer of 4001 digits (too large)"),
+    ("devices-5000-digits", Text(lambda good: re.sub(r'"devices": [0-9]+', '"devices": 3' + "0"
+                                                     * 5000, good, count=1)), "problem.devices:",
+     "too large (an integer of 5001 digits)"),
     ("op-field-typo", lambda d: d["ops"][0].update(strat=99.0), "ops[0].strat:",
      "unknown field; did you mean 'start'?"),
     ("top-field-typo", put("makespn", 1.0), "makespn:", "did you mean 'makespan'?"),

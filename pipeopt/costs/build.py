@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeopt.config import Config, ConfigError, ConfigFile, check_totals
+from pipeopt.config import Config, ConfigError, ConfigFile, check_totals, memory_values
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
@@ -121,14 +121,6 @@ def topology_of(cfg: ClusterConfig) -> Topology:
         dcs = [Datacenter(lookup(dc.gpu or cfg.gpu), dc.nodes or cfg.nodes_per_datacenter,
                           dc.gpus_per_node or cfg.gpus_per_node) for dc in cfg.datacenters]
     return Topology(dcs, tiers)
-
-
-def _per_device(name: str, value: Any, p: int) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != p:
-            raise ConfigError(f"{name}: expected {p} values (one per device), got {len(value)}")
-        return list(value)
-    return [value] * p
 
 
 # ----- the plan: everything needed to turn a partition into a Problem ----------------------
@@ -380,15 +372,12 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     # pipeline in consecutive slots, and a rank's replicas form its all-reduce ring.
     ranks = placed[:pl.devices]
     replicas = [[placed[i * pl.devices + d] for i in range(dp)] for d in range(pl.devices)]
-    limits: list[float | None]
+    limits, extra = memory_values(cfg.memory, pl.devices)  # checked as in the explicit form
     if cfg.memory.limit is None:
         limits = []
         for g in ranks:
             cap = ccfg.memory_bytes or topo.gpu_models[g].memory_bytes
             limits.append(cap * (1 - ccfg.memory_reserve))
-    else:
-        limits = _per_device("memory.limit", cfg.memory.limit, pl.devices)
-    extra = [float(x) for x in _per_device("memory.static", cfg.memory.static, pl.devices)]
     params = total_params(shape_of(mcfg)) if origin == "analytic" else None
     return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
                      devices=pl.devices, microbatches=pl.microbatches,

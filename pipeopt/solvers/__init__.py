@@ -49,7 +49,8 @@ class SolveOptions:
 
     ``time_limit`` in seconds; ``workers`` None = all cores; ``resolution`` is the time unit of
     the CP-SAT model in seconds (None = chosen from the problem); ``on_progress`` receives
-    :class:`Progress` reports; ``hint`` is a schedule to start from.
+    :class:`Progress` reports; ``hint`` is a schedule to start from. Values are checked as a
+    config's ``solver:`` keys are (:class:`~pipeopt.config.ConfigError` naming the option).
     """
 
     time_limit: float = 60.0
@@ -61,6 +62,15 @@ class SolveOptions:
     on_progress: Callable[[Progress], None] | None = None
     hint: Schedule | None = None
     log: bool = False
+
+    def __post_init__(self) -> None:
+        # The rules of a config's solver: section and of the command-line flags, so that
+        # pipeopt.solve(..., time_limit=-1) is refused as `--time-limit -1` is.
+        from pipeopt.config import check_solver_option
+
+        for name in ("time_limit", "seed", "workers", "objective", "relative_gap",
+                     "resolution"):
+            check_solver_option(name, getattr(self, name))
 
 
 Method = Callable[[Problem, SolveOptions], Schedule]
