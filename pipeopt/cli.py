@@ -26,6 +26,7 @@ from pipeopt.config import ConfigError, load_config
 from pipeopt.io import (
     check_writable,
     dump_schedule,
+    input_name,
     load_schedule,
     refuse_overwriting_input,
     write_output,
@@ -278,7 +279,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({"valid": True, **sched.summary(),
                           "resimulated_makespan": again.makespan}))
     else:
-        print(f"{args.schedule}: valid")
+        print(f"{input_name(args.schedule)}: valid")
         print_summary(sched)
         print(f"re-simulated  {_fmt(again.makespan)} s (same device orders, earliest starts)")
     return 0
@@ -382,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="pipeopt", description="Schedule search for pipeline-parallel training.",
         epilog="Example: " + EXAMPLES["solve"])
+    from pipeopt import __version__
+
+    parser.add_argument("--version", action="version", version=f"pipeopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
@@ -391,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("solve", "Find a schedule for a config and write it as JSON.")
     p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form), or "
                    "a schedule .json whose problem to solve again (e.g. the measured costs of "
-                   "pipeopt run --costs-out)")
+                   "pipeopt run --costs-out); - reads either from standard input")
     p.add_argument("--method", help="override solver.method (auto, cpsat, greedy, 1f1b, ...)")
     p.add_argument("--time-limit", type=seconds_arg, help="override solver.time_limit (seconds)")
     p.add_argument("--seed", type=seed_arg, help="override solver.seed")
@@ -403,12 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_solve)
 
     p = add("simulate", "Validate a schedule JSON file and re-simulate its device orders.")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1); - for standard input")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_simulate)
 
     p = add("compare", "Run every applicable method on a config and rank them.")
-    p.add_argument("config", help="config.yaml, or a schedule .json whose problem to use")
+    p.add_argument("config", help="config.yaml, or a schedule .json whose problem to use; - "
+                   "reads either from standard input")
     p.add_argument("--methods", help="comma-separated method names (default: all)")
     p.add_argument("--time-limit", type=seconds_arg,
                    help="time limit per search method (seconds)")

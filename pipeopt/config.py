@@ -15,7 +15,6 @@ import numbers
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -629,19 +628,38 @@ def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = fro
     return data
 
 
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file safely; unreadable or malformed files raise :class:`ConfigError`."""
-    p = Path(path)
+#: Most bytes read from standard input for a config.
+MAX_CONFIG_BYTES = 32 * 2**20
+
+
+def _read_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """The text of a config file (``-``: standard input); :class:`ConfigError` if it cannot
+    be read."""
+    from pipeopt.io import input_name, read_input
+
+    name = input_name(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return read_input(path, max_bytes)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        raise ConfigError(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+        raise ConfigError(f"{name}: is a directory, expected a YAML file") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file, expected YAML") from None
+        raise ConfigError(f"{name}: not a UTF-8 text file, expected YAML") from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Parse a YAML file (``-``: standard input) safely; unreadable or malformed files raise
+    :class:`ConfigError`."""
+    from pipeopt.io import input_name
+
+    return _parse_yaml(_read_text(path, MAX_CONFIG_BYTES), input_name(path))
+
+
+def _parse_yaml(text: str, path: str) -> Any:
+    """The YAML document ``text`` read from ``path`` (for messages)."""
     if "\x00" in text:
         raise ConfigError(f"{path}: a binary file (NUL bytes), expected YAML text")
     try:
@@ -675,22 +693,33 @@ def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
 
 
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
-    """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``.
+    """Read, validate and resolve a ``config.yaml`` (``-``: standard input); keyword arguments
+    override ``solver:``.
 
     A ``.json`` file with a ``format`` key is read as a schedule JSON instead
     (:func:`config_from_schedule`, which also names what is wrong with one that is not a JSON
-    object); a ``.json`` object without one is a config written in JSON."""
-    if str(path).lower().endswith(".json"):
-        try:
-            from pipeopt.io import json_int
+    object); a ``.json`` object without one is a config written in JSON. On standard input a
+    JSON object with a ``format`` key is a schedule, anything else a config."""
+    from pipeopt.io import MAX_SCHEDULE_BYTES, STDIN, input_name, json_int, size_text
 
-            doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            doc = None  # let the reader that fits name the problem
-        if not isinstance(doc, dict) or "format" in doc:
-            return config_from_schedule(path, doc if isinstance(doc, dict) else None,
-                                        **overrides)
-    return parse_config(read_yaml(path), source=str(path), overrides=overrides,
+    name = input_name(path)
+    is_json = str(path).lower().endswith(".json")
+    if not is_json and str(path) != STDIN:
+        return parse_config(read_yaml(path), source=name, overrides=overrides,
+                            yaml11_strings=False)
+    text = _read_text(path, MAX_SCHEDULE_BYTES)  # a schedule, or a config
+    try:
+        doc = json.loads(text, parse_int=json_int)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and "format" in doc:
+        return config_from_schedule(name, doc, **overrides)
+    if is_json and not isinstance(doc, dict):
+        return config_from_schedule(path, None, **overrides)  # the loader names the problem
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: more than {size_text(MAX_CONFIG_BYTES)}, the most "
+                          "pipeopt reads for a config")
+    return parse_config(_parse_yaml(text, name), source=name, overrides=overrides,
                         yaml11_strings=False)
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -141,14 +142,18 @@ def write_output(flag: str, path: str | os.PathLike[str],
 
 
 def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
-    """Refuse, before any work, an output path that cannot be written: a directory, or a
-    folder on the way that is a file. (Permissions are left to the write itself.)"""
+    """Refuse, before any work, an output path that cannot be written: a directory, a folder
+    on the way that is a file, or a folder where no file can be created (the atomic write
+    needs a temporary file beside the target: a read-only or special file system such as
+    /proc refuses it). Devices and pipes, written into directly, are not probed."""
     from pipeopt.config import ConfigError
 
     target = Path(path)
     try:
         if target.is_dir():
             raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+        if target.exists() and not target.is_file():
+            return  # a device or a FIFO: write_atomic writes into it
         for parent in target.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -157,11 +162,40 @@ def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
                 if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
                     raise ConfigError(f"{flag}: cannot write {path} (no permission to create "
                                       f"files in {parent})")
+                why = _cannot_create_in(parent)
+                if why is not None:
+                    raise ConfigError(f"{flag}: cannot write {path} ({why})")
                 break
         if target.exists() and target.is_file() and not os.access(target, os.W_OK):
             raise ConfigError(f"{flag}: cannot write {path} (no permission)")
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise ConfigError(f"{flag}: cannot write {path} ({exc.strerror or exc})") from None
+
+
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why no file can be created in ``folder`` (an existing directory), found by creating and
+    removing an empty temporary one; None when it can."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".pipeopt-probe.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        return _creation_refused(folder, exc)
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return None
+
+
+def _creation_refused(folder: Path, exc: OSError) -> str:
+    """The reason, in words, that creating a file in the existing ``folder`` failed."""
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only file system"
+    if exc.errno in (errno.ENOENT, errno.EPERM, errno.EOPNOTSUPP, errno.EINVAL):
+        # The folder exists, yet a new name in it "does not exist": a special file system
+        # (/proc, /sys) whose files the kernel makes; pipeopt writes through a new file.
+        return (f"{folder} takes no new files: a special file system such as /proc or /sys, "
+                "not storage; write to a file on a disk")
+    if exc.errno == errno.EACCES:
+        return f"no permission to create files in {folder}"
+    return str(exc.strerror or exc)
 
 
 def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
@@ -170,6 +204,9 @@ def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
             if parent.exists():
                 if not parent.is_dir():
                     return f"{parent} is a file, not a directory"
+                if exc.errno in (errno.EROFS, errno.ENOENT, errno.EPERM) and (
+                        not Path(path).exists() or Path(path).is_file()):
+                    return _cannot_create_in(parent) or str(exc.strerror or exc)
                 break
         if Path(path).is_dir():
             return "it is a directory"
@@ -583,14 +620,52 @@ def _check_status(sched: Schedule) -> None:
             "(use feasible or heuristic)")
 
 
+#: ``-`` in place of an input file's name: standard input.
+STDIN = "-"
+#: Most bytes read from standard input for a schedule JSON.
+MAX_SCHEDULE_BYTES = 256 * 2**20
+
+
+def input_name(path: str | os.PathLike[str]) -> str:
+    """How an input is named in messages: ``<stdin>`` for ``-``, else its path."""
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
+def read_input(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """The UTF-8 text of the file ``path``, or of standard input when it is ``-`` (read up to
+    ``max_bytes``: more is refused with :class:`InputRefused`)."""
+    if str(path) == STDIN:
+        data = sys.stdin.buffer.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise InputRefused(f"more than {size_text(max_bytes)} on standard input, the most "
+                               "pipeopt reads for this input")
+        return data.decode("utf-8")
+    return Path(path).read_text(encoding="utf-8")
+
+
+class InputRefused(OSError):
+    """An input file that pipeopt refuses to read; the message says why."""
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes in binary units, for messages: 268435456 -> "256 MiB"."""
+    if n_bytes < 1024:
+        return f"{n_bytes:.0f} bytes"
+    exp = min(3, int(math.log(n_bytes, 1024)))
+    return f"{n_bytes / 1024 ** exp:.4g} {('KiB', 'MiB', 'GiB')[exp - 1]}"
+
+
 def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True) -> Schedule:
-    """Read a schedule JSON file and validate it (see :func:`schedule_from_dict`)."""
+    """Read a schedule JSON file (``-``: standard input) and validate it (see
+    :func:`schedule_from_dict`)."""
+    name = input_name(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input(path, MAX_SCHEDULE_BYTES)
     except OSError as exc:
-        raise ScheduleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise ScheduleError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ScheduleError(f"{path}: not a UTF-8 text file") from None
+        raise ScheduleError(f"{name}: not a UTF-8 text file") from None
+    path = name
     try:
         doc = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:

@@ -112,6 +112,47 @@ def test_compare_ratio_divides_the_iteration_time_shown_and_says_na_where_undefi
     assert rows_api[0].ratio == 1.0 and rows_api[1].ratio == pytest.approx(33 / 27)
 
 
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux's /proc")
+def test_output_on_proc_names_the_true_reason_before_any_work(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 12: /proc/version exists; it said "No such file or directory", after the
+    solve. /proc makes no new files, and the atomic write needs one beside the target."""
+    assert main(["solve", UNIFORM, "--method", "1f1b", "-o", "/proc/version"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before the solve
+    assert err.strip() == ("pipeopt: error: --output: cannot write /proc/version (/proc takes "
+                           "no new files: a special file system such as /proc or /sys, not "
+                           "storage; write to a file on a disk)")
+
+
+def test_dash_reads_a_config_or_a_schedule_from_standard_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def stdin(data: bytes) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    stdin(Path(UNIFORM).read_bytes())
+    out = tmp_path / "s.json"
+    assert main(["solve", "-", "--method", "zb-h1", "-q", "-o", str(out)]) == 0
+    assert "makespan      27 s" in capsys.readouterr().out
+    stdin(out.read_bytes())  # a schedule JSON on standard input: its problem, solved again
+    assert main(["solve", "-", "--method", "1f1b", "-q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 33
+    stdin(out.read_bytes())
+    assert main(["simulate", "-"]) == 0
+    assert capsys.readouterr().out.startswith("<stdin>: valid")
+    stdin(b"pipeline: [")
+    assert main(["solve", "-", "-q"]) == 2
+    assert capsys.readouterr().err.startswith("pipeopt: error: <stdin>: not valid YAML")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pipeopt {pipeopt.__version__}"
+
+
 def test_to_json_round_trips() -> None:
     cfg = pipeopt.load_config(UNIFORM)
     sched = pipeopt.solve(cfg.problem, method="zb-h1")
