@@ -628,18 +628,19 @@ def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = fro
     return data
 
 
-#: Most bytes read from standard input for a config.
+#: Largest config pipeopt reads (bytes), from a file or standard input: room for
+#: MAX_CONFIG_VALUES values with comments; the profile of a model (``model.profile``) too.
 MAX_CONFIG_BYTES = 32 * 2**20
 
 
-def _read_text(path: str | os.PathLike[str], max_bytes: int) -> str:
+def _read_text(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
     """The text of a config file (``-``: standard input); :class:`ConfigError` if it cannot
     be read."""
     from pipeopt.io import input_name, read_input
 
     name = input_name(path)
     try:
-        return read_input(path, max_bytes)
+        return read_input(path, max_bytes, what)
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -655,7 +656,7 @@ def read_yaml(path: str | os.PathLike[str]) -> Any:
     :class:`ConfigError`."""
     from pipeopt.io import input_name
 
-    return _parse_yaml(_read_text(path, MAX_CONFIG_BYTES), input_name(path))
+    return _parse_yaml(_read_text(path, MAX_CONFIG_BYTES, "a config"), input_name(path))
 
 
 def _parse_yaml(text: str, path: str) -> Any:
@@ -707,7 +708,7 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     if not is_json and str(path) != STDIN:
         return parse_config(read_yaml(path), source=name, overrides=overrides,
                             yaml11_strings=False)
-    text = _read_text(path, MAX_SCHEDULE_BYTES)  # a schedule, or a config
+    text = _read_text(path, MAX_SCHEDULE_BYTES, "a schedule JSON")  # or a config
     try:
         doc = json.loads(text, parse_int=json_int)
     except (ValueError, RecursionError):

@@ -414,6 +414,57 @@ def test_strict_types_hold_everywhere(tmp_path: Path, capsys: pytest.CaptureFixt
         pipeopt.solve(prob, "greedy", workers=0)
 
 
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+@pytest.mark.parametrize("command", ["solve", "simulate"])
+def test_endless_device_refused_before_reading(device: str, command: str) -> None:
+    """Issue 18 item 10: `solve /dev/zero` read for ever, growing without bound."""
+    if not Path(device).exists():
+        pytest.skip(f"no {device}")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pipeopt", command, device],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    _assert_one_error(proc.returncode, proc.stderr, f"{device}: cannot read (a character "
+                      "device, not a regular file: it may never end")
+
+
+def test_oversized_or_special_inputs_refused_before_reading(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import os
+    import sys
+    import time
+
+    import pipeopt.io
+
+    for name, cap in (("big.yaml", "32 MiB"), ("big.json", "512 MiB")):
+        big = tmp_path / name
+        with open(big, "wb") as fh:
+            fh.truncate(3 * 2**30)  # sparse: 3 GiB that takes no disk
+        t0 = time.perf_counter()
+        for command in (["solve", str(big), "-q"], ["simulate", str(big)]):
+            if name.endswith(".yaml") and command[0] == "simulate":
+                continue
+            rc, _, err = _run(command, capsys)
+            _assert_one_error(rc, err, f"{big}: cannot read (3 GiB, more than the {cap} "
+                              "pipeopt reads for a")
+        assert time.perf_counter() - t0 < 10  # not read
+        big.unlink()
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)  # no writer: opening it for reading must not wait for one
+    rc, _, err = _run(["solve", str(fifo), "-q"], capsys)
+    _assert_one_error(rc, err, "a pipe (FIFO), not a regular file", "pipe it into -")
+    # Standard input has the same caps.
+    monkeypatch.setattr(pipeopt.io, "MAX_SCHEDULE_BYTES", 1000)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"#" * 5000)))
+    rc, _, err = _run(["solve", "-", "-q"], capsys)
+    _assert_one_error(rc, err, "<stdin>: cannot read (more than 1000 bytes on standard input, "
+                      "the most pipeopt reads for a schedule JSON)")
+
+
 def test_directory_instead_of_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(["solve", str(tmp_path)], capsys)
     _assert_one_error(rc, err, str(tmp_path), "is a directory, expected a YAML file")

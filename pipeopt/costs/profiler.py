@@ -252,10 +252,11 @@ _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "ba
 
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
-    from pipeopt.io import json_int, known_fields
+    from pipeopt.config import MAX_CONFIG_BYTES
+    from pipeopt.io import json_int, known_fields, read_input
 
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
+        doc = json.loads(read_input(path, MAX_CONFIG_BYTES, "a profile"), parse_int=json_int)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
