@@ -461,9 +461,10 @@ def build_problem(cfg: ConfigFile) -> Problem:
                               f"(bytes/s; .inf for no transfer time), got {x}")
     if isinstance(ln.latency, int | float) and p > 1:
         # One scalar: every pair of devices is one hop apart (a switched fabric).
+        slowest = min(bw)  # once: inside the loops it made loading O(p^3)
         lat_m = tuple(tuple(0.0 if a == b else float(ln.latency) for b in range(p))
                       for a in range(p))
-        bw_m = tuple(tuple(math.inf if a == b else min(bw) for b in range(p)) for a in range(p))
+        bw_m = tuple(tuple(math.inf if a == b else slowest for b in range(p)) for a in range(p))
     else:
         lat_m, bw_m = chain_links(p, lat, bw)
     msg = _expand("links.message_size", ln.message_size, s - 1, "stage boundary")

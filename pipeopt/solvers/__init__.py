@@ -87,6 +87,11 @@ class UnknownMethod(ValueError):
     """A method name that pipeopt does not know."""
 
 
+class OutOfTime(RuntimeError):
+    """A method reached its time limit before it had any schedule (raised only when its
+    caller asked for that, having another schedule to fall back on)."""
+
+
 #: Problem fields that hand-made schedules name in their "does not apply" reasons, as config
 #: key paths (``needs microbatches >= 8`` -> ``needs pipeline.microbatches >= 8``).
 _PIPELINE_KEYS = re.compile(r"(?<![.\w])(devices|microbatches|virtual_stages|placement|"
@@ -189,6 +194,20 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Sc
     return replace(sched, solver=info)
 
 
+#: Seconds per op that validating a schedule takes, reserved out of a search's time limit
+#: (measured with benchmarks/limits.py on the 2-core development machine: 6-19 us per op at
+#: 0.8-0.9 million ops, the spread being the machine's other load).
+VALIDATE_S_PER_OP = 10e-6
+#: The least share of a time limit left to a search whatever is reserved for later phases.
+MIN_SEARCH_SHARE = 0.1
+
+
+def time_left(time_limit: float, reserved: float) -> float:
+    """The seconds of ``time_limit`` left for a search once ``reserved`` seconds are kept for
+    the phases after it (validation, writing), never below :data:`MIN_SEARCH_SHARE` of it."""
+    return max(time_limit - reserved, MIN_SEARCH_SHARE * time_limit)
+
+
 def solve(problem: Problem | Any, method: str | None = None,
           options: SolveOptions | None = None, **kwargs: Any) -> Schedule:
     """Schedule ``problem`` with ``method`` (default ``auto``); keyword arguments override
@@ -198,8 +217,10 @@ def solve(problem: Problem | Any, method: str | None = None,
     with its ``solver:`` section (method, time limit, seed, workers, objective, gap,
     resolution) as the defaults that ``method``, ``options`` and keyword arguments override.
 
-    The result has passed the validator. Raises :class:`UnknownMethod` for an unknown name and
-    :class:`~pipeopt.schedules.NotApplicable` when the method cannot express the problem.
+    The result has passed the validator, whose time (estimated from the number of ops,
+    :data:`VALIDATE_S_PER_OP`) a search's ``time_limit`` includes. Raises
+    :class:`UnknownMethod` for an unknown name and :class:`~pipeopt.schedules.NotApplicable`
+    when the method cannot express the problem.
     """
     if not isinstance(problem, Problem):
         inner = getattr(problem, "problem", None)
@@ -240,7 +261,9 @@ def solve(problem: Problem | Any, method: str | None = None,
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
-        return validate(fn(problem, opts))
+        # The validation below counts against the time limit too: the search gets the rest.
+        return validate(fn(problem, replace(opts, time_limit=time_left(
+            opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops))))
     try:
         check_method(method)
     except UnknownMethod as exc:
