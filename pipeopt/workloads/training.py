@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import neg
 
+from pipeopt._gc import cyclic_gc_paused
 from pipeopt.core.graph import TaskGraph
 from pipeopt.problem import Op, Problem
 
@@ -58,6 +59,7 @@ def message_bytes(problem: Problem, src_stage: int, dst_stage: int) -> float:
     return problem.message_size[min(src_stage, dst_stage)]
 
 
+@cyclic_gc_paused()  # one tuple per task and no reference cycles (pipeopt._gc)
 def build(problem: Problem) -> TaskGraph:
     """The task graph of ``problem`` (see the module docstring)."""
     dev, stage, mb, kind = problem.op_table
