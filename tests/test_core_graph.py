@@ -183,3 +183,18 @@ def test_schedule_metrics() -> None:
     assert summary["objective"] == 5.75 and summary["method"] == "by hand"
     # No message: the validator says which edge lacks one.
     assert check(s) == ["a -> b: no message carries it across link 0"]
+
+
+def test_wide_waves_are_ordered_and_a_cycle_behind_them_is_found() -> None:
+    """Waves of >= 64 tasks go through numpy, narrow ones one by one: both keep every edge
+    forward, and a cycle after a wide wave is still named."""
+    n = 300
+    src = [*range(100), *range(100, 199)]
+    dst = [*range(100, 200), *range(101, 200)]  # 100 wide, then a 100-long chain
+    g = TaskGraph(memory_limit=(None,), device=(0,) * n, duration=(1.0,) * n, src=src, dst=dst)
+    pos = {t: k for k, t in enumerate(g.topological_order)}
+    assert len(pos) == n and all(pos[a] < pos[b] for a, b in zip(src, dst, strict=True))
+    with pytest.raises(GraphError, match=r"cycle: (t200 -> t201 -> t202 -> t200|"
+                                         r"t201 -> t202 -> t200 -> t201|"
+                                         r"t202 -> t200 -> t201 -> t202)"):
+        g.replace(src=(*src, 200, 201, 202), dst=(*dst, 201, 202, 200))
