@@ -197,4 +197,4 @@ def test_wide_waves_are_ordered_and_a_cycle_behind_them_is_found() -> None:
     with pytest.raises(GraphError, match=r"cycle: (t200 -> t201 -> t202 -> t200|"
                                          r"t201 -> t202 -> t200 -> t201|"
                                          r"t202 -> t200 -> t201 -> t202)"):
-        g.replace(src=(*src, 200, 201, 202), dst=(*dst, 201, 202, 200))
+        g.replace(src=(*src, 200, 201, 202), dst=(*dst, 201, 202, 200), bytes=())
