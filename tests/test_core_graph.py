@@ -136,6 +136,8 @@ def test_orders_are_checked() -> None:
         simulate(g, [[0], [1]])
     with pytest.raises(OrderError, match=r"orders\[0\]\[1\]: 9 is not a task id"):
         simulate(g, [[0, 9], [1]])
+    with pytest.raises(OrderError, match=r"orders\[0\]\[0\]: expected a task id, got 'a'"):
+        simulate(g, [["a", 2], [1]])
 
 
 @pytest.mark.parametrize("bandwidth", [1.0, math.inf])

@@ -45,6 +45,9 @@ def check_orders(graph: TaskGraph, orders: Orders) -> None:
     dev = graph.device
     seen: set[int] = set()
     for d, order in enumerate(orders):
+        if not set(map(type, order)) <= {int}:
+            q = next(q for q, i in enumerate(order) if type(i) is not int)
+            raise OrderError(f"orders[{d}][{q}]: expected a task id, got {order[q]!r}")
         if order and not (min(order) >= 0 and max(order) < n):
             q = next(q for q, i in enumerate(order) if not 0 <= i < n)
             raise OrderError(f"orders[{d}][{q}]: {order[q]} is not a task id (0..{n - 1})")
