@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pipeopt.executor.models import build_model, split_stages
+from pipeopt.executor.runtime import stage_module
 from pipeopt.problem import Problem
 
 #: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
@@ -47,15 +48,37 @@ def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
     return out
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """``sgd`` or ``adamw`` (torch's defaults besides the learning rate)."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"optimizer: must be sgd or adamw, got {name!r}")
+
+
+def clip_scale(sq_norm: float, max_norm: float) -> float:
+    """The factor gradient clipping to ``max_norm`` applies, given the squared global norm
+    (torch's ``clip_grad_norm_`` rule)."""
+    return min(1.0, max_norm / (sq_norm ** 0.5 + 1e-6))
+
+
 def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, lr: float,
-                  seed: int, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train ``steps`` steps without pipelining; returns per-step losses and step times
-    (seconds) and the gradients of the last step per stage."""
+                  seed: int, model_options: dict[str, Any] | None = None,
+                  optim: str = "sgd", clip: float | None = None, autocast: str | None = None
+                  ) -> dict[str, Any]:
+    """Train ``steps`` steps without pipelining (optimizer ``optim``, gradients clipped to the
+    global norm ``clip``, forward under ``autocast``); returns per-step losses and step times
+    (seconds) and the gradients of the last step per stage (after clipping)."""
     spec = build_model(model, problem, seed=seed, **(model_options or {}))
     stages = split_stages(spec, problem)
     modules = dict(enumerate(stages))
+    runs = [stage_module(mod, AUTOCAST[autocast] if autocast else None) for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
-    opt = torch.optim.SGD(params, lr=lr)
+    opt = optimizer(optim, params, lr)
     m = problem.microbatches
     losses, times = [], []
     for step in range(steps):
@@ -64,12 +87,18 @@ def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, 
         t0 = time.perf_counter()
         total = 0.0
         for x, y in zip(xs, ys, strict=True):
-            h = x
-            for mod in stages:
-                h = mod(h)
+            h: Any = x
+            for run in runs:
+                h = run(*h) if isinstance(h, tuple) else run(h)
             loss = spec.loss_fn(h, y) / m
             loss.backward()
             total += loss.item()
+        if clip is not None:
+            sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
+            scale = clip_scale(sq, clip)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
         grads = stage_grads(modules) if step == steps - 1 else None
         opt.step()
         times.append(time.perf_counter() - t0)

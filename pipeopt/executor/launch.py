@@ -25,12 +25,31 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import nn
 
 from pipeopt._malloc import steady_cpu_allocator
-from pipeopt.executor import comms
-from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
+from pipeopt.executor import _torch
+from pipeopt.executor.check import (
+    ATOL,
+    AUTOCAST,
+    RTOL,
+    batch_for,
+    clip_scale,
+    compare_grads,
+    optimizer,
+    reference_run,
+    stage_grads,
+)
 from pipeopt.executor.models import build_model, split_stages
-from pipeopt.executor.runtime import ExecutorError, Fault, RankRunner, RankStatus, infer_shapes
+from pipeopt.executor.runtime import (
+    ExecutorError,
+    Fault,
+    OpClock,
+    RankStatus,
+    TimedStage,
+    schedule_rows,
+    stage_module,
+)
 from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule
 
@@ -42,11 +61,12 @@ _GRACE_S = 1.0
 @dataclass(frozen=True)
 class RunConfig:
     """How to run a schedule: model name and factory keywords, training steps, batch size
-    (default 4 per micro-batch), SGD learning rate, seed, timeout of the whole run (seconds),
-    backend (``auto``: nccl with CUDA, else gloo), intra-op threads per rank (default:
-    cores / ranks), and whether to compare with the one-process reference. ``eager_receives``:
-    post every receive of a step up front (default with gloo) instead of lazily in the same
-    order (default with nccl, whose per-pair stream would make early receives block sends)."""
+    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
+    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
+    rank (default: cores / ranks), whether to compare with the one-process reference, the
+    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
+    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
+    PyTorch's whole-stage split."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -61,7 +81,11 @@ class RunConfig:
     rtol: float = RTOL
     atol: float = ATOL
     fault: Fault | None = None
-    eager_receives: bool | None = None
+    op_timeout: float = 120.0
+    optimizer: str = "sgd"
+    clip_grad_norm: float | None = None
+    autocast: str | None = None
+    per_layer_split: bool = True
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -88,6 +112,7 @@ class RunResult:
     grads_match: bool | None = None
     worst_param: str | None = None
     op_costs: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, stage) -> s
+    peak_memory: list[float] = field(default_factory=list)  # bytes, per rank
 
     @property
     def loss(self) -> float:
@@ -109,7 +134,7 @@ class RunResult:
                 "reference_losses": self.reference_losses,
                 "reference_step_time": self.reference_step_time,
                 "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
-                "worst_param": self.worst_param,
+                "worst_param": self.worst_param, "peak_memory": self.peak_memory,
                 "op_costs": {f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
                                                                       key=lambda x: x[0][::-1])}}
 
@@ -155,9 +180,33 @@ def _report_status(status: RankStatus, rank: int, out: Any, done: threading.Even
             last = text
 
 
+def die_with_parent(parent: int) -> None:
+    """End this process when ``parent`` ends: the parent-death signal on Linux (prctl), else
+    a thread that polls the parent's pid."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):  # not Linux: poll
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(_STATUS_EVERY_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:  # it died before the signal was armed
+        os._exit(1)
+
+
 def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-             fn: RankFn, args: tuple[Any, ...], out: Any) -> None:
+             fn: RankFn, args: tuple[Any, ...], out: Any, parent: int) -> None:
     """Body of one spawned worker: join the group, run ``fn``, report through ``out``."""
+    die_with_parent(parent)
     status = RankStatus()
     done = threading.Event()
     threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
@@ -184,18 +233,22 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
 
 
 def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float = 300.0,
-          backend: str = "auto", threads: int | None = None) -> list[Any]:
+          backend: str = "auto", threads: int | None = None,
+          op_timeout: float | None = None) -> list[Any]:
     """Run ``fn(rank, world, device, *args, status=RankStatus)`` on ``world`` new processes in
     one process group and return each rank's result; ``fn`` must be importable (module level)
     and may keep ``status.text`` up to date for error messages. Raises
-    :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish."""
+    :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish,
+    and within ``op_timeout`` (plus a second) when a rank's status stops changing (a rank
+    that stops answering). The ranks end with this process (:func:`die_with_parent`)."""
     backend = resolve_backend(backend)
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
-                         args=(r, world, port, backend, timeout, threads, fn, args, out))
+                         args=(r, world, port, backend, timeout, threads, fn, args, out,
+                               os.getpid()))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -204,11 +257,18 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     deadline = time.monotonic() + timeout
     dead_since: dict[int, float] = {}
     last_status: dict[int, str] = {}
+    changed: dict[int, float] = {}
+    stalled: list[int] = []
     try:
         while len(results) + len(errors) < world:
             now = time.monotonic()
             if now >= deadline:
                 break
+            if op_timeout is not None:
+                stalled = [r for r, t in changed.items() if r not in results
+                           and r not in errors and now - t > op_timeout + _GRACE_S]
+                if stalled:
+                    break
             try:
                 kind, rank, payload = out.get(timeout=min(0.1, deadline - now))
             except queue_mod.Empty:
@@ -224,6 +284,7 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
                 continue
             if kind == "status":
                 last_status[rank] = payload
+                changed[rank] = time.monotonic()
             elif kind == "ok":
                 results[rank] = payload
             else:
@@ -243,6 +304,12 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
                            if r != first)
         raise ExecutorError(f"rank {first} failed: {head}" + (f" (then {others})" if others else "")
                             + f"\n--- rank {first} traceback ---\n{errors[first]}")
+    if stalled:
+        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}"
+                          for r in range(world) if r not in results)
+        raise ExecutorError(f"rank(s) {stalled} stopped answering: no progress for "
+                            f"{op_timeout:g} s (the per-op timeout); all ranks were stopped. "
+                            f"Last status: {where}")
     if len(results) < world:
         missing = [r for r in range(world) if r not in results]
         where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}" for r in missing)
@@ -253,53 +320,153 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
 
 
 # ----- the replay job --------------------------------------------------------------------------
+def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
+    """The micro-batch ``sample`` and every stage's output for it (no gradients): the example
+    tensors PyTorch's stages take instead of inferring shapes through messages."""
+    out: list[Any] = [sample]
+    with torch.no_grad():
+        for k, mod in enumerate(stages):
+            h = out[-1]
+            h = mod(*h) if isinstance(h, tuple) else mod(h)
+            if k < len(stages) - 1:
+                for t in h if isinstance(h, tuple) else (h,):
+                    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                        raise ExecutorError(
+                            f"stage {k}: what it hands to stage {k + 1} must be a floating-point "
+                            f"tensor or a tuple of them (it carries a gradient back), got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+            out.append(h)
+    return out
+
+
+def _grad_example(x: Any) -> Any:
+    if isinstance(x, tuple):
+        return tuple(_grad_example(t) for t in x)
+    return x.clone().requires_grad_(x.is_floating_point())
+
+
+def _waits_for(schedule: Schedule, rows: list[list[tuple[int, str, int]]], rank: int,
+               order: list[int]) -> dict[str, str]:
+    """For the ops of ``rank`` that take a message: whose output from which rank, as words."""
+    prob = schedule.problem
+    out = {}
+    for k, kind, j in rows[rank]:
+        src = k - 1 if kind == "F" else k + 1
+        if kind == "W" or not 0 <= src < prob.stages or prob.stage_device[src] == rank:
+            continue
+        b = "I" if prob.split_backward else "B"
+        what = f"{src}F{j}" if kind == "F" else f"{src}{b}{j}"
+        out[f"{k}{kind}{j}"] = (f"the output of {what} from rank {prob.stage_device[src]}"
+                                + (f" (micro-batch {order[j]})" if order[j] != j else ""))
+    return out
+
+
 def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
              cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None
              ) -> dict[str, Any]:
-    """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` (process group already joined);
-    returns per-step losses and times (seconds), the last step's gradients and its op trace
-    ((op, start, end) seconds from the step's start)."""
+    """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
+    (process group already joined); returns per-step losses and times (seconds), the last
+    step's gradients, its op trace ((op, start, end) seconds from the step's start), the op
+    durations of the steps after the first and the peak memory (bytes)."""
     prob = schedule.problem
+    status = status or RankStatus()
     if world != prob.devices:
         raise ExecutorError(f"world size {world} does not match the schedule's "
                             f"{prob.devices} devices")
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
     m, bs = prob.microbatches, cfg.batch(prob.microbatches)
+    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
+    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split)
+            for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, bs, cfg.seed, 0, m)
-    shapes, dtypes = infer_shapes(stages, xs[0])
-    mine = {k: stages[k].to(device) for k in prob.device_stages[rank]}
-    del stages
-    runner = RankRunner(prob, comms.plan(schedule)[rank], mine, spec.loss_fn, shapes, dtypes,
-                        device, fault=cfg.fault, rank=rank,
-                        post_all_receives=(backend == "gloo" if cfg.eager_receives is None
-                                           else cfg.eager_receives),
-                        status=status or RankStatus())
-    opt = torch.optim.SGD([p for mod in mine.values() for p in mod.parameters()], lr=cfg.lr)
+    io = _stage_io(mods, xs[0])
+    rows, order = schedule_rows(schedule)
+    clock = OpClock([f"{k}{kind}{j}" for k, kind, j in rows[rank]], status,
+                    _waits_for(schedule, rows, rank, order), cuda=device.type == "cuda")
+    group = dist.new_group(backend=backend, timeout=timedelta(seconds=cfg.op_timeout))
+    mine = sorted(prob.device_stages[rank])
+    pstages = [TimedStage(mods[k].to(device), k, prob.stages, device,
+                          input_args=io[k] if k == 0 else _grad_example(io[k]),
+                          output_args=_grad_example(io[k + 1]), group=group, clock=clock)
+               for k in mine]
+    runtime = _torch.Runtime(pstages, m, loss_fn=spec.loss_fn, scale_grads=True)
+    runtime._prepare_schedule_with_comms(_torch.rows_to_actions(rows))
+    params = [p for k in mine for p in stages[k].parameters()]
+    opt = optimizer(cfg.optimizer, params, cfg.lr)
     losses, times, grads = [], [], None
     durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
+    last = prob.stages - 1
     for step in range(cfg.steps):
-        xs, ys = batch_for(spec, bs, cfg.seed, step, m)
-        xs = [x.to(device) for x in xs]
-        ys = [y.to(device) for y in ys]
+        x_mb, y_mb = batch_for(spec, bs, cfg.seed, step, m)
+        x = torch.cat([x_mb[j] for j in order]).to(device)
+        y = torch.cat([y_mb[j] for j in order]).to(device)
         opt.zero_grad(set_to_none=True)
+        mb_losses: list[torch.Tensor] = []
         dist.barrier()
+        if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
+            if cfg.fault.mode == "hang":
+                status.text = f"step {step}: stopped answering (injected fault)"
+                time.sleep(3600)
+            raise RuntimeError(f"injected fault on rank {rank}")
         t0 = time.perf_counter()
-        loss = runner.step(xs, ys, step)
+        clock.start(step)
+        try:
+            runtime.step(*((x,) if 0 in mine else ()),
+                         **({"target": y, "losses": mb_losses} if last in mine else {}))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ExecutorError(f"rank {rank}: {status.text}: {type(exc).__name__}: "
+                                f"{first}") from exc
+        if cfg.clip_grad_norm is not None:
+            _clip(params, cfg.clip_grad_norm, device)
+        if step == cfg.steps - 1:
+            grads = stage_grads({k: stages[k] for k in mine})
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier()
         times.append(time.perf_counter() - t0)
-        losses.append(loss)
-        if step == cfg.steps - 1:
-            grads = stage_grads(mine)
+        clock.resolve()
+        losses.append(sum(float(v.detach()) for v in mb_losses) / m if mb_losses else 0.0)
         if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
-            for op, a, b in runner.trace:
-                durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
-    trace = [(str(op), a, b) for op, a, b in runner.trace]
-    return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
-            "op_durations": durations}
+            for op, a, b in clock.trace:
+                k, kind = _split_op(op)
+                kind = "B" if kind == "I" else kind  # pipeopt's names: B is the split's I
+                durations.setdefault(f"{kind}{k}", []).append(b - a)
+    return {"losses": losses, "step_times": times, "grads": grads, "trace": clock.trace,
+            "op_durations": durations, "peak_memory": peak_memory(device)}
+
+
+def _split_op(op: str) -> tuple[int, str]:
+    """``"12I3"`` -> (12, "I")."""
+    i = 0
+    while op[i].isdigit():
+        i += 1
+    return int(op[:i]), op[i]
+
+
+def _clip(params: list[nn.Parameter], max_norm: float, device: torch.device) -> None:
+    """Clip to the global gradient norm over every rank's parameters (one all-reduce)."""
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for p in params:
+        if p.grad is not None:
+            sq += p.grad.double().pow(2).sum()
+    dist.all_reduce(sq)
+    scale = clip_scale(float(sq), max_norm)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(scale)
+
+
+def peak_memory(device: torch.device) -> float:
+    """Peak memory of this rank (bytes): the CUDA allocator's peak on GPU, else the process's
+    peak resident set (what the process can see on CPU)."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
 
 
 def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
@@ -316,9 +483,18 @@ def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
 def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
     """The schedule's problem with each stage's F, B and W durations replaced by the medians
     measured in ``result`` (seconds; time from the op's input being there to its end, steps
-    after the first). With a fused backward the measured B is split between B and W in the
-    problem's own proportion. Links, memory and everything else stay as they were."""
+    after the first). A fused backward's measured time also goes to ``meta.fused_backward``
+    (what a fused schedule on a split problem is priced at, see
+    :func:`pipeopt.schedules.fused_variant`), and B and W share it in the problem's own
+    proportion; a split run keeps the ``fused_backward`` it had. Links, memory and everything
+    else stay as they were."""
     prob = schedule.problem
+    meta = dict(prob.meta)
+    if not prob.split_backward and any(("B", k) in result.op_costs
+                                       for k in range(prob.stages)):
+        fused = [result.op_costs.get(("B", k), b + w) for k, (b, w)
+                 in enumerate(zip(prob.backward_input, prob.backward_weight, strict=True))]
+        meta["fused_backward"] = fused
     costs = result.op_costs
     f, bi, bw = list(prob.forward), list(prob.backward_input), list(prob.backward_weight)
     for k in range(prob.stages):
@@ -330,7 +506,6 @@ def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
             total = bi[k] + bw[k]
             share = bi[k] / total if total > 0 else 1.0
             bi[k], bw[k] = costs[("B", k)] * share, costs[("B", k)] * (1 - share)
-    meta = dict(prob.meta)
     meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
                               "steps": len(result.step_times)}
     return prob.replace(forward=tuple(f), backward_input=tuple(bi), backward_weight=tuple(bw),
@@ -351,11 +526,14 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
     res.op_costs = op_costs(per_rank)
+    res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
     if cfg.check:
         grads = {k: g for r in per_rank for k, g in r["grads"].items()}
         ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
                             batch_size=cfg.batch(schedule.problem.microbatches), lr=cfg.lr,
-                            seed=cfg.seed, model_options=dict(cfg.model_options))
+                            seed=cfg.seed, model_options=dict(cfg.model_options),
+                            optim=cfg.optimizer, clip=cfg.clip_grad_norm,
+                            autocast=cfg.autocast)
         cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
@@ -375,17 +553,14 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
     for s, _ in jobs:
         if s.problem.devices != world:
             raise ExecutorError("run_pipelines: every schedule must have the same devices")
-        plans = comms.plan(s)
-        bad = comms.check_order(plans) or comms.check_protocol(plans, s.problem.stages)
-        if bad:  # cannot happen for a valid schedule; a guard against future edits
-            raise ExecutorError(f"{s.method}: message plan would fail: {bad[0]}")
     for s, c in jobs:  # fail here, once and clearly, not in every worker
         _preflight(s, c)
     cfg0 = jobs[0][1]
     backend = resolve_backend(cfg0.backend)
     timeout = sum(c.timeout for _, c in jobs)
     per_rank = spawn(_jobs_rank, world, (list(jobs), backend), timeout=timeout,
-                     backend=backend, threads=cfg0.threads)
+                     backend=backend, threads=cfg0.threads,
+                     op_timeout=max(c.op_timeout for _, c in jobs))
     return [_assemble(s, c, [per_rank[r][i] for r in range(world)])
             for i, (s, c) in enumerate(jobs)]
 
@@ -398,11 +573,23 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
+    if cfg.optimizer not in ("sgd", "adamw"):
+        raise ExecutorError(f"optimizer: must be sgd or adamw, got {cfg.optimizer!r}")
+    if cfg.autocast is not None and cfg.autocast not in AUTOCAST:
+        raise ExecutorError(f"autocast: must be one of {', '.join(AUTOCAST)}, got "
+                            f"{cfg.autocast!r}")
+    rows, _ = schedule_rows(schedule)
+    try:  # torch's own validation and lowering, before any process starts
+        _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
+    except (AssertionError, RuntimeError, ValueError) as exc:
+        raise ExecutorError(f"{schedule.method}: PyTorch's runtime refuses the schedule: "
+                            f"{exc}") from None
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
+    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
     try:
         xs, _ = batch_for(spec, bs, cfg.seed, 0, prob.microbatches)
-        infer_shapes(stages, xs[0])
+        _stage_io([stage_module(mod, amp) for mod in stages], xs[0])
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
