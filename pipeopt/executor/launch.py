@@ -1,30 +1,23 @@
-"""Starting the ranks: spawned workers on one machine, or torchrun's environment.
+"""Running schedules: configuration, the per-rank training job on PyTorch's runtime, the
+reference check, measured costs, and the entry points (spawned ranks or torchrun).
 
-:func:`spawn` runs a function on ``world`` fresh processes joined in a process group (gloo on
-CPU, nccl on CUDA, a free port on 127.0.0.1) and returns what each rank returned. The parent
-waits with a deadline: when a rank raises, the others are killed and :class:`ExecutorError`
-names the rank and its error; when the deadline passes (a peer that never answers), every rank
-is killed and the error says which ranks had not finished. :func:`run_pipelines` replays
-schedules with it and, on request, checks the gradients against the one-process reference.
+:func:`run_pipelines` replays schedules on ranks started by
+:func:`pipeopt.executor.procs.spawn` and, on request, checks the gradients against the
+one-process reference; :func:`run_rank` is one rank's job.
 """
 
 from __future__ import annotations
 
 import os
-import queue as queue_mod
-import socket
 import statistics
-import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from pipeopt._malloc import steady_cpu_allocator
@@ -41,21 +34,10 @@ from pipeopt.executor.check import (
     stage_grads,
 )
 from pipeopt.executor.models import build_model, split_stages
-from pipeopt.executor.runtime import (
-    ExecutorError,
-    Fault,
-    OpClock,
-    RankStatus,
-    TimedStage,
-    schedule_rows,
-    stage_module,
-)
+from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
+from pipeopt.executor.runtime import OpClock, TimedStage, schedule_rows, stage_module
 from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule
-
-#: Seconds the parent keeps listening after the first failure, so that the root cause (the
-#: first report) comes with the peers' follow-up errors.
-_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -155,168 +137,6 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-RankFn = Callable[..., Any]
-
-#: Seconds between a worker's status reports to the parent.
-_STATUS_EVERY_S = 0.5
-
-
-def _report_status(status: RankStatus, rank: int, out: Any, done: threading.Event) -> None:
-    """Worker thread: send the rank's status line to the parent whenever it changes."""
-    last = None
-    while not done.wait(_STATUS_EVERY_S):
-        text = status.text
-        if text != last:
-            out.put(("status", rank, text))
-            last = text
-
-
-def die_with_parent(parent: int) -> None:
-    """End this process when ``parent`` ends: the parent-death signal on Linux (prctl), else
-    a thread that polls the parent's pid."""
-    import signal
-
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1  # <linux/prctl.h>
-        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl")
-    except (OSError, AttributeError):  # not Linux: poll
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(_STATUS_EVERY_S)
-            os._exit(1)
-
-        threading.Thread(target=watch, daemon=True).start()
-    if os.getppid() != parent:  # it died before the signal was armed
-        os._exit(1)
-
-
-def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-             fn: RankFn, args: tuple[Any, ...], out: Any, parent: int) -> None:
-    """Body of one spawned worker: join the group, run ``fn``, report through ``out``."""
-    die_with_parent(parent)
-    status = RankStatus()
-    done = threading.Event()
-    threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
-    try:
-        torch.set_num_threads(threads)
-        if backend == "gloo":
-            steady_cpu_allocator()  # see pipeopt._malloc: steady CPU op times
-        status.text = "joining the process group"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout))
-        device = rank_device(backend, rank)
-        status.text = "setting up"
-        result = fn(rank, world, device, *args, status=status)
-        done.set()
-        out.put(("ok", rank, result))
-        dist.destroy_process_group()
-    except BaseException as exc:  # report everything, including KeyboardInterrupt
-        done.set()
-        tb = traceback.format_exc(limit=-6)
-        out.put(("error", rank, f"{type(exc).__name__}: {exc}\n{tb}"))
-        out.close()
-        out.join_thread()
-        os._exit(1)
-
-
-def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float = 300.0,
-          backend: str = "auto", threads: int | None = None,
-          op_timeout: float | None = None) -> list[Any]:
-    """Run ``fn(rank, world, device, *args, status=RankStatus)`` on ``world`` new processes in
-    one process group and return each rank's result; ``fn`` must be importable (module level)
-    and may keep ``status.text`` up to date for error messages. Raises
-    :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish,
-    and within ``op_timeout`` (plus a second) when a rank's status stops changing (a rank
-    that stops answering). The ranks end with this process (:func:`die_with_parent`)."""
-    backend = resolve_backend(backend)
-    threads = threads or max(1, (os.cpu_count() or 1) // world)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
-                         args=(r, world, port, backend, timeout, threads, fn, args, out,
-                               os.getpid()))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    dead_since: dict[int, float] = {}
-    last_status: dict[int, str] = {}
-    changed: dict[int, float] = {}
-    stalled: list[int] = []
-    try:
-        while len(results) + len(errors) < world:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            if op_timeout is not None:
-                stalled = [r for r, t in changed.items() if r not in results
-                           and r not in errors and now - t > op_timeout + _GRACE_S]
-                if stalled:
-                    break
-            try:
-                kind, rank, payload = out.get(timeout=min(0.1, deadline - now))
-            except queue_mod.Empty:
-                for r, p in enumerate(procs):
-                    if r in results or r in errors or p.is_alive():
-                        continue
-                    # A rank that died without a report (killed, segfault): give its queue
-                    # a moment to flush, then call it failed.
-                    first = dead_since.setdefault(r, now)
-                    if now - first > _GRACE_S:
-                        errors[r] = f"exited with code {p.exitcode} without a report"
-                        deadline = min(deadline, now + _GRACE_S)
-                continue
-            if kind == "status":
-                last_status[rank] = payload
-                changed[rank] = time.monotonic()
-            elif kind == "ok":
-                results[rank] = payload
-            else:
-                errors[rank] = payload
-                deadline = min(deadline, time.monotonic() + _GRACE_S)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        out.close()
-    if errors:
-        first = next(iter(errors))
-        head = errors[first].splitlines()[0]
-        others = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in errors.items()
-                           if r != first)
-        raise ExecutorError(f"rank {first} failed: {head}" + (f" (then {others})" if others else "")
-                            + f"\n--- rank {first} traceback ---\n{errors[first]}")
-    if stalled:
-        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}"
-                          for r in range(world) if r not in results)
-        raise ExecutorError(f"rank(s) {stalled} stopped answering: no progress for "
-                            f"{op_timeout:g} s (the per-op timeout); all ranks were stopped. "
-                            f"Last status: {where}")
-    if len(results) < world:
-        missing = [r for r in range(world) if r not in results]
-        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}" for r in missing)
-        raise ExecutorError(f"timed out after {timeout:g} s: rank(s) {missing} did not finish "
-                            f"(a peer never answered?); all ranks were stopped. Last status: "
-                            f"{where}")
-    return [results[r] for r in range(world)]
 
 
 # ----- the replay job --------------------------------------------------------------------------

@@ -21,28 +21,11 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from pipeopt.executor import _torch
+from pipeopt.executor.procs import ExecutorError, Fault, RankStatus
+
+__all__ = ["ExecutorError", "Fault", "OpClock", "RankStatus", "Segment", "StageModule",
+           "TimedStage", "backward_input", "backward_weight", "schedule_rows", "stage_module"]
 from pipeopt.schedule import Schedule
-
-
-class ExecutorError(RuntimeError):
-    """A pipelined run that failed (the message names the rank and the reason)."""
-
-
-@dataclass
-class Fault:
-    """Testing hook: make ``rank`` fail (``raise``) or stop answering (``hang``) before its
-    first op of step ``step``."""
-
-    rank: int
-    mode: str = "raise"
-    step: int = 0
-
-
-class RankStatus:
-    """What a rank is doing right now (one line), read by a reporter thread of the worker."""
-
-    def __init__(self) -> None:
-        self.text = "starting"
 
 
 # ----- schedule -> the runtime's actions ------------------------------------------------------
