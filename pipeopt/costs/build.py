@@ -237,6 +237,20 @@ class ModelPlan:
                           inflight=np.array(inflight, float), stage_device=sd,
                           device_limit=np.array(lim, float), microbatches=self.microbatches)
 
+    def fused_backward(self, partition: Partition) -> list[float] | None:
+        """With split backward and a profile that measured the fused backward: per stage, its
+        seconds (what a schedule that fuses the backward pays; see
+        :func:`pipeopt.schedules.fused_variant`). None otherwise."""
+        if not self.split_backward or all(lc.backward_time is None for lc in self.layers):
+            return None
+        out = []
+        for a, b in partition:
+            peak = self.peak(self.stage_device[len(out)])
+            out.append(float(sum(lc.fused_backward(peak, efficiency_at(lc.forward_flops,
+                                                                       self.efficiency))
+                                 for lc in self.layers[a:b])))
+        return out
+
     def uniform(self) -> Partition:
         """Megatron's default: transformer blocks split evenly, embedding on the first stage
         and LM head on the last; equal layer counts for other models."""
@@ -320,6 +334,9 @@ class ModelPlan:
                            "data_parallel": self.training.data_parallel},
             **(meta or {}),
         }
+        fused = self.fused_backward(partition)
+        if fused is not None:
+            info["fused_backward"] = fused
         return Problem(
             devices=p, microbatches=self.microbatches, virtual_stages=self.virtual_stages,
             placement=self.placement,  # type: ignore[arg-type]

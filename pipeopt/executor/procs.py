@@ -142,7 +142,8 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     and may keep ``status.text`` up to date for error messages. Raises
     :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish,
     and within ``op_timeout`` (plus a second) when a rank's status stops changing during a
-    training step (a rank that stops answering). The ranks end with this process (:func:`die_with_parent`)."""
+    training step (a rank that stops answering). The ranks end with this process
+    (:func:`die_with_parent`)."""
     import multiprocessing as mp
 
     if backend == "auto":

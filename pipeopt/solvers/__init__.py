@@ -21,7 +21,7 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.bounds import iteration_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
-from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable
+from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable, fused_variant
 from pipeopt.simulate import simulate, validate
 
 Objective = Literal["makespan", "span"]
@@ -177,12 +177,13 @@ def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
 def run_classic(problem: Problem, name: str, *, require_fit: bool = False) -> Schedule:
     """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
 
-    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem. With
+    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem
+    (:func:`~pipeopt.schedules.fused_variant`: at the measured fused backward when known). With
     ``require_fit``, orders whose peak memory (computed from the orders alone, exact when every
     op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed.
     """
     t0 = time.perf_counter()
-    prob = problem.replace(split_backward=False) if name in FUSED_BACKWARD else problem
+    prob = fused_variant(problem) if name in FUSED_BACKWARD else problem
     orders = GENERATORS[name](prob)
     if require_fit and min(min(ts, default=1.0) for ts in prob.durations.values()) > 0:
         over = over_limit(order_peak_memory(prob, orders), problem.memory_limit)
