@@ -25,14 +25,13 @@ import re
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from pipeopt.costs.profiler import executor_split
 from pipeopt.executor.check import batch_for
-from pipeopt.executor.comms import producer_of
-from pipeopt.executor.export import run_torch_rank
 from pipeopt.executor.launch import (
     RunConfig,
     RunResult,
@@ -204,12 +203,20 @@ def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, R
     out: dict[str, list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for i, (kind, obj, cfg) in enumerate(jobs):
-            if kind == "ours":
-                res = run_rank(rank, world, device, obj, cfg, "gloo", status)
-            else:
-                res = run_torch_rank(rank, world, device, obj, cfg, "class:Schedule1F1B")
+            if kind == "torch":  # PyTorch's own schedule class on the same stages
+                cfg = replace(cfg, torch_schedule="Schedule1F1B")
+            res = run_rank(rank, world, device, obj, cfg, "gloo", status)
             out.setdefault(str(i), []).append(res)
     return out
+
+
+def producer_of(op: Op, stages: int) -> Op | None:
+    """The op of a neighbouring stage whose output ``op`` consumes, if any."""
+    if op.kind == "F" and op.stage > 0:
+        return Op("F", op.stage - 1, op.microbatch)
+    if op.kind == "B" and op.stage + 1 < stages:
+        return Op("B", op.stage + 1, op.microbatch)
+    return None
 
 
 def _replay(s: Schedule, durs: dict[str, float], latency_s: float) -> float:
@@ -294,7 +301,7 @@ def main() -> None:
     jobs: list[tuple[str, Any, RunConfig]] = [("ours", s, cfg) for s in scheds]
     # PyTorch's Schedule1F1B right after ours in every round (fused problem, like our 1F1B),
     # so that both see the same machine load.
-    jobs.insert(1, ("torch", scheds[0].problem, cfg))
+    jobs.insert(1, ("torch", scheds[0], cfg))
     job_of = [0, *range(2, len(jobs))]  # job index of each schedule
     t0 = time.perf_counter()
     per_rank = spawn(_bench_rank, p, (jobs, args.rounds), timeout=600, backend="gloo")

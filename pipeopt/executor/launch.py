@@ -48,7 +48,9 @@ class RunConfig:
     rank (default: cores / ranks), whether to compare with the one-process reference, the
     optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
     ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
-    PyTorch's whole-stage split."""
+    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
+    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
+    baseline for benchmarks)."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -68,6 +70,7 @@ class RunConfig:
     clip_grad_norm: float | None = None
     autocast: str | None = None
     per_layer_split: bool = True
+    torch_schedule: str | None = None
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -186,8 +189,9 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
              ) -> dict[str, Any]:
     """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
     (process group already joined); returns per-step losses and times (seconds), the last
-    step's gradients, its op trace ((op, start, end) seconds from the step's start), the op
-    durations of the steps after the first and the peak memory (bytes)."""
+    step's gradients, its op trace ((op, start, end) seconds from the step's start, ops named
+    as pipeopt does, e.g. ``1B0``), the op durations of the steps after the first and the
+    peak memory (bytes)."""
     prob = schedule.problem
     status = status or RankStatus()
     if world != prob.devices:
@@ -210,8 +214,17 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
                           input_args=io[k] if k == 0 else _grad_example(io[k]),
                           output_args=_grad_example(io[k + 1]), group=group, clock=clock)
                for k in mine]
-    runtime = _torch.Runtime(pstages, m, loss_fn=spec.loss_fn, scale_grads=True)
-    runtime._prepare_schedule_with_comms(_torch.rows_to_actions(rows))
+    if cfg.torch_schedule:
+        from torch.distributed.pipelining import schedules as tsched
+
+        cls = getattr(tsched, cfg.torch_schedule)
+        clock.ops, clock.waits_for = [], {}  # its own order: ops are not named
+        single = issubclass(cls, tsched.PipelineScheduleSingle)
+        runtime = cls(pstages[0] if single else pstages, m, loss_fn=spec.loss_fn,
+                      scale_grads=True)
+    else:
+        runtime = _torch.Runtime(pstages, m, loss_fn=spec.loss_fn, scale_grads=True)
+        runtime._prepare_schedule_with_comms(_torch.rows_to_actions(rows))
     params = [p for k in mine for p in stages[k].parameters()]
     opt = optimizer(cfg.optimizer, params, cfg.lr)
     losses, times, grads = [], [], None
@@ -249,21 +262,31 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         times.append(time.perf_counter() - t0)
         clock.resolve()
         losses.append(sum(float(v.detach()) for v in mb_losses) / m if mb_losses else 0.0)
+        trace = [(_pipeopt_op(op, order), a, b) for op, a, b in clock.trace]
         if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
-            for op, a, b in clock.trace:
-                k, kind = _split_op(op)
-                kind = "B" if kind == "I" else kind  # pipeopt's names: B is the split's I
+            for op, a, b in trace:
+                if op == "?":
+                    continue
+                k, kind, _ = _split_op(op)
                 durations.setdefault(f"{kind}{k}", []).append(b - a)
-    return {"losses": losses, "step_times": times, "grads": grads, "trace": clock.trace,
+    return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
             "op_durations": durations, "peak_memory": peak_memory(device)}
 
 
-def _split_op(op: str) -> tuple[int, str]:
-    """``"12I3"`` -> (12, "I")."""
+def _split_op(op: str) -> tuple[int, str, int]:
+    """``"12I3"`` -> (12, "I", 3)."""
     i = 0
     while op[i].isdigit():
         i += 1
-    return int(op[:i]), op[i]
+    return int(op[:i]), op[i], int(op[i + 1:] or -1)
+
+
+def _pipeopt_op(op: str, order: list[int]) -> str:
+    """A runtime op name in pipeopt's terms: B for torch's I, the schedule's micro-batch."""
+    if op == "?":
+        return op
+    k, kind, j = _split_op(op)
+    return f"{k}{'B' if kind == 'I' else kind}{order[j]}"
 
 
 def _clip(params: list[nn.Parameter], max_norm: float, device: torch.device) -> None:
