@@ -3,8 +3,9 @@
 One row per rank, one cell per compute action in the rank's order: ``<stage><kind><mb>`` with
 kind ``F`` (forward), ``I`` (input gradient: our B of a split backward), ``W`` (weight gradient)
 or ``B`` (full backward: our fused B). ``_PipelineScheduleRuntime._load_csv(path,
-format="compute_only")`` reads it and adds the communication itself. Every cell is checked
-before writing, because PyTorch's parser silently accepts a malformed cell by its prefix.
+format="compute_only")`` reads it and adds the communication itself; ``pipeopt run`` hands
+the same actions to that runtime in memory. Every cell is checked before writing, because
+PyTorch's parser silently accepts a malformed cell by its prefix.
 """
 
 from __future__ import annotations
@@ -21,12 +22,26 @@ from pipeopt.simulate import ScheduleError, check
 _CELL = re.compile(r"(\d+)(F|I|W|B)(\d+)")
 
 
+def schedule_rows(schedule: Schedule) -> tuple[list[list[tuple[int, str, int]]], list[int]]:
+    """Per rank, ``(stage, kind, microbatch)`` in torch's vocabulary (our split B is ``I``,
+    a fused B is ``B``), and the micro-batch relabelling ``order``: the runtime pairs the
+    last stage's losses with its forwards in the order they run, so micro-batch ``i`` of the
+    rows is the schedule's micro-batch ``order[i]`` (the identity for in-order schedules)."""
+    prob = schedule.problem
+    orders = schedule.device_orders()
+    last = prob.stages - 1
+    order = [op.microbatch for d in orders for op in d if op.kind == "F" and op.stage == last]
+    label = {j: i for i, j in enumerate(order)}
+    b = "I" if prob.split_backward else "B"
+    rows = [[(op.stage, b if op.kind == "B" else op.kind, label[op.microbatch]) for op in d]
+            for d in orders]
+    return rows, order
+
+
 def torch_actions(schedule: Schedule) -> list[list[str]]:
-    """Per rank, the compute actions of ``schedule`` as PyTorch action strings, in order."""
-    split = schedule.problem.split_backward
-    kind_map = {"F": "F", "B": "I" if split else "B", "W": "W"}
-    return [[f"{op.stage}{kind_map[op.kind]}{op.microbatch}" for op in order]
-            for order in schedule.device_orders()]
+    """Per rank, the compute actions of ``schedule`` as PyTorch action strings, in order
+    (micro-batches relabelled as :func:`schedule_rows` says)."""
+    return [[f"{k}{kind}{j}" for k, kind, j in row] for row in schedule_rows(schedule)[0]]
 
 
 def check_actions(rows: list[list[str]], schedule: Schedule) -> None:

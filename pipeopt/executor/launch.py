@@ -33,10 +33,11 @@ from pipeopt.executor.check import (
     reference_run,
     stage_grads,
 )
+from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.models import build_model, split_stages
 from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
-from pipeopt.executor.runtime import OpClock, TimedStage, schedule_rows, stage_module
-from pipeopt.problem import Problem
+from pipeopt.executor.runtime import OpClock, TimedStage, stage_module
+from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 
 
@@ -168,19 +169,16 @@ def _grad_example(x: Any) -> Any:
     return x.clone().requires_grad_(x.is_floating_point())
 
 
-def _waits_for(schedule: Schedule, rows: list[list[tuple[int, str, int]]], rank: int,
-               order: list[int]) -> dict[str, str]:
+def _waits_for(schedule: Schedule, rank: int) -> dict[Op, str]:
     """For the ops of ``rank`` that take a message: whose output from which rank, as words."""
     prob = schedule.problem
     out = {}
-    for k, kind, j in rows[rank]:
-        src = k - 1 if kind == "F" else k + 1
-        if kind == "W" or not 0 <= src < prob.stages or prob.stage_device[src] == rank:
-            continue
-        b = "I" if prob.split_backward else "B"
-        what = f"{src}F{j}" if kind == "F" else f"{src}{b}{j}"
-        out[f"{k}{kind}{j}"] = (f"the output of {what} from rank {prob.stage_device[src]}"
-                                + (f" (micro-batch {order[j]})" if order[j] != j else ""))
+    for op in schedule.device_orders()[rank]:
+        src = Op("F", op.stage - 1, op.microbatch) if op.kind == "F" else Op(
+            "B", op.stage + 1, op.microbatch)
+        if op.kind != "W" and 0 <= src.stage < prob.stages \
+                and prob.stage_device[src.stage] != rank:
+            out[op] = f"the output of {src} from rank {prob.stage_device[src.stage]}"
     return out
 
 
@@ -206,8 +204,8 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     xs, _ = batch_for(spec, bs, cfg.seed, 0, m)
     io = _stage_io(mods, xs[0])
     rows, order = schedule_rows(schedule)
-    clock = OpClock([f"{k}{kind}{j}" for k, kind, j in rows[rank]], status,
-                    _waits_for(schedule, rows, rank, order), cuda=device.type == "cuda")
+    clock = OpClock(list[Op | None](schedule.device_orders()[rank]), status,
+                    _waits_for(schedule, rank), cuda=device.type == "cuda")
     group = dist.new_group(backend=backend, timeout=timedelta(seconds=cfg.op_timeout))
     mine = sorted(prob.device_stages[rank])
     pstages = [TimedStage(mods[k].to(device), k, prob.stages, device,
@@ -218,7 +216,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         from torch.distributed.pipelining import schedules as tsched
 
         cls = getattr(tsched, cfg.torch_schedule)
-        clock.ops, clock.waits_for = [], {}  # its own order: ops are not named
+        clock.ops, clock.waits_for = [], {}  # its own order: ops are not known
         single = issubclass(cls, tsched.PipelineScheduleSingle)
         runtime = cls(pstages[0] if single else pstages, m, loss_fn=spec.loss_fn,
                       scale_grads=True)
@@ -262,31 +260,13 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         times.append(time.perf_counter() - t0)
         clock.resolve()
         losses.append(sum(float(v.detach()) for v in mb_losses) / m if mb_losses else 0.0)
-        trace = [(_pipeopt_op(op, order), a, b) for op, a, b in clock.trace]
         if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
-            for op, a, b in trace:
-                if op == "?":
-                    continue
-                k, kind, _ = _split_op(op)
-                durations.setdefault(f"{kind}{k}", []).append(b - a)
+            for op, a, b in clock.trace:
+                if op is not None:
+                    durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
+    trace = [(str(op), a, b) for op, a, b in clock.trace]
     return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
             "op_durations": durations, "peak_memory": peak_memory(device)}
-
-
-def _split_op(op: str) -> tuple[int, str, int]:
-    """``"12I3"`` -> (12, "I", 3)."""
-    i = 0
-    while op[i].isdigit():
-        i += 1
-    return int(op[:i]), op[i], int(op[i + 1:] or -1)
-
-
-def _pipeopt_op(op: str, order: list[int]) -> str:
-    """A runtime op name in pipeopt's terms: B for torch's I, the schedule's micro-batch."""
-    if op == "?":
-        return op
-    k, kind, j = _split_op(op)
-    return f"{k}{'B' if kind == 'I' else kind}{order[j]}"
 
 
 def _clip(params: list[nn.Parameter], max_norm: float, device: torch.device) -> None:

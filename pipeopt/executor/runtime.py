@@ -21,28 +21,12 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from pipeopt.executor import _torch
+from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.procs import ExecutorError, Fault, RankStatus
+from pipeopt.problem import Op
 
 __all__ = ["ExecutorError", "Fault", "OpClock", "RankStatus", "Segment", "StageModule",
            "TimedStage", "backward_input", "backward_weight", "schedule_rows", "stage_module"]
-from pipeopt.schedule import Schedule
-
-
-# ----- schedule -> the runtime's actions ------------------------------------------------------
-def schedule_rows(schedule: Schedule) -> tuple[list[list[tuple[int, str, int]]], list[int]]:
-    """Per rank, ``(stage, kind, microbatch)`` in torch's vocabulary (our split B is ``I``,
-    a fused B is ``B``), and the micro-batch relabelling ``order``: the runtime pairs the
-    last stage's losses with its forwards in the order they run, so micro-batch ``i`` of the
-    rows is the schedule's micro-batch ``order[i]`` (the identity for in-order schedules)."""
-    prob = schedule.problem
-    orders = schedule.device_orders()
-    last = prob.stages - 1
-    order = [op.microbatch for d in orders for op in d if op.kind == "F" and op.stage == last]
-    label = {j: i for i, j in enumerate(order)}
-    b = "I" if prob.split_backward else "B"
-    rows = [[(op.stage, b if op.kind == "B" else op.kind, label[op.microbatch]) for op in d]
-            for d in orders]
-    return rows, order
 
 
 # ----- stages -----------------------------------------------------------------------------------
@@ -123,19 +107,20 @@ def stage_module(mod: nn.Module, autocast: torch.dtype | None = None,
 
 @dataclass
 class OpClock:
-    """Per-op timing and status of one rank: ``ops`` are its compute ops in order (strings
-    like ``1F0``, ``1I0``); ``trace`` gets (op, start, end) seconds from :meth:`start` (CUDA
+    """Per-op timing and status of one rank: ``ops`` are its compute ops in the order the
+    runtime runs them (None where unknown), ``waits_for`` says for the ops that take a message
+    whose output that is; ``trace`` gets (op, start, end) seconds from :meth:`start` (CUDA
     event times on GPU, resolved by :meth:`resolve`)."""
 
-    ops: list[str]
+    ops: list[Op | None]
     status: RankStatus
-    waits_for: dict[str, str]
+    waits_for: dict[Op, str]
     cuda: bool = False
     step: int = 0
-    trace: list[tuple[str, float, float]] = field(default_factory=list)
+    trace: list[tuple[Op | None, float, float]] = field(default_factory=list)
     _i: int = 0
     _t0: float = 0.0
-    _events: list[tuple[str, float, Any, Any]] = field(default_factory=list)
+    _events: list[tuple[Op | None, float, Any, Any]] = field(default_factory=list)
 
     def start(self, step: int) -> None:
         self.step, self._i, self.trace, self._events = step, 0, [], []
@@ -147,13 +132,13 @@ class OpClock:
             self.status.text = f"step {self.step}: waiting for its sends to complete"
             return
         op = self.ops[self._i]
-        why = self.waits_for.get(op)
-        self.status.text = f"step {self.step}: {op} " + (f"waits for {why}" if why
-                                                         else "is about to run")
+        why = None if op is None else self.waits_for.get(op)
+        self.status.text = f"step {self.step}: {op or 'an op'} " + (
+            f"waits for {why}" if why else "is about to run")
 
     def timed(self, fn: Callable[[], Any]) -> Any:
-        op = self.ops[self._i] if self._i < len(self.ops) else "?"
-        self.status.text = f"step {self.step}: running {op}"
+        op = self.ops[self._i] if self._i < len(self.ops) else None
+        self.status.text = f"step {self.step}: running {op or 'an op'}"
         t0 = time.perf_counter()
         if self.cuda:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
