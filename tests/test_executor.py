@@ -224,6 +224,20 @@ def test_decoder_four_ranks_matches_reference() -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.slow
+def test_decoder_two_stages_two_replicas_matches_reference() -> None:
+    """2 pipeline stages x 2 data-parallel replicas (4 ranks), each replica on its half of a
+    batch twice as large, gradients averaged: equal to one-process training on the whole
+    batch."""
+    from dataclasses import replace
+
+    cfg = replace(DECODER, data_parallel=2)
+    jobs = [(_orders_schedule("1f1b", 2, 4, False), cfg),
+            (_orders_schedule("zb-h1", 2, 4, True), cfg)]
+    _assert_all_match(jobs, run_pipelines(jobs))
+
+
+@pytest.mark.torch
 def test_failing_rank_ends_the_run_with_its_error() -> None:
     sched = _orders_schedule("1f1b", 2, 2, False)
     t0 = time.monotonic()

@@ -4,6 +4,7 @@ and the comparison of its gradients with a pipelined run's."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,26 +61,38 @@ def optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.o
     raise ValueError(f"optimizer: must be sgd or adamw, got {name!r}")
 
 
-def clip_scale(sq_norm: float, max_norm: float) -> float:
-    """The factor gradient clipping to ``max_norm`` applies, given the squared global norm
-    (torch's ``clip_grad_norm_`` rule)."""
-    return min(1.0, max_norm / (sq_norm ** 0.5 + 1e-6))
+def clip_grads(params: list[torch.nn.Parameter], max_norm: float,
+               total: Callable[[torch.Tensor], object] = lambda t: None) -> None:
+    """Scale the gradients of ``params`` to the global norm ``max_norm`` (torch's
+    ``clip_grad_norm_`` rule); ``total`` sums the squared norm over processes in place (an
+    all-reduce) when the parameters are spread over several."""
+    sq = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu")
+    for p in params:
+        if p.grad is not None:
+            sq += p.grad.double().pow(2).sum()
+    total(sq)
+    scale = min(1.0, max_norm / (float(sq) ** 0.5 + 1e-6))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(scale)
 
 
 def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, lr: float,
                   seed: int, model_options: dict[str, Any] | None = None,
+                  microbatches: int | None = None,
                   optim: str = "sgd", clip: float | None = None, autocast: str | None = None
                   ) -> dict[str, Any]:
     """Train ``steps`` steps without pipelining (optimizer ``optim``, gradients clipped to the
     global norm ``clip``, forward under ``autocast``); returns per-step losses and step times
-    (seconds) and the gradients of the last step per stage (after clipping)."""
+    (seconds) and the gradients of the last step per stage (after clipping). ``microbatches``
+    (default: the problem's) splits each batch, as the pipelines of every replica did."""
     spec = build_model(model, problem, seed=seed, **(model_options or {}))
     stages = split_stages(spec, problem)
     modules = dict(enumerate(stages))
     runs = [stage_module(mod, AUTOCAST[autocast] if autocast else None) for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
     opt = optimizer(optim, params, lr)
-    m = problem.microbatches
+    m = microbatches or problem.microbatches
     losses, times = [], []
     for step in range(steps):
         xs, ys = batch_for(spec, batch_size, seed, step, m)
@@ -94,11 +107,7 @@ def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, 
             loss.backward()
             total += loss.item()
         if clip is not None:
-            sq = sum(float(p.grad.double().pow(2).sum()) for p in params if p.grad is not None)
-            scale = clip_scale(sq, clip)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
+            clip_grads(params, clip)
         grads = stage_grads(modules) if step == steps - 1 else None
         opt.step()
         times.append(time.perf_counter() - t0)

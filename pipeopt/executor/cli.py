@@ -37,18 +37,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     sched = load_schedule(args.schedule)
     if args.steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout: must be a finite number of seconds > 0, got "
-                          f"{args.timeout}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise ConfigError(f"--lr: must be a finite number > 0, got {args.lr}")
-    if not (math.isfinite(args.op_timeout) and args.op_timeout > 0):
-        raise ConfigError(f"--op-timeout: must be a finite number of seconds > 0, got "
-                          f"{args.op_timeout}")
-    if args.clip_grad_norm is not None and not (math.isfinite(args.clip_grad_norm)
-                                                and args.clip_grad_norm > 0):
-        raise ConfigError(f"--clip-grad-norm: must be a finite number > 0, got "
-                          f"{args.clip_grad_norm}")
+    for flag, val, what in (("--timeout", args.timeout, "number of seconds"),
+                            ("--op-timeout", args.op_timeout, "number of seconds"),
+                            ("--lr", args.lr, "number"),
+                            ("--clip-grad-norm", args.clip_grad_norm, "number")):
+        if val is not None and not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{flag}: must be a finite {what} > 0, got {val}")
+    if args.data_parallel < 1:
+        raise ConfigError(f"--data-parallel: must be >= 1, got {args.data_parallel}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
     if args.seed < 0:
@@ -74,7 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     timeout=args.timeout, backend=args.backend,
                     threads=args.threads, check=args.check, op_timeout=args.op_timeout,
                     optimizer=args.optimizer, clip_grad_norm=args.clip_grad_norm,
-                    autocast=args.autocast, per_layer_split=not args.torch_split)
+                    autocast=args.autocast, per_layer_split=not args.torch_split,
+                    data_parallel=args.data_parallel)
     try:
         res = run_pipeline(sched, cfg)
     except ModelError as exc:
@@ -171,6 +168,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="clip the gradients to this global norm (over every rank)")
     p.add_argument("--autocast", choices=["bf16", "fp16"],
                    help="run the stages' forward under torch.autocast to this dtype")
+    p.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                   help="replicas of the pipeline (devices x N ranks), each on its share of a "
+                   "batch N times as large; gradients averaged (default 1)")
     p.add_argument("--torch-split", action="store_true",
                    help="split backward as PyTorch's runtime does it (whole stage), not "
                    "pipeopt's per-layer refinement")

@@ -27,16 +27,16 @@ from pipeopt.executor.check import (
     AUTOCAST,
     RTOL,
     batch_for,
-    clip_scale,
+    clip_grads,
     compare_grads,
     optimizer,
     reference_run,
     stage_grads,
 )
 from pipeopt.executor.export import schedule_rows
-from pipeopt.executor.models import build_model, split_stages
+from pipeopt.executor.models import ModelSpec, build_model, split_stages
 from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
-from pipeopt.executor.runtime import OpClock, TimedStage, stage_module
+from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 
@@ -51,7 +51,9 @@ class RunConfig:
     ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
     PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
     name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
-    baseline for benchmarks)."""
+    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
+    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
+    large, gradients averaged over the replicas after each step."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -72,6 +74,7 @@ class RunConfig:
     autocast: str | None = None
     per_layer_split: bool = True
     torch_schedule: str | None = None
+    data_parallel: int = 1
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -163,6 +166,32 @@ def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     return out
 
 
+def _build(schedule: Schedule, cfg: RunConfig
+           ) -> tuple[ModelSpec, list[nn.Module], list[StageModule], list[Any]]:
+    """The model, its stages, their stage modules and a micro-batch's way through them."""
+    prob = schedule.problem
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
+    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split)
+            for k, mod in enumerate(stages)]
+    xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
+    return spec, stages, mods, _stage_io(mods, xs[0])
+
+
+def _groups(world: int, p: int, dp: int, replica: int, rank: int, backend: str,
+            op_timeout: float) -> tuple[Any, Any]:
+    """This rank's pipeline group (its replica's ``p`` ranks) and data-parallel group (the
+    ranks of its pipeline rank in every replica; None with one replica). Every rank creates
+    every group, in the same order, as torch.distributed requires."""
+    timeout = timedelta(seconds=op_timeout)
+    pp = [dist.new_group(list(range(d * p, (d + 1) * p)), backend=backend, timeout=timeout)
+          for d in range(dp)]
+    dpg = [dist.new_group(list(range(r, world, p)), backend=backend, timeout=timeout)
+           for r in range(p)] if dp > 1 else [None] * p
+    return pp[replica], dpg[rank]
+
+
 def _grad_example(x: Any) -> Any:
     if isinstance(x, tuple):
         return tuple(_grad_example(t) for t in x)
@@ -192,21 +221,17 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     peak memory (bytes)."""
     prob = schedule.problem
     status = status or RankStatus()
-    if world != prob.devices:
-        raise ExecutorError(f"world size {world} does not match the schedule's "
-                            f"{prob.devices} devices")
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    p, dp = prob.devices, cfg.data_parallel
+    if world != p * dp:
+        raise ExecutorError(f"world size {world} does not match the schedule's {p} devices "
+                            f"x {dp} replica(s)")
+    spec, stages, mods, io = _build(schedule, cfg)
     m, bs = prob.microbatches, cfg.batch(prob.microbatches)
-    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
-    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split)
-            for k, mod in enumerate(stages)]
-    xs, _ = batch_for(spec, bs, cfg.seed, 0, m)
-    io = _stage_io(mods, xs[0])
     rows, order = schedule_rows(schedule)
+    replica, rank = divmod(rank, p)  # from here on, rank is the pipeline rank
+    group, dp_group = _groups(world, p, dp, replica, rank, backend, cfg.op_timeout)
     clock = OpClock(list[Op | None](schedule.device_orders()[rank]), status,
                     _waits_for(schedule, rank), cuda=device.type == "cuda")
-    group = dist.new_group(backend=backend, timeout=timedelta(seconds=cfg.op_timeout))
     mine = sorted(prob.device_stages[rank])
     pstages = [TimedStage(mods[k].to(device), k, prob.stages, device,
                           input_args=io[k] if k == 0 else _grad_example(io[k]),
@@ -229,13 +254,14 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
     last = prob.stages - 1
     for step in range(cfg.steps):
-        x_mb, y_mb = batch_for(spec, bs, cfg.seed, step, m)
-        x = torch.cat([x_mb[j] for j in order]).to(device)
-        y = torch.cat([y_mb[j] for j in order]).to(device)
+        x_mb, y_mb = batch_for(spec, bs * dp, cfg.seed, step, m * dp)  # this replica's share:
+        x = torch.cat([x_mb[replica * m + j] for j in order]).to(device)
+        y = torch.cat([y_mb[replica * m + j] for j in order]).to(device)
         opt.zero_grad(set_to_none=True)
         mb_losses: list[torch.Tensor] = []
         dist.barrier()
-        if cfg.fault is not None and cfg.fault.rank == rank and cfg.fault.step == step:
+        if cfg.fault is not None and cfg.fault.rank == replica * p + rank \
+                and cfg.fault.step == step:
             if cfg.fault.mode == "hang":
                 status.text = f"step {step}: stopped answering (injected fault)"
                 time.sleep(3600)
@@ -249,8 +275,13 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExecutorError(f"rank {rank}: {status.text}: {type(exc).__name__}: "
                                 f"{first}") from exc
+        if dp_group is not None:
+            for p_ in params:
+                if p_.grad is not None:
+                    dist.all_reduce(p_.grad, group=dp_group)
+                    p_.grad.div_(dp)
         if cfg.clip_grad_norm is not None:
-            _clip(params, cfg.clip_grad_norm, device)
+            clip_grads(params, cfg.clip_grad_norm, lambda t: dist.all_reduce(t, group=group))
         if step == cfg.steps - 1:
             grads = stage_grads({k: stages[k] for k in mine})
         opt.step()
@@ -267,19 +298,6 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     trace = [(str(op), a, b) for op, a, b in clock.trace]
     return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
             "op_durations": durations, "peak_memory": peak_memory(device)}
-
-
-def _clip(params: list[nn.Parameter], max_norm: float, device: torch.device) -> None:
-    """Clip to the global gradient norm over every rank's parameters (one all-reduce)."""
-    sq = torch.zeros((), dtype=torch.float64, device=device)
-    for p in params:
-        if p.grad is not None:
-            sq += p.grad.double().pow(2).sum()
-    dist.all_reduce(sq)
-    scale = clip_scale(float(sq), max_norm)
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(scale)
 
 
 def peak_memory(device: torch.device) -> float:
@@ -344,16 +362,18 @@ def _jobs_rank(rank: int, world: int, device: torch.device,
 def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]]
               ) -> RunResult:
     """Merge the ranks' reports (and compare with the reference when asked)."""
-    steps = len(per_rank[0]["losses"])
-    losses = [sum(r["losses"][i] for r in per_rank) for i in range(steps)]
+    steps, dp = len(per_rank[0]["losses"]), cfg.data_parallel
+    losses = [sum(r["losses"][i] for r in per_rank) / dp for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
     res.op_costs = op_costs(per_rank)
     res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
     if cfg.check:
-        grads = {k: g for r in per_rank for k, g in r["grads"].items()}
+        # replica 0's gradients (every replica holds the same after the average)
+        grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r["grads"].items()}
         ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
-                            batch_size=cfg.batch(schedule.problem.microbatches), lr=cfg.lr,
+                            batch_size=cfg.batch(schedule.problem.microbatches) * dp, lr=cfg.lr,
+                            microbatches=schedule.problem.microbatches * dp,
                             seed=cfg.seed, model_options=dict(cfg.model_options),
                             optim=cfg.optimizer, clip=cfg.clip_grad_norm,
                             autocast=cfg.autocast)
@@ -372,10 +392,11 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
     spawned processes; returns one result per job. Timeout: the sum of the jobs' timeouts."""
     if not jobs:
         return []
-    world = jobs[0][0].problem.devices
-    for s, _ in jobs:
-        if s.problem.devices != world:
-            raise ExecutorError("run_pipelines: every schedule must have the same devices")
+    world = jobs[0][0].problem.devices * jobs[0][1].data_parallel
+    for s, c in jobs:
+        if s.problem.devices * c.data_parallel != world:
+            raise ExecutorError("run_pipelines: every job must have the same ranks (devices "
+                                "x replicas)")
     for s, c in jobs:  # fail here, once and clearly, not in every worker
         _preflight(s, c)
     cfg0 = jobs[0][1]
@@ -407,12 +428,8 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
     except (AssertionError, RuntimeError, ValueError) as exc:
         raise ExecutorError(f"{schedule.method}: PyTorch's runtime refuses the schedule: "
                             f"{exc}") from None
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
-    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
     try:
-        xs, _ = batch_for(spec, bs, cfg.seed, 0, prob.microbatches)
-        _stage_io([stage_module(mod, amp) for mod in stages], xs[0])
+        _build(schedule, cfg)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
