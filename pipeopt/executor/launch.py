@@ -39,6 +39,7 @@ from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
 from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
+from pipeopt.schedules import fused_variant
 
 
 @dataclass(frozen=True)
@@ -329,28 +330,21 @@ def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
     :func:`pipeopt.schedules.fused_variant`), and B and W share it in the problem's own
     proportion; a split run keeps the ``fused_backward`` it had. Links, memory and everything
     else stay as they were."""
-    prob = schedule.problem
+    prob, costs = schedule.problem, result.op_costs
     meta = dict(prob.meta)
-    if not prob.split_backward and any(("B", k) in result.op_costs
-                                       for k in range(prob.stages)):
-        fused = [result.op_costs.get(("B", k), b + w) for k, (b, w)
-                 in enumerate(zip(prob.backward_input, prob.backward_weight, strict=True))]
-        meta["fused_backward"] = fused
-    costs = result.op_costs
-    f, bi, bw = list(prob.forward), list(prob.backward_input), list(prob.backward_weight)
-    for k in range(prob.stages):
-        f[k] = costs.get(("F", k), f[k])
-        if prob.split_backward:
-            bi[k] = costs.get(("B", k), bi[k])
-            bw[k] = costs.get(("W", k), bw[k])
-        elif ("B", k) in costs:
-            total = bi[k] + bw[k]
-            share = bi[k] / total if total > 0 else 1.0
-            bi[k], bw[k] = costs[("B", k)] * share, costs[("B", k)] * (1 - share)
     meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
                               "steps": len(result.step_times)}
-    return prob.replace(forward=tuple(f), backward_input=tuple(bi), backward_weight=tuple(bw),
-                        meta=tuple(meta.items()))
+    f = tuple(costs.get(("F", k), x) for k, x in enumerate(prob.forward))
+    if prob.split_backward:
+        return prob.replace(
+            forward=f, meta=tuple(meta.items()),
+            backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(
+                prob.backward_input)),
+            backward_weight=tuple(costs.get(("W", k), x) for k, x in enumerate(
+                prob.backward_weight)))
+    meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
+                              for k in range(prob.stages)]
+    return fused_variant(prob.replace(split_backward=True, forward=f, meta=tuple(meta.items())))
 
 
 def _jobs_rank(rank: int, world: int, device: torch.device,
@@ -417,11 +411,9 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
-    if cfg.optimizer not in ("sgd", "adamw"):
-        raise ExecutorError(f"optimizer: must be sgd or adamw, got {cfg.optimizer!r}")
-    if cfg.autocast is not None and cfg.autocast not in AUTOCAST:
-        raise ExecutorError(f"autocast: must be one of {', '.join(AUTOCAST)}, got "
-                            f"{cfg.autocast!r}")
+    if cfg.optimizer not in ("sgd", "adamw") or (cfg.autocast or "bf16") not in AUTOCAST:
+        raise ExecutorError(f"optimizer {cfg.optimizer!r} / autocast {cfg.autocast!r}: "
+                            f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
     rows, _ = schedule_rows(schedule)
     try:  # torch's own validation and lowering, before any process starts
         _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
