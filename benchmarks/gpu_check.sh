@@ -34,7 +34,7 @@ if [ "$ngpu" -ge 2 ]; then
     echo "== $ranks GPUs: one rank each, nccl"
 else
     pipeline="{devices: 1, microbatches: $m, virtual_stages: 2}"
-    methods=(1f1b zb-h1)
+    methods=(interleaved-1f1b greedy)  # one device: the schedules for 2 stages on it
     echo "== 1 GPU: single-GPU stage-timing check (2 stages on GPU 0)"
 fi
 printf 'pipeline: %s\nmodel: {profile: profile.json}\n' "$pipeline" > "$work/cfg.yaml"

@@ -158,6 +158,8 @@ def solve_torch(problem: Problem, name: str, options: Any = None) -> Schedule:
         actions = torch_actions(canon, prob.devices, prob.microbatches, prob.virtual_stages)
     except (ValueError, RuntimeError, AssertionError, ZeroDivisionError) as exc:
         raise NotApplicable(f"torch:{canon}: PyTorch rejects this shape: {exc}") from None
+    except ImportError as exc:  # another torch than the pinned one (pipeopt.executor._torch)
+        raise NotApplicable(f"torch:{canon}: {exc}") from None
     orders, fixup = to_orders(prob, actions, canon)
     for d, order in enumerate(orders):
         for op in order:
