@@ -64,16 +64,6 @@ RankFn = Callable[..., Any]
 _STATUS_EVERY_S = 0.5
 
 
-def _report_status(status: RankStatus, rank: int, out: Any, done: threading.Event) -> None:
-    """Worker thread: send the rank's status line to the parent whenever it changes."""
-    last = None
-    while not done.wait(_STATUS_EVERY_S):
-        text = status.text
-        if text != last:
-            out.put(("status", rank, text))
-            last = text
-
-
 def die_with_parent(parent: int) -> None:
     """End this process when ``parent`` ends: the parent-death signal on Linux (prctl), else
     a thread that polls the parent's pid."""
@@ -104,7 +94,15 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
     die_with_parent(parent)
     status = RankStatus()
     done = threading.Event()
-    threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
+
+    def report() -> None:  # the rank's status line, to the parent, whenever it changes
+        last = None
+        while not done.wait(_STATUS_EVERY_S):
+            if status.text != last:
+                last = status.text
+                out.put(("status", rank, last))
+
+    threading.Thread(target=report, daemon=True).start()
     try:
         import torch
         import torch.distributed as dist
@@ -163,36 +161,29 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
         p.start()
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
+    status: dict[int, str] = {}
+    changed: dict[int, float] = {}  # when each rank's status last changed within a step
     dead_since: dict[int, float] = {}
-    last_status: dict[int, str] = {}
-    changed: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
     stalled: list[int] = []
     try:
-        while len(results) + len(errors) < world:
+        while len(results) + len(errors) < world and time.monotonic() < deadline:
             now = time.monotonic()
-            if now >= deadline:
+            running = [r for r in range(world) if r not in results and r not in errors]
+            stalled = [r for r in running if op_timeout is not None and r in changed
+                       and now - changed[r] > op_timeout + _GRACE_S]
+            if stalled:
                 break
-            if op_timeout is not None:
-                stalled = [r for r, t in sorted(changed.items()) if r not in results
-                           and r not in errors and now - t > op_timeout + _GRACE_S]
-                if stalled:
-                    break
             try:
                 kind, rank, payload = out.get(timeout=min(0.1, deadline - now))
             except queue_mod.Empty:
-                for r, p in enumerate(procs):
-                    if r in results or r in errors or p.is_alive():
-                        continue
-                    # A rank that died without a report (killed, segfault): give its queue
-                    # a moment to flush, then call it failed.
-                    first = dead_since.setdefault(r, now)
-                    if now - first > _GRACE_S:
-                        errors[r] = f"exited with code {p.exitcode} without a report"
+                for r in running:  # died without a report (killed, segfault): after a grace
+                    if not procs[r].is_alive() and now - dead_since.setdefault(r, now) > _GRACE_S:
+                        errors[r] = f"exited with code {procs[r].exitcode} without a report"
                         deadline = min(deadline, now + _GRACE_S)
                 continue
             if kind == "status":
-                last_status[rank] = payload
+                status[rank] = payload
                 if payload.startswith("step "):  # set-up is under the run's timeout only
                     changed[rank] = time.monotonic()
             elif kind == "ok":
@@ -207,23 +198,22 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
         for p in procs:
             p.join(timeout=5)
         out.close()
+    where = "; ".join(f"rank {r}: {status.get(r, 'no report')}" for r in range(world)
+                      if r not in results)
     if errors:
         first = next(iter(errors))
-        head = errors[first].splitlines()[0]
         others = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in errors.items()
                            if r != first)
-        raise ExecutorError(f"rank {first} failed: {head}" + (f" (then {others})" if others else "")
+        raise ExecutorError(f"rank {first} failed: {errors[first].splitlines()[0]}"
+                            + (f" (then {others})" if others else "")
                             + f"\n--- rank {first} traceback ---\n{errors[first]}")
     if stalled:
-        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}"
-                          for r in range(world) if r not in results)
         raise ExecutorError(f"rank(s) {stalled} stopped answering: no progress for "
                             f"{op_timeout:g} s (the per-op timeout); all ranks were stopped. "
                             f"Last status: {where}")
     if len(results) < world:
-        missing = [r for r in range(world) if r not in results]
-        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}" for r in missing)
-        raise ExecutorError(f"timed out after {timeout:g} s: rank(s) {missing} did not finish "
+        raise ExecutorError(f"timed out after {timeout:g} s: rank(s) "
+                            f"{[r for r in range(world) if r not in results]} did not finish "
                             f"(a peer never answered?); all ranks were stopped. Last status: "
                             f"{where}")
     return [results[r] for r in range(world)]
