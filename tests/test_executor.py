@@ -259,6 +259,7 @@ def test_silent_rank_is_reported_within_the_op_timeout() -> None:
     assert time.monotonic() - t0 < 40  # spawning 2 ranks on a busy 2-core machine: ~5-15 s
     msg = str(err.value)
     assert "rank 1: step 0: 1F0 waits for the output of 0F0 from rank 0" in msg, msg
+    assert "rank 0: step 0: stopped answering (injected fault)" in msg, msg  # the silent one
     assert "timed out after" not in msg  # not the whole-run timeout
 
 

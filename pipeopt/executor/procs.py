@@ -206,7 +206,8 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
                            if r != first)
         raise ExecutorError(f"rank {first} failed: {errors[first].splitlines()[0]}"
                             + (f" (then {others})" if others else "")
-                            + f"\n--- rank {first} traceback ---\n{errors[first]}")
+                            + f"\nlast status: {where}\n--- rank {first} traceback ---\n"
+                            + errors[first])
     if stalled:
         raise ExecutorError(f"rank(s) {stalled} stopped answering: no progress for "
                             f"{op_timeout:g} s (the per-op timeout); all ranks were stopped. "
