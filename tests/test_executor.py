@@ -3,6 +3,7 @@ the one-process gradients. Spawned runs are batched: one set of processes runs m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -204,13 +205,15 @@ DECODER = RunConfig(model="decoder_model:decoder", check=True, steps=2, optimize
 @pytest.mark.torch
 def test_decoder_two_ranks_matches_reference() -> None:
     """A Hugging Face-style decoder (tuples between stages) under 1F1B, ZB-H1, ZB-V and the
-    greedy solver's schedule on 2 gloo ranks equals one-process training."""
+    greedy solver's schedule on 2 gloo ranks equals one-process training; also with every
+    layer an activation checkpoint (1F1B, ZB-H1)."""
     p, m = 2, 4
     greedy = solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy")
     scheds = [_orders_schedule("1f1b", p, m, False), _orders_schedule("zb-h1", p, m, True),
               _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
               greedy]
     jobs = [(s, DECODER) for s in scheds]
+    jobs += [(s, dataclasses.replace(DECODER, recompute=True)) for s in scheds[:2]]
     _assert_all_match(jobs, run_pipelines(jobs))
 
 

@@ -71,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     threads=args.threads, check=args.check, op_timeout=args.op_timeout,
                     optimizer=args.optimizer, clip_grad_norm=args.clip_grad_norm,
                     autocast=args.autocast, per_layer_split=not args.torch_split,
-                    data_parallel=args.data_parallel)
+                    data_parallel=args.data_parallel, recompute=args.recompute)
     try:
         res = run_pipeline(sched, cfg)
     except ModelError as exc:
@@ -171,6 +171,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--data-parallel", type=int, default=1, metavar="N",
                    help="replicas of the pipeline (devices x N ranks), each on its share of a "
                    "batch N times as large; gradients averaged (default 1)")
+    p.add_argument("--recompute", action="store_true",
+                   help="activation checkpointing: every layer's forward runs again in its "
+                   "backward")
     p.add_argument("--torch-split", action="store_true",
                    help="split backward as PyTorch's runtime does it (whole stage), not "
                    "pipeopt's per-layer refinement")

@@ -54,7 +54,8 @@ class RunConfig:
     name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
     baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
     devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step."""
+    large, gradients averaged over the replicas after each step. ``recompute``: every layer
+    an activation checkpoint."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -76,6 +77,7 @@ class RunConfig:
     per_layer_split: bool = True
     torch_schedule: str | None = None
     data_parallel: int = 1
+    recompute: bool = False
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -174,8 +176,8 @@ def _build(schedule: Schedule, cfg: RunConfig
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
-    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split)
-            for k, mod in enumerate(stages)]
+    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
+                         cfg.recompute) for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
     return spec, stages, mods, _stage_io(mods, xs[0])
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
+from torch.utils.checkpoint import checkpoint
 
 from pipeopt.executor import _torch
 from pipeopt.executor.export import schedule_rows
@@ -57,13 +58,15 @@ class StageModule(nn.Module):
     """The layers of one stage run in a row (a layer's tuple output is the next layer's
     arguments), under autocast to ``autocast`` (a dtype) when given. With ``segmented``, the
     forward cuts the stage after every layer that hands on one differentiable tensor (its
-    successor starts from a leaf) and appends the :class:`Segment` list to ``segments``."""
+    successor starts from a leaf) and appends the :class:`Segment` list to ``segments``. With
+    ``recompute``, every layer is an activation checkpoint (its forward runs again in the
+    backward)."""
 
     def __init__(self, layers: Sequence[nn.Module], autocast: torch.dtype | None = None,
-                 segmented: bool = False) -> None:
+                 segmented: bool = False, recompute: bool = False) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.autocast = autocast
+        self.autocast, self.recompute = autocast, recompute
         self.segmented = segmented and len(self.layers) > 1
         self.segments: list[list[Segment]] = []
 
@@ -77,13 +80,13 @@ class StageModule(nn.Module):
         h: Any = args[0] if len(args) == 1 else args
         if not (self.segmented and torch.is_grad_enabled()):
             for layer in self.layers:
-                h = _call(layer, h)
+                h = self._layer(layer, h)
             return _no_view(h)
         segs: list[Segment] = []
         seg_in: list[torch.Tensor] | None = None
         params: list[nn.Parameter] = []
         for i, layer in enumerate(self.layers):
-            h = _call(layer, h)
+            h = self._layer(layer, h)
             params += [p for p in layer.parameters() if p.requires_grad]
             cut = (i < len(self.layers) - 1 and isinstance(h, torch.Tensor)
                    and h.is_floating_point() and h.requires_grad)
@@ -96,13 +99,18 @@ class StageModule(nn.Module):
         self.segments.append(segs)
         return _no_view(h)
 
+    def _layer(self, layer: nn.Module, h: Any) -> Any:
+        if self.recompute and torch.is_grad_enabled():  # keep the input, redo it in backward
+            return checkpoint(_call, layer, h, use_reentrant=False)
+        return _call(layer, h)
+
 
 def stage_module(mod: nn.Module, autocast: torch.dtype | None = None,
-                 segmented: bool = False) -> StageModule:
+                 segmented: bool = False, recompute: bool = False) -> StageModule:
     """A :class:`StageModule` over the layers of ``mod`` (an ``nn.Sequential``'s children, or
     ``mod`` itself), sharing their parameters."""
     layers = list(mod) if isinstance(mod, nn.Sequential) else [mod]
-    return StageModule(layers, autocast, segmented)
+    return StageModule(layers, autocast, segmented, recompute)
 
 
 @dataclass
