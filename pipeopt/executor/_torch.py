@@ -2,7 +2,10 @@
 
 They have changed between releases, so they are imported here only, after a version check:
 on a torch other than :data:`SUPPORTED` importing this module raises :class:`TorchVersionError`
-with what to install. Everything else in pipeopt reaches them through this module.
+with what to install. Everything else in pipeopt reaches them through this module. The one
+other tie to PyTorch's internals is :class:`pipeopt.executor.runtime.TimedStage`, a
+``PipelineStage`` that overrides its ``*_one_chunk`` methods and ``backward_maybe_with_nosync``
+(whose ``bwd_kwargs`` keys it reads); it is checked against the same version.
 """
 
 from __future__ import annotations
@@ -41,12 +44,8 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-__all__ = ["SUPPORTED", "Action", "Runtime", "TorchVersionError", "get_schedule_ops",
-           "lower", "parse_action", "rows_to_actions", "stage_backward_input",
-           "stage_backward_weight"]
-
-Action = _Action
-Runtime = _PipelineScheduleRuntime
+__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "lower", "parse_action",
+           "rows_to_actions", "runtime", "stage_backward_input", "stage_backward_weight"]
 
 #: pipeopt op kind -> torch computation type (B is our split input gradient when split).
 _KIND = {"F": _ComputationType.FORWARD, "I": _ComputationType.BACKWARD_INPUT,
@@ -66,6 +65,16 @@ def parse_action(cell: str) -> Any:
 def rows_to_actions(rows: Sequence[Iterable[tuple[int, str, int]]]) -> dict[int, list[Any]]:
     """Per-rank ``(stage, kind, microbatch)`` rows as the runtime's compute-only actions."""
     return {r: [action(k, kind, j) for k, kind, j in row] for r, row in enumerate(rows)}
+
+
+def runtime(stages: list[Any], microbatches: int, loss_fn: Any,
+            actions: dict[int, list[Any]]) -> Any:
+    """PyTorch's ``_PipelineScheduleRuntime`` over this rank's ``stages`` with the
+    compute-only ``actions`` of every rank loaded (it lowers them itself); gradients scaled by
+    the number of micro-batches, as for a mean loss."""
+    rt = _PipelineScheduleRuntime(stages, microbatches, loss_fn=loss_fn, scale_grads=True)
+    rt._prepare_schedule_with_comms(actions)
+    return rt
 
 
 def lower(actions: dict[int, list[Any]], stages: int, microbatches: int

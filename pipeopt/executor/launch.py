@@ -249,8 +249,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         runtime = cls(pstages[0] if single else pstages, m, loss_fn=spec.loss_fn,
                       scale_grads=True)
     else:
-        runtime = _torch.Runtime(pstages, m, loss_fn=spec.loss_fn, scale_grads=True)
-        runtime._prepare_schedule_with_comms(_torch.rows_to_actions(rows))
+        runtime = _torch.runtime(pstages, m, spec.loss_fn, _torch.rows_to_actions(rows))
     params = [p for k in mine for p in stages[k].parameters()]
     opt = optimizer(cfg.optimizer, params, cfg.lr)
     losses, times, grads = [], [], None
