@@ -16,6 +16,7 @@ within 15%, executor no slower than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project]
+    python benchmarks/executor.py --ranking   # 5 methods x 2 models: errors, Kendall tau
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ import re
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from pipeopt.costs.profiler import executor_split
 from pipeopt.executor.check import batch_for
-from pipeopt.executor.comms import producer_of
-from pipeopt.executor.export import run_torch_rank
 from pipeopt.executor.launch import (
     RunConfig,
     RunResult,
@@ -149,7 +149,8 @@ def _skeleton(ranks: int, microbatches: int, partition: Any = None) -> Problem:
                    backward_input=(1.0,) * ranks, backward_weight=(1.0,) * ranks, meta=meta)
 
 
-def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
+def project_profile(ranks: int, microbatches: int, batch: int, workdir: str,
+                    model: str = MODEL, options: tuple[tuple[str, Any], ...] = OPTIONS
                     ) -> tuple[Problem, Problem]:
     """The project's own loop: ``pipeopt.costs.profiler`` times every layer on one micro-batch
     (as ``pipeopt profile`` does: F, and B / W through the executor's split code on each layer
@@ -160,10 +161,10 @@ def project_profile(ranks: int, microbatches: int, batch: int, workdir: str
     from pipeopt.costs.profiler import profile_model, write_profile
 
     skeleton = _skeleton(ranks, microbatches)
-    spec = build_model(MODEL, skeleton, seed=0, **dict(OPTIONS))
+    spec = build_model(model, skeleton, seed=0, **dict(options))
     xs, _ = batch_for(spec, batch, 0, 0, microbatches)
     doc = profile_model(torch.nn.Sequential(*spec.layers), xs[0], device="cpu", repeats=9,
-                        name=MODEL)
+                        name=model)
     path = f"{workdir}/profile.json"
     write_profile(doc, path)
     cfg = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
@@ -204,12 +205,20 @@ def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, R
     out: dict[str, list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for i, (kind, obj, cfg) in enumerate(jobs):
-            if kind == "ours":
-                res = run_rank(rank, world, device, obj, cfg, "gloo", status)
-            else:
-                res = run_torch_rank(rank, world, device, obj, cfg, "class:Schedule1F1B")
+            if kind == "torch":  # PyTorch's own schedule class on the same stages
+                cfg = replace(cfg, torch_schedule="Schedule1F1B")
+            res = run_rank(rank, world, device, obj, cfg, "gloo", status)
             out.setdefault(str(i), []).append(res)
     return out
+
+
+def producer_of(op: Op, stages: int) -> Op | None:
+    """The op of a neighbouring stage whose output ``op`` consumes, if any."""
+    if op.kind == "F" and op.stage > 0:
+        return Op("F", op.stage - 1, op.microbatch)
+    if op.kind == "B" and op.stage + 1 < stages:
+        return Op("B", op.stage + 1, op.microbatch)
+    return None
 
 
 def _replay(s: Schedule, durs: dict[str, float], latency_s: float) -> float:
@@ -267,11 +276,18 @@ def main() -> None:
                     "predictions printed): ranks (default): each rank times its stage as the "
                     "executor runs it, all ranks at once; project: pipeopt.costs.profiler, "
                     "per layer, one process")
+    ap.add_argument("--ranking", action="store_true",
+                    help="instead: every method of RANK_METHODS on each model of RANK_MODELS, "
+                    "solved on the project profile, run in interleaved rounds; predicted vs "
+                    "measured step time per method and the Kendall tau of the two orders")
     ap.add_argument("--no-replan", dest="replan", action="store_false",
                     help="skip the last phase: CP-SAT re-planned on the op times the ZB-H1 "
                     "runs measured (pipeopt run --costs-out), run again")
     args = ap.parse_args()
     p, m = args.ranks, args.microbatches
+    if args.ranking:
+        ranking(args)
+        return
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -294,7 +310,7 @@ def main() -> None:
     jobs: list[tuple[str, Any, RunConfig]] = [("ours", s, cfg) for s in scheds]
     # PyTorch's Schedule1F1B right after ours in every round (fused problem, like our 1F1B),
     # so that both see the same machine load.
-    jobs.insert(1, ("torch", scheds[0].problem, cfg))
+    jobs.insert(1, ("torch", scheds[0], cfg))
     job_of = [0, *range(2, len(jobs))]  # job index of each schedule
     t0 = time.perf_counter()
     per_rank = spawn(_bench_rank, p, (jobs, args.rounds), timeout=600, backend="gloo")
@@ -380,6 +396,52 @@ def main() -> None:
           "(median of per-round ratios; aim <= 1.05)")
     if args.replan:
         _replan(scheds, job_of, per_rank, args, p)
+
+
+#: Models and methods of ``--ranking`` (issue 17: >= 5 methods on >= 2 models).
+RANK_MODELS = {MODEL: OPTIONS, "mlp": (("layers", 8), ("width", 512))}
+RANK_METHODS = ("1f1b", "zb-h1", "zb-h2", "greedy", "cpsat")
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two orderings of the same items (1: same order, -1: reversed)."""
+    n = len(a)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    agree = sum(((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
+                for i, j in pairs)
+    return agree / len(pairs) if pairs else 1.0
+
+
+def ranking(args: argparse.Namespace) -> None:
+    """Per model: the project profile (``pipeopt profile`` then the config form, split
+    backward; fused methods are priced at the profile's fused backward), every method solved
+    on it, all run ``--rounds`` times interleaved; prints each method's predicted and measured
+    step time (median of the steps after the first of every round), the error, and the Kendall
+    tau between the predicted and the measured order."""
+    p, m = args.ranks, args.microbatches
+    for model, options in RANK_MODELS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            prob, _ = project_profile(p, m, args.batch, tmp, model, options)
+        scheds = [solve(prob, meth, time_limit=args.time_limit, workers=1, seed=0)
+                  for meth in RANK_METHODS]
+        cfg = RunConfig(model=model, model_options=options, steps=args.steps,
+                        batch_size=args.batch)
+        t0 = time.perf_counter()
+        per_rank = spawn(_bench_rank, p, ([("ours", s, cfg) for s in scheds], args.rounds),
+                         timeout=3600, backend="gloo")
+        measured = [statistics.median(
+            t for rnd in range(args.rounds) for t in _assemble(
+                s, RunConfig(), [per_rank[r][str(i)][rnd] for r in range(p)]).step_times[1:])
+            for i, s in enumerate(scheds)]
+        predicted = [s.makespan for s in scheds]
+        print(f"{model} ({p} gloo ranks, {m} micro-batches, {args.rounds} rounds x "
+              f"{args.steps} steps, {time.perf_counter() - t0:.0f} s)")
+        for s, pred, meas in zip(scheds, predicted, measured, strict=True):
+            print(f"  {s.method:<10} predicted {pred * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} "
+                  f"ms  error {meas / pred - 1:+6.1%}")
+        tau = kendall_tau(predicted, measured)
+        worst = max(abs(meas / pred - 1) for pred, meas in zip(predicted, measured, strict=True))
+        print(f"  Kendall tau {tau:+.2f} (aim >= 0.8); worst error {worst:.1%} (aim <= 10%)")
 
 
 def _replan(scheds: list[Schedule], job_of: list[int], per_rank: list[Any],

@@ -67,15 +67,27 @@ def round_trip(problem: Problem, stage: int, microbatch: int | None = None) -> f
     """Least time from the start of F(stage, j) to the start of B(stage, j): the forward through
     the later stages and the backward back down to stage + 1, with link delays. For
     ``microbatch`` j at its own cost; without it, the least over the micro-batches."""
+    return round_trips(problem, microbatch)[stage]
+
+
+def round_trips(problem: Problem, microbatch: int | None = None) -> tuple[float, ...]:
+    """:func:`round_trip` of every stage, in one pass from the last stage down (O(stages),
+    where calling it per stage is O(stages^2): minutes at 1024 devices). Without
+    ``microbatch``, per stage the least over the distinct micro-batches."""
     if microbatch is None:
-        return min(round_trip(problem, stage, j) for j in problem.distinct_microbatches)
+        per = [round_trips(problem, j) for j in problem.distinct_microbatches]
+        return per[0] if len(per) == 1 else tuple(map(min, zip(*per, strict=True)))
     s, j = problem.stages, microbatch
     c = problem.time_scale[j]
-    t = sum(problem.forward[k] * c for k in range(stage, s))
-    t += sum(problem.durations["B"][k] * c for k in range(stage + 1, s))
-    t += sum(problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
-             for k in range(stage, s - 1))
-    return t
+    fwd, bwd = problem.forward, problem.durations["B"]
+    out = [0.0] * s
+    acc = 0.0
+    for k in range(s - 1, -1, -1):
+        acc += fwd[k] * c
+        if k + 1 < s:
+            acc += bwd[k + 1] * c + problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
+        out[k] = acc
+    return tuple(out)
 
 
 def _single_stage(problem: Problem, device: int) -> int | None:
@@ -146,6 +158,7 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
     ratio of a micro-batch, a fractional knapsack: it matters when memory and time differ).
     """
     out = []
+    trips = round_trips(problem)
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
@@ -161,7 +174,7 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
                 ratio = max(c / x for c, x in zip(problem.time_scale, problem.memory_scale,
                                                   strict=True))
                 busy = min(busy, problem.forward[k] * ratio * _free_memory(problem, d) / act)
-        out.append(max(0.0, round_trip(problem, k) - busy))
+        out.append(max(0.0, trips[k] - busy))
     return tuple(out)
 
 
@@ -183,6 +196,10 @@ def cooldown_idle(problem: Problem) -> tuple[float, ...]:
         return _cooldown_idle_scaled(problem)
     out = []
     m = problem.microbatches
+    trips = round_trips(problem)
+    # Devices with the same memory and op times have the same answer: search once per kind
+    # (the loop below is O(m) per device).
+    work_in_window: dict[tuple[float, float, float, float, float], float] = {}
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
@@ -195,14 +212,17 @@ def cooldown_idle(problem: Problem) -> tuple[float, ...]:
                 problem.backward_weight[k], problem.backward_weight[k]
         else:
             wgm, bw, w = 0.0, problem.durations["B"][k], 0.0  # a fused B frees everything
-        best = 0.0
-        for x in range(m):
-            if (1 + x) * act > free:
-                break
-            left = m - 1 - x
-            y = _whole(free - (1 + x) * act, wgm, left) if w > 0 else 0
-            best = max(best, x * bw + y * w)
-        out.append(max(0.0, round_trip(problem, k) - problem.forward[k] - best))
+        key = (free, act, wgm, bw, w)
+        if key not in work_in_window:
+            best = 0.0
+            for x in range(m):
+                if (1 + x) * act > free:
+                    break
+                left = m - 1 - x
+                y = _whole(free - (1 + x) * act, wgm, left) if w > 0 else 0
+                best = max(best, x * bw + y * w)
+            work_in_window[key] = best
+        out.append(max(0.0, trips[k] - problem.forward[k] - work_in_window[key]))
     return tuple(out)
 
 
@@ -225,6 +245,7 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
     for x in mem:
         least_mem.append(least_mem[-1] + x)
     top = _largest_sums(list(problem.time_scale))
+    trips = {j: round_trips(problem, j) for j in problem.distinct_microbatches}
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
@@ -249,8 +270,7 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
                     end -= 1
                 y = max(0, end - x - 1)
             best = max(best, bw * top[x] + w * (top[x + y] - top[x]))
-        lead = min(round_trip(problem, k, j) - problem.forward[k] * problem.time_scale[j]
-                   for j in problem.distinct_microbatches)
+        lead = min(trips[j][k] - problem.forward[k] * problem.time_scale[j] for j in trips)
         out.append(max(0.0, lead - best))
     return tuple(out)
 

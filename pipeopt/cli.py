@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -26,6 +27,7 @@ from pipeopt.config import ConfigError, load_config
 from pipeopt.io import (
     check_writable,
     dump_schedule,
+    input_name,
     load_schedule,
     refuse_overwriting_input,
     write_output,
@@ -34,7 +36,15 @@ from pipeopt.problem import ProblemError, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import ScheduleError, retime
-from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, solve
+from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, solve, time_left
+
+#: Seconds per op that printing a summary and writing the schedule JSON take, kept out of
+#: the search's time (measured with benchmarks/limits.py on the 2-core development machine:
+#: 10-22 us per op at 0.8-0.9 million ops, under other jobs' load).
+WRITE_S_PER_OP = 15e-6
+
+logger = logging.getLogger("pipeopt.cli")
+logger.addHandler(logging.NullHandler())
 
 #: Errors caused by the user's input: one clear line and exit status 2, never a traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, ScheduleError, ProblemError,
@@ -189,13 +199,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def seconds_arg(text: str) -> float:
-    """argparse type of ``--time-limit``: a finite number of seconds > 0."""
+    """argparse type of ``--time-limit``: a finite number of seconds > 0 (the rule of
+    ``solver.time_limit`` and of ``pipeopt.solve(time_limit=...)``)."""
+    from pipeopt.config import solver_option_rule
+
     try:
         val = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(val) and val > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    why = solver_option_rule("time_limit", val)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{why}, got {text!r}")
     return val
 
 
@@ -230,6 +244,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver
+    # The time limit covers the whole command: loading (done), the search, its validation
+    # (solve() keeps time for it) and writing the result (kept here).
+    spent = time.perf_counter() - args.started
+    writing = WRITE_S_PER_OP * cfg.problem.num_ops if args.output else 0.0
+    limit = time_left(sc.time_limit, spent + writing)
+    logger.info("solve: loaded in %.2f s (%d ops); %.2f s of the %.3g s time limit left for "
+                "the search and its validation, %.2f s kept for writing", spent,
+                cfg.problem.num_ops, limit, sc.time_limit, writing)
     try:
         check_method(sc.method)
     except UnknownMethod as exc:
@@ -243,9 +265,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
             print(table)
     with _progress_line(args.quiet or args.json or args.verbose) as line:
         line.running(sc.method)
-        sched = solve(cfg.problem, sc.method, time_limit=sc.time_limit, seed=sc.seed,
+        t_search = time.perf_counter()
+        sched = solve(cfg.problem, sc.method, time_limit=limit, seed=sc.seed,
                       objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
                       resolution=sc.resolution, on_progress=line.report, log=args.verbose)
+    logger.info("solve: search and validation took %.2f s", time.perf_counter() - t_search)
     # The summary first: if the write then fails, what was found is still on the screen.
     if args.json:
         extra = {} if sched.problem.uniform_microbatches else {
@@ -255,9 +279,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
         print_summary(sched)
     if args.output:
         sys.stdout.flush()
+        t_write = time.perf_counter()
         write_output("--output", args.output, lambda path: dump_schedule(sched, path))
         if not args.json:
             print(f"written       {args.output}")
+        logger.info("solve: schedule written in %.2f s", time.perf_counter() - t_write)
+    logger.info("solve: %.2f s in all, time limit %.3g s", time.perf_counter() - args.started,
+                sc.time_limit)
     details = dict(sched.solver.details)
     if details.get("fallback"):
         print(f"pipeopt: note: {details['fallback']}", file=sys.stderr)
@@ -283,7 +311,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({"valid": True, **sched.summary(),
                           "resimulated_makespan": again.makespan}))
     else:
-        print(f"{args.schedule}: valid")
+        print(f"{input_name(args.schedule)}: valid")
         print_summary(sched)
         print(f"re-simulated  {_fmt(again.makespan)} s (same device orders, earliest starts)")
     return 0
@@ -321,15 +349,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: list[Any]) -> None:
-    """The comparison as an aligned text table."""
-    head = ["method", "makespan", "vs best", "bubble", "peak mem (max)", "fits", "status"]
+    """The comparison as an aligned text table: the compared quantity (iteration time, or max
+    span with ``objective: span``), its ratio to the best that fits ("n/a" where undefined),
+    and the makespan only when it differs from that quantity somewhere."""
+    key = rows[0].ratio_of if rows else "iteration_time"
+    what = "max span" if key == "max_span" else "iteration time"
+    extra = any(r.value is not None and not math.isclose(r.schedule.makespan, r.value,
+                                                         rel_tol=1e-12) for r in rows)
+    head = ["method", what, "vs best", *(["makespan"] if extra else []), "bubble",
+            "peak mem (max)", "fits", "status"]
     table = [head]
     for r in rows:
         if r.schedule is None:
-            table.append([r.method, "-", "-", "-", "-", "-", f"n/a: {r.error}"])
+            table.append([r.method, *["-"] * (len(head) - 2), f"n/a: {r.error}"])
             continue
         s = r.schedule
-        table.append([r.method, _fmt(s.makespan), f"{r.ratio:.3f}", f"{s.bubble_ratio:.1%}",
+        table.append([r.method, _fmt(r.value), "n/a" if r.ratio is None else f"{r.ratio:.3f}",
+                      *([_fmt(s.makespan)] if extra else []), f"{s.bubble_ratio:.1%}",
                       format_memory(max(s.peak_memory), s.problem), "yes" if r.fits else "no",
                       s.solver.status])
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
@@ -337,6 +373,11 @@ def _print_table(rows: list[Any]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
+    if extra:
+        print("(times in s; makespan = the last op's end; " + (
+            "max span = the longest device's first op start to last op end"
+            if key == "max_span" else "iteration time = makespan + the gradient reduction "
+            "still running after it") + f"; vs best = {what} / the best that fits)")
 
 
 def _interrupted_compare(rows: list[Any]) -> int:
@@ -374,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="pipeopt", description="Schedule search for pipeline-parallel training.",
         epilog="Example: " + EXAMPLES["solve"])
+    from pipeopt import __version__
+
+    parser.add_argument("--version", action="version", version=f"pipeopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
@@ -383,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("solve", "Find a schedule for a config and write it as JSON.")
     p.add_argument("config", help="config.yaml (explicit problem form, or model/cluster form), or "
                    "a schedule .json whose problem to solve again (e.g. the measured costs of "
-                   "pipeopt run --costs-out)")
+                   "pipeopt run --costs-out); - reads either from standard input")
     p.add_argument("--method", help="override solver.method (auto, cpsat, greedy, 1f1b, ...)")
     p.add_argument("--time-limit", type=seconds_arg, help="override solver.time_limit (seconds)")
     p.add_argument("--seed", type=seed_arg, help="override solver.seed")
@@ -395,12 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_solve)
 
     p = add("simulate", "Validate a schedule JSON file and re-simulate its device orders.")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1); - for standard input")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_simulate)
 
     p = add("compare", "Run every applicable method on a config and rank them.")
-    p.add_argument("config", help="config.yaml, or a schedule .json whose problem to use")
+    p.add_argument("config", help="config.yaml, or a schedule .json whose problem to use; - "
+                   "reads either from standard input")
     p.add_argument("--methods", help="comma-separated method names (default: all)")
     p.add_argument("--time-limit", type=seconds_arg,
                    help="time limit per search method (seconds)")
@@ -436,8 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so far is kept and written.
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_sigint)
+    started = time.perf_counter()
     try:
         args = build_parser().parse_args(argv)
+        args.started = started  # time limits count from here
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a full or closed standard output fails here, not at exit
         return code

@@ -11,10 +11,10 @@ import datetime
 import difflib
 import json
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -101,6 +101,37 @@ class SolverConfig(_Strict):
                                      description="seconds per CP-SAT time unit")
 
 
+def check_solver_option(name: str, value: Any) -> None:
+    """Raise :class:`ConfigError` ("time_limit: must be ..., got -1") when ``value`` breaks a
+    rule of the ``solver:`` key ``name``: the same rules as :class:`SolverConfig`, for values
+    that do not come from a file (``pipeopt.solve(..., time_limit=...)``, command-line flags).
+    Keys without a rule here (method, callbacks) pass."""
+    why = solver_option_rule(name, value)
+    if why is not None:
+        raise ConfigError(f"{name}: {why}, got {value!r:.60}")
+
+
+def solver_option_rule(name: str, value: Any) -> str | None:
+    """The rule of the ``solver:`` key ``name`` that ``value`` breaks, or None."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    why = None
+    if name == "time_limit" and not (real and math.isfinite(value) and value > 0):
+        why = "must be a finite number of seconds > 0"
+    elif name == "seed" and not (whole and 0 <= value <= MAX_SEED):
+        why = f"must be an integer in 0..{MAX_SEED}"
+    elif name == "workers" and value is not None and not (whole and 1 <= value <= MAX_WORKERS):
+        why = f"must be an integer in 1..{MAX_WORKERS}, or None for all cores"
+    elif name == "relative_gap" and not (real and 0 <= value <= 1):
+        why = "must be a number in 0..1"
+    elif name == "resolution" and value is not None and not (
+            real and math.isfinite(value) and value > 0):
+        why = "must be a finite number of seconds > 0, or None to have it chosen"
+    elif name == "objective" and value not in ("makespan", "span"):
+        why = "must be 'makespan' or 'span'"
+    return why
+
+
 class ConfigFile(_Strict):
     """The whole file."""
 
@@ -172,13 +203,24 @@ _TYPE_WORDS = {
 }
 
 
+def _quoted_number_hint(val: Any) -> str:
+    """For a string that reads as a number: numbers are not taken from strings, say so."""
+    if isinstance(val, str):
+        try:
+            float(val.replace("_", ""))
+        except ValueError:
+            return ""
+        return " (a string: write the number without quotes)"
+    return ""
+
+
 def error_message(err: Any) -> str:
     """The reason of one pydantic error in words (without the key path)."""
     kind = err["type"]
     ctx = err.get("ctx") or {}
     got = f", got {_yaml_name(err.get('input'))}"
     if kind in _TYPE_WORDS:
-        return f"expected {_TYPE_WORDS[kind]}{got}"
+        return f"expected {_TYPE_WORDS[kind]}{got}{_quoted_number_hint(err.get('input'))}"
     for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
         if key in ctx and kind.startswith(("greater", "less")):
             return f"must be {op} {ctx[key]:g}{got}" if isinstance(ctx[key], float) else (
@@ -269,17 +311,21 @@ _OPTIONAL_SECTIONS = ("links", "memory", "solver", "model", "cluster", "training
 
 
 def parse_config(data: Any, source: str = "<memory>",
-                 overrides: dict[str, Any] | None = None) -> Config:
+                 overrides: dict[str, Any] | None = None, *,
+                 yaml11_strings: bool = True) -> Config:
     """Validate a config mapping (already parsed from YAML) and build its problem.
 
     ``overrides`` replace ``solver:`` keys (command-line flags win over the file).
+    ``yaml11_strings``: read the strings that plain YAML 1.1 (``yaml.safe_load``) leaves
+    unparsed, such as ``1e-3`` or ``inf``, as numbers; :func:`load_config` turns it off, its
+    reader parses those already, so a string there was quoted and is refused like ``"1.5"``.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (pipeline, stages, ...), "
                           f"got {_yaml_type(data)}")
     _check_expanded_size(data, source)
-    data = {k: _floats_from_strings(v, str(k), frozenset({id(data)})) for k, v in data.items()
-            if not (k in _OPTIONAL_SECTIONS and v is None)}
+    data = {k: _floats_from_strings(v, str(k), frozenset({id(data)}), yaml11_strings)
+            for k, v in data.items() if not (k in _OPTIONAL_SECTIONS and v is None)}
     if overrides:
         solver = data.get("solver")
         solver = dict(solver) if isinstance(solver, dict) else {}
@@ -431,6 +477,19 @@ def microbatch_scales(pl: PipelineConfig) -> dict[str, tuple[float, ...]]:
     return out
 
 
+def memory_values(mem: MemoryConfig, p: int) -> tuple[list[float | None], list[float]]:
+    """``memory:`` per device, checked (both forms): limits >= 0 or None, static memory
+    finite and >= 0 (bytes)."""
+    limit = _expand("memory.limit", mem.limit, p, "device")
+    for i, x in enumerate(limit):
+        if x is not None and (math.isnan(x) or x < 0):
+            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
+                              f"(bytes) or null for no limit, got {x}")
+    static = _expand("memory.static", mem.static, p, "device")
+    _check_values("memory.static", mem.static, static, "bytes")
+    return limit, [float(x) for x in static]
+
+
 def build_problem(cfg: ConfigFile) -> Problem:
     """The problem of an explicit-form config (scalars broadcast, lists checked)."""
     pl, st, ln, mem = cfg.pipeline, cfg.stages, cfg.links, cfg.memory
@@ -457,20 +516,15 @@ def build_problem(cfg: ConfigFile) -> Problem:
                               f"(bytes/s; .inf for no transfer time), got {x}")
     if isinstance(ln.latency, int | float) and p > 1:
         # One scalar: every pair of devices is one hop apart (a switched fabric).
+        slowest = min(bw)  # once: inside the loops it made loading O(p^3)
         lat_m = tuple(tuple(0.0 if a == b else float(ln.latency) for b in range(p))
                       for a in range(p))
-        bw_m = tuple(tuple(math.inf if a == b else min(bw) for b in range(p)) for a in range(p))
+        bw_m = tuple(tuple(math.inf if a == b else slowest for b in range(p)) for a in range(p))
     else:
         lat_m, bw_m = chain_links(p, lat, bw)
     msg = _expand("links.message_size", ln.message_size, s - 1, "stage boundary")
     _check_values("links.message_size", ln.message_size, msg, "bytes")
-    limit = _expand("memory.limit", mem.limit, p, "device")
-    for i, x in enumerate(limit):
-        if x is not None and (math.isnan(x) or x < 0):
-            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
-                              f"(bytes) or null for no limit, got {x}")
-    static = _expand("memory.static", mem.static, p, "device")
-    _check_values("memory.static", mem.static, static, "bytes")
+    limit, static = memory_values(mem, p)
     scales = microbatch_scales(pl)
     try:
         return Problem(
@@ -529,14 +583,20 @@ class _SafeLoader(yaml.SafeLoader):
 
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
-        """An integer, or inf when it has over 300 digits (larger than any float; Python
-        refuses to read integers of over 4300 digits): the checks then name the key."""
+        """An integer, or :class:`~pipeopt.io.TooLarge` when it has over 300 digits (larger
+        than any float; Python refuses to read integers of over 4300 digits), which
+        :func:`parse_config` refuses naming the key."""
         digits = sum(c.isdigit() for c in str(node.value))
         if digits > 300:
+            text = str(node.value).replace("_", "")
             try:
-                return float(str(node.value).replace("_", ""))
+                float(text)
             except ValueError:  # a hex/octal/sexagesimal literal: let YAML read it
                 pass
+            else:
+                from pipeopt.io import TooLarge
+
+                return TooLarge(text)
         return super().construct_yaml_int(node)
 
 
@@ -598,37 +658,66 @@ def _check_expanded_size(data: Any, source: str) -> None:
                           "fewer nested aliases")
 
 
-def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset()) -> Any:
-    """``data`` with the strings of :data:`_MORE_FLOATS` read as numbers, for mappings that
-    were parsed by plain ``yaml.safe_load`` rather than :func:`read_yaml`. A value that
-    contains itself (a YAML alias to an enclosing anchor) is refused."""
+def _floats_from_strings(data: Any, path: str = "", inside: frozenset[int] = frozenset(),
+                         convert: bool = True) -> Any:
+    """``data`` with the strings of :data:`_MORE_FLOATS` read as numbers (when ``convert``),
+    for mappings that were parsed by plain ``yaml.safe_load`` rather than :func:`read_yaml`.
+    A value that contains itself (a YAML alias to an enclosing anchor) is refused, and so is
+    an integer too large for any number (:class:`~pipeopt.io.TooLarge`)."""
     if isinstance(data, dict | list):
         if id(data) in inside:
             raise ConfigError(f"{path or '<top>'}: refers to itself (a YAML alias to an "
                               "enclosing anchor)")
         inside = inside | {id(data)}
         if isinstance(data, dict):
-            return {k: _floats_from_strings(v, f"{path}.{k}" if path else str(k), inside)
-                    for k, v in data.items()}
-        return [_floats_from_strings(v, f"{path}[{i}]", inside) for i, v in enumerate(data)]
-    if isinstance(data, str) and _MORE_FLOATS.match(data):
+            return {k: _floats_from_strings(v, f"{path}.{k}" if path else str(k), inside,
+                                            convert) for k, v in data.items()}
+        return [_floats_from_strings(v, f"{path}[{i}]", inside, convert)
+                for i, v in enumerate(data)]
+    if isinstance(data, float) and type(data) is not float:
+        from pipeopt.io import TooLarge
+
+        if isinstance(data, TooLarge):
+            raise ConfigError(f"{path or '<top>'}: too large (an integer of {data.digits} "
+                              "digits, more than any number pipeopt takes)")
+    if convert and isinstance(data, str) and _MORE_FLOATS.match(data):
         return float(data.replace("_", ""))
     return data
 
 
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parse a YAML file safely; unreadable or malformed files raise :class:`ConfigError`."""
-    p = Path(path)
+#: Largest config pipeopt reads (bytes), from a file or standard input: room for
+#: MAX_CONFIG_VALUES values with comments; the profile of a model (``model.profile``) too.
+MAX_CONFIG_BYTES = 32 * 2**20
+
+
+def _read_text(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
+    """The text of a config file (``-``: standard input); :class:`ConfigError` if it cannot
+    be read."""
+    from pipeopt.io import input_name, read_input
+
+    name = input_name(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return read_input(path, max_bytes, what)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        raise ConfigError(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML file") from None
+        raise ConfigError(f"{name}: is a directory, expected a YAML file") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file, expected YAML") from None
+        raise ConfigError(f"{name}: not a UTF-8 text file, expected YAML") from None
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """Parse a YAML file (``-``: standard input) safely; unreadable or malformed files raise
+    :class:`ConfigError`."""
+    from pipeopt.io import input_name
+
+    return _parse_yaml(_read_text(path, MAX_CONFIG_BYTES, "a config"), input_name(path))
+
+
+def _parse_yaml(text: str, path: str) -> Any:
+    """The YAML document ``text`` read from ``path`` (for messages)."""
     if "\x00" in text:
         raise ConfigError(f"{path}: a binary file (NUL bytes), expected YAML text")
     try:
@@ -662,22 +751,34 @@ def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
 
 
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
-    """Read, validate and resolve a ``config.yaml``; keyword arguments override ``solver:``.
+    """Read, validate and resolve a ``config.yaml`` (``-``: standard input); keyword arguments
+    override ``solver:``.
 
     A ``.json`` file with a ``format`` key is read as a schedule JSON instead
     (:func:`config_from_schedule`, which also names what is wrong with one that is not a JSON
-    object); a ``.json`` object without one is a config written in JSON."""
-    if str(path).lower().endswith(".json"):
-        try:
-            from pipeopt.io import json_int
+    object); a ``.json`` object without one is a config written in JSON. On standard input a
+    JSON object with a ``format`` key is a schedule, anything else a config."""
+    from pipeopt.io import MAX_SCHEDULE_BYTES, STDIN, input_name, json_int, size_text
 
-            doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            doc = None  # let the reader that fits name the problem
-        if not isinstance(doc, dict) or "format" in doc:
-            return config_from_schedule(path, doc if isinstance(doc, dict) else None,
-                                        **overrides)
-    return parse_config(read_yaml(path), source=str(path), overrides=overrides)
+    name = input_name(path)
+    is_json = str(path).lower().endswith(".json")
+    if not is_json and str(path) != STDIN:
+        return parse_config(read_yaml(path), source=name, overrides=overrides,
+                            yaml11_strings=False)
+    text = _read_text(path, MAX_SCHEDULE_BYTES, "a schedule JSON")  # or a config
+    try:
+        doc = json.loads(text, parse_int=json_int)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and "format" in doc:
+        return config_from_schedule(name, doc, **overrides)
+    if is_json and not isinstance(doc, dict):
+        return config_from_schedule(path, None, **overrides)  # the loader names the problem
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: more than {size_text(MAX_CONFIG_BYTES)}, the most "
+                          "pipeopt reads for a config")
+    return parse_config(_parse_yaml(text, name), source=name, overrides=overrides,
+                        yaml11_strings=False)
 
 
 def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +35,19 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
     """The SPEC v1 document for ``schedule`` (metrics computed from its times)."""
     s = schedule
     return {
+        **_header(s),
+        "ops": [
+            {"device": o.device, "stage": o.stage, "microbatch": o.microbatch, "kind": o.kind,
+             "start": o.start, "end": o.end}
+            for o in sorted(s.ops, key=_by_device_and_time)
+        ],
+        "messages": [m._asdict() for m in sorted(s.messages, key=lambda m: m.start)],
+    }
+
+
+def _header(s: Schedule) -> dict[str, Any]:
+    """Every field of the document but its ops and messages."""
+    return {
         "format": FORMAT,
         "method": s.method,
         "makespan": s.makespan,
@@ -43,12 +57,6 @@ def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
         "peak_memory": list(s.peak_memory),
         "solver": _solver_dict(s),
         "problem": s.problem.to_dict(),
-        "ops": [
-            {"device": o.device, "stage": o.stage, "microbatch": o.microbatch, "kind": o.kind,
-             "start": o.start, "end": o.end}
-            for o in sorted(s.ops, key=lambda o: (o.device, o.start, o.end))
-        ],
-        "messages": [m._asdict() for m in sorted(s.messages, key=lambda m: m.start)],
         # Micro-batches of different cost: the order the schedule runs them in (pipeopt extra;
         # left out when every micro-batch costs the same, so those files stay as they were).
         **({} if s.problem.uniform_microbatches
@@ -145,14 +153,18 @@ def write_output(flag: str, path: str | os.PathLike[str],
 
 
 def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
-    """Refuse, before any work, an output path that cannot be written: a directory, or a
-    folder on the way that is a file. (Permissions are left to the write itself.)"""
+    """Refuse, before any work, an output path that cannot be written: a directory, a folder
+    on the way that is a file, or a folder where no file can be created (the atomic write
+    needs a temporary file beside the target: a read-only or special file system such as
+    /proc refuses it). Devices and pipes, written into directly, are not probed."""
     from pipeopt.config import ConfigError
 
     target = Path(path)
     try:
         if target.is_dir():
             raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+        if target.exists() and not target.is_file():
+            return  # a device or a FIFO: write_atomic writes into it
         for parent in target.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -161,11 +173,40 @@ def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
                 if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
                     raise ConfigError(f"{flag}: cannot write {path} (no permission to create "
                                       f"files in {parent})")
+                why = _cannot_create_in(parent)
+                if why is not None:
+                    raise ConfigError(f"{flag}: cannot write {path} ({why})")
                 break
         if target.exists() and target.is_file() and not os.access(target, os.W_OK):
             raise ConfigError(f"{flag}: cannot write {path} (no permission)")
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise ConfigError(f"{flag}: cannot write {path} ({exc.strerror or exc})") from None
+
+
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why no file can be created in ``folder`` (an existing directory), found by creating and
+    removing an empty temporary one; None when it can."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".pipeopt-probe.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        return _creation_refused(folder, exc)
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+    return None
+
+
+def _creation_refused(folder: Path, exc: OSError) -> str:
+    """The reason, in words, that creating a file in the existing ``folder`` failed."""
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only file system"
+    if exc.errno in (errno.ENOENT, errno.EPERM, errno.EOPNOTSUPP, errno.EINVAL):
+        # The folder exists, yet a new name in it "does not exist": a special file system
+        # (/proc, /sys) whose files the kernel makes; pipeopt writes through a new file.
+        return (f"{folder} takes no new files: a special file system such as /proc or /sys, "
+                "not storage; write to a file on a disk")
+    if exc.errno == errno.EACCES:
+        return f"no permission to create files in {folder}"
+    return str(exc.strerror or exc)
 
 
 def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
@@ -174,6 +215,9 @@ def _why_unwritable(path: str | os.PathLike[str], exc: OSError) -> str:
             if parent.exists():
                 if not parent.is_dir():
                     return f"{parent} is a file, not a directory"
+                if exc.errno in (errno.EROFS, errno.ENOENT, errno.EPERM) and (
+                        not Path(path).exists() or Path(path).is_file()):
+                    return _cannot_create_in(parent) or str(exc.strerror or exc)
                 break
         if Path(path).is_dir():
             return "it is a directory"
@@ -211,8 +255,44 @@ def refuse_overwriting_input(flag: str, output: str | os.PathLike[str] | None,
 
 
 def dump_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> None:
-    """Write ``schedule`` as SPEC v1 JSON to ``path`` atomically (see :func:`format_json`)."""
-    write_atomic(path, format_json(schedule_to_dict(schedule)))
+    """Write ``schedule`` as SPEC v1 JSON to ``path`` atomically (see :func:`schedule_json`)."""
+    write_atomic(path, schedule_json(schedule))
+
+
+class _Lines(list[str]):
+    """A list already written as JSON, one element per string, for :func:`_layout`."""
+
+
+def schedule_json(schedule: Schedule) -> str:
+    """The text :func:`format_json` gives for :func:`schedule_to_dict`, with the ops and
+    messages written straight from their tuples: no dict and no encoder call per record
+    (a million-op schedule writes in seconds, not half a minute)."""
+    try:
+        records = _record_lines(schedule)
+    except TypeError:  # a time that is not a Python float (an int, a numpy scalar)
+        return format_json(schedule_to_dict(schedule))
+    return format_json({**_header(schedule), **records})
+
+
+def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
+    """The ``ops`` and ``messages`` of the document, each record as its JSON text."""
+    r = float.__repr__  # what json.dumps writes for a float; TypeError for anything else
+    kinds = {kind: json.dumps(kind) for kind in ("F", "B", "W", *schedule.problem.kinds)}
+    ops = _Lines(
+        f'{{"device": {d}, "stage": {k}, "microbatch": {j}, "kind": '
+        f'{kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, "end": {r(t1)}}}'
+        for d, k, j, kind, t0, t1 in sorted(schedule.ops, key=_by_device_and_time))
+    msgs = _Lines(
+        f'{{"src_device": {sd}, "dst_device": {dd}, "src_stage": {sk}, "dst_stage": {dk}, '
+        f'"microbatch": {j}, "kind": {kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, '
+        f'"end": {r(t1)}, "arrival": {r(ta)}}}'
+        for sd, dd, sk, dk, j, kind, t0, t1, ta in sorted(schedule.messages,
+                                                          key=lambda m: m.start))
+    return {"ops": ops, "messages": msgs}
+
+
+def _by_device_and_time(o: TimedOp) -> tuple[int, float, float]:
+    return o[0], o[4], o[5]
 
 
 def format_json(doc: Any) -> str:
@@ -229,6 +309,8 @@ def _layout(value: Any, depth: int) -> str:
         items = ",\n".join(f"{inner}{json.dumps(str(k))}: {_layout(v, depth + 1)}"
                            for k, v in value.items())
         return "{\n" + items + "\n" + pad + "}"
+    if isinstance(value, _Lines):
+        return "[\n" + ",\n".join(inner + x for x in value) + "\n" + pad + "]" if value else "[]"
     if (isinstance(value, list) and value and depth < 3
             and all(isinstance(x, dict | list) for x in value)):
         items = ",\n".join(inner + json.dumps(x, separators=(", ", ": ")) for x in value)
@@ -262,11 +344,29 @@ def _shown(val: Any) -> str:
     return f"{val!r:.60}"
 
 
+class TooLarge(float):
+    """An integer literal of over 300 digits, larger than any float: infinite as a number, and
+    shown as what it was ("an integer of 5000 digits (too large)") instead of "inf"."""
+
+    digits: int
+
+    def __new__(cls, literal: str) -> TooLarge:
+        obj = super().__new__(cls, -math.inf if literal.lstrip().startswith("-") else math.inf)
+        obj.digits = sum(c.isdigit() for c in literal)
+        return obj
+
+    def __repr__(self) -> str:
+        sign = "a negative integer" if self < 0 else "an integer"
+        return f"{sign} of {self.digits} digits (too large)"
+
+    __str__ = __repr__
+
+
 def json_int(text: str) -> int | float:
     """``parse_int`` for :func:`json.loads`: an integer literal of over 300 digits, larger
-    than any float, becomes a float (inf), so the checks name it ("must be a finite number")
-    instead of Python failing on it (ints of over 4300 digits) or on its conversion later."""
-    return int(text) if len(text) <= 300 else float(text)
+    than any float, becomes :class:`TooLarge` (infinite), so the checks name it instead of
+    Python failing on it (ints of over 4300 digits) or on its conversion later."""
+    return int(text) if len(text) <= 300 else TooLarge(text)
 
 
 def _is_number(x: Any) -> bool:
@@ -310,6 +410,8 @@ def _check_problem_doc(doc: dict[str, Any]) -> None:
             known_fields({key: val}, list(_PROBLEM_SHAPES), "problem.")
         if shape == "int":
             ok = isinstance(val, int) and not isinstance(val, bool) and val >= 1
+            if isinstance(val, TooLarge):
+                raise ScheduleError(f"{where}: too large (an integer of {val.digits} digits)")
             if not ok:
                 raise ScheduleError(f"{where}: expected an integer >= 1, got {val!r:.60}")
         elif shape == "str":
@@ -551,6 +653,7 @@ def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
             raise ScheduleError(f"microbatch_order: the file says {val!r:.80}, its ops give "
                                 f"{actual!r:.80} (micro-batches by the start of their F on "
                                 "stage 0)")
+    _check_status(sched)
     if "peak_memory" in doc:
         val = doc["peak_memory"]
         if (not isinstance(val, list) or len(val) != len(sched.peak_memory)
@@ -561,14 +664,108 @@ def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:
                                 f"{list(sched.peak_memory)}")
 
 
+#: Largest gap (relative) an ``optimal`` schedule may have: float rounding only. pipeopt's
+#: searches say ``optimal`` only when the schedule meets its proven bound; a CP-SAT search on
+#: an inexact time grid that stops one grid unit short (a gap of ~0.05 %) says ``feasible``.
+OPTIMAL_GAP_TOLERANCE = 1e-6
+
+
+def _check_status(sched: Schedule) -> None:
+    """``optimal`` must agree with the gap of the objective the solver minimised."""
+    gap = sched.gap
+    if sched.solver.status == "optimal" and gap is not None and gap > OPTIMAL_GAP_TOLERANCE:
+        what = ("span" if sched.solver.objective == "span" else
+                "makespan" if sched.iteration_time == sched.makespan else "iteration time")
+        raise ScheduleError(
+            f"solver.status: optimal, but the {what} {sched.objective_value:g} is {gap:.2%} "
+            f"above the lower bound {sched.solver.lower_bound:g}; a proven optimum has gap 0 "
+            "(use feasible or heuristic)")
+
+
+#: ``-`` in place of an input file's name: standard input.
+STDIN = "-"
+#: Largest schedule JSON pipeopt reads (bytes), from a file or standard input: twice what
+#: the largest schedule pipeopt makes writes (measured: 998,400 ops on 1024 devices with a
+#: message on every link, 226 MiB), far below what would exhaust memory while it is parsed.
+MAX_SCHEDULE_BYTES = 512 * 2**20
+
+
+def input_name(path: str | os.PathLike[str]) -> str:
+    """How an input is named in messages: ``<stdin>`` for ``-``, else its path."""
+    return "<stdin>" if str(path) == STDIN else str(path)
+
+
+def read_input(path: str | os.PathLike[str], max_bytes: int, what: str) -> str:
+    """The UTF-8 text of the file ``path``, or of standard input when it is ``-``.
+
+    Refused with :class:`InputRefused` before anything is read: a file that is not a regular
+    file (a device such as /dev/zero, a FIFO, a socket: they may never end) and one larger
+    than ``max_bytes`` (the cap for ``what``, e.g. "a schedule JSON", named in the message).
+    Standard input is read up to ``max_bytes`` and refused beyond.
+    Other failures are the usual :class:`OSError` (a directory: :class:`IsADirectoryError`).
+    """
+    if str(path) == STDIN:
+        data = sys.stdin.buffer.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise InputRefused(f"more than {size_text(max_bytes)} on standard input, the most "
+                               f"pipeopt reads for {what}")
+        return data.decode("utf-8")
+    # O_NONBLOCK: opening a FIFO must not wait for a writer before it is refused.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise InputRefused(f"{_file_kind(st.st_mode)}, not a regular file: it may never "
+                               "end; save it to a file first, or pipe it into -")
+        if st.st_size > max_bytes:
+            raise InputRefused(f"{size_text(st.st_size)}, more than the {size_text(max_bytes)} "
+                               f"pipeopt reads for {what}")
+        os.set_blocking(fd, True)
+        data = fh.read(max_bytes + 1)  # a file that grows while it is read stops here
+    if len(data) > max_bytes:
+        raise InputRefused(f"more than {size_text(max_bytes)}, the most pipeopt reads for "
+                           f"{what}")
+    return data.decode("utf-8")
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISFIFO(mode):
+        return "a pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
+
+
+class InputRefused(OSError):
+    """An input file that pipeopt refuses to read; the message says why."""
+
+
+def size_text(n_bytes: float) -> str:
+    """Bytes in binary units, for messages: 268435456 -> "256 MiB"."""
+    if n_bytes < 1024:
+        return f"{n_bytes:.0f} bytes"
+    exp = min(3, int(math.log(n_bytes, 1024)))
+    return f"{n_bytes / 1024 ** exp:.4g} {('KiB', 'MiB', 'GiB')[exp - 1]}"
+
+
 def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True) -> Schedule:
-    """Read a schedule JSON file and validate it (see :func:`schedule_from_dict`)."""
+    """Read a schedule JSON file (``-``: standard input) and validate it (see
+    :func:`schedule_from_dict`)."""
+    name = input_name(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_input(path, MAX_SCHEDULE_BYTES, "a schedule JSON")
     except OSError as exc:
-        raise ScheduleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise ScheduleError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        raise ScheduleError(f"{path}: not a UTF-8 text file") from None
+        raise ScheduleError(f"{name}: not a UTF-8 text file") from None
+    path = name
     try:
         doc = json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:

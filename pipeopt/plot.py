@@ -667,7 +667,7 @@ def _delay_segments(schedule: Schedule) -> list[_Delay]:
             continue
         if (o.stage, dst, o.microbatch) in sent:
             continue
-        delay = pr.delay(o.stage, dst)
+        delay = pr.delay(o.stage, dst, o.microbatch)
         if delay <= 0:
             continue
         consumer = ends.get((o.kind, dst, o.microbatch))

@@ -470,9 +470,12 @@ def chain_links(devices: int, latency: Sequence[float], bandwidth: Sequence[floa
     lat = [[0.0] * p for _ in range(p)]
     bw = [[math.inf] * p for _ in range(p)]
     for a in range(p):
+        worst_lat, worst_bw = -math.inf, math.inf  # over the links a .. b-1, one more each step
         for b in range(a + 1, p):
-            lat[a][b] = lat[b][a] = float(max(latency[a:b]))
-            bw[a][b] = bw[b][a] = float(min(bandwidth[a:b]))
+            worst_lat = max(worst_lat, float(latency[b - 1]))
+            worst_bw = min(worst_bw, float(bandwidth[b - 1]))
+            lat[a][b] = lat[b][a] = worst_lat
+            bw[a][b] = bw[b][a] = worst_bw
     return tuple(map(tuple, lat)), tuple(map(tuple, bw))
 
 

@@ -7,8 +7,9 @@ so a schedule cannot disagree with itself. Times in seconds, memory in bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
@@ -81,6 +82,16 @@ class Schedule:
     ops: tuple[TimedOp, ...]
     messages: tuple[Message, ...] = ()
     solver: SolverInfo = field(default_factory=SolverInfo)
+
+    def relabel(self, *, method: str | None = None, solver: SolverInfo | None = None
+                ) -> Schedule:
+        """The same ops under another method name or solver info; the metrics computed so far
+        (they follow from the problem and the ops alone) are kept, not computed again."""
+        new = replace(self, method=self.method if method is None else method,
+                      solver=self.solver if solver is None else solver)
+        fields = {f.name for f in dataclasses.fields(self)}
+        new.__dict__.update({k: v for k, v in vars(self).items() if k not in fields})
+        return new
 
     # ----- metrics -------------------------------------------------------------------------
     @cached_property

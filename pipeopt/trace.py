@@ -130,10 +130,10 @@ def link_messages(schedule: Schedule) -> list[Message]:
             a, b = sd[src], sd[dst]
             if a == b:
                 continue
-            tx, lat = pr.transfer(src, dst)
             for j in range(m):
                 if (kind, src, dst, j) in seen:
                     continue
+                tx, lat = pr.transfer(src, dst, j)
                 t = ends.get((kind, src, j))
                 if t is None:
                     continue

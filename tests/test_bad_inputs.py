@@ -394,11 +394,100 @@ def test_unusable_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_integer_of_5000_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Python refuses to read integers of over 4300 digits; it is read as inf and named.
+    # Python refuses to read integers of over 4300 digits; it is named as too large, not inf.
     cfg = tmp_path / "config.yaml"
     cfg.write_text(GOOD_YAML.replace("forward: 1.0", "forward: 1" + "0" * 5000), encoding="utf-8")
     rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
-    _assert_one_error(rc, err, "stages.forward:", "must be a finite number")
+    _assert_one_error(rc, err, "stages.forward:", "too large (an integer of 5001 digits")
+    cfg.write_text(GOOD_YAML.replace("devices: 4", "devices: 4" + "0" * 5000), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+    line = _assert_one_error(rc, err, "pipeline.devices:", "too large")
+    assert "inf" not in line
+
+
+def test_strict_types_hold_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 11: a quoted number is a string in every spelling ("1e-3" as "1.5"),
+    model-form memory.static is checked as the explicit form's, and a time limit is checked by
+    the same rule in a config, a flag and the Python API."""
+    import pipeopt
+
+    cfg = tmp_path / "config.yaml"
+    for text in ('"1e-3"', '"1.5"', "'inf'", '["1e-3", 1, 1, 1]'):
+        cfg.write_text(GOOD_YAML.replace("forward: 1.0", f"forward: {text}"), encoding="utf-8")
+        rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+        _assert_one_error(rc, err, "stages.forward", "expected a number, got '",
+                          "a string: write the number without quotes")
+    cfg.write_text(GOOD_YAML.replace("forward: 1.0", "forward: 1e-3"), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q", "--method", "1f1b"], capsys)
+    assert rc == 0, err  # unquoted, it is a number (YAML 1.2), though PyYAML reads text
+
+    model = copy.deepcopy(MODEL)
+    model["memory"] = {"static": -1.0}
+    cfg.write_text(yaml.safe_dump(model), encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q"], capsys)
+    _assert_one_error(rc, err, "memory.static:", "must be a finite number >= 0 (bytes), got -1")
+
+    rule = "must be a finite number of seconds > 0"
+    cfg.write_text(GOOD_YAML, encoding="utf-8")
+    rc, _, err = _run(["solve", str(cfg), "-q", "--time-limit", "-1"], capsys)
+    _assert_one_error(rc, err, "--time-limit", rule)
+    prob = pipeopt.uniform_problem(devices=2, microbatches=2, f=1.0, b=1.0, w=1.0)
+    for bad in (-1, 0, float("nan"), float("inf"), True):
+        with pytest.raises(pipeopt.ConfigError, match=f"time_limit: {rule}"):
+            pipeopt.solve(prob, "greedy", time_limit=bad)
+    with pytest.raises(pipeopt.ConfigError, match=r"workers: must be an integer in 1\.\.256"):
+        pipeopt.solve(prob, "greedy", workers=0)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+@pytest.mark.parametrize("command", ["solve", "simulate"])
+def test_endless_device_refused_before_reading(device: str, command: str) -> None:
+    """Issue 18 item 10: `solve /dev/zero` read for ever, growing without bound."""
+    if not Path(device).exists():
+        pytest.skip(f"no {device}")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pipeopt", command, device],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    _assert_one_error(proc.returncode, proc.stderr, f"{device}: cannot read (a character "
+                      "device, not a regular file: it may never end")
+
+
+def test_oversized_or_special_inputs_refused_before_reading(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import os
+    import sys
+    import time
+
+    import pipeopt.io
+
+    for name, cap in (("big.yaml", "32 MiB"), ("big.json", "512 MiB")):
+        big = tmp_path / name
+        with open(big, "wb") as fh:
+            fh.truncate(3 * 2**30)  # sparse: 3 GiB that takes no disk
+        t0 = time.perf_counter()
+        for command in (["solve", str(big), "-q"], ["simulate", str(big)]):
+            if name.endswith(".yaml") and command[0] == "simulate":
+                continue
+            rc, _, err = _run(command, capsys)
+            _assert_one_error(rc, err, f"{big}: cannot read (3 GiB, more than the {cap} "
+                              "pipeopt reads for a")
+        assert time.perf_counter() - t0 < 10  # not read
+        big.unlink()
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)  # no writer: opening it for reading must not wait for one
+    rc, _, err = _run(["solve", str(fifo), "-q"], capsys)
+    _assert_one_error(rc, err, "a pipe (FIFO), not a regular file", "pipe it into -")
+    # Standard input has the same caps.
+    monkeypatch.setattr(pipeopt.io, "MAX_SCHEDULE_BYTES", 1000)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"#" * 5000)))
+    rc, _, err = _run(["solve", "-", "-q"], capsys)
+    _assert_one_error(rc, err, "<stdin>: cannot read (more than 1000 bytes on standard input, "
+                      "the most pipeopt reads for a schedule JSON)")
 
 
 def test_directory_instead_of_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -562,11 +651,17 @@ JSON_CASES: list[tuple[str, Mutation | Text, str, str]] = [
     ("lower-bound-above-makespan", lambda d: d["solver"].update(lower_bound=d["makespan"] * 2),
      "solver.lower_bound:", "not a lower bound"),
     ("gap-edited", lambda d: d["solver"].update(gap=0.5), "solver.gap:", "the file says 0.5"),
+    ("optimal-with-97pct-gap", lambda d: d["solver"].update(
+        status="optimal", lower_bound=0.03 * d["makespan"], gap=0.97),
+     "solver.status:", "optimal, but the makespan"),
     ("start-400-digits", Text(lambda good: re.sub(r'"start": [0-9.e+-]+', '"start": 1' + "0" * 400,
                                                   good, count=1)),
-     "ops[0].start:", "must be a finite number, got inf"),
+     "ops[0].start:", "must be a finite number, got an integer of 401 digits (too large)"),
     ("makespan-5000-digits", lambda d: d.update(makespan=10**4000), "makespan:",
-     "the file says inf"),
+     "the file says an integer of 4001 digits (too large)"),
+    ("devices-5000-digits", Text(lambda good: re.sub(r'"devices": [0-9]+', '"devices": 3' + "0"
+                                                     * 5000, good, count=1)), "problem.devices:",
+     "too large (an integer of 5001 digits)"),
     ("op-field-typo", lambda d: d["ops"][0].update(strat=99.0), "ops[0].strat:",
      "unknown field; did you mean 'start'?"),
     ("top-field-typo", put("makespn", 1.0), "makespn:", "did you mean 'makespan'?"),
@@ -604,6 +699,42 @@ def test_edited_bubble_ratio_caught_at_any_time_scale(tmp_path: Path,
     capsys.readouterr()
     rc, _, err = _run(["simulate", str(out)], capsys)
     _assert_one_error(rc, err, "bubble_ratio:", "the file says 0.0")
+
+
+def test_status_agrees_with_the_gap_of_what_was_minimised(tmp_path: Path) -> None:
+    """``optimal`` is checked against the objective's gap: CP-SAT's files stay valid, both an
+    optimal iteration time whose makespan (SPEC ``gap``) is 17% above its bound and a search on
+    an inexact time grid that stopped 0.01-0.1% short (which says ``feasible``)."""
+    import pipeopt
+    from pipeopt.problem import Problem
+    from pipeopt.simulate import ScheduleError
+
+    base = pipeopt.uniform_problem(devices=4, microbatches=4, f=1.0, b=1.0, w=1.0).to_dict()
+    reduce = Problem.from_dict({**base, "grad_reduce": [0, 0, 0, 9]})
+    three = pipeopt.uniform_problem(devices=3, microbatches=4, f=1.0, b=1.0, w=1.0).to_dict()
+    odd = Problem.from_dict({**three, "forward": [0.91343, 1.23771, 0.57211],
+                             "backward_input": [1.40417, 0.62989, 1.12711],
+                             "backward_weight": [0.31555, 0.87013, 0.5129]})
+    for prob in (reduce, odd):
+        sched = pipeopt.solve(prob, "cpsat", time_limit=5, workers=1)
+        path = tmp_path / "s.json"
+        pipeopt.dump_schedule(sched, path)
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        assert pipeopt.load_schedule(path).solver.status == sched.solver.status
+        if prob is reduce:
+            assert doc["solver"]["status"] == "optimal" and doc["solver"]["gap"] > 0.1
+            doc["solver"].update(objective_lower_bound=20.0, objective_gap=1 / 6)
+            reason = "the iteration time 24 is 16.67% above the lower bound 20"
+        else:
+            assert doc["solver"]["status"] in ("optimal", "feasible")
+            assert doc["solver"]["gap"] < 0.002
+            if doc["solver"]["gap"] == 0:
+                continue
+            doc["solver"]["status"] = "optimal"
+            reason = "% above the lower bound"
+        path.write_text(json.dumps(doc), encoding="utf-8")
+        with pytest.raises(ScheduleError, match=re.escape(reason)):
+            pipeopt.load_schedule(path)
 
 
 @pytest.mark.parametrize("command", ["simulate", "plot", "solve"])

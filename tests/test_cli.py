@@ -73,6 +73,86 @@ def test_compare_runs_each_method_once_and_plots_with_json(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_ratio_divides_the_iteration_time_shown_and_says_na_where_undefined(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 5: "vs best" divides the column shown (the iteration time, with the
+    gradient reduction), the makespan beside it only when they differ; a ratio with a best of
+    0 s is n/a (null in --json), and a method named twice runs once."""
+    cfg = tmp_path / "gr.yaml"
+    cfg.write_text("pipeline: {devices: 4, microbatches: 4}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1, "
+                   "grad_reduce: [9, 0, 0, 0]}\n")
+    assert main(["compare", str(cfg), "--methods", "1f1b,zb-h1", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:6] == ["method", "iteration", "time", "vs", "best", "makespan"]
+    # 1F1B: iteration 30 (its stage 0 ends its last W at 21 s, then 9 s of reduction), makespan
+    # 21; ZB-H1: 24 and 15.
+    assert lines[2].split()[:4] == ["zb-h1", "24", "1.000", "15"]
+    assert lines[3].split()[:4] == ["1f1b", "30", "1.250", "21"]
+    assert "iteration time = makespan + the gradient reduction" in lines[-1]
+    assert main(["compare", str(cfg), "--methods", "1f1b,zb-h1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["ratio_of"] == "iteration_time" for r in rows)
+    assert [r["ratio"] for r in rows] == [pytest.approx(r["iteration_time"] / 24)
+                                          for r in rows] and rows[1]["ratio"] == 1.25
+
+    zero = tmp_path / "zero.yaml"
+    zero.write_text("pipeline: {devices: 2, microbatches: 2}\n"
+                    "stages: {forward: 0, backward_input: 0, backward_weight: 0}\n")
+    assert main(["compare", str(zero), "--methods", "1f1b,zb-h1", "-q"]) == 0
+    table = capsys.readouterr().out
+    assert "inf" not in table and all(line.split()[2] == "n/a"
+                                      for line in table.splitlines()[2:])
+    assert main(["compare", str(zero), "--methods", "1f1b,zb-h1", "--json"]) == 0
+    assert [r["ratio"] for r in json.loads(capsys.readouterr().out)] == [None, None]
+
+    prob = pipeopt.uniform_problem(devices=4, microbatches=8, f=1.0, b=1.0, w=1.0)
+    rows_api = pipeopt.compare(prob, ["1f1b", "zb-h1", "1f1b"])
+    assert [r.method for r in rows_api] == ["zb-h1", "1f1b"]
+    assert rows_api[0].ratio == 1.0 and rows_api[1].ratio == pytest.approx(33 / 27)
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs Linux's /proc")
+def test_output_on_proc_names_the_true_reason_before_any_work(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 12: /proc/version exists; it said "No such file or directory", after the
+    solve. /proc makes no new files, and the atomic write needs one beside the target."""
+    assert main(["solve", UNIFORM, "--method", "1f1b", "-o", "/proc/version"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before the solve
+    assert err.strip() == ("pipeopt: error: --output: cannot write /proc/version (/proc takes "
+                           "no new files: a special file system such as /proc or /sys, not "
+                           "storage; write to a file on a disk)")
+
+
+def test_dash_reads_a_config_or_a_schedule_from_standard_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def stdin(data: bytes) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    stdin(Path(UNIFORM).read_bytes())
+    out = tmp_path / "s.json"
+    assert main(["solve", "-", "--method", "zb-h1", "-q", "-o", str(out)]) == 0
+    assert "makespan      27 s" in capsys.readouterr().out
+    stdin(out.read_bytes())  # a schedule JSON on standard input: its problem, solved again
+    assert main(["solve", "-", "--method", "1f1b", "-q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == 33
+    stdin(out.read_bytes())
+    assert main(["simulate", "-"]) == 0
+    assert capsys.readouterr().out.startswith("<stdin>: valid")
+    stdin(b"pipeline: [")
+    assert main(["solve", "-", "-q"]) == 2
+    assert capsys.readouterr().err.startswith("pipeopt: error: <stdin>: not valid YAML")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pipeopt {pipeopt.__version__}"
+
+
 def test_to_json_round_trips() -> None:
     cfg = pipeopt.load_config(UNIFORM)
     sched = pipeopt.solve(cfg.problem, method="zb-h1")

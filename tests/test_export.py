@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeopt.executor.export import check_actions, to_torch_csv, torch_actions
+from pipeopt.executor.export import check_actions, export_torch, to_torch_csv, torch_actions
 from pipeopt.problem import uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.simulate import ScheduleError
@@ -76,26 +76,23 @@ def test_cli_export(tmp_path, capsys) -> None:
 
 @pytest.mark.torch
 def test_pytorch_runtime_runs_exported_schedules(tmp_path) -> None:
-    """_PipelineScheduleRuntime loads our CSV on 2 gloo ranks; gradients match one process."""
+    """The CSV, read by PyTorch's own parser, holds exactly the actions the executor hands to
+    ``_PipelineScheduleRuntime``; those runs match one-process training (2 gloo ranks)."""
     pytest.importorskip("torch")
-    from pipeopt.executor.check import compare_grads, reference_run
-    from pipeopt.executor.export import export_torch, run_torch_jobs
-    from pipeopt.executor.launch import RunConfig, spawn
+    from pipeopt.executor._torch import parse_action, rows_to_actions
+    from pipeopt.executor.launch import RunConfig, run_pipelines
+    from pipeopt.executor.runtime import schedule_rows
 
     scheds = [solve(uniform_problem(2, 4), "zb-h1"),
               solve(uniform_problem(2, 4, virtual_stages=2), "interleaved-1f1b"),
               solve(uniform_problem(2, 4, virtual_stages=2, placement="vshape"), "zb-v")]
-    jobs = []
     for i, s in enumerate(scheds):
         path = tmp_path / f"{i}.csv"
         export_torch(s, path)
-        jobs.append((s.problem, RunConfig(model="tiny-gpt"), str(path)))
-    per_rank = spawn(run_torch_jobs, 2, (jobs,), timeout=120)
-    for i, (prob, cfg, _) in enumerate(jobs):
-        grads = {k: g for r in per_rank for k, g in r[i]["grads"].items()}
-        ref = reference_run(prob, cfg.model, steps=1, batch_size=cfg.batch(prob.microbatches),
-                            lr=cfg.lr, seed=cfg.seed)
-        cmp = compare_grads(grads, ref["grads"])
-        assert cmp.ok and cmp.compared > 0, f"{scheds[i].method}: {cmp}"
-        loss = sum(r[i]["losses"][0] for r in per_rank)
-        assert loss == pytest.approx(ref["losses"][0], rel=1e-5)
+        rows = [[parse_action(c) for c in line.split(",")]
+                for line in path.read_text().splitlines()]
+        assert rows == list(rows_to_actions(schedule_rows(s)[0]).values())
+    jobs = [(s, RunConfig(model="tiny-gpt", check=True)) for s in scheds]
+    for s, res in zip(scheds, run_pipelines(jobs), strict=True):
+        assert res.grads_match, f"{s.method}: {res.max_abs_grad_diff}"
+        assert res.losses == pytest.approx(res.reference_losses, rel=1e-5)

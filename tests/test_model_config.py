@@ -195,6 +195,25 @@ def _profile(tmp_path):
     return path
 
 
+def test_fused_schedule_on_a_split_profile_pays_the_measured_fused_backward(tmp_path):
+    """Issue 17: 1F1B (which fuses the backward) solved or compared on a split-backward problem
+    from a profile is priced at the profile's fused backward, not at the split's B + W."""
+    from pipeopt.solvers import compare, solve
+
+    c = parse_config({"pipeline": {"devices": 2, "microbatches": 4, "split_backward": True},
+                      "model": {"profile": str(_profile(tmp_path))}, "cluster": {"gpu": "L4"},
+                      "training": {"stage_layers": [2, 2]}})
+    p = c.problem
+    assert dict(p.meta)["fused_backward"] == pytest.approx([0.15 + 1.8, 1.8 + 0.8])
+    assert p.backward_input[1] + p.backward_weight[1] == pytest.approx(1.8 + 1.3)  # split
+    (row,) = compare(p, ["1f1b"])
+    for sched in (solve(p, "1f1b"), row.schedule):
+        assert sched is not None
+        assert sched.problem.durations["B"] == pytest.approx((0.15 + 1.8, 1.8 + 0.8))
+    zb = solve(p, "zb-h1")  # a split schedule still pays the split
+    assert zb.problem.durations["B"] == pytest.approx((0.0, 1.8))
+
+
 def test_profile_typos_and_deep_nesting_are_named(tmp_path):
     path = _profile(tmp_path)
     doc = json.loads(path.read_text())

@@ -66,29 +66,31 @@ def test_bytes_and_times(gpt_profile):
 
 
 def test_split_backward_runs_the_executors_code(monkeypatch):
-    """B and W are timed through the executor's own ``RankRunner`` methods, once per warm-up and
-    timed repeat and layer; a layer whose input takes no gradient has no B, only a W; the model's
-    gradients are left as they were."""
-    from pipeopt.executor.runtime import RankRunner
+    """B and W are timed through the executor's own per-layer split
+    (``pipeopt.executor.runtime.backward_input`` / ``backward_weight``), once per warm-up and
+    timed repeat and layer; a layer whose input takes no gradient has no B, and its W is the
+    whole backward (as PyTorch's runtime runs stage 0); the model's gradients are left as they
+    were."""
+    from pipeopt.executor import runtime
 
     calls = {"B": 0, "W": 0}
-    real_b, real_w = RankRunner._stage_backward_input, RankRunner._weight
+    real_b, real_w = runtime.backward_input, runtime.backward_weight
 
-    def b(self, *args):
+    def b(*args):
         calls["B"] += 1
-        return real_b(self, *args)
+        return real_b(*args)
 
-    def w(self, *args):
+    def w(*args):
         calls["W"] += 1
-        return real_w(self, *args)
+        return real_w(*args)
 
-    monkeypatch.setattr(RankRunner, "_stage_backward_input", b)
-    monkeypatch.setattr(RankRunner, "_weight", w)
+    monkeypatch.setattr(runtime, "backward_input", b)
+    monkeypatch.setattr(runtime, "backward_weight", w)
     model = tiny_gpt(layers=1, hidden=32, heads=2, vocab=64, seq_len=8)
     x, _ = sample_batch("tiny-gpt", 2, seq_len=8, vocab=64)
     doc = profile_model(model, x, device="cpu", warmup=1, repeats=2)
     assert len(doc["layers"]) == 3  # embedding, block, head
-    assert calls == {"B": 2 * 3, "W": 3 * 3}  # no B on the embedding (integer input)
+    assert calls == {"B": 2 * 3, "W": 2 * 3}  # not on the embedding (integer input)
     assert all(p.grad is None for p in model.parameters())
     assert all(r["backward_weight_s"] > 0 for r in doc["layers"])
 

@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeopt.config import Config, ConfigError, ConfigFile, check_totals, microbatch_scales
+from pipeopt.config import (
+    Config,
+    ConfigError,
+    ConfigFile,
+    check_totals,
+    memory_values,
+    microbatch_scales,
+)
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
@@ -134,14 +141,6 @@ def topology_of(cfg: ClusterConfig) -> Topology:
         dcs = [Datacenter(lookup(dc.gpu or cfg.gpu), dc.nodes or cfg.nodes_per_datacenter,
                           dc.gpus_per_node or cfg.gpus_per_node) for dc in cfg.datacenters]
     return Topology(dcs, tiers)
-
-
-def _per_device(name: str, value: Any, p: int) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != p:
-            raise ConfigError(f"{name}: expected {p} values (one per device), got {len(value)}")
-        return list(value)
-    return [value] * p
 
 
 # ----- the plan: everything needed to turn a partition into a Problem ----------------------
@@ -270,6 +269,20 @@ class ModelPlan:
                           inflight=np.array(inflight, float), stage_device=sd,
                           device_limit=np.array(lim, float), microbatches=self.microbatches)
 
+    def fused_backward(self, partition: Partition) -> list[float] | None:
+        """With split backward and a profile that measured the fused backward: per stage, its
+        seconds (what a schedule that fuses the backward pays; see
+        :func:`pipeopt.schedules.fused_variant`). None otherwise."""
+        if not self.split_backward or all(lc.backward_time is None for lc in self.layers):
+            return None
+        out = []
+        for a, b in partition:
+            peak = self.peak(self.stage_device[len(out)])
+            out.append(float(sum(lc.fused_backward(peak, efficiency_at(lc.forward_flops,
+                                                                       self.efficiency))
+                                 for lc in self.layers[a:b])))
+        return out
+
     def uniform(self) -> Partition:
         """Megatron's default: transformer blocks split evenly, embedding on the first stage
         and LM head on the last; equal layer counts for other models."""
@@ -355,6 +368,9 @@ class ModelPlan:
         }
         if self.ratios is not None:
             info["microbatch_costs"] = self.ratios.summary()
+        fused = self.fused_backward(partition)
+        if fused is not None:
+            info["fused_backward"] = fused
         return Problem(
             devices=p, microbatches=self.microbatches, virtual_stages=self.virtual_stages,
             placement=self.placement,  # type: ignore[arg-type]
@@ -423,15 +439,12 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     # pipeline in consecutive slots, and a rank's replicas form its all-reduce ring.
     ranks = placed[:pl.devices]
     replicas = [[placed[i * pl.devices + d] for i in range(dp)] for d in range(pl.devices)]
-    limits: list[float | None]
+    limits, extra = memory_values(cfg.memory, pl.devices)  # checked as in the explicit form
     if cfg.memory.limit is None:
         limits = []
         for g in ranks:
             cap = ccfg.memory_bytes or topo.gpu_models[g].memory_bytes
             limits.append(cap * (1 - ccfg.memory_reserve))
-    else:
-        limits = _per_device("memory.limit", cfg.memory.limit, pl.devices)
-    extra = [float(x) for x in _per_device("memory.static", cfg.memory.static, pl.devices)]
     params = total_params(shape_of(mcfg)) if origin == "analytic" else None
     ratios = length_ratios(mcfg, tcfg, pl)
     explicit = microbatch_scales(pl)

@@ -81,35 +81,38 @@ def executor_split(layer: Any, device: Any, loss: Callable[[Any], Any] | None = 
                               Callable[[Any], None]]:
     """The executor's own forward, B and W for ``layer`` run as a stage with split backward
     (the last stage when ``loss`` maps its output to the loss): ``(f, b, w)`` where ``f(inp)``
-    runs the forward as a pipeline rank does
-    (:meth:`pipeopt.executor.runtime.RankRunner._stage_forward`: layer by layer for an
-    ``nn.Sequential``) and returns its saved state, ``b(state, grad_out)`` computes the input
-    gradient (``_stage_backward_input``: PyTorch's ``stage_backward_input`` on the pinned
-    torch) keeping what W needs, and ``w(state)`` accumulates the weight gradients into
-    ``.grad`` (``_weight``: ``stage_backward_weight``; on an input that takes no gradient,
-    e.g. token ids, the whole backward, as the executor runs stage 0)."""
-    from pipeopt.executor.comms import RankPlan
-    from pipeopt.executor.runtime import RankRunner
-    from pipeopt.problem import Op, Problem
+    runs the forward as a pipeline rank does (:class:`pipeopt.executor.runtime.StageModule`:
+    cut between the layers of an ``nn.Sequential``) and returns its saved state,
+    ``b(state, grad_out)`` computes the input gradient (PyTorch's ``stage_backward_input`` per
+    segment) keeping what W needs, and ``w(state)`` accumulates the weight gradients into
+    ``.grad`` (``stage_backward_weight``; on an input that takes no gradient, e.g. token ids,
+    the whole backward, as PyTorch's runtime runs stage 0)."""
+    import torch
 
-    two = Problem(devices=1, microbatches=1, forward=(1.0, 1.0), backward_input=(1.0, 1.0),
-                  backward_weight=(1.0, 1.0), virtual_stages=2)  # stage 0 is not the last
-    runner = RankRunner(problem=two, plan=RankPlan(0, (), {}, {}, {}), modules={0: layer},
-                        loss_fn=None, shapes=[], dtypes=[], device=device)
-    w_op = Op("W", 0, 0)
+    from pipeopt.executor.runtime import Segment, StageModule, backward_input, backward_weight
+
+    mod = StageModule(list(layer) if isinstance(layer, torch.nn.Sequential) else [layer],
+                      segmented=True)
 
     def f(inp: Any) -> Any:
-        return runner._stage_forward(0, inp, loss)
+        out = mod(inp)
+        segs = mod.segments.pop() if mod.segmented else [
+            Segment(None, None, [p for p in mod.parameters() if p.requires_grad])]
+        return {"inp": inp, "out": out if loss is None else loss(out), "segs": segs}
 
     def b(saved: Any, grad_out: Any) -> None:
-        if saved.inp.requires_grad:
-            runner._stage_backward_input(0, saved, grad_out)
+        if saved["inp"].requires_grad:
+            grads = None if grad_out is None else [grad_out]
+            _, saved["groups"] = backward_input(saved["segs"], [saved["out"]], grads,
+                                                [saved["inp"]])
         else:  # no input gradient: B is free and W runs the whole backward (stage 0)
-            saved.grad_out = grad_out
+            saved["grad_out"] = grad_out
 
     def w(saved: Any) -> None:
-        runner._saved = {(0, 0): saved}
-        runner._weight(w_op)
+        if "groups" in saved:
+            backward_weight(saved.pop("groups"))
+        else:
+            torch.autograd.backward(saved["out"], saved.get("grad_out"))
 
     return f, b, w
 
@@ -230,7 +233,7 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
     return {"format": FORMAT, "model": name, "device": str(dev), "torch": torch.__version__,
             "micro_batch_size": int(example_input.shape[0]), "warmup": warmup,
             "repeats": repeats,
-            "backward_split": "pipeopt.executor.runtime.RankRunner (per layer)",
+            "backward_split": "pipeopt.executor.runtime.StageModule (per layer)",
             "layers": layers}
 
 
@@ -252,10 +255,11 @@ _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "ba
 
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
-    from pipeopt.io import json_int, known_fields
+    from pipeopt.config import MAX_CONFIG_BYTES
+    from pipeopt.io import json_int, known_fields, read_input
 
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"), parse_int=json_int)
+        doc = json.loads(read_input(path, MAX_CONFIG_BYTES, "a profile"), parse_int=json_int)
     except FileNotFoundError:
         raise ProfileError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -4,6 +4,7 @@ and the comparison of its gradients with a pipelined run's."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 
 from pipeopt.executor.models import build_model, split_stages
+from pipeopt.executor.runtime import stage_module
 from pipeopt.problem import Problem
 
 #: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
@@ -47,16 +49,50 @@ def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
     return out
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """``sgd`` or ``adamw`` (torch's defaults besides the learning rate)."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"optimizer: must be sgd or adamw, got {name!r}")
+
+
+def clip_grads(params: list[torch.nn.Parameter], max_norm: float,
+               total: Callable[[torch.Tensor], object] = lambda t: None) -> None:
+    """Scale the gradients of ``params`` to the global norm ``max_norm`` (torch's
+    ``clip_grad_norm_`` rule); ``total`` sums the squared norm over processes in place (an
+    all-reduce) when the parameters are spread over several."""
+    sq = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu")
+    for p in params:
+        if p.grad is not None:
+            sq += p.grad.double().pow(2).sum()
+    total(sq)
+    scale = min(1.0, max_norm / (float(sq) ** 0.5 + 1e-6))
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(scale)
+
+
 def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, lr: float,
-                  seed: int, model_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train ``steps`` steps without pipelining; returns per-step losses and step times
-    (seconds) and the gradients of the last step per stage."""
+                  seed: int, model_options: dict[str, Any] | None = None,
+                  microbatches: int | None = None,
+                  optim: str = "sgd", clip: float | None = None, autocast: str | None = None
+                  ) -> dict[str, Any]:
+    """Train ``steps`` steps without pipelining (optimizer ``optim``, gradients clipped to the
+    global norm ``clip``, forward under ``autocast``); returns per-step losses and step times
+    (seconds) and the gradients of the last step per stage (after clipping). ``microbatches``
+    (default: the problem's) splits each batch, as the pipelines of every replica did."""
     spec = build_model(model, problem, seed=seed, **(model_options or {}))
     stages = split_stages(spec, problem)
     modules = dict(enumerate(stages))
+    runs = [stage_module(mod, AUTOCAST[autocast] if autocast else None) for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
-    opt = torch.optim.SGD(params, lr=lr)
-    m = problem.microbatches
+    opt = optimizer(optim, params, lr)
+    m = microbatches or problem.microbatches
     losses, times = [], []
     for step in range(steps):
         xs, ys = batch_for(spec, batch_size, seed, step, m)
@@ -64,12 +100,14 @@ def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, 
         t0 = time.perf_counter()
         total = 0.0
         for x, y in zip(xs, ys, strict=True):
-            h = x
-            for mod in stages:
-                h = mod(h)
+            h: Any = x
+            for run in runs:
+                h = run(*h) if isinstance(h, tuple) else run(h)
             loss = spec.loss_fn(h, y) / m
             loss.backward()
             total += loss.item()
+        if clip is not None:
+            clip_grads(params, clip)
         grads = stage_grads(modules) if step == steps - 1 else None
         opt.step()
         times.append(time.perf_counter() - t0)

@@ -29,7 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails."""
     from pipeopt.executor.launch import RunConfig, run_pipeline
     from pipeopt.executor.models import ModelError
-    from pipeopt.executor.runtime import ExecutorError
+    from pipeopt.executor.procs import ExecutorError
 
     refuse_overwriting_input("--costs-out", args.costs_out, args.schedule)
     if args.costs_out:
@@ -37,11 +37,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     sched = load_schedule(args.schedule)
     if args.steps < 1:
         raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ConfigError(f"--timeout: must be a finite number of seconds > 0, got "
-                          f"{args.timeout}")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise ConfigError(f"--lr: must be a finite number > 0, got {args.lr}")
+    for flag, val, what in (("--timeout", args.timeout, "number of seconds"),
+                            ("--op-timeout", args.op_timeout, "number of seconds"),
+                            ("--lr", args.lr, "number"),
+                            ("--clip-grad-norm", args.clip_grad_norm, "number")):
+        if val is not None and not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{flag}: must be a finite {what} > 0, got {val}")
+    if args.data_parallel < 1:
+        raise ConfigError(f"--data-parallel: must be >= 1, got {args.data_parallel}")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
     if args.seed < 0:
@@ -65,7 +68,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
                     batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                     timeout=args.timeout, backend=args.backend,
-                    threads=args.threads, check=args.check)
+                    threads=args.threads, check=args.check, op_timeout=args.op_timeout,
+                    optimizer=args.optimizer, clip_grad_norm=args.clip_grad_norm,
+                    autocast=args.autocast, per_layer_split=not args.torch_split,
+                    data_parallel=args.data_parallel, recompute=args.recompute)
     try:
         res = run_pipeline(sched, cfg)
     except ModelError as exc:
@@ -105,6 +111,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         verdict = "ok" if res.grads_match else "MISMATCH"
         print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
               f"atol {cfg.atol:g}; worst {res.worst_param})")
+    if res.peak_memory:
+        print(f"peak memory   {', '.join(f'{x / 2**20:.4g}' for x in res.peak_memory)} MiB "
+              "per rank (CUDA allocator peak; on CPU the process's peak resident set)")
     prob, label = sched.problem, "op times"
     for k in range(prob.stages):
         kinds = [kind for kind in prob.kinds if (kind, k) in res.op_costs]
@@ -152,10 +161,28 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    "differ)")
     p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     p.add_argument("--batch-size", type=int, help="batch size (default 4 per micro-batch)")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
+                   help="optimizer (default sgd)")
+    p.add_argument("--clip-grad-norm", type=float, metavar="NORM",
+                   help="clip the gradients to this global norm (over every rank)")
+    p.add_argument("--autocast", choices=["bf16", "fp16"],
+                   help="run the stages' forward under torch.autocast to this dtype")
+    p.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                   help="replicas of the pipeline (devices x N ranks), each on its share of a "
+                   "batch N times as large; gradients averaged (default 1)")
+    p.add_argument("--recompute", action="store_true",
+                   help="activation checkpointing: every layer's forward runs again in its "
+                   "backward")
+    p.add_argument("--torch-split", action="store_true",
+                   help="split backward as PyTorch's runtime does it (whole stage), not "
+                   "pipeopt's per-layer refinement")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and data")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a run that does not finish is stopped (default 300)")
+    p.add_argument("--op-timeout", type=float, default=120.0,
+                   help="seconds one op or message may take before the run is stopped, "
+                   "naming the rank and the op (default 120)")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"],
                    help="process group backend (auto: nccl with CUDA, else gloo)")
     p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / "

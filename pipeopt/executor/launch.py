@@ -1,52 +1,61 @@
-"""Starting the ranks: spawned workers on one machine, or torchrun's environment.
+"""Running schedules: configuration, the per-rank training job on PyTorch's runtime, the
+reference check, measured costs, and the entry points (spawned ranks or torchrun).
 
-:func:`spawn` runs a function on ``world`` fresh processes joined in a process group (gloo on
-CPU, nccl on CUDA, a free port on 127.0.0.1) and returns what each rank returned. The parent
-waits with a deadline: when a rank raises, the others are killed and :class:`ExecutorError`
-names the rank and its error; when the deadline passes (a peer that never answers), every rank
-is killed and the error says which ranks had not finished. :func:`run_pipelines` replays
-schedules with it and, on request, checks the gradients against the one-process reference.
+:func:`run_pipelines` replays schedules on ranks started by
+:func:`pipeopt.executor.procs.spawn` and, on request, checks the gradients against the
+one-process reference; :func:`run_rank` is one rank's job.
 """
 
 from __future__ import annotations
 
 import os
-import queue as queue_mod
-import socket
 import statistics
-import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch import nn
 
 from pipeopt._malloc import steady_cpu_allocator
-from pipeopt.executor import comms
-from pipeopt.executor.check import ATOL, RTOL, batch_for, compare_grads, reference_run, stage_grads
-from pipeopt.executor.models import build_model, split_stages
-from pipeopt.executor.runtime import ExecutorError, Fault, RankRunner, RankStatus, infer_shapes
-from pipeopt.problem import Problem
+from pipeopt.executor import _torch
+from pipeopt.executor.check import (
+    ATOL,
+    AUTOCAST,
+    RTOL,
+    batch_for,
+    clip_grads,
+    compare_grads,
+    optimizer,
+    reference_run,
+    stage_grads,
+)
+from pipeopt.executor.export import schedule_rows
+from pipeopt.executor.models import ModelSpec, build_model, split_stages
+from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
+from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
+from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
-
-#: Seconds the parent keeps listening after the first failure, so that the root cause (the
-#: first report) comes with the peers' follow-up errors.
-_GRACE_S = 1.0
+from pipeopt.schedules import fused_variant
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """How to run a schedule: model name and factory keywords, training steps, batch size
-    (default 4 per micro-batch), SGD learning rate, seed, timeout of the whole run (seconds),
-    backend (``auto``: nccl with CUDA, else gloo), intra-op threads per rank (default:
-    cores / ranks), and whether to compare with the one-process reference. ``eager_receives``:
-    post every receive of a step up front (default with gloo) instead of lazily in the same
-    order (default with nccl, whose per-pair stream would make early receives block sends)."""
+    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
+    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
+    rank (default: cores / ranks), whether to compare with the one-process reference, the
+    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
+    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
+    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
+    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
+    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
+    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
+    large, gradients averaged over the replicas after each step. ``recompute``: every layer
+    an activation checkpoint."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -61,7 +70,14 @@ class RunConfig:
     rtol: float = RTOL
     atol: float = ATOL
     fault: Fault | None = None
-    eager_receives: bool | None = None
+    op_timeout: float = 120.0
+    optimizer: str = "sgd"
+    clip_grad_norm: float | None = None
+    autocast: str | None = None
+    per_layer_split: bool = True
+    torch_schedule: str | None = None
+    data_parallel: int = 1
+    recompute: bool = False
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -88,6 +104,7 @@ class RunResult:
     grads_match: bool | None = None
     worst_param: str | None = None
     op_costs: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, stage) -> s
+    peak_memory: list[float] = field(default_factory=list)  # bytes, per rank
 
     @property
     def loss(self) -> float:
@@ -109,7 +126,7 @@ class RunResult:
                 "reference_losses": self.reference_losses,
                 "reference_step_time": self.reference_step_time,
                 "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
-                "worst_param": self.worst_param,
+                "worst_param": self.worst_param, "peak_memory": self.peak_memory,
                 "op_costs": {f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
                                                                       key=lambda x: x[0][::-1])}}
 
@@ -132,174 +149,167 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-RankFn = Callable[..., Any]
-
-#: Seconds between a worker's status reports to the parent.
-_STATUS_EVERY_S = 0.5
-
-
-def _report_status(status: RankStatus, rank: int, out: Any, done: threading.Event) -> None:
-    """Worker thread: send the rank's status line to the parent whenever it changes."""
-    last = None
-    while not done.wait(_STATUS_EVERY_S):
-        text = status.text
-        if text != last:
-            out.put(("status", rank, text))
-            last = text
-
-
-def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-             fn: RankFn, args: tuple[Any, ...], out: Any) -> None:
-    """Body of one spawned worker: join the group, run ``fn``, report through ``out``."""
-    status = RankStatus()
-    done = threading.Event()
-    threading.Thread(target=_report_status, args=(status, rank, out, done), daemon=True).start()
-    try:
-        torch.set_num_threads(threads)
-        if backend == "gloo":
-            steady_cpu_allocator()  # see pipeopt._malloc: steady CPU op times
-        status.text = "joining the process group"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout))
-        device = rank_device(backend, rank)
-        status.text = "setting up"
-        result = fn(rank, world, device, *args, status=status)
-        done.set()
-        out.put(("ok", rank, result))
-        dist.destroy_process_group()
-    except BaseException as exc:  # report everything, including KeyboardInterrupt
-        done.set()
-        tb = traceback.format_exc(limit=-6)
-        out.put(("error", rank, f"{type(exc).__name__}: {exc}\n{tb}"))
-        out.close()
-        out.join_thread()
-        os._exit(1)
-
-
-def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float = 300.0,
-          backend: str = "auto", threads: int | None = None) -> list[Any]:
-    """Run ``fn(rank, world, device, *args, status=RankStatus)`` on ``world`` new processes in
-    one process group and return each rank's result; ``fn`` must be importable (module level)
-    and may keep ``status.text`` up to date for error messages. Raises
-    :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish."""
-    backend = resolve_backend(backend)
-    threads = threads or max(1, (os.cpu_count() or 1) // world)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
-                         args=(r, world, port, backend, timeout, threads, fn, args, out))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    dead_since: dict[int, float] = {}
-    last_status: dict[int, str] = {}
-    try:
-        while len(results) + len(errors) < world:
-            now = time.monotonic()
-            if now >= deadline:
-                break
-            try:
-                kind, rank, payload = out.get(timeout=min(0.1, deadline - now))
-            except queue_mod.Empty:
-                for r, p in enumerate(procs):
-                    if r in results or r in errors or p.is_alive():
-                        continue
-                    # A rank that died without a report (killed, segfault): give its queue
-                    # a moment to flush, then call it failed.
-                    first = dead_since.setdefault(r, now)
-                    if now - first > _GRACE_S:
-                        errors[r] = f"exited with code {p.exitcode} without a report"
-                        deadline = min(deadline, now + _GRACE_S)
-                continue
-            if kind == "status":
-                last_status[rank] = payload
-            elif kind == "ok":
-                results[rank] = payload
-            else:
-                errors[rank] = payload
-                deadline = min(deadline, time.monotonic() + _GRACE_S)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
-        out.close()
-    if errors:
-        first = next(iter(errors))
-        head = errors[first].splitlines()[0]
-        others = "; ".join(f"rank {r}: {e.splitlines()[0]}" for r, e in errors.items()
-                           if r != first)
-        raise ExecutorError(f"rank {first} failed: {head}" + (f" (then {others})" if others else "")
-                            + f"\n--- rank {first} traceback ---\n{errors[first]}")
-    if len(results) < world:
-        missing = [r for r in range(world) if r not in results]
-        where = "; ".join(f"rank {r}: {last_status.get(r, 'no report')}" for r in missing)
-        raise ExecutorError(f"timed out after {timeout:g} s: rank(s) {missing} did not finish "
-                            f"(a peer never answered?); all ranks were stopped. Last status: "
-                            f"{where}")
-    return [results[r] for r in range(world)]
-
-
 # ----- the replay job --------------------------------------------------------------------------
+def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
+    """The micro-batch ``sample`` and every stage's output for it (no gradients): the example
+    tensors PyTorch's stages take instead of inferring shapes through messages."""
+    out: list[Any] = [sample]
+    with torch.no_grad():
+        for k, mod in enumerate(stages):
+            h = out[-1]
+            h = mod(*h) if isinstance(h, tuple) else mod(h)
+            if k < len(stages) - 1:
+                for t in h if isinstance(h, tuple) else (h,):
+                    if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                        raise ExecutorError(
+                            f"stage {k}: what it hands to stage {k + 1} must be a floating-point "
+                            f"tensor or a tuple of them (it carries a gradient back), got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+            out.append(h)
+    return out
+
+
+def _build(schedule: Schedule, cfg: RunConfig
+           ) -> tuple[ModelSpec, list[nn.Module], list[StageModule], list[Any]]:
+    """The model, its stages, their stage modules and a micro-batch's way through them."""
+    prob = schedule.problem
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
+    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
+                         cfg.recompute) for k, mod in enumerate(stages)]
+    xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
+    return spec, stages, mods, _stage_io(mods, xs[0])
+
+
+def _groups(world: int, p: int, dp: int, replica: int, rank: int, backend: str,
+            op_timeout: float) -> tuple[Any, Any]:
+    """This rank's pipeline group (its replica's ``p`` ranks) and data-parallel group (the
+    ranks of its pipeline rank in every replica; None with one replica). Every rank creates
+    every group, in the same order, as torch.distributed requires."""
+    timeout = timedelta(seconds=op_timeout)
+    pp = [dist.new_group(list(range(d * p, (d + 1) * p)), backend=backend, timeout=timeout)
+          for d in range(dp)]
+    dpg = [dist.new_group(list(range(r, world, p)), backend=backend, timeout=timeout)
+           for r in range(p)] if dp > 1 else [None] * p
+    return pp[replica], dpg[rank]
+
+
+def _grad_example(x: Any) -> Any:
+    if isinstance(x, tuple):
+        return tuple(_grad_example(t) for t in x)
+    return x.clone().requires_grad_(x.is_floating_point())
+
+
+def _waits_for(schedule: Schedule, rank: int) -> dict[Op, str]:
+    """For the ops of ``rank`` that take a message: whose output from which rank, as words."""
+    prob = schedule.problem
+    out = {}
+    for op in schedule.device_orders()[rank]:
+        src = Op("F", op.stage - 1, op.microbatch) if op.kind == "F" else Op(
+            "B", op.stage + 1, op.microbatch)
+        if op.kind != "W" and 0 <= src.stage < prob.stages \
+                and prob.stage_device[src.stage] != rank:
+            out[op] = f"the output of {src} from rank {prob.stage_device[src.stage]}"
+    return out
+
+
 def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
              cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None
              ) -> dict[str, Any]:
-    """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` (process group already joined);
-    returns per-step losses and times (seconds), the last step's gradients and its op trace
-    ((op, start, end) seconds from the step's start)."""
+    """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
+    (process group already joined); returns per-step losses and times (seconds), the last
+    step's gradients, its op trace ((op, start, end) seconds from the step's start, ops named
+    as pipeopt does, e.g. ``1B0``), the op durations of the steps after the first and the
+    peak memory (bytes)."""
     prob = schedule.problem
-    if world != prob.devices:
-        raise ExecutorError(f"world size {world} does not match the schedule's "
-                            f"{prob.devices} devices")
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    status = status or RankStatus()
+    p, dp = prob.devices, cfg.data_parallel
+    if world != p * dp:
+        raise ExecutorError(f"world size {world} does not match the schedule's {p} devices "
+                            f"x {dp} replica(s)")
+    spec, stages, mods, io = _build(schedule, cfg)
     m, bs = prob.microbatches, cfg.batch(prob.microbatches)
-    xs, _ = batch_for(spec, bs, cfg.seed, 0, m)
-    shapes, dtypes = infer_shapes(stages, xs[0])
-    mine = {k: stages[k].to(device) for k in prob.device_stages[rank]}
-    del stages
-    runner = RankRunner(prob, comms.plan(schedule)[rank], mine, spec.loss_fn, shapes, dtypes,
-                        device, fault=cfg.fault, rank=rank,
-                        post_all_receives=(backend == "gloo" if cfg.eager_receives is None
-                                           else cfg.eager_receives),
-                        status=status or RankStatus())
-    opt = torch.optim.SGD([p for mod in mine.values() for p in mod.parameters()], lr=cfg.lr)
+    rows, order = schedule_rows(schedule)
+    replica, rank = divmod(rank, p)  # from here on, rank is the pipeline rank
+    group, dp_group = _groups(world, p, dp, replica, rank, backend, cfg.op_timeout)
+    clock = OpClock(list[Op | None](schedule.device_orders()[rank]), status,
+                    _waits_for(schedule, rank), cuda=device.type == "cuda")
+    mine = sorted(prob.device_stages[rank])
+    pstages = [TimedStage(mods[k].to(device), k, prob.stages, device,
+                          input_args=io[k] if k == 0 else _grad_example(io[k]),
+                          output_args=_grad_example(io[k + 1]), group=group, clock=clock)
+               for k in mine]
+    if cfg.torch_schedule:
+        from torch.distributed.pipelining import schedules as tsched
+
+        cls = getattr(tsched, cfg.torch_schedule)
+        clock.ops, clock.waits_for = [], {}  # its own order: ops are not known
+        single = issubclass(cls, tsched.PipelineScheduleSingle)
+        runtime = cls(pstages[0] if single else pstages, m, loss_fn=spec.loss_fn,
+                      scale_grads=True)
+    else:
+        runtime = _torch.runtime(pstages, m, spec.loss_fn, _torch.rows_to_actions(rows))
+    params = [p for k in mine for p in stages[k].parameters()]
+    opt = optimizer(cfg.optimizer, params, cfg.lr)
     losses, times, grads = [], [], None
     durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
+    last = prob.stages - 1
     for step in range(cfg.steps):
-        xs, ys = batch_for(spec, bs, cfg.seed, step, m)
-        xs = [x.to(device) for x in xs]
-        ys = [y.to(device) for y in ys]
+        x_mb, y_mb = batch_for(spec, bs * dp, cfg.seed, step, m * dp)  # this replica's share:
+        x = torch.cat([x_mb[replica * m + j] for j in order]).to(device)
+        y = torch.cat([y_mb[replica * m + j] for j in order]).to(device)
         opt.zero_grad(set_to_none=True)
+        mb_losses: list[torch.Tensor] = []
         dist.barrier()
+        if cfg.fault is not None and cfg.fault.rank == replica * p + rank \
+                and cfg.fault.step == step:
+            if cfg.fault.mode == "hang":
+                status.text = f"step {step}: stopped answering (injected fault)"
+                time.sleep(3600)
+            raise RuntimeError(f"injected fault on rank {rank}")
         t0 = time.perf_counter()
-        loss = runner.step(xs, ys, step)
+        clock.start(step)
+        try:
+            runtime.step(*((x,) if 0 in mine else ()),
+                         **({"target": y, "losses": mb_losses} if last in mine else {}))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ExecutorError(f"rank {rank}: {status.text}: {type(exc).__name__}: "
+                                f"{first}") from exc
+        if dp_group is not None:
+            for p_ in params:
+                if p_.grad is not None:
+                    dist.all_reduce(p_.grad, group=dp_group)
+                    p_.grad.div_(dp)
+        if cfg.clip_grad_norm is not None:
+            clip_grads(params, cfg.clip_grad_norm, lambda t: dist.all_reduce(t, group=group))
+        if step == cfg.steps - 1:
+            grads = stage_grads({k: stages[k] for k in mine})
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier()
         times.append(time.perf_counter() - t0)
-        losses.append(loss)
-        if step == cfg.steps - 1:
-            grads = stage_grads(mine)
+        clock.resolve()
+        losses.append(sum(float(v.detach()) for v in mb_losses) / m if mb_losses else 0.0)
         if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
-            for op, a, b in runner.trace:
-                durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
-    trace = [(str(op), a, b) for op, a, b in runner.trace]
+            for op, a, b in clock.trace:
+                if op is not None:
+                    durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
+    trace = [(str(op), a, b) for op, a, b in clock.trace]
     return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
-            "op_durations": durations}
+            "op_durations": durations, "peak_memory": peak_memory(device)}
+
+
+def peak_memory(device: torch.device) -> float:
+    """Peak memory of this rank (bytes): the CUDA allocator's peak on GPU, else the process's
+    peak resident set (what the process can see on CPU)."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
 
 
 def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
@@ -316,25 +326,26 @@ def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
 def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
     """The schedule's problem with each stage's F, B and W durations replaced by the medians
     measured in ``result`` (seconds; time from the op's input being there to its end, steps
-    after the first). With a fused backward the measured B is split between B and W in the
-    problem's own proportion. Links, memory and everything else stay as they were."""
-    prob = schedule.problem
-    costs = result.op_costs
-    f, bi, bw = list(prob.forward), list(prob.backward_input), list(prob.backward_weight)
-    for k in range(prob.stages):
-        f[k] = costs.get(("F", k), f[k])
-        if prob.split_backward:
-            bi[k] = costs.get(("B", k), bi[k])
-            bw[k] = costs.get(("W", k), bw[k])
-        elif ("B", k) in costs:
-            total = bi[k] + bw[k]
-            share = bi[k] / total if total > 0 else 1.0
-            bi[k], bw[k] = costs[("B", k)] * share, costs[("B", k)] * (1 - share)
+    after the first). A fused backward's measured time also goes to ``meta.fused_backward``
+    (what a fused schedule on a split problem is priced at, see
+    :func:`pipeopt.schedules.fused_variant`), and B and W share it in the problem's own
+    proportion; a split run keeps the ``fused_backward`` it had. Links, memory and everything
+    else stay as they were."""
+    prob, costs = schedule.problem, result.op_costs
     meta = dict(prob.meta)
     meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
                               "steps": len(result.step_times)}
-    return prob.replace(forward=tuple(f), backward_input=tuple(bi), backward_weight=tuple(bw),
-                        meta=tuple(meta.items()))
+    f = tuple(costs.get(("F", k), x) for k, x in enumerate(prob.forward))
+    if prob.split_backward:
+        return prob.replace(
+            forward=f, meta=tuple(meta.items()),
+            backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(
+                prob.backward_input)),
+            backward_weight=tuple(costs.get(("W", k), x) for k, x in enumerate(
+                prob.backward_weight)))
+    meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
+                              for k in range(prob.stages)]
+    return fused_variant(prob.replace(split_backward=True, forward=f, meta=tuple(meta.items())))
 
 
 def _jobs_rank(rank: int, world: int, device: torch.device,
@@ -346,16 +357,21 @@ def _jobs_rank(rank: int, world: int, device: torch.device,
 def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]]
               ) -> RunResult:
     """Merge the ranks' reports (and compare with the reference when asked)."""
-    steps = len(per_rank[0]["losses"])
-    losses = [sum(r["losses"][i] for r in per_rank) for i in range(steps)]
+    steps, dp = len(per_rank[0]["losses"]), cfg.data_parallel
+    losses = [sum(r["losses"][i] for r in per_rank) / dp for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
     res.op_costs = op_costs(per_rank)
+    res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
     if cfg.check:
-        grads = {k: g for r in per_rank for k, g in r["grads"].items()}
+        # replica 0's gradients (every replica holds the same after the average)
+        grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r["grads"].items()}
         ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
-                            batch_size=cfg.batch(schedule.problem.microbatches), lr=cfg.lr,
-                            seed=cfg.seed, model_options=dict(cfg.model_options))
+                            batch_size=cfg.batch(schedule.problem.microbatches) * dp, lr=cfg.lr,
+                            microbatches=schedule.problem.microbatches * dp,
+                            seed=cfg.seed, model_options=dict(cfg.model_options),
+                            optim=cfg.optimizer, clip=cfg.clip_grad_norm,
+                            autocast=cfg.autocast)
         cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
@@ -371,21 +387,19 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
     spawned processes; returns one result per job. Timeout: the sum of the jobs' timeouts."""
     if not jobs:
         return []
-    world = jobs[0][0].problem.devices
-    for s, _ in jobs:
-        if s.problem.devices != world:
-            raise ExecutorError("run_pipelines: every schedule must have the same devices")
-        plans = comms.plan(s)
-        bad = comms.check_order(plans) or comms.check_protocol(plans, s.problem.stages)
-        if bad:  # cannot happen for a valid schedule; a guard against future edits
-            raise ExecutorError(f"{s.method}: message plan would fail: {bad[0]}")
+    world = jobs[0][0].problem.devices * jobs[0][1].data_parallel
+    for s, c in jobs:
+        if s.problem.devices * c.data_parallel != world:
+            raise ExecutorError("run_pipelines: every job must have the same ranks (devices "
+                                "x replicas)")
     for s, c in jobs:  # fail here, once and clearly, not in every worker
         _preflight(s, c)
     cfg0 = jobs[0][1]
     backend = resolve_backend(cfg0.backend)
     timeout = sum(c.timeout for _, c in jobs)
     per_rank = spawn(_jobs_rank, world, (list(jobs), backend), timeout=timeout,
-                     backend=backend, threads=cfg0.threads)
+                     backend=backend, threads=cfg0.threads,
+                     op_timeout=max(c.op_timeout for _, c in jobs))
     return [_assemble(s, c, [per_rank[r][i] for r in range(world)])
             for i, (s, c) in enumerate(jobs)]
 
@@ -398,11 +412,17 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    if cfg.optimizer not in ("sgd", "adamw") or (cfg.autocast or "bf16") not in AUTOCAST:
+        raise ExecutorError(f"optimizer {cfg.optimizer!r} / autocast {cfg.autocast!r}: "
+                            f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
+    rows, _ = schedule_rows(schedule)
+    try:  # torch's own validation and lowering, before any process starts
+        _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
+    except (AssertionError, RuntimeError, ValueError) as exc:
+        raise ExecutorError(f"{schedule.method}: PyTorch's runtime refuses the schedule: "
+                            f"{exc}") from None
     try:
-        xs, _ = batch_for(spec, bs, cfg.seed, 0, prob.microbatches)
-        infer_shapes(stages, xs[0])
+        _build(schedule, cfg)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "

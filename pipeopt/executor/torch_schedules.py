@@ -25,7 +25,7 @@ from typing import Any
 
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
-from pipeopt.schedules import NotApplicable
+from pipeopt.schedules import NotApplicable, fused_variant
 from pipeopt.simulate import ScheduleError, simulate
 
 
@@ -85,11 +85,11 @@ def _check_shape(problem: Problem, name: str, ts: TorchSchedule) -> None:
 def torch_actions(name: str, devices: int, microbatches: int, chunks: int) -> list[list[Any]]:
     """PyTorch's per-rank compute actions for schedule ``name`` (``torch`` ``_Action`` objects,
     None for idle slots)."""
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-
-    _, ts = _lookup(name)
     from torch.distributed.pipelining import schedules as tsched
 
+    from pipeopt.executor._torch import get_schedule_ops
+
+    _, ts = _lookup(name)
     cls = getattr(tsched, ts.cls)
     return get_schedule_ops(cls, devices, microbatches, chunks)
 
@@ -153,11 +153,13 @@ def solve_torch(problem: Problem, name: str, options: Any = None) -> Schedule:
     t0 = time.perf_counter()
     canon, ts = _lookup(name)
     _check_shape(problem, canon, ts)
-    prob = problem.replace(split_backward=False) if ts.fused_only else problem
+    prob = fused_variant(problem) if ts.fused_only else problem
     try:
         actions = torch_actions(canon, prob.devices, prob.microbatches, prob.virtual_stages)
     except (ValueError, RuntimeError, AssertionError, ZeroDivisionError) as exc:
         raise NotApplicable(f"torch:{canon}: PyTorch rejects this shape: {exc}") from None
+    except ImportError as exc:  # another torch than the pinned one (pipeopt.executor._torch)
+        raise NotApplicable(f"torch:{canon}: {exc}") from None
     orders, fixup = to_orders(prob, actions, canon)
     for d, order in enumerate(orders):
         for op in order:

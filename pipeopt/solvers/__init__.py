@@ -21,7 +21,7 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.bounds import iteration_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
-from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable
+from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable, fused_variant
 from pipeopt.simulate import simulate, validate
 
 Objective = Literal["makespan", "span"]
@@ -49,7 +49,8 @@ class SolveOptions:
 
     ``time_limit`` in seconds; ``workers`` None = all cores; ``resolution`` is the time unit of
     the CP-SAT model in seconds (None = chosen from the problem); ``on_progress`` receives
-    :class:`Progress` reports; ``hint`` is a schedule to start from.
+    :class:`Progress` reports; ``hint`` is a schedule to start from. Values are checked as a
+    config's ``solver:`` keys are (:class:`~pipeopt.config.ConfigError` naming the option).
     """
 
     time_limit: float = 60.0
@@ -61,6 +62,15 @@ class SolveOptions:
     on_progress: Callable[[Progress], None] | None = None
     hint: Schedule | None = None
     log: bool = False
+
+    def __post_init__(self) -> None:
+        # The rules of a config's solver: section and of the command-line flags, so that
+        # pipeopt.solve(..., time_limit=-1) is refused as `--time-limit -1` is.
+        from pipeopt.config import check_solver_option
+
+        for name in ("time_limit", "seed", "workers", "objective", "relative_gap",
+                     "resolution"):
+            check_solver_option(name, getattr(self, name))
 
 
 Method = Callable[[Problem, SolveOptions], Schedule]
@@ -75,6 +85,11 @@ _SEARCH: dict[str, tuple[str, str]] = {
 
 class UnknownMethod(ValueError):
     """A method name that pipeopt does not know."""
+
+
+class OutOfTime(RuntimeError):
+    """A method reached its time limit before it had any schedule (raised only when its
+    caller asked for that, having another schedule to fall back on)."""
 
 
 #: Problem fields that hand-made schedules name in their "does not apply" reasons, as config
@@ -198,7 +213,8 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
                 order: Sequence[int] | None = None) -> Schedule:
     """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
 
-    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem. With
+    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem
+    (:func:`~pipeopt.schedules.fused_variant`: at the measured fused backward when known). With
     ``require_fit``, orders whose peak memory (computed from the orders alone, exact when every
     op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed. With
     ``order``, the schedule runs the micro-batches in that order instead of 0, 1, ...
@@ -211,7 +227,7 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
         suffix = LONGEST_FIRST if tuple(order) == longest_first(problem) else "+reordered"
         return replace(relabel(sched, order), method=sched.method + suffix)
     t0 = time.perf_counter()
-    prob = problem.replace(split_backward=False) if name in FUSED_BACKWARD else problem
+    prob = fused_variant(problem) if name in FUSED_BACKWARD else problem
     orders = GENERATORS[name](prob)
     if require_fit and min(min(ts, default=1.0) for ts in prob.durations.values()) > 0:
         over = over_limit(order_peak_memory(prob, orders), problem.memory_limit)
@@ -223,6 +239,20 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
     return replace(sched, solver=info)
 
 
+#: Seconds per op that validating a schedule takes, reserved out of a search's time limit
+#: (measured with benchmarks/limits.py on the 2-core development machine: 6-19 us per op at
+#: 0.8-0.9 million ops, the spread being the machine's other load).
+VALIDATE_S_PER_OP = 10e-6
+#: The least share of a time limit left to a search whatever is reserved for later phases.
+MIN_SEARCH_SHARE = 0.1
+
+
+def time_left(time_limit: float, reserved: float) -> float:
+    """The seconds of ``time_limit`` left for a search once ``reserved`` seconds are kept for
+    the phases after it (validation, writing), never below :data:`MIN_SEARCH_SHARE` of it."""
+    return max(time_limit - reserved, MIN_SEARCH_SHARE * time_limit)
+
+
 def solve(problem: Problem | Any, method: str | None = None,
           options: SolveOptions | None = None, **kwargs: Any) -> Schedule:
     """Schedule ``problem`` with ``method`` (default ``auto``); keyword arguments override
@@ -232,8 +262,10 @@ def solve(problem: Problem | Any, method: str | None = None,
     with its ``solver:`` section (method, time limit, seed, workers, objective, gap,
     resolution) as the defaults that ``method``, ``options`` and keyword arguments override.
 
-    The result has passed the validator. Raises :class:`UnknownMethod` for an unknown name and
-    :class:`~pipeopt.schedules.NotApplicable` when the method cannot express the problem.
+    The result has passed the validator, whose time (estimated from the number of ops,
+    :data:`VALIDATE_S_PER_OP`) a search's ``time_limit`` includes. Raises
+    :class:`UnknownMethod` for an unknown name and :class:`~pipeopt.schedules.NotApplicable`
+    when the method cannot express the problem.
     """
     if not isinstance(problem, Problem):
         inner = getattr(problem, "problem", None)
@@ -274,7 +306,9 @@ def solve(problem: Problem | Any, method: str | None = None,
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
-        return validate(fn(problem, opts))
+        # The validation below counts against the time limit too: the search gets the rest.
+        return validate(fn(problem, replace(opts, time_limit=time_left(
+            opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops))))
     try:
         check_method(method)
     except UnknownMethod as exc:
@@ -289,13 +323,24 @@ class CompareRow:
     method: str
     schedule: Schedule | None
     error: str | None = None
-    ratio: float = math.inf  # objective / best objective among schedules that fit in memory
+    #: Objective / the best objective among the schedules that fit in memory; None where that
+    #: is undefined (no schedule, none fits, or the best is 0 s).
+    ratio: float | None = None
     fits: bool = False  # peak memory within every device's limit
+    #: The schedule field that ``ratio`` compares, the same for every row: ``iteration_time``
+    #: (seconds: the makespan plus any gradient reduction still running after it), or
+    #: ``max_span`` when the objective is ``span``.
+    ratio_of: str = "iteration_time"
+
+    @property
+    def value(self) -> float | None:
+        """The compared quantity of this row's schedule (seconds), None without one."""
+        return None if self.schedule is None else getattr(self.schedule, self.ratio_of)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
+        """JSON-able form: ``ratio`` (null where undefined) is of the field ``ratio_of``."""
         out: dict[str, Any] = {"method": self.method, "error": self.error, "fits": self.fits,
-                               "ratio": None if math.isinf(self.ratio) else self.ratio}
+                               "ratio": self.ratio, "ratio_of": self.ratio_of}
         if self.schedule is not None:
             summary = self.schedule.summary()
             # The row's label (e.g. "zb-v (v=2)") names the variant that ran; keep the
@@ -333,9 +378,11 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     :data:`INTERRUPTED` (a search that was running keeps its best schedule).
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
-    ``ratio`` compares objectives against the best schedule that fits.
+    ``ratio`` is each row's iteration time (or max span, with ``objective="span"``) over the
+    best one that fits; None where undefined (none fits, or the best is 0 s). Each name runs
+    once.
     """
-    names = names or methods()
+    names = list(dict.fromkeys(names or methods()))  # each method once
     # Micro-batches of different cost: every hand-made schedule also runs longest first.
     orders = fifo_orders(problem)
     runs = [(n, o) for n in names for o in (orders if n in GENERATORS else [None])]
@@ -371,14 +418,17 @@ def compare(problem: Problem, names: list[str] | None = None, *,
         if sched.solver.detail("interrupted"):  # a search took the Ctrl-C and kept its best
             rows.extend(CompareRow(n, None, INTERRUPTED) for n, o in runs[i + 1:] if o is None)
             break
-    fitting = [r.schedule.objective_value for r in rows if r.schedule is not None and r.fits]
-    best = min(fitting, default=None)
+    # One quantity for every row, hand-made schedules included (they minimise nothing).
+    key = "max_span" if options.get("objective") == "span" else "iteration_time"
+    rows = [replace(r, ratio_of=key) for r in rows]
+    best = min((r.value for r in rows if r.value is not None and r.fits), default=None)
     out = []
     for r in rows:
-        if r.schedule is not None and best:
-            r = replace(r, ratio=r.schedule.objective_value / best)
+        if r.value is not None and best is not None and best > 0:
+            r = replace(r, ratio=r.value / best)
         out.append(r)
-    out.sort(key=lambda r: (r.schedule is None, not r.fits, r.ratio))
+    out.sort(key=lambda r: (r.schedule is None, not r.fits,
+                            math.inf if r.value is None else r.value))
     return out
 
 

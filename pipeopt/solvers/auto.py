@@ -26,6 +26,7 @@ from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers import (
     LONGEST_FIRST,
+    OutOfTime,
     Progress,
     SolveOptions,
     fifo_orders,
@@ -119,7 +120,7 @@ def cpsat_skip_reason(problem: Problem, time_limit: float) -> str | None:
     return None
 
 
-def _load(module: str, func: str) -> Callable[[Problem, SolveOptions], Schedule] | None:
+def _load(module: str, func: str) -> Callable[..., Schedule] | None:
     try:
         return getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError):
@@ -188,9 +189,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
     if greedy is not None:
         try:
-            cands.append(greedy(problem, replace(options, time_limit=max(0.1, left()))))
+            # With a hand-made schedule in hand the greedy may give up at the time limit.
+            cands.append(greedy(problem, replace(options, time_limit=max(0.1, left())),
+                                optional=bool(cands)))
             interrupted = bool(cands[-1].solver.detail("interrupted"))
-        except NotApplicable as exc:
+        except (NotApplicable, OutOfTime) as exc:
             notes.append(("greedy", str(exc)))
         except KeyboardInterrupt:
             if not any(fits_memory(s, problem) for s in cands):
@@ -198,17 +201,18 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             interrupted = True  # Ctrl-C: keep the best so far (a hand-made schedule)
         report()
 
-    cpsat = _load("pipeopt.solvers.cpsat", "solve_cpsat")
+    reason = "interrupted" if interrupted else cpsat_skip_reason(problem, left())
+    # Loaded only when it will run: importing OR-Tools takes a second of the time limit.
+    cpsat = _load("pipeopt.solvers.cpsat", "solve_cpsat") if reason is None else None
     if interrupted:
         notes.append(("skipped_cpsat", "interrupted"))
-    elif cpsat is None:
+    elif reason is None and cpsat is None:
         notes.append(("skipped_cpsat", "pipeopt.solvers.cpsat is not available"))
     else:
-        reason = cpsat_skip_reason(problem, left())
         if reason is not None:
             notes.append(("skipped_cpsat", reason))
             logger.info("auto: CP-SAT skipped: %s", reason)
-        else:
+        elif cpsat is not None:
             logger.info("auto: CP-SAT for the remaining %.1f s, warm-started from %s",
                         max(CPSAT_MIN_TIME_S, left()), best_so_far().method
                         if best_so_far() is not None else "nothing")
@@ -257,4 +261,4 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
                    wall_time=time.perf_counter() - t0, objective=obj,
                    details=(*best.solver.details, ("chosen", best.method),
                             ("candidates", summary), *notes))
-    return replace(best, method=f"auto:{best.method}", solver=info)
+    return best.relabel(method=f"auto:{best.method}", solver=info)

@@ -47,7 +47,7 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.simulate import simulate
-from pipeopt.solvers import SolveOptions, lower_bound, memory_floor, require_memory
+from pipeopt.solvers import OutOfTime, SolveOptions, lower_bound, memory_floor, require_memory
 
 logger = logging.getLogger("pipeopt.greedy")
 logger.addHandler(logging.NullHandler())
@@ -218,8 +218,18 @@ class _Stuck(RuntimeError):
     """A variant stopped with ops left (should not happen; the caller falls back)."""
 
 
-def _run(ctx: _Context, policy: Policy) -> tuple[list[list[Op]], float, list[float]]:
+class _OutOfTime(Exception):
+    """A variant passed its deadline (perf_counter seconds) and was abandoned."""
+
+
+#: Scheduling steps between two looks at the clock (each look costs about 50 ns).
+_CLOCK_EVERY = 4096
+
+
+def _run(ctx: _Context, policy: Policy, deadline: float = _INF
+         ) -> tuple[list[list[Op]], float, list[float]]:
     """One pass of the list scheduler: per-device orders, makespan and spans (seconds).
+    Raises :class:`_OutOfTime` once ``perf_counter()`` passes ``deadline``.
 
     Why it cannot deadlock: stages run F, B and W in micro-batch order, and an F of stage k only
     starts when memory also has room for the micro-batch's later stages on the device. Take the
@@ -284,10 +294,14 @@ def _run(ctx: _Context, policy: Policy) -> tuple[list[list[Op]], float, list[flo
         link_free[key] = t0 + tx[0]
         return t0 + tx[0] + tx[1]
 
+    steps = 0
     while heap:
         t, d = pop(heap)
         if t != wake[d]:
             continue  # stale event
+        steps += 1
+        if not steps % _CLOCK_EVERY and time.perf_counter() > deadline:
+            raise _OutOfTime
         # Ready candidates: best B, best F, best W; and the earliest future ready time.
         bk = fk = wk = -1
         b_key = f_key = None
@@ -493,16 +507,21 @@ def sequential_orders(problem: Problem) -> list[list[Op]]:
 
 
 @cyclic_gc_paused()  # list scheduling builds tuples per op and no cycles (pipeopt._gc)
-def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
+def solve_greedy(problem: Problem, options: SolveOptions, *,
+                 optional: bool = False) -> Schedule:
     """Schedule ``problem`` with the memory-aware list scheduler (see the module docstring).
 
     Tries priority variants while the total work stays within a small budget (all of them on
     small instances, two on p=64, m=1024) and keeps the best by ``options.objective``. With
     micro-batches of different cost, every variant runs with each of :func:`microbatch_orders`
-    (twice the work budget; the first two variants on each order before the others). Raises
-    :class:`NotApplicable` when some device's memory limit is below what any schedule needs.
+    (twice the work budget; the first two variants on each order before the others). A
+    variant still running at the time limit is abandoned, except the first, which always
+    finishes unless ``optional`` (the caller has another schedule), when
+    :class:`~pipeopt.solvers.OutOfTime` is raised instead. Raises :class:`NotApplicable` when
+    some device's memory limit is below what any schedule needs.
     """
     t0 = time.perf_counter()
+    deadline = t0 + options.time_limit
     check_memory(problem)
     mb_orders = microbatch_orders(problem)
     contexts: dict[int, _Context] = {}  # per micro-batch order, built when first used
@@ -536,9 +555,15 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
         try:
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
-            orders, makespan, spans = _run(contexts[c], policy)
+            orders, makespan, spans = _run(contexts[c], policy,
+                                           deadline if tried or optional else _INF)
         except _Stuck:
             continue
+        except _OutOfTime:
+            if not tried:
+                raise OutOfTime(f"greedy: the time limit ({options.time_limit:.3g} s) ended "
+                                "before its first schedule") from None
+            break
         except KeyboardInterrupt:
             if not found:
                 raise
@@ -574,8 +599,8 @@ def solve_greedy(problem: Problem, options: SolveOptions) -> Schedule:
         details += (("microbatch_order", mb_orders[chosen]),)
     if interrupted:
         details += (("interrupted", True),)
-    return replace(best, solver=replace(info, wall_time=time.perf_counter() - t0,
-                                        details=details))
+    return best.relabel(solver=replace(info, wall_time=time.perf_counter() - t0,
+                                       details=details))
 
 
 def _objective(schedule: Schedule, span: bool) -> float:

@@ -1,0 +1,103 @@
+"""Lower bounds on the objective max(end + tail) that hold for every schedule of a TaskGraph.
+
+Notation (seconds): ``dur[i]``; for an edge e = (i -> j), ``delay[e] = tx[e] + lat[e]``, the
+least time from i's end to j's start (a message occupies its link for ``tx`` at least once,
+then travels ``lat``; 0 on one device). Memory limits are not used: every bound below also holds
+without them, so it holds with them.
+"""
+
+from __future__ import annotations
+
+from pipeopt.core.graph import TaskGraph
+
+
+def heads(graph: TaskGraph) -> list[float]:
+    """Per task, the earliest time it can start in any schedule (s).
+
+    ``head[j] = max(0, max over edges e = (i -> j) of head[i] + dur[i] + delay[e])``. Proof by
+    induction in topological order: j starts after each input i ends (``>= head[i] + dur[i]``)
+    and its message arrives (``delay[e]`` later at least); starts are >= 0."""
+    head = [0.0] * graph.num_tasks
+    dur, src, delay = graph.duration, graph.src, graph.edge_delay
+    poff, pe = graph.pred_offsets, graph.pred_edges
+    for j in graph.topological_order:
+        t = 0.0
+        for q in range(poff[j], poff[j + 1]):
+            e = pe[q]
+            i = src[e]
+            a = head[i] + dur[i] + delay[e]
+            if a > t:
+                t = a
+        head[j] = t
+    return head
+
+
+def tail_paths(graph: TaskGraph) -> list[float]:
+    """Per task, the least time from its start to the objective's value (s), its duration
+    included: ``q[i] = dur[i] + max(tail[i], max over edges e = (i -> j) of delay[e] + q[j])``.
+
+    Proof by induction in reverse topological order: the objective is at least
+    ``end[i] + tail[i]``, and at least ``start[j] + q[j] >= end[i] + delay[e] + q[j]`` for each
+    successor j. This is also the greedy's priority (the longest path still ahead of a task)."""
+    q = [0.0] * graph.num_tasks
+    dur, dst, delay, tail = graph.duration, graph.dst, graph.edge_delay, graph.tail
+    soff, se = graph.succ_offsets, graph.succ_edges
+    for i in reversed(graph.topological_order):
+        t = tail[i]
+        for k in range(soff[i], soff[i + 1]):
+            e = se[k]
+            a = delay[e] + q[dst[e]]
+            if a > t:
+                t = a
+        q[i] = dur[i] + t
+    return q
+
+
+def critical_path(graph: TaskGraph) -> float:
+    """``max over tasks of head[i] + q[i]``: the longest chain of durations, delays and a tail.
+    Every schedule has ``start[i] >= head[i]`` and objective ``>= start[i] + q[i]``."""
+    return max(map(float.__add__, heads(graph), tail_paths(graph)), default=0.0)
+
+
+def device_bounds(graph: TaskGraph) -> tuple[float, ...]:
+    """Per device d: ``min head + sum of durations + min (q - dur)`` over d's tasks.
+
+    Proof: d runs its tasks one at a time, so the last of them to end, l, ends at least the sum
+    of their durations after the first of them starts, which is at least the smallest head; the
+    objective is at least ``end[l] + q[l] - dur[l]`` (see :func:`tail_paths`), which is at least
+    the smallest such after-time over d's tasks. A device without tasks gives 0."""
+    head, q, dur = heads(graph), tail_paths(graph), graph.duration
+    out = []
+    for tasks in graph.device_tasks:
+        if not tasks:
+            out.append(0.0)
+            continue
+        out.append(min(head[i] for i in tasks) + sum(dur[i] for i in tasks)
+                   + min(q[i] - dur[i] for i in tasks))
+    return tuple(out)
+
+
+def link_bounds(graph: TaskGraph) -> tuple[float, ...]:
+    """Per directed link: ``min ready + sum of transmissions + min (lat + q[dst])`` over the
+    messages that occupy it (edges with a positive transmission), 0 without any.
+
+    Proof: as for a device: the messages occupy the link one at a time, none before its source
+    can have ended (``head[src] + dur[src]``); after the last one leaves the link its receiver
+    starts no earlier than ``lat`` later and the objective is ``q[dst]`` after that start."""
+    head, q = heads(graph), tail_paths(graph)
+    dur, src, dst = graph.duration, graph.src, graph.dst
+    per: list[list[int]] = [[] for _ in range(graph.num_links)]
+    for e, (k, t) in enumerate(zip(graph.edge_link, graph.edge_transmission, strict=True)):
+        if t > 0:
+            per[k].append(e)
+    tx, lat = graph.edge_transmission, graph.edge_latency
+    return tuple(0.0 if not es else
+                 min(head[src[e]] + dur[src[e]] for e in es) + sum(tx[e] for e in es)
+                 + min(lat[e] + q[dst[e]] for e in es)
+                 for es in per)
+
+
+def lower_bound(graph: TaskGraph) -> float:
+    """The largest of :func:`critical_path`, :func:`device_bounds` and :func:`link_bounds` (s).
+    """
+    return max(critical_path(graph), *device_bounds(graph), *link_bounds(graph), 0.0)

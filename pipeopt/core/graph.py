@@ -1,0 +1,420 @@
+"""TaskGraph: a problem as tasks on devices, edges between them, links that carry messages.
+
+The instance is columnar: every per-task value is a tuple indexed by task id, every per-edge
+value a tuple indexed by edge id, and so on for devices and links. Columns are cheap to build
+and to read in tight loops (a p = 64, m = 1024 pipeline is ~200k tasks). The graph knows no
+workload; builders (:mod:`pipeopt.workloads`) or :class:`GraphBuilder` make one.
+
+Rules every method over a graph follows (times in seconds, memory in bytes):
+
+* a device runs one task at a time; task ``i`` runs ``duration[i]`` on ``device[i]``;
+* edge ``e`` means ``dst[e]`` starts after ``src[e]`` ends; across devices its message of
+  ``bytes[e]`` occupies the directed link ``(device[src], device[dst])`` for
+  ``bytes / bandwidth`` (one message at a time per direction) and arrives ``latency`` after;
+  on the same device there is no delay;
+* memory of device ``d`` starts at ``static_memory[d]``; each task adds ``mem_start[i]`` when it
+  starts and ``mem_end[i]`` when it ends (either sign); at equal times decreases apply before
+  increases; the level never exceeds ``memory_limit[d]`` (None = unlimited);
+* the objective is ``max(end[i] + tail[i])`` over tasks (the makespan when every tail is 0).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+#: Waves of at least this many tasks are ordered by numpy at once (narrower: one by one).
+_WIDE_WAVE = 64
+
+
+class GraphError(ValueError):
+    """A graph that cannot exist; the message names the field, the index and the reason."""
+
+
+def _ints(name: str, values: Iterable[int], n: int | None, hi: int) -> tuple[int, ...]:
+    try:
+        vals = tuple(map(operator.index, values))
+    except TypeError:
+        vals = tuple(values)
+        bad = next(i for i, x in enumerate(vals) if not isinstance(x, int))
+        raise GraphError(f"{name}[{bad}]: must be an integer, got {vals[bad]!r}") from None
+    if n is not None and len(vals) != n:
+        raise GraphError(f"{name}: expected {n} values, got {len(vals)}")
+    if vals and (min(vals) < 0 or max(vals) >= hi):
+        bad = next(i for i, x in enumerate(vals) if not 0 <= x < hi)
+        raise GraphError(f"{name}[{bad}]: must be in 0..{hi - 1}, got {vals[bad]}")
+    return vals
+
+
+def _floats(name: str, values: Iterable[float], n: int, *, signed: bool = False,
+            allow_inf: bool = False, positive: bool = False,
+            default: float | None = None) -> tuple[float, ...]:
+    try:
+        vals = tuple(map(float, values))
+    except (TypeError, ValueError):
+        vals = tuple(values)
+        bad = next(i for i, x in enumerate(vals) if not _is_number(x))
+        raise GraphError(f"{name}[{bad}]: must be a number, got {vals[bad]!r}") from None
+    if not vals and default is not None:
+        return (default,) * n
+    if len(vals) != n:
+        raise GraphError(f"{name}: expected {n} values, got {len(vals)}")
+    if not all(map(math.isfinite, vals)):
+        bad = next((i for i, x in enumerate(vals)
+                    if not (math.isfinite(x) or (allow_inf and x == math.inf))), None)
+        if bad is not None:
+            raise GraphError(f"{name}[{bad}]: must be a finite number, got {vals[bad]}")
+    if vals and not signed and (min(vals) < 0 or (positive and min(vals) == 0)):
+        rel = "> 0" if positive else ">= 0"
+        bad = next(i for i, x in enumerate(vals) if x < 0 or (positive and x == 0))
+        raise GraphError(f"{name}[{bad}]: must be {rel}, got {vals[bad]:g}")
+    return vals
+
+
+def _is_number(x: object) -> bool:
+    try:
+        float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _csr(keys: Sequence[int], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(offsets, items): the ids of ``keys`` grouped by key value, each group in id order."""
+    import numpy as np  # here: importing the graph module stays cheap
+
+    a = np.asarray(keys, dtype=np.int64)
+    items = np.argsort(a, kind="stable")  # stable: id order within a group
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(a, minlength=n), out=offsets[1:])
+    return tuple(offsets.tolist()), tuple(items.tolist())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskGraph:
+    """A frozen, validated task graph (see the module docstring for the rules).
+
+    Devices: ``memory_limit[d]`` (bytes, None = unlimited), ``static_memory[d]`` (bytes).
+    Links (directed): ``link_src[l]``, ``link_dst[l]`` (devices), ``latency[l]`` (s),
+    ``bandwidth[l]`` (bytes/s, may be inf). Tasks: ``device[i]``, ``duration[i]`` (s),
+    ``mem_start[i]`` / ``mem_end[i]`` (bytes, either sign; default 0), ``label[i]`` (default
+    ``t<i>``), ``tail[i]`` (s, default 0). Edges: ``src[e]``, ``dst[e]`` (task ids),
+    ``bytes[e]`` (default 0). Every cross-device edge needs a link in its direction.
+    """
+
+    memory_limit: tuple[float | None, ...]
+    static_memory: tuple[float, ...] = ()
+    link_src: tuple[int, ...] = ()
+    link_dst: tuple[int, ...] = ()
+    latency: tuple[float, ...] = ()
+    bandwidth: tuple[float, ...] = ()
+    device: tuple[int, ...] = ()
+    duration: tuple[float, ...] = ()
+    mem_start: tuple[float, ...] = ()
+    mem_end: tuple[float, ...] = ()
+    label: tuple[str, ...] = ()
+    tail: tuple[float, ...] = ()
+    src: tuple[int, ...] = ()
+    dst: tuple[int, ...] = ()
+    bytes: tuple[float, ...] = ()
+    meta: tuple[tuple[str, object], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        lim: list[float | None] = []
+        for d, x in enumerate(self.memory_limit):
+            if x is None or (_is_number(x) and float(x) == math.inf):
+                lim.append(None)
+                continue
+            if not _is_number(x) or not math.isfinite(float(x)) or float(x) < 0:
+                raise GraphError(f"devices.memory_limit[{d}]: must be >= 0 or None, got {x!r}")
+            lim.append(float(x))
+        set_(self, "memory_limit", tuple(lim))
+        p = len(lim)
+        if p < 1:
+            raise GraphError("devices: a graph needs at least one device")
+        set_(self, "static_memory", _floats("devices.static_memory", self.static_memory, p,
+                                            default=0.0))
+        nl = len(self.link_src)
+        set_(self, "link_src", _ints("links.src", self.link_src, None, p))
+        set_(self, "link_dst", _ints("links.dst", self.link_dst, nl, p))
+        set_(self, "latency", _floats("links.latency", self.latency, nl))
+        set_(self, "bandwidth", _floats("links.bandwidth", self.bandwidth, nl, allow_inf=True,
+                                        positive=True))
+        seen: dict[tuple[int, int], int] = {}
+        for k, ab in enumerate(zip(self.link_src, self.link_dst, strict=True)):
+            if ab[0] == ab[1]:
+                raise GraphError(f"links[{k}]: a link joins two devices, got {ab[0]}->{ab[1]}")
+            if ab in seen:
+                raise GraphError(f"links[{k}]: {ab[0]}->{ab[1]} is already links[{seen[ab]}]")
+            seen[ab] = k
+        set_(self, "device", _ints("tasks.device", self.device, None, p))
+        n = len(self.device)
+        set_(self, "duration", _floats("tasks.duration", self.duration, n))
+        set_(self, "mem_start", _floats("tasks.mem_start", self.mem_start, n, signed=True,
+                                        default=0.0))
+        set_(self, "mem_end", _floats("tasks.mem_end", self.mem_end, n, signed=True,
+                                      default=0.0))
+        set_(self, "tail", _floats("tasks.tail", self.tail, n, default=0.0))
+        labels = tuple(self.label) if self.label else tuple(f"t{i}" for i in range(n))
+        if len(labels) != n:
+            raise GraphError(f"tasks.label: expected {n} values, got {len(labels)}")
+        if not set(map(type, labels)) <= {str}:
+            bad = next(i for i, x in enumerate(labels) if not isinstance(x, str))
+            raise GraphError(f"tasks.label[{bad}]: must be a string, got {labels[bad]!r}")
+        set_(self, "label", labels)
+        ne = len(self.src)
+        set_(self, "src", _ints("edges.src", self.src, None, n))
+        set_(self, "dst", _ints("edges.dst", self.dst, ne, n))
+        set_(self, "bytes", _floats("edges.bytes", self.bytes, ne, default=0.0))
+        if not isinstance(self.meta, tuple):
+            set_(self, "meta", tuple(dict(self.meta).items()))
+        _ = self.edge_link  # every cross-device edge has a link
+        _ = self.topological_order  # refuses a cycle
+
+    # ----- sizes -----------------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        """Number of devices."""
+        return len(self.memory_limit)
+
+    @property
+    def num_tasks(self) -> int:
+        """Number of tasks."""
+        return len(self.device)
+
+    @property
+    def num_edges(self) -> int:
+        """Number of edges."""
+        return len(self.src)
+
+    @property
+    def num_links(self) -> int:
+        """Number of directed links."""
+        return len(self.link_src)
+
+    # ----- derived columns (cached) ----------------------------------------------------------
+    @cached_property
+    def link_index(self) -> dict[tuple[int, int], int]:
+        """Link id of every directed device pair that has one."""
+        return {ab: k for k, ab in enumerate(zip(self.link_src, self.link_dst, strict=True))}
+
+    @cached_property
+    def edge_link(self) -> tuple[int, ...]:
+        """Per edge, the link its message crosses (-1 when both tasks share a device)."""
+        dev = self.device
+        index: dict[tuple[int, int], int] = {(d, d): -1 for d in range(self.devices)}
+        index.update(self.link_index)
+        out = tuple(map(index.get, zip(map(dev.__getitem__, self.src),
+                                       map(dev.__getitem__, self.dst), strict=True)))
+        if None in out:
+            e = out.index(None)
+            a, b = self.src[e], self.dst[e]
+            raise GraphError(
+                f"edges[{e}]: {self.label[a]} (device {dev[a]}) -> {self.label[b]} (device "
+                f"{dev[b]}) crosses devices without a link {dev[a]}->{dev[b]}")
+        return out  # type: ignore[return-value]
+
+    @cached_property
+    def edge_transmission(self) -> tuple[float, ...]:
+        """Per edge, seconds its message occupies the link (``bytes / bandwidth``; 0 on the
+        same device, for an empty message or an infinite bandwidth)."""
+        bw = self.bandwidth
+        return tuple(0.0 if k < 0 or b == 0 or math.isinf(bw[k]) else b / bw[k]
+                     for k, b in zip(self.edge_link, self.bytes, strict=True))
+
+    @cached_property
+    def edge_latency(self) -> tuple[float, ...]:
+        """Per edge, seconds from the end of its transmission to its arrival (0 on a device)."""
+        lat = self.latency
+        return tuple(0.0 if k < 0 else lat[k] for k in self.edge_link)
+
+    @cached_property
+    def edge_delay(self) -> tuple[float, ...]:
+        """Per edge, seconds from the producer's end to the arrival on an idle link."""
+        return tuple(t + lat for t, lat in zip(self.edge_transmission, self.edge_latency,
+                                               strict=True))
+
+    @cached_property
+    def serialized(self) -> bool:
+        """True when some message occupies its link for a positive time (links contend)."""
+        return any(t > 0 for t in self.edge_transmission)
+
+    @cached_property
+    def _pred_csr(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return _csr(self.dst, self.num_tasks)
+
+    @cached_property
+    def _succ_csr(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return _csr(self.src, self.num_tasks)
+
+    @property
+    def pred_offsets(self) -> tuple[int, ...]:
+        """CSR offsets: task i's incoming edges are ``pred_edges[pred_offsets[i]:...[i+1]]``."""
+        return self._pred_csr[0]
+
+    @property
+    def pred_edges(self) -> tuple[int, ...]:
+        """Incoming edge ids grouped by destination task, each group in edge id order."""
+        return self._pred_csr[1]
+
+    @property
+    def succ_offsets(self) -> tuple[int, ...]:
+        """CSR offsets: task i's outgoing edges are ``succ_edges[succ_offsets[i]:...[i+1]]``."""
+        return self._succ_csr[0]
+
+    @property
+    def succ_edges(self) -> tuple[int, ...]:
+        """Outgoing edge ids grouped by source task, each group in edge id order."""
+        return self._succ_csr[1]
+
+    def preds(self, task: int) -> tuple[int, ...]:
+        """Incoming edge ids of ``task``."""
+        off = self.pred_offsets
+        return self.pred_edges[off[task]:off[task + 1]]
+
+    def succs(self, task: int) -> tuple[int, ...]:
+        """Outgoing edge ids of ``task``."""
+        off = self.succ_offsets
+        return self.succ_edges[off[task]:off[task + 1]]
+
+    @cached_property
+    def device_tasks(self) -> tuple[tuple[int, ...], ...]:
+        """Task ids of each device, in id order."""
+        out: list[list[int]] = [[] for _ in range(self.devices)]
+        for i, d in enumerate(self.device):
+            out[d].append(i)
+        return tuple(map(tuple, out))
+
+    @cached_property
+    def topological_order(self) -> tuple[int, ...]:
+        """Task ids, every edge's source before its destination: Kahn's algorithm, by waves
+        (all tasks whose inputs are all ordered) while waves are wide, which numpy does at once,
+        then task by task. Raises :class:`GraphError` naming a cycle."""
+        import numpy as np
+
+        n = self.num_tasks
+        off_np = np.asarray(self.succ_offsets, dtype=np.int64)
+        nxt_np = np.asarray(self.dst, dtype=np.int64)[np.asarray(self.succ_edges,
+                                                                 dtype=np.int64)]
+        indeg_np = np.bincount(np.asarray(self.dst, dtype=np.int64), minlength=n)
+        frontier = np.flatnonzero(indeg_np == 0)
+        parts = []
+        while frontier.size >= _WIDE_WAVE:
+            parts.append(frontier)
+            first, count = off_np[frontier], off_np[frontier + 1] - off_np[frontier]
+            total = int(count.sum())
+            # The CSR slots of every frontier task, side by side.
+            slots = np.repeat(first - (np.cumsum(count) - count), count) + np.arange(total)
+            targets, hits = np.unique(nxt_np[slots], return_counts=True)
+            indeg_np[targets] -= hits
+            frontier = targets[indeg_np[targets] == 0]
+        order: list[int] = np.concatenate(parts).tolist() if parts else []
+        indeg = indeg_np.tolist()
+        off = self.succ_offsets
+        nxt = nxt_np.tolist()
+        queue = frontier.tolist()
+        push = queue.append
+        for i in queue:  # the list grows while it is walked
+            for b in nxt[off[i]:off[i + 1]]:
+                c = indeg[b] - 1
+                indeg[b] = c
+                if not c:
+                    push(b)
+        order += queue
+        if len(order) < n:
+            raise GraphError(f"edges: the graph has a cycle: {self._cycle(indeg)}")
+        return tuple(order)
+
+    def _cycle(self, indeg: list[int]) -> str:
+        """A cycle among the tasks Kahn's algorithm could not order (indeg > 0), as labels."""
+        poff, pe, src = self.pred_offsets, self.pred_edges, self.src
+        i = next(t for t, c in enumerate(indeg) if c)
+        seen: dict[int, int] = {}
+        path: list[int] = []
+        while i not in seen:
+            seen[i] = len(path)
+            path.append(i)
+            # A task left over has a predecessor that is left over too.
+            i = next(src[pe[q]] for q in range(poff[i], poff[i + 1]) if indeg[src[pe[q]]])
+        loop = path[seen[i]:][::-1]  # walked backwards along edges
+        return " -> ".join(self.label[t] for t in [*loop, loop[0]])
+
+    def replace(self, **changes: object) -> TaskGraph:
+        """A copy with some columns changed (validated again)."""
+        from dataclasses import replace
+
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+class GraphBuilder:
+    """Build a small :class:`TaskGraph` by hand, one device, link, task or edge at a time.
+
+    Each call returns the new item's id; :meth:`edge` accepts task ids or labels::
+
+        g = GraphBuilder()
+        gpu = g.device(memory_limit=8e9)
+        cpu = g.device()
+        g.link(gpu, cpu, latency=1e-5, bandwidth=1e10, both_ways=True)
+        a = g.task("load", cpu, 0.2, mem_start=1e9, mem_end=-1e9)
+        g.task("train", gpu, 1.0, tail=0.1)
+        g.edge(a, "train", bytes=4e8)
+        graph = g.build()
+    """
+
+    def __init__(self) -> None:
+        self._dev: list[tuple[float | None, float]] = []
+        self._links: list[tuple[int, int, float, float]] = []
+        self._tasks: list[tuple[int, float, float, float, str, float]] = []
+        self._by_label: dict[str, int] = {}
+        self._edges: list[tuple[int, int, float]] = []
+
+    def device(self, memory_limit: float | None = None, static_memory: float = 0.0) -> int:
+        """Add a device (bytes; ``memory_limit`` None = unlimited); returns its id."""
+        self._dev.append((memory_limit, static_memory))
+        return len(self._dev) - 1
+
+    def link(self, src: int, dst: int, latency: float = 0.0, bandwidth: float = math.inf,
+             *, both_ways: bool = False) -> int:
+        """Add the directed link ``src -> dst`` (s, bytes/s), and ``dst -> src`` with the same
+        values when ``both_ways``; returns the (first) link id."""
+        self._links.append((src, dst, latency, bandwidth))
+        if both_ways:
+            self._links.append((dst, src, latency, bandwidth))
+            return len(self._links) - 2
+        return len(self._links) - 1
+
+    def task(self, label: str, device: int, duration: float, *, mem_start: float = 0.0,
+             mem_end: float = 0.0, tail: float = 0.0) -> int:
+        """Add a task (s, bytes) with a unique ``label``; returns its id."""
+        if label in self._by_label:
+            raise GraphError(f"tasks.label[{len(self._tasks)}]: {label!r} is already task "
+                             f"{self._by_label[label]}")
+        self._by_label[label] = len(self._tasks)
+        self._tasks.append((device, duration, mem_start, mem_end, label, tail))
+        return len(self._tasks) - 1
+
+    def edge(self, src: int | str, dst: int | str, bytes: float = 0.0) -> int:
+        """Add the edge ``src -> dst`` (task ids or labels) carrying ``bytes``; returns its id."""
+        self._edges.append((self._id(src), self._id(dst), bytes))
+        return len(self._edges) - 1
+
+    def _id(self, task: int | str) -> int:
+        if isinstance(task, str):
+            if task not in self._by_label:
+                raise GraphError(f"edges[{len(self._edges)}]: no task labelled {task!r}")
+            return self._by_label[task]
+        return task
+
+    def build(self) -> TaskGraph:
+        """The validated graph (raises :class:`GraphError`)."""
+        lim, static = zip(*self._dev, strict=True) if self._dev else ((), ())
+        ls, ld, lat, bw = zip(*self._links, strict=True) if self._links else ((),) * 4
+        dev, dur, ms, me, lab, tail = zip(*self._tasks, strict=True) if self._tasks else ((),) * 6
+        es, ed, eb = zip(*self._edges, strict=True) if self._edges else ((),) * 3
+        return TaskGraph(memory_limit=lim, static_memory=static, link_src=ls, link_dst=ld,
+                         latency=lat, bandwidth=bw, device=dev, duration=dur, mem_start=ms,
+                         mem_end=me, label=lab, tail=tail, src=es, dst=ed, bytes=eb)

@@ -1,0 +1,215 @@
+"""The core on today's chain: training.build(problem) timed by the core simulator gives exactly
+what the chain simulator gives, for every hand-made schedule, and the core validator agrees."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeopt.core.schedule import GraphSchedule
+from pipeopt.core.simulate import DeadlockError, simulate
+from pipeopt.core.validate import check
+from pipeopt.problem import Op, Problem, chain_links, uniform_problem
+from pipeopt.schedule import Schedule
+from pipeopt.schedules import NotApplicable
+from pipeopt.simulate import DeadlockError as ChainDeadlock
+from pipeopt.simulate import simulate as chain_simulate
+from pipeopt.solvers import classic_methods, run_classic
+from pipeopt.workloads import training
+from tests.strategies import problems, random_orders
+
+TOL = 1e-9
+
+
+def _hetero() -> Problem:
+    lat, bw = chain_links(4, [0.1, 0.3, 0.2], [math.inf] * 3)
+    return Problem(devices=4, microbatches=6, forward=(1.0, 1.5, 0.7, 1.2),
+                   backward_input=(1.1, 2.0, 0.9, 1.3), backward_weight=(0.6, 0.4, 1.0, 0.5),
+                   activation_memory=(3.0, 2.0, 2.5, 1.0), weight_grad_memory=(1.0, 0.5, 2.5, 0.0),
+                   static_memory=(1.0, 2.0, 0.0, 0.5), latency=lat, bandwidth=bw)
+
+
+def _serialized(m: int = 6, v: int = 1, placement: str = "loop",
+                memory_limit: float | None = None) -> Problem:
+    """4 devices whose links carry one 0.5-byte message at a time at 1 byte/s."""
+    lat, bw = chain_links(4, [0.1] * 3, [1.0] * 3)
+    prob = uniform_problem(4, m, virtual_stages=v, placement=placement,  # type: ignore[arg-type]
+                           memory_limit=memory_limit)
+    return prob.replace(latency=lat, bandwidth=bw, message_size=(0.5,) * (4 * v - 1))
+
+
+PROBLEMS: dict[str, Problem] = {
+    "uniform": uniform_problem(4, 8),
+    "fused": uniform_problem(4, 8, split_backward=False),
+    "hetero": _hetero(),
+    "loop-v2": uniform_problem(4, 8, virtual_stages=2),
+    "vshape-v2": uniform_problem(4, 8, virtual_stages=2, placement="vshape"),
+    "latency": uniform_problem(4, 8, f=1.0, b=1.5, w=0.5, latency=0.3),
+    "serialized": _serialized(memory_limit=4.0),
+    "serialized-vshape": _serialized(8, 2, "vshape"),
+    "serialized-fused-hetero": replace(
+        _hetero(), split_backward=False, message_size=(2.0, 1.0, 3.0),
+        bandwidth=chain_links(4, [0.0] * 3, [2.0, 4.0, 1.0])[1]),
+    "grad-reduce": uniform_problem(4, 8).replace(grad_reduce=(3.0, 0.5, 2.0, 9.0)),
+    "grad-reduce-fused-v2": uniform_problem(2, 4, virtual_stages=2, split_backward=False).replace(
+        grad_reduce=(1.0, 2.0, 3.0, 0.25)),
+    "single-device": uniform_problem(1, 3),
+    # Micro-batches of different cost: times, memory and message bytes per micro-batch.
+    "scaled-serialized": _serialized(memory_limit=9.0).replace(
+        microbatch_scale=(1.0, 3.0, 0.5, 2.0, 1.0, 4.0),
+        microbatch_memory_scale=(1.0, 2.0, 0.5, 2.0, 1.0, 2.0),
+        microbatch_message_scale=(1.0, 2.5, 1.0, 0.5, 3.0, 1.0)),
+    "scaled-hetero": _hetero().replace(microbatch_scale=(2.0, 1.0, 1.0, 0.25, 3.0, 1.5)),
+}
+
+
+def _core(sched: Schedule) -> GraphSchedule:
+    prob = sched.problem
+    graph = training.build(prob)
+    return simulate(graph, training.task_orders(prob, sched.device_orders()), sched.method)
+
+
+def _assert_same(sched: Schedule, core: GraphSchedule) -> None:
+    prob = sched.problem
+    for o in sched.ops:
+        i = training.task_id(prob, o.op)
+        assert core.start[i] == pytest.approx(o.start, abs=TOL), o.op
+        assert core.end[i] == pytest.approx(o.end, abs=TOL), o.op
+    assert core.makespan == pytest.approx(sched.makespan, abs=TOL)
+    assert core.objective == pytest.approx(sched.iteration_time, abs=TOL)
+    assert core.peak_memory == pytest.approx(sched.peak_memory, abs=TOL)
+    # The same messages on the same links at the same times.
+    g = core.graph
+    chain = {(m.src_stage, m.dst_stage, m.microbatch): (m.start, m.end, m.arrival)
+             for m in sched.messages}
+    mine = {}
+    for mm in core.messages:
+        src, dst = training.task_op(prob, g.src[mm.edge]), training.task_op(prob, g.dst[mm.edge])
+        mine[(src.stage, dst.stage, src.microbatch)] = (mm.start, mm.end, mm.arrival)
+    assert mine.keys() == chain.keys()
+    for key, times in chain.items():
+        assert mine[key] == pytest.approx(times, abs=TOL), key
+
+
+@pytest.mark.parametrize("pname", sorted(PROBLEMS))
+def test_core_times_every_classic_schedule_as_the_chain_does(pname: str) -> None:
+    applied = []
+    for method in classic_methods():
+        try:
+            sched = run_classic(PROBLEMS[pname], method)
+        except NotApplicable:
+            continue
+        applied.append(method)
+        core = _core(sched)
+        _assert_same(sched, core)
+        limits = sched.problem.memory_limit
+        fits = all(lim is None or pk <= lim + 1e-9
+                   for pk, lim in zip(sched.peak_memory, limits, strict=True))
+        assert (check(core) == []) == fits, (method, check(core)[:3])
+    assert applied, pname
+
+
+@pytest.mark.parametrize("pname", sorted(PROBLEMS))
+def test_graph_mirrors_the_problem(pname: str) -> None:
+    """Edges are Problem.inputs of every op; durations, memory, messages and tails match."""
+    prob = PROBLEMS[pname]
+    g = training.build(prob)
+    assert g.num_tasks == prob.num_ops
+    dev, _, _, _ = prob.op_table
+    assert g.device == dev
+    for i, op in enumerate(prob.ops()):
+        assert training.task_id(prob, op) == i and training.task_op(prob, i) == op
+        assert g.label[i] == str(op)
+        assert g.duration[i] == prob.duration(op)
+        alloc, free = prob.memory_delta(op)
+        assert (g.mem_start[i], -g.mem_end[i]) == (alloc, free)
+        preds = [training.task_op(prob, g.src[e]) for e in g.preds(i)]
+        assert preds == prob.inputs(op)
+        for e in g.preds(i):
+            x = training.task_op(prob, g.src[e])
+            tx, lat = prob.transfer(x.stage, op.stage, op.microbatch)
+            assert (g.edge_transmission[e], g.edge_latency[e]) == (tx, lat)
+        last = op.kind == prob.kinds[-1]
+        assert g.tail[i] == (prob.grad_reduce[op.stage] if last else 0.0)
+    assert g.memory_limit == prob.memory_limit and g.static_memory == prob.static_memory
+    assert g.serialized == prob.has_link_contention
+
+
+def _bad_orders(prob: Problem) -> list[list[Op]]:
+    orders = [list(x) for x in run_classic(prob, "zb-h1").device_orders()]
+    orders[0] = orders[0][::-1]
+    return orders
+
+
+@pytest.mark.parametrize("pname", ["uniform", "serialized"])
+def test_deadlock_is_named_as_in_the_chain(pname: str) -> None:
+    prob = PROBLEMS[pname]
+    orders = _bad_orders(prob)
+    with pytest.raises(ChainDeadlock):
+        chain_simulate(prob, orders)
+    with pytest.raises(DeadlockError, match="deadlock: device 0 waits at") as info:
+        simulate(training.build(prob), training.task_orders(prob, orders))
+    g = training.build(prob)
+    for d, task, waited in info.value.cycle:
+        assert g.device[task] == d and waited in [g.src[e] for e in g.preds(task)]
+
+
+@pytest.mark.parametrize("pname", ["uniform", "serialized", "grad-reduce"])
+def test_validator_rejects_perturbed_schedules(pname: str) -> None:
+    prob = PROBLEMS[pname]
+    core = _core(run_classic(prob, "zb-h1"))
+    g = core.graph
+    assert check(core) == []
+    # An op moved earlier than its input (F of stage 1, micro-batch 0: nothing else on its
+    # device runs before it).
+    i = training.task_id(prob, Op("F", 1, 0))
+    start, end = list(core.start), list(core.end)
+    start[i] -= 0.5
+    end[i] -= 0.5
+    bad = check(replace(core, start=tuple(start), end=tuple(end)))
+    assert any("1F0 starts at" in v and "before its input from 0F0" in v for v in bad), bad
+    # Two overlapping ops on device 0: its second op starts with its first.
+    first, second = core.device_orders()[0][:2]
+    start, end = list(core.start), list(core.end)
+    start[second] = core.start[first] + 0.25
+    end[second] = start[second] + g.duration[second]
+    bad = check(replace(core, start=tuple(start), end=tuple(end)))
+    assert any(v.startswith(f"device 0: {g.label[second]} starts at") for v in bad), bad
+    # Memory over a limit: the same times against a limit below the peak.
+    tight = g.replace(memory_limit=tuple(pk - 0.5 for pk in core.peak_memory))
+    bad = check(replace(core, graph=tight))
+    assert len([v for v in bad if "exceeds the limit" in v]) == g.devices, bad
+    # A duration changed.
+    end = list(core.end)
+    end[i] += 0.1
+    assert any("1F0: lasts" in v for v in check(replace(core, end=tuple(end))))
+
+
+def test_validator_checks_messages() -> None:
+    prob = PROBLEMS["serialized"]
+    core = _core(run_classic(prob, "1f1b"))
+    assert core.messages and check(core) == []
+    bad = check(replace(core, messages=core.messages[1:]))
+    assert any("no message carries it" in v for v in bad), bad
+    m0, m1 = core.messages[0], core.messages[1]
+    same_link = [mm for mm in core.messages[1:]
+                 if core.graph.edge_link[mm.edge] == core.graph.edge_link[m0.edge]]
+    m1 = same_link[0]
+    moved = m1._replace(start=m0.start, end=m0.end, arrival=m0.arrival)
+    msgs = tuple(moved if mm is m1 else mm for mm in core.messages)
+    bad = check(replace(core, messages=msgs))
+    assert any(v.startswith("link ") for v in bad), bad
+    assert any("message sent at" in v for v in bad), bad
+
+
+@given(problems(contention=True), st.integers(0, 10**6))
+def test_random_orders_time_as_in_the_chain(prob: Problem, seed: int) -> None:
+    orders = random_orders(prob, seed)
+    sched = chain_simulate(prob, orders)
+    core = simulate(training.build(prob), training.task_orders(prob, orders))
+    _assert_same(sched, core)
+    assert check(core) == []

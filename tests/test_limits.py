@@ -1,0 +1,129 @@
+"""Issue 18 item 7: time limits hold at the documented sizes. Loading is O(p^2), the bounds are
+O(stages) per call, the greedy gives up at the limit when ``auto`` has another schedule, and the
+CLI counts loading, validation and writing against the limit (benchmarks/limits.py measures
+the wall times; no test here gates on a machine's speed beyond a tenfold margin)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+import pipeopt
+from pipeopt.bounds import iteration_lower_bound, round_trip, round_trips
+from pipeopt.problem import Problem, chain_links
+from pipeopt.solvers import OutOfTime, SolveOptions
+
+
+def _chain_by_definition(p: int, latency: list[float], bandwidth: list[float]
+                         ) -> tuple[tuple[tuple[float, ...], ...], ...]:
+    lat = [[0.0] * p for _ in range(p)]
+    bw = [[math.inf] * p for _ in range(p)]
+    for a in range(p):
+        for b in range(a + 1, p):
+            lat[a][b] = lat[b][a] = max(latency[a:b])
+            bw[a][b] = bw[b][a] = min(bandwidth[a:b])
+    return tuple(map(tuple, lat)), tuple(map(tuple, bw))
+
+
+def test_chain_links_is_the_slowest_tier_between_two_devices() -> None:
+    rng = random.Random(3)
+    for p in (1, 2, 3, 9, 40):
+        lat = [rng.choice([0.0, 1e-6, 5e-3, 0.1]) for _ in range(p - 1)]
+        bw = [rng.choice([1e9, 5e10, math.inf]) for _ in range(p - 1)]
+        assert chain_links(p, lat, bw) == _chain_by_definition(p, lat, bw)
+
+
+def test_loading_1024_devices_is_quadratic(tmp_path: Path) -> None:
+    """Per-neighbour links at the documented maximum: 63 s before (a min over the chain inside
+    the p^2 loop), about 2 s now on the 2-core development machine."""
+    p = 1024
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"pipeline: {{devices: {p}, microbatches: 2}}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1}\n"
+                   f"links: {{latency: [{', '.join(['0.001'] * (p - 1))}], "
+                   f"bandwidth: [{', '.join(['1.0e9'] * (p - 1))}], message_size: 1.0e6}}\n",
+                   encoding="utf-8")
+    t0 = time.perf_counter()
+    prob = pipeopt.load_config(cfg).problem
+    assert time.perf_counter() - t0 < 30
+    assert prob.latency[0][p - 1] == 0.001 and prob.bandwidth[0][p - 1] == 1e9
+    scalar = tmp_path / "s.yaml"
+    scalar.write_text(cfg.read_text().replace(f"latency: [{', '.join(['0.001'] * (p - 1))}]",
+                                              "latency: 0.001"), encoding="utf-8")
+    t0 = time.perf_counter()
+    assert pipeopt.load_config(scalar).problem.bandwidth[3][900] == 1e9
+    assert time.perf_counter() - t0 < 30
+
+
+def test_bounds_look_at_each_link_a_fixed_number_of_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """round_trip per stage summed the delays of every later link: O(stages^2) per bound,
+    163 s of a 10 s solve at p = 1024."""
+    prob = pipeopt.uniform_problem(devices=256, microbatches=4, latency=0.01)
+    assert round_trips(prob) == pytest.approx([round_trip(prob, k) for k in range(256)])
+    calls = 0
+    delay = Problem.delay
+
+    def counted(self: Problem, a: int, b: int, microbatch: int | None = None) -> float:
+        nonlocal calls
+        calls += 1
+        return delay(self, a, b, microbatch)
+
+    monkeypatch.setattr(Problem, "delay", counted)
+    iteration_lower_bound(prob)
+    assert calls < 20 * prob.stages  # was about 4 * 256^2 = 262,144
+
+
+def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
+    from pipeopt.solvers.greedy import solve_greedy
+
+    prob = pipeopt.uniform_problem(devices=32, microbatches=512)  # 49,152 ops
+    with pytest.raises(OutOfTime, match="ended before its first schedule"):
+        solve_greedy(prob, SolveOptions(time_limit=1e-4), optional=True)
+    assert solve_greedy(prob, SolveOptions(time_limit=1e-4)).method == "greedy"
+    sched = pipeopt.solve(prob, "auto", time_limit=1e-3)
+    assert sched.method.startswith("auto:zb")  # the hand-made fallback
+    assert "ended before its first schedule" in sched.solver.detail("greedy")
+
+
+def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import pipeopt.solvers as solvers
+    from pipeopt.cli import main
+    from pipeopt.solvers import greedy
+
+    given: list[float] = []
+    real = greedy.solve_greedy
+
+    def spy(problem: Problem, options: SolveOptions, **kw: object) -> pipeopt.Schedule:
+        given.append(options.time_limit)
+        return real(problem, options, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(greedy, "solve_greedy", spy)
+    prob = pipeopt.uniform_problem(devices=4, microbatches=8)
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.1)  # 96 ops: 9.6 s kept
+    pipeopt.solve(prob, "greedy", time_limit=20)
+    assert given == [pytest.approx(20 - 9.6)]
+    pipeopt.solve(prob, "greedy", time_limit=5)  # never below a tenth of the limit
+    assert given[-1] == pytest.approx(0.5)
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.0)
+
+    import pipeopt.cli as cli
+
+    monkeypatch.setattr(cli, "WRITE_S_PER_OP", 0.05)  # 96 ops: 4.8 s kept for writing
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pipeline: {devices: 4, microbatches: 8}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1}\n",
+                   encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="pipeopt"):
+        assert main(["solve", str(cfg), "--method", "greedy", "--time-limit", "10", "-q",
+                     "-o", str(tmp_path / "s.json")]) == 0
+    assert 10 - 4.8 - 1 < given[-1] < 10 - 4.8
+    log = caplog.text
+    assert "kept for writing" in log and "schedule written in" in log and "in all" in log
