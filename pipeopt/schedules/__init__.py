@@ -9,6 +9,7 @@ from __future__ import annotations
 from pipeopt.problem import Problem
 from pipeopt.schedules.base import Generator, NotApplicable, Orders
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
+from pipeopt.schedules.controllable_memory import v_half, v_min
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
 
 #: Every hand-made schedule by its method name.
@@ -20,6 +21,8 @@ GENERATORS: dict[str, Generator] = {
     "zb-h1": zb_h1,
     "zb-h2": zb_h2,
     "zb-v": zb_v,
+    "v-half": v_half,
+    "v-min": v_min,
 }
 
 #: Schedules whose published form runs the whole backward as one op: the gradient leaves only

@@ -1,0 +1,216 @@
+"""V-Min and V-Half: V-shape schedules built from a repeating block (Qi, Wan, Amar, Lin,
+"Pipeline Parallelism with Controllable Memory", NeurIPS 2024, sections 3-4).
+
+The paper's framework: a schedule is one *building block* (where each device runs the ops of
+one micro-batch) repeated every period; the block's *lifespan* on a device (from its first F
+to the last op that frees that micro-batch's memory) over the period is the number of
+micro-batches the device holds at once, so the block alone sets the peak activation memory.
+
+Construction used here, in unit slots (every chunk op takes one slot, as at equal times):
+
+* device r holds stage r (chunk 0, down the V) and stage 2p-1-r (chunk 1, back up); a device
+  runs six ops per micro-batch (F, B, W of each chunk), so the block repeats every 6 slots;
+* the block is the tightest V: every op starts one slot after its input, except that chunk 0's
+  forward and chunk 1's input-gradient pass advance ``step`` slots per device (1: V-Min,
+  2: V-Half), and two gaps are added, at the V's bottom before the first backward and at its
+  tip between the two backwards, the smallest ones that give the four F/B ops of a device four
+  different slots modulo 6 (the two free slots take the W ops, oldest first);
+* the repeated table is *squeezed* (section 4): op by op in slot order, each moves to the
+  earliest free slot its inputs allow, a forward only where the device's memory (counted in
+  chunk activations, held from F to W) stays within the table's peak. This fills the warm-up
+  and cool-down; the steady state is already tight.
+
+The result is a per-device order; the simulator times it with the problem's real costs and
+links. At equal times the peak is about p/3 (V-Min) and p/2 (V-Half) micro-batches'
+activations, against p for 1F1B; the paper's bubbles are about 2/3 and 1/2 of 1F1B's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Sequence
+from functools import lru_cache
+
+from pipeopt.problem import Op, Problem
+from pipeopt.schedules.base import Orders, require
+
+#: Slots per block: a device runs F, B and W of both its chunks for every micro-batch.
+PERIOD = 6
+
+
+def _rows(p: int, step: int, g: int, d: int) -> list[tuple[int, int, int, int]]:
+    """The V block with gaps ``g`` (before chunk 1's first B) and ``d`` (between the two B
+    at the V's tip): per device, the slots of F chunk 0, F chunk 1, B chunk 1, B chunk 0."""
+    f0 = [step * r for r in range(p)]
+    f1 = [f0[p - 1] + 1 + (p - 1 - r) for r in range(p)]
+    b1 = [f1[0] + 1 + g + step * r for r in range(p)]
+    b0 = [b1[p - 1] + 1 + d + (p - 1 - r) for r in range(p)]
+    return list(zip(f0, f1, b1, b0, strict=True))
+
+
+@lru_cache(maxsize=64)
+def block_offsets(p: int, step: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Per device r, the slots of (F chunk 0, F chunk 1, B chunk 1, B chunk 0) of micro-batch 0.
+
+    Chunk 0's F and chunk 1's B advance ``step`` slots per device, the other two one slot (the
+    V-shape block of the paper, section 4.1). Of the gaps ``g`` (before chunk 1's first B, on
+    device 0) and ``d`` (between the two B on device p-1) that give every device four distinct
+    slots modulo :data:`PERIOD`, the block keeps the pair with the lowest steady-state peak
+    (measured on the repeated table, W ops included), then the shortest.
+    """
+    best: tuple[tuple[int, int], list[tuple[int, int, int, int]]] | None = None
+    for g, d in sorted(itertools.product(range(PERIOD), repeat=2), key=sum):
+        rows = _rows(p, step, g, d)
+        if any(len({x % PERIOD for x in row}) < 4 for row in rows):
+            continue
+        if best is not None and g + d > best[0][1] + PERIOD // 2:
+            break  # longer blocks only add bubble
+        _, tables = _repeat(rows, 2 * p + 2)
+        key = (max(max(t.live) for t in tables), g + d)
+        if best is None or key < best[0]:
+            best = (key, rows)
+    if best is None:  # pragma: no cover - g = d = 0..5 always has a valid pair
+        raise AssertionError(f"no V block for p={p}, step={step}")
+    return tuple(best[1])
+
+
+class _Table:
+    """Slot table of one device: which op occupies each slot, and live activations per slot."""
+
+    def __init__(self, horizon: int) -> None:
+        self.op: list[Op | None] = [None] * horizon
+        self.live = [0] * horizon  # chunk activations held (from F's slot to W's slot)
+
+    def hold(self, a: int, b: int, delta: int) -> None:
+        for t in range(a, b):
+            self.live[t] += delta
+
+
+def _repeat(rows: Sequence[tuple[int, int, int, int]], m: int
+            ) -> tuple[dict[Op, int], list[_Table]]:
+    """The block repeated for ``m`` micro-batches (micro-batch j at the block's slots + 6j),
+    each W in the first free slot after its B (oldest B first)."""
+    p = len(rows)
+    s = 2 * p
+    slot: dict[Op, int] = {}
+    for r, (f0, f1, b1, b0) in enumerate(rows):
+        lo, hi = r, s - 1 - r
+        for j in range(m):
+            base = PERIOD * j
+            slot[Op("F", lo, j)] = f0 + base
+            slot[Op("F", hi, j)] = f1 + base
+            slot[Op("B", hi, j)] = b1 + base
+            slot[Op("B", lo, j)] = b0 + base
+    horizon = max(slot.values()) + 2 * m + 2
+    tables = [_Table(horizon) for _ in range(p)]
+    for op, t in slot.items():
+        tables[min(op.stage, s - 1 - op.stage)].op[t] = op
+    for tab in tables:
+        _fill_w(tab, slot, 0, p)
+    for op, t in slot.items():
+        if op.kind == "F":
+            tables[min(op.stage, s - 1 - op.stage)].hold(
+                t, slot[Op("W", op.stage, op.microbatch)] + 1, 1)
+    return slot, tables
+
+
+def _fill_w(tab: _Table, slot: dict[Op, int], start: int, p: int,
+            waiting: Sequence[Op] = ()) -> None:
+    """Put the ``waiting`` W ops and the W of every B at or after slot ``start`` in the first
+    free slots after their B; chunk 1's W first when both chunks have one waiting."""
+    pending: tuple[deque[Op], deque[Op]] = (deque(), deque())
+    for w in waiting:
+        pending[0 if w.stage >= p else 1].append(w)
+    for t in range(start, len(tab.op)):
+        op = tab.op[t]
+        if op is None:
+            queue = next((q for q in pending if q), None)
+            if queue is not None:
+                w = queue.popleft()
+                tab.op[t] = w
+                slot[w] = t
+        elif op.kind == "B":
+            pending[0 if op.stage >= p else 1].append(Op("W", op.stage, op.microbatch))
+
+
+def _v_orders(problem: Problem, method: str, step: int) -> Orders:
+    """Orders of the V block with ``step`` (see the module docstring)."""
+    require(problem.virtual_stages == 2 and problem.placement == "vshape", method,
+            "needs virtual_stages: 2 and placement: vshape")
+    require(problem.split_backward, method, "needs split_backward: true (separate B and W ops)")
+    slot, tables = _repeat(block_offsets(problem.devices, step), problem.microbatches)
+    dev = problem.stage_device
+    cap = max(max(tab.live) for tab in tables)
+    # The steady state, from device 0's first chunk-0 B to its last chunk-0 F, is already
+    # tight and keeps its slots.
+    steady = range(slot[Op("B", 0, 0)], slot[Op("F", 0, problem.microbatches - 1)] + 1)
+    # Squeeze: in slot order, each op moves to its earliest allowed free slot.
+    for op in sorted(slot, key=lambda o: (slot[o], dev[o.stage])):
+        tab, t0 = tables[dev[op.stage]], slot[op]
+        if t0 in steady:
+            continue
+        lo_t = max((slot[x] + 1 for x in problem.inputs(op)), default=0)
+        if op.microbatch > 0:
+            lo_t = max(lo_t, slot[op._replace(microbatch=op.microbatch - 1)] + 1)
+        if op.kind == "F":
+            t = t0  # a forward moves only while holding one more activation fits the cap
+            while t > lo_t and tab.live[t - 1] < cap:
+                t -= 1
+            lo_t = t
+        t = next(x for x in range(lo_t, t0 + 1) if x == t0 or tab.op[x] is None)
+        if t == t0:
+            continue
+        tab.op[t0], tab.op[t] = None, op
+        slot[op] = t
+        if op.kind == "F":
+            tab.hold(t, t0, 1)
+        elif op.kind == "W":
+            tab.hold(t + 1, t0 + 1, -1)
+    tail = _squeeze_tail(problem, slot, tables, steady.stop, cap)
+    return [[op for op in tab.op if op is not None] for tab in tail]
+
+
+def _squeeze_tail(problem: Problem, slot: dict[Op, int], tables: list[_Table], start: int,
+                  cap: int) -> list[_Table]:
+    """The cool-down squeezed again with its W ops lifted out: F and B take the earliest
+    free slots their inputs allow, then the W ops refill the gaps (section 4's second
+    squeeze). Kept only if no device then holds more than ``cap`` activations."""
+    p, dev = problem.devices, problem.stage_device
+    slot = dict(slot)
+    new = [_Table(len(tab.op)) for tab in tables]
+    lifted: list[list[Op]] = [[] for _ in range(p)]
+    for d, tab in enumerate(tables):
+        for t, op in enumerate(tab.op):
+            if op is not None and op.kind == "W" and t >= start:
+                lifted[d].append(op)
+            elif op is not None:
+                new[d].op[t] = op
+    for op in sorted((o for o in slot if o.kind != "W" and slot[o] >= start), key=slot.get):
+        tab, t0 = new[dev[op.stage]], slot[op]
+        lo_t = max([start] + [slot[x] + 1 for x in problem.inputs(op)])
+        if op.microbatch > 0:
+            lo_t = max(lo_t, slot[op._replace(microbatch=op.microbatch - 1)] + 1)
+        t = next(x for x in range(lo_t, t0 + 1) if x == t0 or tab.op[x] is None)
+        tab.op[t0], tab.op[t] = None, op
+        slot[op] = t
+    for d, tab in enumerate(new):
+        _fill_w(tab, slot, start, p, [w for w in lifted[d] if slot[w._replace(kind="B")] < start])
+        for t, op in enumerate(tab.op):
+            if op is not None and op.kind == "F":
+                tab.hold(t, slot[op._replace(kind="W")] + 1, 1)
+        if max(tab.live) > cap:
+            return tables
+    return new
+
+
+def v_min(problem: Problem) -> Orders:
+    """V-Min: the V block with one-slot offsets; about 1/3 of 1F1B's activation memory
+    (Qi et al. 2024, section 4.2)."""
+    return _v_orders(problem, "v-min", 1)
+
+
+def v_half(problem: Problem) -> Orders:
+    """V-Half: chunk 0's F and chunk 1's B advance two slots per device; about 1/2 of 1F1B's
+    activation memory at a bubble about half of 1F1B's (Qi et al. 2024, section 4.2)."""
+    return _v_orders(problem, "v-half", 2)
