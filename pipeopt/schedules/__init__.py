@@ -10,6 +10,7 @@ from pipeopt.problem import Problem
 from pipeopt.schedules.base import Generator, NotApplicable, Orders
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
+from pipeopt.schedules.zb_auto import zb_1p, zb_2p
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
 
 #: Every hand-made schedule by its method name.
@@ -23,6 +24,8 @@ GENERATORS: dict[str, Generator] = {
     "zb-v": zb_v,
     "v-half": v_half,
     "v-min": v_min,
+    "zb-1p": zb_1p,
+    "zb-2p": zb_2p,
 }
 
 #: Schedules whose published form runs the whole backward as one op: the gradient leaves only
