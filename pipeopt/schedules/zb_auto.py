@@ -47,31 +47,47 @@ class _Build:
     free: list[float] = field(default_factory=list)  # when each device is next idle
     mem: list[float] = field(default_factory=list)  # bytes held after the device's last op
     idle: list[float] = field(default_factory=list)  # idle time since the first F
+    max_idle: float = 0.0  # the largest of ``idle``
     end: dict[Op, float] = field(default_factory=dict)
+    dur: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per kind, per stage
+    mem_delta: dict[str, list[float]] = field(default_factory=dict)  # bytes, per kind, stage
+    down: list[float] = field(default_factory=list)
+    up: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = self.problem.devices
         self.orders = [[] for _ in range(p)]
         self.count = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
         self.free, self.mem, self.idle = [0.0] * p, [0.0] * p, [0.0] * p
+        pr = self.problem
+        self.dur = pr.durations
+        self.mem_delta = {kind: [a - r for a, r in (pr.memory_deltas[kind, k] for k in range(p))]
+                          for kind in pr.kinds}
+        self.down = [pr.delay(k, k + 1) for k in range(p - 1)]  # F's message from stage k
+        self.up = [pr.delay(k + 1, k) for k in range(p - 1)]  # B's message into stage k
 
     def next_op(self, j: int, kind: str) -> Op:
         return Op(kind, j, self.count[j][kind])
 
     def arrival(self, op: Op) -> float:
         """When ``op``'s inputs are all at its device (seconds)."""
-        pr = self.problem
-        return max((self.end[x] + pr.delay(x.stage, op.stage) for x in pr.inputs(op)),
-                   default=0.0)
+        k, i, end = op.stage, op.microbatch, self.end
+        if op.kind == "F":
+            return end[Op("F", k - 1, i)] + self.down[k - 1] if k > 0 else 0.0
+        if op.kind == "W":
+            return end[Op("B", k, i)]
+        if k == len(self.down):
+            return end[Op("F", k, i)]
+        return max(end[Op("F", k, i)], end[Op("B", k + 1, i)] + self.up[k])
 
     def put(self, j: int, kind: str) -> None:
         op = self.next_op(j, kind)
         start = max(self.free[j], self.arrival(op))
         if self.count[j]["F"]:
             self.idle[j] += start - self.free[j]
-        self.end[op] = self.free[j] = start + self.problem.duration(op)
-        alloc, release = self.problem.memory_delta(op)
-        self.mem[j] += alloc - release
+            self.max_idle = max(self.max_idle, self.idle[j])
+        self.end[op] = self.free[j] = start + self.dur[kind][j]
+        self.mem[j] += self.mem_delta[kind][j]
         self.count[j][kind] += 1
         self.orders[j].append(op)
 
@@ -85,7 +101,7 @@ class _Build:
             self.put(j, "W")
         gap = ready - self.free[j]
         if self.w_left(j) and gap > 0:
-            raises_max = self.idle[j] + gap > max(self.idle)
+            raises_max = self.idle[j] + gap > self.max_idle
             if raises_max or self.fill_small_gaps:
                 self.put(j, "W")
 
@@ -146,7 +162,7 @@ def _wants_f(b: _Build, skip_f: bool) -> list[bool]:
             b_ready = b.free[j + 1] + pr.duration(nf) + pr.duration(nb) + pr.delay(j + 1, j)
             if b.free[j] + pr.duration(b.next_op(j, "F")) <= b_ready:
                 continue  # the F fits before the B arrives
-            if b_ready - b.free[j] <= max(b.idle) - b.idle[j]:
+            if b_ready - b.free[j] <= b.max_idle - b.idle[j]:
                 want[j] = False  # skipping leaves an idle that raises no maximum
     for j in range(p - 2, -1, -1):  # a stage does not run further ahead of one that skips
         want[j] = want[j] and (want[j + 1] or b.count[j + 1]["F"] >= m)
@@ -192,16 +208,18 @@ def _zb_auto(problem: Problem, method: str, factor: int) -> Orders:
         if dev is not None:
             lim = min(lim, dev - problem.static_memory[j])
         limit.append(lim)
+    for j, lim in enumerate(limit):
+        act = problem.activation_memory[j]
+        require(act <= lim * (1 + 1e-9), method,
+                f"device {j} cannot hold one micro-batch's activations ({act:g}) within "
+                f"{lim:g} ({factor} x devices x activation_memory, or memory.limit less "
+                f"static memory)")
     best: _Build | None = None
     for flags in itertools.product((False, True), repeat=3):
         try:
             b = _build(problem, limit, *flags)
-        except _OutOfMemory as exc:
-            j = exc.args[0]
-            raise NotApplicable(
-                f"{method}: device {j} cannot hold the two micro-batches' activations the "
-                f"heuristic needs within {limit[j]:g} (its limit: {factor} x devices x "
-                f"activation_memory, or memory.limit less static memory)") from None
+        except _OutOfMemory as exc:  # pragma: no cover - one activation always fits
+            raise NotApplicable(f"{method}: device {exc.args[0]} ran out of memory") from None
         if best is None or b.span() < best.span():
             best = b
     assert best is not None
