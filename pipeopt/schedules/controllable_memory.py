@@ -108,10 +108,13 @@ def _repeat(rows: Sequence[tuple[int, int, int, int]], m: int
         tables[min(op.stage, s - 1 - op.stage)].op[t] = op
     for tab in tables:
         _fill_w(tab, slot, 0, p)
-    for op, t in slot.items():
-        if op.kind == "F":
-            tables[min(op.stage, s - 1 - op.stage)].hold(
-                t, slot[Op("W", op.stage, op.microbatch)] + 1, 1)
+    for tab in tables:  # live activations: +1 at each F's slot, -1 after its W's slot
+        diff = [0] * (horizon + 1)
+        for t, op in enumerate(tab.op):
+            if op is not None and op.kind == "F":
+                diff[t] += 1
+                diff[slot[op._replace(kind="W")] + 1] -= 1
+        tab.live = list(itertools.accumulate(diff[:horizon]))
     return slot, tables
 
 
@@ -171,36 +174,66 @@ def _v_orders(problem: Problem, method: str, step: int) -> Orders:
     return [[op for op in tab.op if op is not None] for tab in tail]
 
 
+def _held_before(tab: _Table, start: int) -> int:
+    """Activations the device holds entering slot ``start`` (F so far less W so far)."""
+    ops = [op.kind for op in tab.op[:start] if op is not None]
+    return ops.count("F") - ops.count("W")
+
+
+def _tail_peak(tab: _Table, start: int, live: int, waiting: Sequence[Op], p: int) -> int:
+    """Most activations the device holds from slot ``start`` on (``live`` entering it), with
+    the W ops of its B ops from there (and ``waiting``) each in the first free slot after its
+    B (see :func:`_fill_w`)."""
+    pending = [sum(1 for w in waiting if w.stage >= p), sum(1 for w in waiting if w.stage < p)]
+    peak, freed = live, 0
+    for t in range(start, len(tab.op)):
+        live -= freed  # a W frees its activation after its slot
+        freed = 0
+        op = tab.op[t]
+        if op is None:
+            if pending[0] or pending[1]:
+                pending[0 if pending[0] else 1] -= 1
+                freed = 1
+        elif op.kind == "F":
+            live += 1
+        elif op.kind == "B":
+            pending[0 if op.stage >= p else 1] += 1
+        peak = max(peak, live)
+    return peak
+
+
 def _squeeze_tail(problem: Problem, slot: dict[Op, int], tables: list[_Table], start: int,
                   cap: int) -> list[_Table]:
-    """The cool-down squeezed again with its W ops lifted out: F and B take the earliest
-    free slots their inputs allow, then the W ops refill the gaps (section 4's second
-    squeeze). Kept only if no device then holds more than ``cap`` activations."""
+    """The cool-down squeezed again with its W ops lifted out (the paper's second squeeze):
+    each F and B after slot ``start`` takes the earliest free slot its inputs allow where the
+    device, its W ops refilling the gaps afterwards, still holds at most ``cap``
+    activations; then the W ops refill the gaps."""
     p, dev = problem.devices, problem.stage_device
-    slot = dict(slot)
     new = [_Table(len(tab.op)) for tab in tables]
-    lifted: list[list[Op]] = [[] for _ in range(p)]
+    waiting: list[list[Op]] = [[] for _ in range(p)]
     for d, tab in enumerate(tables):
         for t, op in enumerate(tab.op):
-            if op is not None and op.kind == "W" and t >= start:
-                lifted[d].append(op)
-            elif op is not None:
+            if op is None or op.kind != "W" or t < start:
                 new[d].op[t] = op
+            elif slot[op._replace(kind="B")] < start:
+                waiting[d].append(op)
+    held = [_held_before(tab, start) for tab in new]
     for op in sorted((o for o in slot if o.kind != "W" and slot[o] >= start), key=slot.get):
-        tab, t0 = new[dev[op.stage]], slot[op]
+        d, t0 = dev[op.stage], slot[op]
+        tab = new[d]
         lo_t = max([start] + [slot[x] + 1 for x in problem.inputs(op)])
         if op.microbatch > 0:
             lo_t = max(lo_t, slot[op._replace(microbatch=op.microbatch - 1)] + 1)
-        t = next(x for x in range(lo_t, t0 + 1) if x == t0 or tab.op[x] is None)
-        tab.op[t0], tab.op[t] = None, op
-        slot[op] = t
+        for t in range(lo_t, t0):
+            if tab.op[t] is not None:
+                continue
+            tab.op[t0], tab.op[t] = None, op
+            if _tail_peak(tab, start, held[d], waiting[d], p) <= cap:
+                slot[op] = t
+                break
+            tab.op[t0], tab.op[t] = op, None
     for d, tab in enumerate(new):
-        _fill_w(tab, slot, start, p, [w for w in lifted[d] if slot[w._replace(kind="B")] < start])
-        for t, op in enumerate(tab.op):
-            if op is not None and op.kind == "F":
-                tab.hold(t, slot[op._replace(kind="W")] + 1, 1)
-        if max(tab.live) > cap:
-            return tables
+        _fill_w(tab, slot, start, p, waiting[d])
     return new
 
 
