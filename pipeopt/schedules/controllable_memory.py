@@ -13,12 +13,15 @@ Construction used here, in unit slots (every chunk op takes one slot, as at equa
 * the block is the tightest V: every op starts one slot after its input, except that chunk 0's
   forward and chunk 1's input-gradient pass advance ``step`` slots per device (1: V-Min,
   2: V-Half), and two gaps are added, at the V's bottom before the first backward and at its
-  tip between the two backwards, the smallest ones that give the four F/B ops of a device four
-  different slots modulo 6 (the two free slots take the W ops, oldest first);
-* the repeated table is *squeezed* (section 4): op by op in slot order, each moves to the
-  earliest free slot its inputs allow, a forward only where the device's memory (counted in
-  chunk activations, held from F to W) stays within the table's peak. This fills the warm-up
-  and cool-down; the steady state is already tight.
+  tip between the two backwards: of the pairs that give the four F/B ops of every device four
+  different slots modulo 6, the one with the lowest peak, then the shortest (the two free
+  slots take the W ops, each in the first free slot after its B, chunk 1's first);
+* the repeated table is *squeezed* (section 4): op by op in slot order, each op of the warm-up
+  and cool-down moves to the earliest free slot its inputs allow, a forward only where the
+  device's memory (counted in chunk activations, held from F to W) stays within the table's
+  peak; the steady state (device 0's first chunk-0 B to its last chunk-0 F) is tight already
+  and keeps its slots. The cool-down is then squeezed once more with its W ops lifted out,
+  each F and B moving only where the W ops, refilled into the gaps afterwards, keep the peak.
 
 The result is a per-device order; the simulator times it with the problem's real costs and
 links. At equal times the peak is about p/3 (V-Min) and p/2 (V-Half) micro-batches'
