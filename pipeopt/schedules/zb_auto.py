@@ -25,7 +25,6 @@ takes links as idle (no queueing); the simulator gives the real times.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 from pipeopt.problem import Op, Problem
 from pipeopt.schedules.base import NotApplicable, Orders, require
@@ -35,164 +34,164 @@ class _OutOfMemory(Exception):
     """The limit blocks the next op and no W is left to free memory."""
 
 
-@dataclass
 class _Build:
-    """One run of the heuristic: the orders so far and the estimated times (seconds)."""
+    """One run of the heuristic: per stage j, the orders so far (kind, micro-batch) and the
+    estimated end of every op (seconds); ``n[k][j]`` ops of kind k (0 F, 1 B, 2 W) placed."""
 
-    problem: Problem
-    limit: list[float]
-    fill_small_gaps: bool
-    orders: list[list[Op]] = field(default_factory=list)
-    count: list[dict[str, int]] = field(default_factory=list)
-    free: list[float] = field(default_factory=list)  # when each device is next idle
-    mem: list[float] = field(default_factory=list)  # bytes held after the device's last op
-    idle: list[float] = field(default_factory=list)  # idle time since the first F
-    max_idle: float = 0.0  # the largest of ``idle``
-    end: dict[Op, float] = field(default_factory=dict)
-    dur: dict[str, tuple[float, ...]] = field(default_factory=dict)  # per kind, per stage
-    mem_delta: dict[str, list[float]] = field(default_factory=dict)  # bytes, per kind, stage
-    down: list[float] = field(default_factory=list)
-    up: list[float] = field(default_factory=list)
+    def __init__(self, problem: Problem, limit: list[float], fill_small_gaps: bool) -> None:
+        p, m = problem.devices, problem.microbatches
+        self.p, self.m = p, m
+        self.limit, self.fill_small_gaps = limit, fill_small_gaps
+        self.dur = [list(problem.durations[k]) for k in "FBW"]  # per kind, per stage
+        self.act = list(problem.activation_memory)
+        self.mem_delta = [[a - r for a, r in (problem.memory_deltas[k, j] for j in range(p))]
+                          for k in "FBW"]
+        self.down = [problem.delay(j, j + 1) for j in range(p - 1)]  # F's message from j
+        self.up = [problem.delay(j + 1, j) for j in range(p - 1)]  # B's message into j
+        self.orders: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        self.n = [[0] * p for _ in range(3)]
+        self.end = [[[0.0] * m for _ in range(p)] for _ in range(3)]
+        self.first = [0.0] * p  # start of each device's first op
+        self.free = [0.0] * p  # when each device is next idle
+        self.mem = [0.0] * p  # bytes held after the device's last op
+        self.idle = [0.0] * p  # idle time since the first F
+        self.max_idle = 0.0
+        self.consulted: set[str] = set()  # the variant flags that changed a decision
 
-    def __post_init__(self) -> None:
-        p = self.problem.devices
-        self.orders = [[] for _ in range(p)]
-        self.count = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
-        self.free, self.mem, self.idle = [0.0] * p, [0.0] * p, [0.0] * p
-        pr = self.problem
-        self.dur = pr.durations
-        self.mem_delta = {kind: [a - r for a, r in (pr.memory_deltas[kind, k] for k in range(p))]
-                          for kind in pr.kinds}
-        self.down = [pr.delay(k, k + 1) for k in range(p - 1)]  # F's message from stage k
-        self.up = [pr.delay(k + 1, k) for k in range(p - 1)]  # B's message into stage k
+    def arrival(self, kind: int, j: int, i: int) -> float:
+        """When the inputs of op (kind, stage j, micro-batch i) are all at its device."""
+        end = self.end
+        if kind == 0:
+            return end[0][j - 1][i] + self.down[j - 1] if j > 0 else 0.0
+        if kind == 2:
+            return end[1][j][i]
+        if j == self.p - 1:
+            return end[0][j][i]
+        return max(end[0][j][i], end[1][j + 1][i] + self.up[j])
 
-    def next_op(self, j: int, kind: str) -> Op:
-        return Op(kind, j, self.count[j][kind])
-
-    def arrival(self, op: Op) -> float:
-        """When ``op``'s inputs are all at its device (seconds)."""
-        k, i, end = op.stage, op.microbatch, self.end
-        if op.kind == "F":
-            return end[Op("F", k - 1, i)] + self.down[k - 1] if k > 0 else 0.0
-        if op.kind == "W":
-            return end[Op("B", k, i)]
-        if k == len(self.down):
-            return end[Op("F", k, i)]
-        return max(end[Op("F", k, i)], end[Op("B", k + 1, i)] + self.up[k])
-
-    def put(self, j: int, kind: str) -> None:
-        op = self.next_op(j, kind)
-        start = max(self.free[j], self.arrival(op))
-        if self.count[j]["F"]:
-            self.idle[j] += start - self.free[j]
+    def put(self, j: int, kind: int) -> None:
+        i = self.n[kind][j]
+        free = self.free[j]
+        start = max(free, self.arrival(kind, j, i))
+        if self.n[0][j]:
+            self.idle[j] += start - free
             self.max_idle = max(self.max_idle, self.idle[j])
-        self.end[op] = self.free[j] = start + self.dur[kind][j]
+        else:
+            self.first[j] = start
+        self.end[kind][j][i] = self.free[j] = start + self.dur[kind][j]
         self.mem[j] += self.mem_delta[kind][j]
-        self.count[j][kind] += 1
-        self.orders[j].append(op)
+        self.n[kind][j] = i + 1
+        self.orders[j].append((kind, i))
 
     def w_left(self, j: int) -> bool:
-        return self.count[j]["W"] < self.count[j]["B"]
+        return self.n[2][j] < self.n[1][j]
 
     def fill(self, j: int, ready: float) -> None:
         """W ops on stage j before an op whose input arrives at ``ready`` (rule 2)."""
-        pr = self.problem
-        while self.w_left(j) and self.free[j] + pr.duration(self.next_op(j, "W")) <= ready:
-            self.put(j, "W")
+        while self.w_left(j) and self.free[j] + self.dur[2][j] <= ready:
+            self.put(j, 2)
         gap = ready - self.free[j]
         if self.w_left(j) and gap > 0:
-            raises_max = self.idle[j] + gap > self.max_idle
-            if raises_max or self.fill_small_gaps:
-                self.put(j, "W")
+            if self.idle[j] + gap <= self.max_idle:  # the gap raises no maximum
+                self.consulted.add("fill")
+                if not self.fill_small_gaps:
+                    return
+            self.put(j, 2)
 
     def make_room(self, j: int, need: float) -> None:
         """W ops until ``need`` more bytes fit under stage j's limit."""
         while self.mem[j] + need > self.limit[j] * (1 + 1e-9):
             if not self.w_left(j):
                 raise _OutOfMemory(j)
-            self.put(j, "W")
+            self.put(j, 2)
 
     def span(self) -> float:
         """The largest per-device span of the orders built (seconds, estimated)."""
-        pr = self.problem
-        return max(self.free[j] - (self.end[o[0]] - pr.duration(o[0]))
-                   for j, o in enumerate(self.orders))
+        return max(f - s for f, s in zip(self.free, self.first, strict=True))
+
+    def ops(self) -> Orders:
+        return [[Op("FBW"[k], j, i) for k, i in order] for j, order in enumerate(self.orders)]
+
+
+def _extra_forwards(b: _Build, late_f: bool) -> list[int]:
+    """Per stage, the F to run after micro-batch 0's before the first B (rules 1 and 3)."""
+    p, m = b.p, b.m
+    extra = [0] * p
+    b_end = b.end[0][p - 1][0] + b.dur[1][p - 1]
+    for j in range(p - 2, -1, -1):  # estimate each stage's first B from the last stage back
+        t, mem = b.free[j], b.mem[j]
+        ready = b_end + b.up[j]
+        f = b.dur[0][j]
+        while 1 + extra[j] < m and mem + b.act[j] <= b.limit[j] * (1 + 1e-9):
+            if (t + f > ready) if not late_f else (t >= ready):
+                break
+            t += f
+            mem += b.act[j]
+            extra[j] += 1
+        b_end = max(t, ready) + b.dur[1][j]
+    for j in range(1, p):  # rule 3: fewer F than the stage before, unless it has all m
+        if 1 + extra[j - 1] < m:
+            extra[j] = min(extra[j], max(0, extra[j - 1] - 1))
+    return extra
 
 
 def _warm_up(b: _Build, late_f: bool) -> None:
     """Micro-batch 0 through the pipeline, with extra F before each stage's first B (rule 1)."""
-    pr = b.problem
-    p, m = pr.devices, pr.microbatches
+    p = b.p
     for j in range(p):
-        b.put(j, "F")
-    extra = [0] * p
-    b_end = b.end[Op("F", p - 1, 0)] + pr.duration(Op("B", p - 1, 0))
-    for j in range(p - 2, -1, -1):  # estimate each stage's first B from the last stage back
-        t, mem = b.free[j], b.mem[j]
-        ready = b_end + pr.delay(j + 1, j)
-        f = Op("F", j, 0)
-        while 1 + extra[j] < m and mem + pr.activation_memory[j] <= b.limit[j] * (1 + 1e-9):
-            if (t + pr.duration(f) > ready) if not late_f else (t >= ready):
-                break
-            t += pr.duration(f)
-            mem += pr.activation_memory[j]
-            extra[j] += 1
-        b_end = max(t, ready) + pr.duration(Op("B", j, 0))
-    for j in range(1, p):  # rule 3: fewer F than the stage before, unless it has all m
-        if 1 + extra[j - 1] < m:
-            extra[j] = min(extra[j], max(0, extra[j - 1] - 1))
+        b.put(j, 0)
+    extra = _extra_forwards(b, late_f)
+    if extra != _extra_forwards(b, not late_f):
+        b.consulted.add("late")
     for j in range(p):
         for _ in range(extra[j]):
-            b.put(j, "F")
+            b.put(j, 0)
     for j in range(p - 1, -1, -1):
-        b.put(j, "B")
+        b.put(j, 1)
 
 
 def _wants_f(b: _Build, skip_f: bool) -> list[bool]:
     """Which stages run an F in this step (rules 2 and 3)."""
-    pr = b.problem
-    p, m = pr.devices, pr.microbatches
-    want = [b.count[j]["F"] < m for j in range(p)]
-    if skip_f:
-        for j in range(p - 1):
-            if not want[j] or b.count[j]["F"] < b.count[j + 1]["F"] + 2:
-                continue
-            # Stage j+1 runs its F, then the B that stage j waits for.
-            nf, nb = b.next_op(j + 1, "F"), b.next_op(j + 1, "B")
-            b_ready = b.free[j + 1] + pr.duration(nf) + pr.duration(nb) + pr.delay(j + 1, j)
-            if b.free[j] + pr.duration(b.next_op(j, "F")) <= b_ready:
-                continue  # the F fits before the B arrives
-            if b_ready - b.free[j] <= b.max_idle - b.idle[j]:
-                want[j] = False  # skipping leaves an idle that raises no maximum
+    p, m, nf = b.p, b.m, b.n[0]
+    want = [nf[j] < m for j in range(p)]
+    for j in range(p - 1):
+        if not want[j] or nf[j] < nf[j + 1] + 2:
+            continue
+        # Stage j+1 runs its F, then the B that stage j waits for.
+        b_ready = b.free[j + 1] + b.dur[0][j + 1] + b.dur[1][j + 1] + b.up[j]
+        if b.free[j] + b.dur[0][j] <= b_ready:
+            continue  # the F fits before the B arrives
+        if b_ready - b.free[j] <= b.max_idle - b.idle[j]:
+            b.consulted.add("skip")  # skipping leaves an idle that raises no maximum
+            want[j] = not skip_f
     for j in range(p - 2, -1, -1):  # a stage does not run further ahead of one that skips
-        want[j] = want[j] and (want[j + 1] or b.count[j + 1]["F"] >= m)
+        want[j] = want[j] and (want[j + 1] or nf[j + 1] >= m)
     return want
 
 
 def _build(problem: Problem, limit: list[float], late_f: bool, skip_f: bool,
            fill_small_gaps: bool) -> _Build:
-    p, m = problem.devices, problem.microbatches
     b = _Build(problem, limit, fill_small_gaps)
+    p, m = b.p, b.m
     _warm_up(b, late_f)
     for i in range(1, m):
         for j, want in enumerate(_wants_f(b, skip_f)):
             if not want:
                 continue
-            f = b.next_op(j, "F")
-            b.make_room(j, problem.activation_memory[j])
+            b.make_room(j, b.act[j])
             if j > 0:
-                b.fill(j, b.arrival(f))
-            b.put(j, "F")
+                b.fill(j, b.arrival(0, j, b.n[0][j]))
+            b.put(j, 0)
         for j in range(p - 1, -1, -1):
             if j < p - 1:
-                b.fill(j, b.end[Op("B", j + 1, i)] + problem.delay(j + 1, j))
-            if j == 0 and b.count[0]["F"] == m:
+                b.fill(j, b.end[1][j + 1][i] + b.up[j])
+            if j == 0 and b.n[0][0] == m:
                 while b.w_left(0):  # stage 0's W now precede nothing that waits on them
-                    b.put(0, "W")
-            b.put(j, "B")
+                    b.put(0, 2)
+            b.put(j, 1)
     for j in range(p):
         while b.w_left(j):
-            b.put(j, "W")
+            b.put(j, 2)
     return b
 
 
@@ -214,16 +213,22 @@ def _zb_auto(problem: Problem, method: str, factor: int) -> Orders:
                 f"device {j} cannot hold one micro-batch's activations ({act:g}) within "
                 f"{lim:g} ({factor} x devices x activation_memory, or memory.limit less "
                 f"static memory)")
-    best: _Build | None = None
+    names = ("late", "skip", "fill")
+    runs: dict[tuple[bool, ...], _Build] = {}  # every variant, built or shown equal to one
     for flags in itertools.product((False, True), repeat=3):
+        # Flipping a flag that changed no decision of a run gives that run again.
+        flipped = [(names[x], (*flags[:x], not flags[x], *flags[x + 1:])) for x in range(3)]
+        same = next((runs[f] for name, f in flipped
+                     if f in runs and name not in runs[f].consulted), None)
+        if same is not None:
+            runs[flags] = same
+            continue
         try:
-            b = _build(problem, limit, *flags)
+            runs[flags] = _build(problem, limit, *flags)
         except _OutOfMemory as exc:  # pragma: no cover - one activation always fits
             raise NotApplicable(f"{method}: device {exc.args[0]} ran out of memory") from None
-        if best is None or b.span() < best.span():
-            best = b
-    assert best is not None
-    return best.orders
+    best = min(runs.values(), key=_Build.span)  # the first of equals, in flag order
+    return best.ops()
 
 
 def zb_1p(problem: Problem) -> Orders:
