@@ -105,13 +105,13 @@ def _repeat(rows: Sequence[tuple[int, int, int, int]], m: int
             slot[Op("F", hi, j)] = f1 + base
             slot[Op("B", hi, j)] = b1 + base
             slot[Op("B", lo, j)] = b0 + base
-    horizon = max(slot.values()) + 2 * m + 2
-    tables = [_Table(horizon) for _ in range(p)]
+    tables = [_Table(max(slot.values()) + 1) for _ in range(p)]
     for op, t in slot.items():
         tables[min(op.stage, s - 1 - op.stage)].op[t] = op
     for tab in tables:
         _fill_w(tab, slot, 0, p)
     for tab in tables:  # live activations: +1 at each F's slot, -1 after its W's slot
+        horizon = len(tab.op)
         diff = [0] * (horizon + 1)
         for t, op in enumerate(tab.op):
             if op is not None and op.kind == "F":
@@ -138,6 +138,11 @@ def _fill_w(tab: _Table, slot: dict[Op, int], start: int, p: int,
                 slot[w] = t
         elif op.kind == "B":
             pending[0 if op.stage >= p else 1].append(Op("W", op.stage, op.microbatch))
+    for queue in pending:  # the last W, after everything else
+        while queue:
+            w = queue.popleft()
+            slot[w] = len(tab.op)
+            tab.op.append(w)
 
 
 def _v_orders(problem: Problem, method: str, step: int) -> Orders:
@@ -189,7 +194,10 @@ def _tail_peak(tab: _Table, start: int, live: int, waiting: Sequence[Op], p: int
     B (see :func:`_fill_w`)."""
     pending = [sum(1 for w in waiting if w.stage >= p), sum(1 for w in waiting if w.stage < p)]
     peak, freed = live, 0
-    for t in range(start, len(tab.op)):
+    last = len(tab.op) - 1  # after the last F or B, W only free memory
+    while last >= start and tab.op[last] is None:
+        last -= 1
+    for t in range(start, last + 1):
         live -= freed  # a W frees its activation after its slot
         freed = 0
         op = tab.op[t]
