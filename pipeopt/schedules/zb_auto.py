@@ -233,7 +233,7 @@ def _zb_auto(problem: Problem, method: str, factor: int) -> Orders:
 
 def zb_1p(problem: Problem) -> Orders:
     """ZB-1p: the automatic heuristic at 1F1B's activation memory, ``p`` micro-batches per
-    stage (Qi et al. 2024, section 3.1; table 3's ZB-1p)."""
+    stage (Qi et al. 2024, section 3.1)."""
     return _zb_auto(problem, "zb-1p", 1)
 
 
