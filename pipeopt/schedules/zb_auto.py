@@ -17,7 +17,8 @@ Its rules, as the paper states them:
    largest idle time (variant: never skip);
 4. the W left over run last.
 
-The three binary variants are all tried; the order whose estimated largest span (a device's
+The three binary variants are all tried (a variant is not rebuilt when the flag it flips
+changed no decision of one already built); the order whose estimated largest span (a device's
 first op start to last op end, the paper's objective) is smallest is returned. The estimate
 takes links as idle (no queueing); the simulator gives the real times.
 """
