@@ -86,7 +86,10 @@ def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
     with pytest.raises(OutOfTime, match="ended before its first schedule"):
         solve_greedy(prob, SolveOptions(time_limit=1e-4), optional=True)
     assert solve_greedy(prob, SolveOptions(time_limit=1e-4)).method == "greedy"
-    sched = pipeopt.solve(prob, "auto", time_limit=1e-3)
+    # auto gives the greedy at least 0.1 s: a problem whose first variant takes longer than
+    # that on any machine (196,608 ops; the 49,152 above can finish in 0.1 s on an idle one).
+    sched = pipeopt.solve(pipeopt.uniform_problem(devices=64, microbatches=1024), "auto",
+                          time_limit=1e-3)
     assert sched.method.startswith("auto:zb")  # the hand-made fallback
     assert "ended before its first schedule" in sched.solver.detail("greedy")
 
