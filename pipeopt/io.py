@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
 from pipeopt.problem import Problem, ProblemError
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.simulate import ScheduleError, check
@@ -141,10 +142,8 @@ def _emit(fh: BinaryIO, data: str | bytes | Callable[[BinaryIO], object]) -> Non
 def write_output(flag: str, path: str | os.PathLike[str],
                  write: Callable[[str], object]) -> None:
     """Run ``write(path)`` (an atomic writer); a file-system error becomes one
-    :class:`~pipeopt.config.ConfigError` line naming ``flag``, and the previous file survives.
+    :class:`~pipeopt.errors.ConfigError` line naming ``flag``, and the previous file survives.
     """
-    from pipeopt.config import ConfigError
-
     try:
         write(str(path))
     except OSError as exc:
@@ -157,8 +156,6 @@ def check_writable(flag: str, path: str | os.PathLike[str]) -> None:
     on the way that is a file, or a folder where no file can be created (the atomic write
     needs a temporary file beside the target: a read-only or special file system such as
     /proc refuses it). Devices and pipes, written into directly, are not probed."""
-    from pipeopt.config import ConfigError
-
     target = Path(path)
     try:
         if target.is_dir():
@@ -235,7 +232,7 @@ def _umask() -> int:
 
 def refuse_overwriting_input(flag: str, output: str | os.PathLike[str] | None,
                              *inputs: str | os.PathLike[str]) -> None:
-    """Raise :class:`~pipeopt.config.ConfigError` naming ``flag`` when ``output`` is the same
+    """Raise :class:`~pipeopt.errors.ConfigError` naming ``flag`` when ``output`` is the same
     file as one of ``inputs``: writing it would replace what the user had."""
     if output is None:
         return
@@ -248,8 +245,6 @@ def refuse_overwriting_input(flag: str, output: str | os.PathLike[str] | None,
         except OSError:
             same = False
         if same:
-            from pipeopt.config import ConfigError
-
             raise ConfigError(f"{flag}: {output} is the input file {inp}; writing there would "
                               "replace it, choose another file")
 
@@ -455,8 +450,6 @@ def _problem(doc: dict[str, Any]) -> Problem:
             raise ScheduleError(f"problem.{key}: missing")
     # The size caps of configs, before anything of that size is built (a p x p matrix of a
     # 20000-device file alone would take gigabytes).
-    from pipeopt.config import MAX_DEVICES, MAX_OPS
-
     p, v = doc["devices"], doc.get("virtual_stages", 1)
     if p > MAX_DEVICES:
         raise ScheduleError(f"problem.devices: at most {MAX_DEVICES}, got {p}")

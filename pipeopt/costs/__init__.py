@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeopt.config import Config, ConfigFile
+    from pipeopt.schema import Config, ConfigFile
 
 
 def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:

@@ -17,14 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeopt.config import (
-    Config,
-    ConfigError,
-    ConfigFile,
-    check_totals,
-    memory_values,
-    microbatch_scales,
-)
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
@@ -44,6 +36,7 @@ from pipeopt.costs.lengths import (
 )
 from pipeopt.costs.transformer import LayerCost, TransformerShape, efficiency_at, total_params
 from pipeopt.costs.transformer import transformer_layers as _transformer_layers
+from pipeopt.errors import ConfigError
 from pipeopt.partition import (
     ChainCosts,
     Partition,
@@ -55,6 +48,7 @@ from pipeopt.partition import (
     uniform_partition,
 )
 from pipeopt.problem import Problem, ProblemError, stage_device_map
+from pipeopt.schema import Config, ConfigFile, check_totals, memory_values, microbatch_scales
 from pipeopt.topology import Datacenter, Tier, Topology, TopologyError
 
 

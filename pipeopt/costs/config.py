@@ -1,6 +1,6 @@
 """Validated ``model:``, ``cluster:`` and ``training:`` sections (pydantic, unknown keys refused).
 
-Every error is raised as :class:`pipeopt.config.ConfigError` whose message starts with the key
+Every error is raised as :class:`pipeopt.errors.ConfigError` whose message starts with the key
 path, e.g. ``model.hidden: must be > 0, got -1``. Units: bytes, seconds, bytes/s, FLOP/s.
 See docs/model_config.md for the reference of every key.
 """
@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeopt.config import ConfigError, check_unknown_keys, pydantic_message
+from pipeopt.errors import ConfigError
+from pipeopt.schema import check_unknown_keys, pydantic_message
 
 
 class _Strict(BaseModel):

@@ -1,0 +1,360 @@
+"""The config's types, below the modules that build them: the pydantic models of the explicit
+form's sections, the loaded :class:`Config`, pydantic errors turned into key-path messages, and
+the checks that both config forms share.
+
+:mod:`pipeopt.config` reads YAML and builds a :class:`Config`; :mod:`pipeopt.costs` builds one
+for the ``model:`` / ``cluster:`` form. Both use these types, so they live here, where neither
+has to import the other back. :mod:`pipeopt.config` re-exports every public name.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeopt.errors import MAX_SEED, MAX_WORKERS, ConfigError
+from pipeopt.problem import Problem
+
+Scalars = float | list[float]
+
+
+class _Strict(BaseModel):
+    # strict: no silent coercion (true is not 1, "yes" is not true, "4" is not 4); an int is
+    # still accepted where a number is expected.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PipelineConfig(_Strict):
+    """``pipeline:`` — the shape of the pipeline."""
+
+    devices: int = Field(ge=1, description="pipeline ranks p")
+    microbatches: int = Field(ge=1, description="micro-batches per iteration m")
+    virtual_stages: int = Field(1, ge=1, description="model chunks per device v")
+    placement: Literal["loop", "vshape"] = "loop"
+    split_backward: bool = True
+    microbatch_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its op times (and by default memory)")
+    microbatch_memory_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its activation memory")
+    microbatch_message_scale: Scalars | None = Field(
+        None, description="per micro-batch factor on its message bytes")
+
+
+class StagesConfig(_Strict):
+    """``stages:`` — per-stage costs (scalar for all stages, or one value per stage)."""
+
+    forward: Scalars
+    backward_input: Scalars
+    backward_weight: Scalars
+    activation_memory: Scalars = 0.0
+    weight_grad_memory: Scalars | None = None
+    grad_reduce: Scalars = 0.0
+
+
+class LinksConfig(_Strict):
+    """``links:`` — p2p delays (scalar, or one value per neighbouring device pair)."""
+
+    latency: Scalars = 0.0
+    bandwidth: Scalars = math.inf
+    message_size: Scalars = 0.0
+
+
+class MemoryConfig(_Strict):
+    """``memory:`` — per-device limit (null = unlimited) and static memory (bytes)."""
+
+    limit: float | list[float | None] | None = None
+    static: Scalars = 0.0
+
+
+class SolverConfig(_Strict):
+    """``solver:`` — which method and its limits."""
+
+    method: str = "auto"
+    time_limit: float = Field(60.0, gt=0, allow_inf_nan=False, description="seconds")
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    objective: Literal["makespan", "span"] = "makespan"
+    workers: int | None = Field(None, ge=1, le=MAX_WORKERS)
+    relative_gap: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    resolution: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                     description="seconds per CP-SAT time unit")
+
+
+class ConfigFile(_Strict):
+    """The whole file."""
+
+    pipeline: PipelineConfig
+    stages: StagesConfig | None = None
+    links: LinksConfig = LinksConfig()
+    memory: MemoryConfig = MemoryConfig()
+    solver: SolverConfig = SolverConfig()
+    model: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A loaded config: the problem it describes and how to solve it."""
+
+    problem: Problem
+    solver: SolverConfig
+    source: str = "<memory>"
+    extras: tuple[tuple[str, Any], ...] = ()
+
+    def extra(self, key: str, default: Any = None) -> Any:
+        """Facts a front end added (e.g. the stage partition of a model config)."""
+        return dict(self.extras).get(key, default)
+
+
+def key_path(prefix: str, loc: tuple[Any, ...]) -> str:
+    """``prefix`` followed by a pydantic location: ``stages`` + ("forward", 2) ->
+    ``stages.forward[2]``; the names pydantic gives to union branches are left out."""
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and _is_branch(part):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "<top>"
+
+
+def _is_branch(part: str) -> bool:
+    """A pydantic union-branch label such as ``float``, ``list[float]``, ``ModelName``."""
+    return (part.startswith(("list[", "tuple[", "dict[", "function-", "literal[",
+                             "constrained-"))
+            or part in ("int", "float", "str", "bool", "none", "is-instance")
+            or part[:1].isupper())
+
+
+def _yaml_name(val: Any) -> str:
+    """How a value read from YAML is shown in a message."""
+    if val is None:
+        return "null"
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, dict):
+        return "a mapping"
+    if isinstance(val, datetime.date):
+        return f"the date {val}"
+    return f"{val!r:.60}"
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+    "tuple_type": "a list", "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)", "model_attributes_type": "a mapping (key: value)",
+}
+
+
+def _quoted_number_hint(val: Any) -> str:
+    """For a string that reads as a number: numbers are not taken from strings, say so."""
+    if isinstance(val, str):
+        try:
+            float(val.replace("_", ""))
+        except ValueError:
+            return ""
+        return " (a string: write the number without quotes)"
+    return ""
+
+
+def error_message(err: Any) -> str:
+    """The reason of one pydantic error in words (without the key path)."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = f", got {_yaml_name(err.get('input'))}"
+    if kind in _TYPE_WORDS:
+        return f"expected {_TYPE_WORDS[kind]}{got}{_quoted_number_hint(err.get('input'))}"
+    for key, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if key in ctx and kind.startswith(("greater", "less")):
+            return f"must be {op} {ctx[key]:g}{got}" if isinstance(ctx[key], float) else (
+                f"must be {op} {ctx[key]}{got}")
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected', 'one of the listed values')}{got}"
+    if kind == "missing":
+        return "missing (required)"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind in ("too_long", "too_short"):
+        return (f"expected {ctx.get('max_length', ctx.get('min_length'))} items, got "
+                f"{ctx.get('actual_length')}")
+    if kind == "value_error":
+        msg = str(ctx.get("error", err["msg"]))
+        return msg.removeprefix("Value error, ")
+    msg = err["msg"]
+    return msg[0].lower() + msg[1:] + got
+
+
+def pick_error(exc: ValidationError) -> Any:
+    """The most telling error of a validation: a value error if any, else the one that got
+    deepest into the data (for ``a: [1, "x"]`` the list branch's item error, not the scalar
+    branch's "expected a number")."""
+    errs = exc.errors()
+    for e in errs:
+        if e["type"] == "value_error":
+            return e
+    return max(errs, key=lambda e: len(e["loc"]))  # max keeps the first of equals
+
+
+def pydantic_message(exc: ValidationError, prefix: str = "") -> str:
+    """One line: the key path of the telling error and its reason."""
+    err = pick_error(exc)
+    loc = err["loc"]
+    if err["type"] == "value_error":
+        # A model validator names the field itself: "field: reason".
+        msg = error_message(err)
+        field, sep, rest = msg.partition(": ")
+        if sep and field.isidentifier() and " " not in field:
+            return f"{key_path(prefix, (*loc, field))}: {rest}"
+        return f"{key_path(prefix, loc)}: {msg}"
+    return f"{key_path(prefix, loc)}: {error_message(err)}"
+
+
+def check_unknown_keys(data: Any, model: type[BaseModel], path: str) -> None:
+    """Reject unknown keys, at every depth, with a "did you mean" before pydantic's generic
+    message; ``path`` is the key path of ``data`` ("" at the top)."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key in data:
+        where = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else (
+                f"; expected one of {', '.join(fields)}")
+            raise ConfigError(f"{where}: unknown key{hint}")
+        _unknown_in(data[key], fields[key].annotation, where)
+
+
+def _unknown_in(value: Any, ann: Any, path: str) -> None:
+    """Unknown keys inside ``value`` given the annotation of its field."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        check_unknown_keys(value, ann, path)
+        return
+    # ``ann`` itself (list[X]) or the branches of a union (X | list[Y] | None).
+    options = [ann, *(a for a in (getattr(ann, "__args__", ()) or ()) if a is not type(None))]
+    if isinstance(value, dict):
+        for a in options:
+            if isinstance(a, type) and issubclass(a, BaseModel):
+                check_unknown_keys(value, a, path)
+                return
+    if isinstance(value, list):
+        for a in options:
+            if getattr(a, "__origin__", None) is list:
+                (item,) = a.__args__
+                for i, v in enumerate(value):
+                    _unknown_in(v, item, f"{path}[{i}]")
+                return
+
+
+def check_totals(problem: Problem, where: str) -> None:
+    """Refuse values so large that one iteration's time or memory overflows a float (each
+    value alone is finite, but 1e308 seconds twice is not): schedules need finite times."""
+    # Micro-batches of different cost: the summed time factors, the largest message factor
+    # (an upper bound on the link time) and the summed memory factors.
+    unit_work = sum(sum(problem.durations[k]) for k in problem.kinds)
+    work = math.fsum(problem.time_scale) * unit_work
+    unit_hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
+                    for k in range(problem.stages - 1))
+    m_hops = problem.microbatches * unit_hops * max(1.0, *problem.message_scale)
+    total = work + m_hops + sum(problem.grad_reduce)
+    if not math.isfinite(total):
+        # Name what overflows: the micro-batch factors, the link delays alone, or the op times.
+        key = where
+        if where == "stages":
+            if not math.isfinite(work) and math.isfinite(problem.microbatches * unit_work):
+                key = "pipeline.microbatch_scale"
+            elif math.isfinite(work) and not math.isfinite(m_hops):
+                key = ("links" if not math.isfinite(problem.microbatches * unit_hops)
+                       else _scale_key(problem, "microbatch_message_scale"))
+        raise ConfigError(f"{key}: the times of one iteration add up to more than a float "
+                          f"holds ({total}); use smaller time units")
+    per_device = [sum(problem.activation_memory[k] for k in ks) for ks in problem.device_stages]
+    memory = max(s + math.fsum(problem.memory_scale) * a
+                 for s, a in zip(problem.static_memory, per_device, strict=True))
+    if not math.isfinite(memory):
+        unit = max(s + problem.microbatches * a
+                   for s, a in zip(problem.static_memory, per_device, strict=True))
+        key = _scale_key(problem, "microbatch_memory_scale") if (
+            where == "stages" and math.isfinite(unit)) else where
+        raise ConfigError(f"{key}: the memory of one iteration adds up to more than a float "
+                          f"holds ({memory}); use larger memory units")
+
+
+def _scale_key(problem: Problem, field: str) -> str:
+    """The ``pipeline:`` key that set a resolved micro-batch factor: ``field`` itself, or the
+    one it defaults to (message -> memory -> time factor)."""
+    order = SCALE_KEYS[:SCALE_KEYS.index(field) + 1]
+    given = [k for k in order if getattr(problem, k)]
+    return f"pipeline.{given[-1] if given else field}"
+
+
+def _expand(name: str, value: Any, n: int, what: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ConfigError(f"{name}: expected {n} values (one per {what}), got {len(value)}")
+        return list(value)
+    return [value] * n
+
+
+def _at(name: str, raw: Any, i: int) -> str:
+    """Key path of the ``i``-th expanded value: indexed only when the config gave a list."""
+    return f"{name}[{i}]" if isinstance(raw, list) else name
+
+
+def _check_values(name: str, raw: Any, vals: list[Any], unit: str) -> None:
+    """Every value finite and >= 0."""
+    for i, x in enumerate(vals):
+        if not math.isfinite(x) or x < 0:
+            raise ConfigError(f"{_at(name, raw, i)}: must be a finite number >= 0 ({unit}), "
+                              f"got {x}")
+
+
+#: ``pipeline:`` keys of the per-micro-batch factors, by their :class:`Problem` field.
+SCALE_KEYS = ("microbatch_scale", "microbatch_memory_scale", "microbatch_message_scale")
+
+
+def microbatch_scales(pl: PipelineConfig) -> dict[str, tuple[float, ...]]:
+    """The per-micro-batch factors of ``pipeline:`` as :class:`Problem` fields (only those
+    given; a scalar applies to every micro-batch). Each must be finite and > 0."""
+    m = pl.microbatches
+    out: dict[str, tuple[float, ...]] = {}
+    for key in SCALE_KEYS:
+        raw = getattr(pl, key)
+        if raw is None:
+            continue
+        name = f"pipeline.{key}"
+        if isinstance(raw, list) and len(raw) != m:
+            raise ConfigError(f"{name}: expected {m} values (pipeline.microbatches), got "
+                              f"{len(raw)}")
+        vals = _expand(name, raw, m, "micro-batch")
+        for i, x in enumerate(vals):
+            if not math.isfinite(x):
+                raise ConfigError(f"{_at(name, raw, i)}: must be a finite number > 0, got {x}")
+            if x <= 0:
+                raise ConfigError(f"{_at(name, raw, i)}: must be > 0, got {x:g}")
+        out[key] = tuple(float(x) for x in vals)
+    return out
+
+
+def memory_values(mem: MemoryConfig, p: int) -> tuple[list[float | None], list[float]]:
+    """``memory:`` per device, checked (both forms): limits >= 0 or None, static memory
+    finite and >= 0 (bytes)."""
+    limit = _expand("memory.limit", mem.limit, p, "device")
+    for i, x in enumerate(limit):
+        if x is not None and (math.isnan(x) or x < 0):
+            raise ConfigError(f"{_at('memory.limit', mem.limit, i)}: must be a number >= 0 "
+                              f"(bytes) or null for no limit, got {x}")
+    static = _expand("memory.static", mem.static, p, "device")
+    _check_values("memory.static", mem.static, static, "bytes")
+    return limit, [float(x) for x in static]
