@@ -1,4 +1,9 @@
-"""Schedule JSON (SPEC section 2): atomic writing, and loading with full validation."""
+"""Schedule JSON (SPEC section 2): atomic writing, and loading with full validation.
+
+The document itself is built by :func:`pipeopt.schedule.schedule_to_dict` (below the simulator,
+so that ``Schedule.to_dict`` needs nothing above it); it is re-exported here with
+:data:`~pipeopt.schedule.FORMAT`.
+"""
 
 from __future__ import annotations
 
@@ -16,73 +21,19 @@ from typing import Any, BinaryIO
 
 from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
 from pipeopt.problem import Problem, ProblemError
-from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
+from pipeopt.schedule import (
+    FORMAT,
+    Message,
+    Schedule,
+    SolverInfo,
+    TimedOp,
+    by_device_and_time,
+    schedule_header,
+    schedule_to_dict,
+)
 from pipeopt.simulate import ScheduleError, check
 
-FORMAT = "pipeopt.schedule/v1"
 _STATUSES = ("optimal", "feasible", "heuristic")
-
-
-def _num(x: float | None) -> float | str | None:
-    """JSON has no infinity: write it as the string "inf"."""
-    if x is None:
-        return None
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
-def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
-    """The SPEC v1 document for ``schedule`` (metrics computed from its times)."""
-    s = schedule
-    return {
-        **_header(s),
-        "ops": [
-            {"device": o.device, "stage": o.stage, "microbatch": o.microbatch, "kind": o.kind,
-             "start": o.start, "end": o.end}
-            for o in sorted(s.ops, key=_by_device_and_time)
-        ],
-        "messages": [m._asdict() for m in sorted(s.messages, key=lambda m: m.start)],
-    }
-
-
-def _header(s: Schedule) -> dict[str, Any]:
-    """Every field of the document but its ops and messages."""
-    return {
-        "format": FORMAT,
-        "method": s.method,
-        "makespan": s.makespan,
-        "iteration_time": s.iteration_time,
-        "bubble_ratio": s.bubble_ratio,
-        "max_span": s.max_span,
-        "peak_memory": list(s.peak_memory),
-        "solver": _solver_dict(s),
-        "problem": s.problem.to_dict(),
-        # Micro-batches of different cost: the order the schedule runs them in (pipeopt extra;
-        # left out when every micro-batch costs the same, so those files stay as they were).
-        **({} if s.problem.uniform_microbatches
-           else {"microbatch_order": list(s.microbatch_order)}),
-    }
-
-
-def _solver_dict(s: Schedule) -> dict[str, Any]:
-    """The ``solver`` object. SPEC section 2's ``lower_bound`` and ``gap`` are about the
-    makespan; when the solver minimised something else (the iteration time, with a gradient
-    reduction, or the largest span) its own bound and gap are ``objective_lower_bound`` and
-    ``objective_gap``, and ``lower_bound`` is a proven bound on the makespan."""
-    out: dict[str, Any] = {"status": s.solver.status}
-    if s.objective_value == s.makespan and s.solver.objective == "makespan":
-        out.update(lower_bound=_num(s.solver.lower_bound), gap=s.gap)
-    else:
-        from pipeopt.bounds import makespan_lower_bound
-
-        lb = min(makespan_lower_bound(s.problem), s.makespan)
-        out.update(lower_bound=lb, gap=max(0.0, (s.makespan - lb) / s.makespan)
-                   if s.makespan > 0 else None,
-                   objective_lower_bound=_num(s.solver.lower_bound), objective_gap=s.gap)
-    out.update(wall_time=s.solver.wall_time, objective=s.solver.objective,
-               details=dict(s.solver.details))
-    return out
 
 
 def write_atomic(path: str | os.PathLike[str],
@@ -266,7 +217,7 @@ def schedule_json(schedule: Schedule) -> str:
         records = _record_lines(schedule)
     except TypeError:  # a time that is not a Python float (an int, a numpy scalar)
         return format_json(schedule_to_dict(schedule))
-    return format_json({**_header(schedule), **records})
+    return format_json({**schedule_header(schedule), **records})
 
 
 def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
@@ -276,7 +227,7 @@ def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
     ops = _Lines(
         f'{{"device": {d}, "stage": {k}, "microbatch": {j}, "kind": '
         f'{kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, "end": {r(t1)}}}'
-        for d, k, j, kind, t0, t1 in sorted(schedule.ops, key=_by_device_and_time))
+        for d, k, j, kind, t0, t1 in sorted(schedule.ops, key=by_device_and_time))
     msgs = _Lines(
         f'{{"src_device": {sd}, "dst_device": {dd}, "src_stage": {sk}, "dst_stage": {dk}, '
         f'"microbatch": {j}, "kind": {kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, '
@@ -284,10 +235,6 @@ def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
         for sd, dd, sk, dk, j, kind, t0, t1, ta in sorted(schedule.messages,
                                                           key=lambda m: m.start))
     return {"ops": ops, "messages": msgs}
-
-
-def _by_device_and_time(o: TimedOp) -> tuple[int, float, float]:
-    return o[0], o[4], o[5]
 
 
 def format_json(doc: Any) -> str:

@@ -1,4 +1,4 @@
-"""Schedule: the one result type every method returns, with its metrics.
+"""Schedule: the one result type every method returns, with its metrics and its JSON form.
 
 A schedule is a set of timed ops (and the timed messages between devices) for a
 :class:`~pipeopt.problem.Problem`. Metrics are derived from the times, never stored separately,
@@ -8,6 +8,7 @@ so a schedule cannot disagree with itself. Times in seconds, memory in bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -17,6 +18,9 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 
 Status = Literal["optimal", "feasible", "heuristic"]
+
+#: The ``format`` of schedule JSON (SPEC section 2).
+FORMAT = "pipeopt.schedule/v1"
 
 
 class TimedOp(NamedTuple):
@@ -212,8 +216,6 @@ class Schedule:
 
     def to_dict(self) -> dict[str, Any]:
         """The schedule JSON document (SPEC section 2)."""
-        from pipeopt.io import schedule_to_dict
-
         return schedule_to_dict(self)
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -298,3 +300,71 @@ def order_peak_memory(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple
             cur -= free
         peaks.append(peak)
     return tuple(peaks)
+
+
+# ----- JSON form (SPEC section 2); reading it back, with every check, is pipeopt.io's ------
+def _num(x: float | None) -> float | str | None:
+    """JSON has no infinity: write it as the string "inf"."""
+    if x is None:
+        return None
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def schedule_to_dict(schedule: Schedule) -> dict[str, Any]:
+    """The SPEC v1 document for ``schedule`` (metrics computed from its times)."""
+    s = schedule
+    return {
+        **schedule_header(s),
+        "ops": [
+            {"device": o.device, "stage": o.stage, "microbatch": o.microbatch, "kind": o.kind,
+             "start": o.start, "end": o.end}
+            for o in sorted(s.ops, key=by_device_and_time)
+        ],
+        "messages": [m._asdict() for m in sorted(s.messages, key=lambda m: m.start)],
+    }
+
+
+def schedule_header(s: Schedule) -> dict[str, Any]:
+    """Every field of the document but its ops and messages."""
+    return {
+        "format": FORMAT,
+        "method": s.method,
+        "makespan": s.makespan,
+        "iteration_time": s.iteration_time,
+        "bubble_ratio": s.bubble_ratio,
+        "max_span": s.max_span,
+        "peak_memory": list(s.peak_memory),
+        "solver": _solver_dict(s),
+        "problem": s.problem.to_dict(),
+        # Micro-batches of different cost: the order the schedule runs them in (pipeopt extra;
+        # left out when every micro-batch costs the same, so those files stay as they were).
+        **({} if s.problem.uniform_microbatches
+           else {"microbatch_order": list(s.microbatch_order)}),
+    }
+
+
+def _solver_dict(s: Schedule) -> dict[str, Any]:
+    """The ``solver`` object. SPEC section 2's ``lower_bound`` and ``gap`` are about the
+    makespan; when the solver minimised something else (the iteration time, with a gradient
+    reduction, or the largest span) its own bound and gap are ``objective_lower_bound`` and
+    ``objective_gap``, and ``lower_bound`` is a proven bound on the makespan."""
+    out: dict[str, Any] = {"status": s.solver.status}
+    if s.objective_value == s.makespan and s.solver.objective == "makespan":
+        out.update(lower_bound=_num(s.solver.lower_bound), gap=s.gap)
+    else:
+        from pipeopt.bounds import makespan_lower_bound
+
+        lb = min(makespan_lower_bound(s.problem), s.makespan)
+        out.update(lower_bound=lb, gap=max(0.0, (s.makespan - lb) / s.makespan)
+                   if s.makespan > 0 else None,
+                   objective_lower_bound=_num(s.solver.lower_bound), objective_gap=s.gap)
+    out.update(wall_time=s.solver.wall_time, objective=s.solver.objective,
+               details=dict(s.solver.details))
+    return out
+
+
+def by_device_and_time(o: TimedOp) -> tuple[int, float, float]:
+    """The order of the ops in the document: by device, then start and end time."""
+    return o[0], o[4], o[5]
