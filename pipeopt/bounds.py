@@ -14,8 +14,13 @@ exactly as for identical micro-batches.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pipeopt.problem import Problem
+
+#: What a solver minimises: the iteration time (``makespan``: the makespan plus any gradient
+#: reduction still running after it) or the largest per-device span.
+Objective = Literal["makespan", "span"]
 
 
 def _arrival(problem: Problem, j: int) -> list[float]:
@@ -315,3 +320,10 @@ def iteration_lower_bound(problem: Problem) -> float:
         if len(stages) == 1:
             out = max(out, bound + problem.grad_reduce[stages[0]])
     return out
+
+
+def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
+    """The analytic lower bound on ``objective`` for ``problem`` (seconds): the largest
+    per-device span, or the iteration time (the makespan plus the gradient reduction still
+    running after it; the makespan bound when there is none)."""
+    return span_lower_bound(problem) if objective == "span" else iteration_lower_bound(problem)

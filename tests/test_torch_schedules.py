@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pipeopt.executor.torch_schedules import TORCH_SCHEDULES, solve_torch, torch_names
 from pipeopt.problem import uniform_problem
 from pipeopt.schedules import NotApplicable
+from pipeopt.schedules.pytorch import TORCH_SCHEDULES, solve_torch, torch_names
 from pipeopt.simulate import check
 from pipeopt.solvers import compare, methods, run_classic, solve
 

@@ -2,6 +2,6 @@
 
 Needs the ``torch`` extra. Entry points: :func:`pipeopt.executor.launch.run_pipeline` (replay a
 schedule on spawned ranks or under torchrun), :func:`pipeopt.executor.export.export_torch`
-(PyTorch's compute-only CSV) and :func:`pipeopt.executor.torch_schedules.solve_torch` (the
-``torch:NAME`` methods). Submodules import torch, so import them directly.
+(PyTorch's compute-only CSV) and :func:`pipeopt.schedules.pytorch.solve_torch` (the
+``torch:NAME`` methods, read as data). Submodules import torch, so import them directly.
 """

@@ -6,8 +6,7 @@ the original ``order[i]``)."""
 
 from __future__ import annotations
 
-from pipeopt.problem import Problem
-from pipeopt.schedules.base import Generator, NotApplicable, Orders
+from pipeopt.schedules.base import Generator, NotApplicable, Orders, fused_variant
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
@@ -33,26 +32,6 @@ GENERATORS: dict[str, Generator] = {
 #: They are timed on the fused variant of the problem, which is how their published bubble
 #: formulas, e.g. 1F1B's (p - 1)(F + B + W), arise.
 FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
-
-
-
-def fused_variant(problem: Problem) -> Problem:
-    """``problem`` with its backward fused: one B per stage and micro-batch. A fused backward
-    is priced at ``meta.fused_backward`` (seconds per stage: measured by a profile or a run)
-    when the problem has it, else at B + W of the split; B and W keep their proportion."""
-    if not problem.split_backward:
-        return problem
-    fused = dict(problem.meta).get("fused_backward")
-    if fused is None or len(fused) != problem.stages:
-        return problem.replace(split_backward=False)
-    b, w = list(problem.backward_input), list(problem.backward_weight)
-    for k, t in enumerate(fused):
-        total = b[k] + w[k]
-        share = b[k] / total if total > 0 else 1.0
-        b[k], w[k] = float(t) * share, float(t) * (1 - share)
-    return problem.replace(split_backward=False, backward_input=tuple(b),
-                           backward_weight=tuple(w))
-
 
 __all__ = ["FUSED_BACKWARD", "GENERATORS", "Generator", "NotApplicable", "Orders",
            "fused_variant"]

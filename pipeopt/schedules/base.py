@@ -25,3 +25,21 @@ def require(cond: bool, method: str, reason: str) -> None:
     """Raise :class:`NotApplicable` for ``method`` unless ``cond`` holds."""
     if not cond:
         raise NotApplicable(f"{method}: {reason}")
+
+
+def fused_variant(problem: Problem) -> Problem:
+    """``problem`` with its backward fused: one B per stage and micro-batch. A fused backward
+    is priced at ``meta.fused_backward`` (seconds per stage: measured by a profile or a run)
+    when the problem has it, else at B + W of the split; B and W keep their proportion."""
+    if not problem.split_backward:
+        return problem
+    fused = dict(problem.meta).get("fused_backward")
+    if fused is None or len(fused) != problem.stages:
+        return problem.replace(split_backward=False)
+    b, w = list(problem.backward_input), list(problem.backward_weight)
+    for k, t in enumerate(fused):
+        total = b[k] + w[k]
+        share = b[k] / total if total > 0 else 1.0
+        b[k], w[k] = float(t) * share, float(t) * (1 - share)
+    return problem.replace(split_backward=False, backward_input=tuple(b),
+                           backward_weight=tuple(w))

@@ -12,68 +12,41 @@ import importlib
 import importlib.util
 import math
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
-from pipeopt._gc import cyclic_gc_paused
-from pipeopt.bounds import iteration_lower_bound, span_lower_bound
 from pipeopt.problem import Problem, rechunk
-from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
-from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable, fused_variant
-from pipeopt.simulate import simulate, validate
+from pipeopt.schedule import Schedule
+from pipeopt.schedules import GENERATORS, NotApplicable
+from pipeopt.simulate import validate
+from pipeopt.solvers.base import (
+    LONGEST_FIRST,
+    Method,
+    Objective,
+    OutOfTime,
+    Progress,
+    SolveOptions,
+    fifo_orders,
+    fits_memory,
+    longest_first,
+    lower_bound,
+    memory_floor,
+    over_limit,
+    relabel,
+    require_memory,
+    run_classic,
+)
 
-Objective = Literal["makespan", "span"]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One progress report of a search: elapsed seconds, best objective and bound so far."""
-
-    elapsed: float
-    objective: float | None
-    bound: float | None
-
-    @property
-    def gap(self) -> float | None:
-        """Relative gap between the best objective and the bound, when both are known."""
-        if self.objective is None or self.bound is None or self.objective <= 0:
-            return None
-        return max(0.0, (self.objective - self.bound) / self.objective)
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    """Settings shared by every method (searches use them; hand-made schedules ignore them).
-
-    ``time_limit`` in seconds; ``workers`` None = all cores; ``resolution`` is the time unit of
-    the CP-SAT model in seconds (None = chosen from the problem); ``on_progress`` receives
-    :class:`Progress` reports; ``hint`` is a schedule to start from. Values are checked as a
-    config's ``solver:`` keys are (:class:`~pipeopt.config.ConfigError` naming the option).
-    """
-
-    time_limit: float = 60.0
-    seed: int = 0
-    workers: int | None = None
-    objective: Objective = "makespan"
-    relative_gap: float = 0.0
-    resolution: float | None = None
-    on_progress: Callable[[Progress], None] | None = None
-    hint: Schedule | None = None
-    log: bool = False
-
-    def __post_init__(self) -> None:
-        # The rules of a config's solver: section and of the command-line flags, so that
-        # pipeopt.solve(..., time_limit=-1) is refused as `--time-limit -1` is.
-        from pipeopt.config import check_solver_option
-
-        for name in ("time_limit", "seed", "workers", "objective", "relative_gap",
-                     "resolution"):
-            check_solver_option(name, getattr(self, name))
-
-
-Method = Callable[[Problem, SolveOptions], Schedule]
+# The shared parts live in pipeopt.solvers.base (the searches import them from there, not from
+# this package, which names the searches in its method table); they stay importable from here.
+__all__ = [
+    "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_S_PER_OP",
+    "CompareRow", "Method", "Objective", "OutOfTime", "Progress", "SolveOptions",
+    "UnknownMethod", "check_method", "classic_methods", "compare", "fifo_orders",
+    "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods", "over_limit",
+    "relabel", "require_memory", "run_classic", "solve", "time_left", "validate_loose",
+]
 
 #: Search methods, imported on first use (module path, function name).
 _SEARCH: dict[str, tuple[str, str]] = {
@@ -85,11 +58,6 @@ _SEARCH: dict[str, tuple[str, str]] = {
 
 class UnknownMethod(ValueError):
     """A method name that pipeopt does not know."""
-
-
-class OutOfTime(RuntimeError):
-    """A method reached its time limit before it had any schedule (raised only when its
-    caller asked for that, having another schedule to fall back on)."""
 
 
 #: Problem fields that hand-made schedules name in their "does not apply" reasons, as config
@@ -113,51 +81,12 @@ def check_method(name: str) -> None:
     raise UnknownMethod(f"unknown method {name!r}; {hint}choose one of {', '.join(known)}")
 
 
-def over_limit(values: Sequence[float], limits: Sequence[float | None]) -> list[int]:
-    """Devices whose ``values`` (bytes) exceed their memory limit (``None`` = unlimited),
-    with a relative tolerance of 1e-9 for float round-off."""
-    return [d for d, (x, lim) in enumerate(zip(values, limits, strict=True))
-            if lim is not None and x > lim * (1 + 1e-9) + 1e-12]
-
-
-def memory_floor(problem: Problem) -> tuple[float, ...]:
-    """Per device, the least memory any schedule needs (bytes): static memory plus the largest
-    micro-batch's activations on all of the device's stages (all are live when the device's
-    last F of that micro-batch starts). Running the micro-batches one at a time needs exactly
-    this on every device at once, so it is also enough."""
-    largest = max(problem.memory_scale)
-    return tuple(problem.static_memory[d] + largest * sum(problem.activation_memory[k]
-                                                          for k in problem.device_stages[d])
-                 for d in range(problem.devices))
-
-
-def require_memory(problem: Problem, method: str) -> None:
-    """Raise :class:`NotApplicable` when some device's memory limit is below
-    :func:`memory_floor`. The message (prefixed with ``method``) names the device, what it needs
-    and why, and the limits with which the cheapest schedule (one micro-batch at a time) fits.
-    """
-    need = memory_floor(problem)
-    short = over_limit(need, problem.memory_limit)
-    if not short:
-        return
-    d = short[0]
-    act = need[d] - problem.static_memory[d]
-    one = "one micro-batch" if problem.uniform_microbatches else "the largest micro-batch"
-    others = f"; {len(short) - 1} more devices are short too" if len(short) > 1 else ""
-    raise NotApplicable(
-        f"{method}: memory.limit[{d}] = {problem.memory_limit[d]:g} is too small for any "
-        f"schedule: device {d} needs at least {need[d]:g} (static {problem.static_memory[d]:g} "
-        f"+ {act:g} of activations that {one} holds on its stages "
-        f"{list(problem.device_stages[d])}){others}; the cheapest schedule, one micro-batch at "
-        f"a time, fits with memory.limit >= [{', '.join(f'{x:g}' for x in need)}]")
-
-
 def methods() -> list[str]:
     """Names of every method :func:`solve` accepts (searches whose module is present)."""
     found = [name for name, (module, _) in _SEARCH.items() if importlib.util.find_spec(module)]
     names = [*found, *GENERATORS]
     if importlib.util.find_spec("torch") is not None:
-        from pipeopt.executor.torch_schedules import torch_names
+        from pipeopt.schedules.pytorch import torch_names
 
         names += torch_names()
     return names
@@ -166,77 +95,6 @@ def methods() -> list[str]:
 def classic_methods() -> list[str]:
     """Names of the hand-made schedules."""
     return list(GENERATORS)
-
-
-def lower_bound(problem: Problem, objective: Objective = "makespan") -> float:
-    """The analytic lower bound on ``objective`` for ``problem`` (seconds): the largest
-    per-device span, or the iteration time (the makespan plus the gradient reduction still
-    running after it; the makespan bound when there is none)."""
-    return span_lower_bound(problem) if objective == "span" else iteration_lower_bound(problem)
-
-
-#: Suffix of the method name of a hand-made schedule run longest micro-batch first.
-LONGEST_FIRST = "+longest-first"
-
-
-def longest_first(problem: Problem) -> tuple[int, ...]:
-    """Micro-batches by decreasing cost: time factor, then memory, then message factor; equal
-    ones keep their order (so the identity when every micro-batch costs the same)."""
-    key = problem.microbatch_key
-    return tuple(sorted(range(problem.microbatches),
-                        key=lambda j: (-key[j][0], -key[j][1], -key[j][2], j)))
-
-
-def fifo_orders(problem: Problem) -> list[tuple[int, ...] | None]:
-    """The micro-batch orders to run hand-made schedules in: the given one (None) and, when
-    micro-batches differ in cost and are not sorted already, :func:`longest_first`."""
-    if problem.uniform_microbatches:
-        return [None]
-    order = longest_first(problem)
-    return [None] if order == tuple(range(problem.microbatches)) else [None, order]
-
-
-def relabel(schedule: Schedule, order: Sequence[int]) -> Schedule:
-    """A schedule of ``P.permute_microbatches(order)`` as a schedule of ``P``: its micro-batch
-    i is ``P``'s micro-batch ``order[i]``; the times stay as they are."""
-    inverse = [0] * len(order)
-    for i, j in enumerate(order):
-        inverse[j] = i
-    ops = tuple(o._replace(microbatch=order[o.microbatch]) for o in schedule.ops)
-    msgs = tuple(m._replace(microbatch=order[m.microbatch]) for m in schedule.messages)
-    return replace(schedule, problem=schedule.problem.permute_microbatches(inverse), ops=ops,
-                   messages=msgs)
-
-
-@cyclic_gc_paused()  # generating orders builds one Op per op and no cycles (pipeopt._gc)
-def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
-                order: Sequence[int] | None = None) -> Schedule:
-    """Generate and time a hand-made schedule (raises :class:`NotApplicable` with the reason).
-
-    Schedules of :data:`FUSED_BACKWARD` run on the fused variant of the problem
-    (:func:`~pipeopt.schedules.fused_variant`: at the measured fused backward when known). With
-    ``require_fit``, orders whose peak memory (computed from the orders alone, exact when every
-    op lasts > 0) exceeds a limit raise :class:`NotApplicable` before they are timed. With
-    ``order``, the schedule runs the micro-batches in that order instead of 0, 1, ...
-    (hand-made schedules take micro-batches first in, first out); the result is still a
-    schedule of ``problem``, its method name ending in :data:`LONGEST_FIRST` when ``order``
-    is :func:`longest_first`'s.
-    """
-    if order is not None and tuple(order) != tuple(range(problem.microbatches)):
-        sched = run_classic(problem.permute_microbatches(order), name, require_fit=require_fit)
-        suffix = LONGEST_FIRST if tuple(order) == longest_first(problem) else "+reordered"
-        return replace(relabel(sched, order), method=sched.method + suffix)
-    t0 = time.perf_counter()
-    prob = fused_variant(problem) if name in FUSED_BACKWARD else problem
-    orders = GENERATORS[name](prob)
-    if require_fit and min(min(ts, default=1.0) for ts in prob.durations.values()) > 0:
-        over = over_limit(order_peak_memory(prob, orders), problem.memory_limit)
-        if over:
-            raise NotApplicable(f"{name}: over the memory limit of device {over[0]}")
-    sched = simulate(prob, orders, method=name)
-    info = SolverInfo(status="heuristic", lower_bound=lower_bound(problem),
-                      wall_time=time.perf_counter() - t0)
-    return replace(sched, solver=info)
 
 
 #: Seconds per op that validating a schedule takes, reserved out of a search's time limit
@@ -298,7 +156,7 @@ def solve(problem: Problem | Any, method: str | None = None,
     if method.startswith("torch:"):
         # PyTorch's built-in schedules, imported as orders and timed by our simulator.
         try:
-            from pipeopt.executor.torch_schedules import solve_torch
+            from pipeopt.schedules.pytorch import solve_torch
         except ImportError as exc:
             raise UnknownMethod(f"method: {method} needs the torch extra "
                                 f"(pip install 'pipeopt[torch]'): {exc}") from None
@@ -348,11 +206,6 @@ class CompareRow:
             summary["schedule_method"] = summary.pop("method", self.schedule.method)
             out.update(summary)
         return out
-
-
-def fits_memory(schedule: Schedule, problem: Problem | None = None) -> bool:
-    """True when the schedule's peak memory is within every device's limit of ``problem``."""
-    return not over_limit(schedule.peak_memory, (problem or schedule.problem).memory_limit)
 
 
 #: Hand-made schedules that need several chunks per device: (chunks, placement) that

@@ -24,7 +24,7 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
-from pipeopt.solvers import (
+from pipeopt.solvers.base import (
     LONGEST_FIRST,
     OutOfTime,
     Progress,

@@ -36,8 +36,8 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
-from pipeopt.solvers import Progress, SolveOptions, fits_memory, lower_bound, run_classic
-from pipeopt.solvers import require_memory as _require_memory
+from pipeopt.solvers.base import Progress, SolveOptions, fits_memory, lower_bound, run_classic
+from pipeopt.solvers.base import require_memory as _require_memory
 from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
 from pipeopt.solvers.cpsat_model import (
     IntData,
@@ -201,7 +201,7 @@ def _result(best: Schedule, timing: str, bound: float, objective: str, t0: float
 
 def require_memory(problem: Problem) -> None:
     """Raise :class:`NotApplicable` unless every device can hold what any schedule needs
-    (:func:`pipeopt.solvers.memory_floor`: one micro-batch's activations on the device's stages
+    (:func:`pipeopt.solvers.base.memory_floor`: one micro-batch's activations on the device's stages
     plus static memory; running the micro-batches one after another needs exactly that)."""
     _require_memory(problem, "cpsat")
 

@@ -47,7 +47,7 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.simulate import simulate
-from pipeopt.solvers import OutOfTime, SolveOptions, lower_bound, memory_floor, require_memory
+from pipeopt.solvers.base import OutOfTime, SolveOptions, lower_bound, memory_floor, require_memory
 
 logger = logging.getLogger("pipeopt.greedy")
 logger.addHandler(logging.NullHandler())
@@ -205,7 +205,7 @@ class _Context:
 
 def min_memory(problem: Problem) -> tuple[float, ...]:
     """Per device, the least memory any schedule needs (bytes; see
-    :func:`pipeopt.solvers.memory_floor`)."""
+    :func:`pipeopt.solvers.base.memory_floor`)."""
     return memory_floor(problem)
 
 
