@@ -2,8 +2,9 @@
 
 - :mod:`pipeopt.costs.transformer` — analytic FLOPs, parameters, activation and message bytes;
 - :mod:`pipeopt.costs.gpus` — the GPU catalog (dense peaks, memory);
-- :mod:`pipeopt.costs.profiler` — measured per-layer costs of a torch model (torch imported
-  lazily);
+- :mod:`pipeopt.costs.profile` — profile files of measured per-layer costs, read without torch;
+- :mod:`pipeopt.costs.profiler` — measures them on a torch model (above the cost model: it runs
+  layers through the executor's backward split);
 - :mod:`pipeopt.costs.build` — the config front end: :func:`build_from_model` (called by
   :mod:`pipeopt.config`) and :func:`describe_partition`.
 """

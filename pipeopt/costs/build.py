@@ -69,7 +69,7 @@ def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[L
     """The pipeline layers of a ``model:`` section and where their costs come from
     (``analytic``, ``layer_costs`` or ``profile``)."""
     if cfg.profile is not None:
-        from pipeopt.costs.profiler import ProfileError, load_profile
+        from pipeopt.costs.profile import ProfileError, load_profile
 
         path = Path(cfg.profile)
         if not path.is_absolute() and base_dir is not None:

@@ -22,27 +22,23 @@ For each layer, on its real input (the previous layers' output):
 
 Times are medians of ``repeats`` runs after ``warmup`` runs; every backward is timed on its own,
 after an untimed forward that builds its graph. The profile runs on one process: ranks that
-share cores in a real run see slower ops than these. torch is imported lazily, so the planner
-(``load_profile``) never needs it.
+share cores in a real run see slower ops than these. The file it writes is read by
+:mod:`pipeopt.costs.profile`, which the planner uses without torch.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from pipeopt.costs.transformer import LayerCost
+# The profile file (format, reading, writing) is pipeopt.costs.profile's, which the cost model
+# reads without torch; its names stay importable from here.
+from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_profile
 
-FORMAT = "pipeopt.profile/v1"
-
-
-class ProfileError(ValueError):
-    """An unreadable or malformed profile file."""
+__all__ = ["FORMAT", "ProfileError", "executor_split", "load_profile", "profile_layer",
+           "profile_model", "write_profile"]
 
 
 def _median_time(fn: Callable[[], Any], warmup: int, repeats: int, sync: Callable[[], None]
@@ -235,86 +231,3 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
             "repeats": repeats,
             "backward_split": "pipeopt.executor.runtime.StageModule (per layer)",
             "layers": layers}
-
-
-def write_profile(doc: dict[str, Any], path: str | Path) -> None:
-    """Write a profile document atomically."""
-    from pipeopt.io import write_atomic
-
-    write_atomic(path, json.dumps(doc, indent=1) + "\n")
-
-
-#: The fields a profile may have (what :func:`profile_model` writes); others are refused, as a
-#: typo (``backwrd_s``) would otherwise be ignored.
-_TOP_KEYS = ("format", "model", "device", "torch", "micro_batch_size", "warmup", "repeats",
-             "backward_split", "layers")
-_LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "backward_s",
-               "input_grad", "params", "param_bytes", "activation_bytes", "output_bytes",
-               "forward_flops", "backward_flops", "peak_memory_bytes")
-
-
-def load_profile(path: str | Path) -> list[LayerCost]:
-    """Layer costs from a profile file (measured times in seconds, bytes)."""
-    from pipeopt.config import MAX_CONFIG_BYTES
-    from pipeopt.io import json_int, known_fields, read_input
-
-    try:
-        doc = json.loads(read_input(path, MAX_CONFIG_BYTES, "a profile"), parse_int=json_int)
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except RecursionError:
-        raise ProfileError(f"{path}: not usable JSON: nested too deeply") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ProfileError(f"{path}: format: expected {FORMAT!r}")
-    known_fields(doc, _TOP_KEYS, f"{path}: ", ProfileError)
-    layers = doc.get("layers")
-    if not isinstance(layers, list) or not layers:
-        raise ProfileError(f"{path}: layers: expected a non-empty list")
-    for i, rec in enumerate(layers):
-        if isinstance(rec, dict):
-            known_fields(rec, _LAYER_KEYS, f"{path}: layers[{i}].", ProfileError)
-    out = []
-    for i, rec in enumerate(layers):
-        vals: dict[str, float] = {}
-        for key in ("forward_s", "backward_input_s", "backward_weight_s", "params",
-                    "activation_bytes", "output_bytes"):
-            v = rec.get(key) if isinstance(rec, dict) else None
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) \
-                    or v < 0:
-                raise ProfileError(f"{path}: layers[{i}].{key}: expected a number >= 0, "
-                                   f"got {v!r}")
-            vals[key] = float(v)
-        fused = rec.get("backward_s")  # optional (older profiles lack it); not a LayerCost field
-        if fused is not None and (not isinstance(fused, int | float) or isinstance(fused, bool)
-                                  or not math.isfinite(fused) or fused < 0):
-            raise ProfileError(f"{path}: layers[{i}].backward_s: expected a number >= 0, "
-                               f"got {fused!r}")
-        input_grad = rec.get("input_grad", True)
-        if not isinstance(input_grad, bool):
-            raise ProfileError(f"{path}: layers[{i}].input_grad: expected true or false, "
-                               f"got {input_grad!r}")
-        flops: dict[str, float] = {}
-        for key in ("forward_flops", "backward_flops"):  # optional: FLOPs only label the layer
-            v = rec.get(key)
-            if v is None:
-                flops[key] = 0.0
-                continue
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) \
-                    or v < 0:
-                raise ProfileError(f"{path}: layers[{i}].{key}: expected a number >= 0, "
-                                   f"got {v!r}")
-            flops[key] = float(v)
-        fflops, bflops = flops["forward_flops"], flops["backward_flops"]
-        out.append(LayerCost(
-            name=str(rec.get("name", f"layer{i}")), forward_flops=fflops,
-            backward_input_flops=bflops / 2, backward_weight_flops=bflops / 2,
-            params=vals["params"], activation_bytes=vals["activation_bytes"],
-            weight_grad_bytes=vals["activation_bytes"], output_bytes=vals["output_bytes"],
-            forward_time=vals["forward_s"], backward_input_time=vals["backward_input_s"],
-            backward_weight_time=vals["backward_weight_s"],
-            backward_time=None if fused is None else float(fused), input_grad=input_grad))
-    return out
