@@ -47,7 +47,7 @@ def _device(text: str | None) -> str:
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(model, example input, name) for ``--model``."""
-    from pipeopt import models
+    import pipeopt.models as models
 
     if args.model == "tiny-gpt":
         if args.hidden % args.heads:
