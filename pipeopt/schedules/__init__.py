@@ -2,7 +2,11 @@
 
 They take micro-batches first in, first out (0, 1, ...), whatever their cost; to run them in
 another order, generate them for ``problem.permute_microbatches(order)`` (its micro-batch i is
-the original ``order[i]``)."""
+the original ``order[i]``).
+
+PyTorch's own schedules, read as data for the ``torch:NAME`` methods, are in
+:mod:`pipeopt.schedules.pytorch` (imported on use: it reads them through torch).
+"""
 
 from __future__ import annotations
 
