@@ -415,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="pipeopt", description="Schedule search for pipeline-parallel training.",
         epilog="Example: " + EXAMPLES["solve"])
-    from pipeopt import __version__
+    from pipeopt._version import __version__
 
     parser.add_argument("--version", action="version", version=f"pipeopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
