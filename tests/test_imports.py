@@ -230,13 +230,17 @@ def test_the_layers_cover_the_package() -> None:
 
 
 @pytest.mark.parametrize(("old", "new", "names"), [
-    ("pipeopt.config", "pipeopt.errors", ["ConfigError", "MAX_OPS", "MAX_DEVICES"]),
+    ("pipeopt.config", "pipeopt.errors", ["ConfigError", "MAX_OPS", "MAX_DEVICES",
+                                          "MAX_CONFIG_BYTES", "check_solver_option",
+                                          "solver_option_rule"]),
     ("pipeopt.config", "pipeopt.schema", ["Config", "ConfigFile", "SolverConfig",
-                                          "check_totals", "pydantic_message"]),
+                                          "check_totals", "memory_values",
+                                          "pydantic_message"]),
     ("pipeopt.io", "pipeopt.schedule", ["FORMAT", "schedule_to_dict"]),
-    ("pipeopt.solvers", "pipeopt.solvers.base", ["Progress", "SolveOptions", "fits_memory",
-                                                 "memory_floor", "require_memory",
-                                                 "run_classic"]),
+    ("pipeopt", "pipeopt._version", ["__version__"]),
+    ("pipeopt.solvers", "pipeopt.solvers.base", ["Progress", "SolveOptions", "OutOfTime",
+                                                 "fits_memory", "memory_floor",
+                                                 "require_memory", "run_classic"]),
     ("pipeopt.solvers", "pipeopt.bounds", ["lower_bound"]),
     ("pipeopt.executor.torch_schedules", "pipeopt.schedules.pytorch",
      ["TORCH_SCHEDULES", "solve_torch", "torch_names"]),
