@@ -172,8 +172,9 @@ def test_an_acyclic_fake_package_passes(tmp_path: Path) -> None:
 # layer (pipeopt.costs.profiler is above pipeopt.costs). Names planned there but not written yet
 # are listed so that they are checked when they land; modules listed nowhere are not checked.
 LAYERS: list[tuple[str, ...]] = [
-    ("pipeopt._gc", "pipeopt._malloc", "pipeopt._version", "pipeopt.errors"),
-    ("pipeopt.problem", "pipeopt.core.graph"),
+    ("pipeopt._gc", "pipeopt._malloc", "pipeopt._version", "pipeopt.errors",
+     "pipeopt.executor._torch", "pipeopt.core"),
+    ("pipeopt.problem", "pipeopt.core.graph", "pipeopt.core.schedule"),
     ("pipeopt.bounds", "pipeopt.workloads", "pipeopt.core.bounds"),
     ("pipeopt.schedule",),
     ("pipeopt.simulate", "pipeopt.core.simulate", "pipeopt.core.validate"),
@@ -224,7 +225,9 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_layers_cover_the_package() -> None:
-    """Today's modules all have a layer (the package itself is above them all: it re-exports)."""
+    """Today's modules all have a layer (the package itself is above them all: it re-exports).
+    ``pipeopt.core`` imports nothing, so it is in the bottom layer, and a module of it that is
+    not named here is held to that until it is placed."""
     unplaced = [m for m in import_graph(PACKAGE) if m != "pipeopt" and layer_of(m) is None]
     assert not unplaced, f"add to LAYERS and docs/architecture.md: {unplaced}"
 

@@ -35,7 +35,14 @@ from pipeopt.executor.check import (
 )
 from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.models import ModelSpec, build_model, split_stages
-from pipeopt.executor.procs import ExecutorError, Fault, RankStatus, spawn
+from pipeopt.executor.procs import (
+    ExecutorError,
+    Fault,
+    RankStatus,
+    rank_device,
+    resolve_backend,
+    spawn,
+)
 from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule
@@ -132,23 +139,6 @@ class RunResult:
 
 
 # ----- process plumbing ------------------------------------------------------------------------
-def resolve_backend(backend: str) -> str:
-    """``auto`` -> nccl when CUDA is available, else gloo."""
-    if backend == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ExecutorError(f"backend: must be auto, gloo or nccl, got {backend!r}")
-    return backend
-
-
-def rank_device(backend: str, local_rank: int) -> torch.device:
-    """The device a rank computes on."""
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
 # ----- the replay job --------------------------------------------------------------------------
 def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     """The micro-batch ``sample`` and every stage's output for it (no gradients): the example

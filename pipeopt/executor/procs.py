@@ -64,6 +64,27 @@ RankFn = Callable[..., Any]
 _STATUS_EVERY_S = 0.5
 
 
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> nccl when CUDA is available, else gloo."""
+    if backend == "auto":
+        import torch  # here only: this module imports no torch when it loads
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ExecutorError(f"backend: must be auto, gloo or nccl, got {backend!r}")
+    return backend
+
+
+def rank_device(backend: str, local_rank: int) -> Any:
+    """The device a rank computes on (a ``torch.device``)."""
+    import torch
+
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
 def die_with_parent(parent: int) -> None:
     """End this process when ``parent`` ends: the parent-death signal on Linux (prctl), else
     a thread that polls the parent's pid."""
@@ -108,7 +129,6 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
         import torch.distributed as dist
 
         from pipeopt._malloc import steady_cpu_allocator
-        from pipeopt.executor.launch import rank_device
 
         fn, args = pickle.loads(job)
         torch.set_num_threads(threads)
@@ -145,8 +165,6 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     import multiprocessing as mp
 
     if backend == "auto":
-        from pipeopt.executor.launch import resolve_backend
-
         backend = resolve_backend(backend)
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     ctx = mp.get_context("spawn")
