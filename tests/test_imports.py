@@ -241,6 +241,7 @@ def test_the_layers_cover_the_package() -> None:
                                           "pydantic_message"]),
     ("pipeopt.io", "pipeopt.schedule", ["FORMAT", "schedule_to_dict"]),
     ("pipeopt", "pipeopt._version", ["__version__"]),
+    ("pipeopt.schedules", "pipeopt.schedules.base", ["fused_variant", "NotApplicable"]),
     ("pipeopt.solvers", "pipeopt.solvers.base", ["Progress", "SolveOptions", "OutOfTime",
                                                  "fits_memory", "memory_floor",
                                                  "require_memory", "run_classic"]),
