@@ -42,22 +42,24 @@ def earliest_arrival(problem: Problem) -> tuple[float, ...]:
     return tuple(min(col) for col in zip(*arrivals, strict=True))
 
 
+def _path(problem: Problem, j: int) -> float:
+    """Micro-batch j's forward and backward chain with link delays, then stage 0's W
+    (seconds)."""
+    s, c = problem.stages, problem.time_scale[j]
+    t = _arrival(problem, j)[-1] + problem.forward[s - 1] * c
+    for k in range(s - 1, -1, -1):
+        t += problem.durations["B"][k] * c
+        if k > 0:
+            t += problem.delay(k, k - 1, j)
+    if problem.split_backward:
+        t += problem.backward_weight[0] * c
+    return t
+
+
 def critical_path(problem: Problem) -> float:
     """One micro-batch all the way forward and back, then stage 0's weight gradient: every
     micro-batch takes this path, so the longest one's is a bound."""
-    s = problem.stages
-    best = 0.0
-    for j in problem.distinct_microbatches:
-        c = problem.time_scale[j]
-        t = _arrival(problem, j)[-1] + problem.forward[s - 1] * c
-        for k in range(s - 1, -1, -1):
-            t += problem.durations["B"][k] * c
-            if k > 0:
-                t += problem.delay(k, k - 1, j)
-        if problem.split_backward:
-            t += problem.backward_weight[0] * c
-        best = max(best, t)
-    return best
+    return max(_path(problem, j) for j in problem.distinct_microbatches)
 
 
 def device_bound(problem: Problem) -> tuple[float, ...]:
@@ -298,9 +300,98 @@ def warmup_bound(problem: Problem) -> tuple[float, ...]:
                                        strict=True))
 
 
+#: How many of the longest distinct micro-batches :func:`overtaking_bound` takes as the one
+#: overtaken (every choice gives a valid bound; the long ones the highest, and a few keep it
+#: O(stages) when every micro-batch differs).
+_OVERTAKEN = 8
+
+
+def _subset_sums(values: list[float]) -> list[tuple[float, float]]:
+    """Disjoint intervals holding the sum of every subset of ``values``: n of them sum to
+    between the n smallest and the n largest (n = 0 .. len)."""
+    up, down = sorted(values), sorted(values, reverse=True)
+    out = [(0.0, 0.0)]
+    lo = hi = 0.0
+    for a, b in zip(up, down, strict=True):
+        lo, hi = lo + a, hi + b
+        if lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _least_split(a: float, b: float, phi: float, omega: float, total: float, r: float,
+                 sums: list[tuple[float, float]]) -> float:
+    """The least over C in ``sums`` (intervals) of ``max(a, b + phi C) + max(omega (total -
+    C), r)``: convex and piecewise linear in C, so on each interval the least is at an end
+    or where a max changes its piece."""
+    kinks = ([(a - b) / phi] if phi > 0 else []) + ([total - r / omega] if omega > 0 else [])
+    best = math.inf
+    for lo, hi in sums:
+        for x in (lo, hi, *(min(hi, max(lo, y)) for y in kinks)):
+            best = min(best, max(a, b + phi * x) + max(omega * (total - x), r))
+    return best
+
+
+def overtaking_bound(problem: Problem) -> float:
+    """A long micro-batch's path, delayed by the micro-batches that overtake it (seconds; 0
+    when every micro-batch costs the same: the other bounds are then exact as before).
+
+    Forward, for a micro-batch L and a stage k: let t_i be the start of F(i, L) and A the
+    micro-batches whose F(k, .) runs before F(k, L) on its device, of total time scale C. For
+    j in A take the least i with j in front of L on stages i..k: if i = 0, F(0, j) runs in
+    [0, t_0]; otherwise F(i-1, j) runs after F(i-1, L), so F(i, j) runs in
+    [t_{i-1} + F_{i-1} c_L, t_i]. Per stage these windows are disjoint and each holds its
+    overtakers' F's, so ``t_k >= sum_{i<k} F_i c_L + min_{i<=k} F_i * C`` (and >= L's
+    arrival). From t_k on, stage k's device runs F, B and W of L and of every micro-batch not
+    in A (total scale T - C), and L still has its path after F(k, L) to go, so the makespan is
+    at least ``max(arrival, sum F_i c_L + F_min C) + max((F + B + W)_k (T - C), path_L -
+    arrival)``; the least over the C that a set of other micro-batches can sum to (n of them
+    sum to between the n smallest and the n largest) is a bound.
+
+    Backward, mirrored in time: with u_i the end of B(i, L) and A' the micro-batches whose
+    B(k, .) runs after B(k, L), each j in A' runs some B(i, j) in [u_i, u_{i-1} - B_{i-1} c_L]
+    (or, at i = 0, beside W(0, L) after u_0), so the makespan minus u_k is at least
+    ``W_0 c_L + sum_{i<k} B_i c_L + min_{i<=k} B_i * C'`` (and L's own chain from u_k); and
+    by u_k stage k's device has run F and B of L and of every micro-batch not in A'.
+    """
+    if problem.uniform_microbatches:
+        return 0.0
+    s, scale = problem.stages, problem.time_scale
+    fwd, bwd = problem.forward, problem.durations["B"]
+    total = math.fsum(scale)
+    w0 = problem.backward_weight[0] if problem.split_backward else 0.0
+    longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
+    best = 0.0
+    for L in longest:
+        c, path, arr = scale[L], _path(problem, L), _arrival(problem, L)
+        others = list(scale)
+        others.remove(c)
+        sums = _subset_sums(others)
+        plain = 0.0  # forward: sum_{i<k} F_i c_L without delays
+        f_min = math.inf
+        for k in range(s):
+            f_min = min(f_min, fwd[k])
+            work = fwd[k] + problem.backward_input[k] + problem.backward_weight[k]
+            best = max(best, _least_split(arr[k], plain, f_min, work, total, path - arr[k], sums))
+            plain += fwd[k] * c
+        chain = plain = w0 * c  # backward: W_0 c_L + sum_{i<k} B_i c_L, with / without delays
+        b_min = math.inf
+        for k in range(s):
+            b_min = min(b_min, bwd[k])
+            best = max(best, _least_split(chain, plain, b_min, fwd[k] + bwd[k], total,
+                                          path - chain, sums))
+            plain += bwd[k] * c
+            if k + 1 < s:
+                chain += bwd[k] * c + problem.delay(k + 1, k, L)
+    return best
+
+
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
-    return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem))
+    return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
+               overtaking_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:

@@ -15,7 +15,9 @@ from pipeopt.bounds import (
     device_bound,
     iteration_lower_bound,
     makespan_lower_bound,
+    overtaking_bound,
     span_lower_bound,
+    warmup_bound,
 )
 from pipeopt.problem import Op, Problem, ProblemError, chain_links, uniform_problem
 from pipeopt.schedule import order_peak_memory
@@ -232,6 +234,34 @@ def test_warmup_bound_counts_memory_per_microbatch() -> None:
     best, _ = brute_force(prob)
     assert math.isfinite(best)
     assert iteration_lower_bound(prob) <= best * (1 + 1e-9)
+
+
+def test_overtaking_bound_by_hand() -> None:
+    """p=2, m=3, F = B = W = 1 s (fused B: 2 s), scales [1, 1, 4]: the 4x micro-batch's path is
+    24 s, each device works 18 s. Backward at stage 1: after B(1, L) ends, B(0, L) (8 s) and
+    every B(0, j) that runs after B(1, L) ends must still run; before it, F and B of L and the
+    others (3 s per unit). One other behind L (C = 1): 8 + 2 + 16 = 26; none: 8 + 18 = 26;
+    both: 8 + 4 + 16 = 28. So 26 s, above the other bounds (24 s); the optimum is 27 s."""
+    prob = uniform_problem(2, 3, split_backward=False).replace(microbatch_scale=(1, 1, 4))
+    old = max(critical_path(prob), *device_bound(prob), *warmup_bound(prob))
+    assert old == 24.0
+    assert overtaking_bound(prob) == 26.0 == makespan_lower_bound(prob)
+    assert brute_force(prob)[0] == 27.0
+    assert overtaking_bound(uniform_problem(4, 8)) == 0.0  # uniform: today's bounds alone
+
+
+@pytest.mark.parametrize("latency", [0.0, 1.5])
+@pytest.mark.parametrize("scales", [(1, 1, 4), (3, 1, 0.5), (0.5, 2, 0.5, 4)])
+def test_overtaking_bound_below_cpsat_optimum(scales: tuple[float, ...], latency: float
+                                              ) -> None:
+    """Three devices (beyond brute force): CP-SAT's proven optimum is at least the bound."""
+    lat, bw = chain_links(3, [latency] * 2, [math.inf] * 2)
+    prob = uniform_problem(3, len(scales), 1.0, 1.2, 0.8).replace(
+        microbatch_scale=scales, latency=lat, bandwidth=bw)
+    sched = validate(solve_cpsat(prob, SolveOptions(time_limit=20, workers=2)))
+    assert sched.solver.status == "optimal"
+    assert overtaking_bound(prob) <= sched.makespan * (1 + 1e-9)
+    assert makespan_lower_bound(prob) <= sched.makespan * (1 + 1e-9)
 
 
 # ----- the searches ------------------------------------------------------------------------
