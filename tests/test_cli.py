@@ -265,3 +265,38 @@ def test_gradient_reduction_keeps_spec_gap_and_reports_the_objectives(
     assert sol["objective_lower_bound"] == pytest.approx(32) and sol["objective_gap"] == 0
     assert "status        heuristic (lower bound 32, gap 0.00%)" in capsys.readouterr().out
     assert pipeopt.load_schedule(out).solver.lower_bound == pytest.approx(32)
+
+
+RUN_BAD_FLAGS = [(["--steps", "0"], "--steps"), (["--lr", "nan"], "--lr"),
+                 (["--threads", "0"], "--threads"), (["--batch-size", "3"], "--batch-size"),
+                 (["--model", "nope"], "unknown model 'nope'"),
+                 (["--model-arg", "hidden"], "--model-arg"),
+                 (["--data-parallel", "0"], "--data-parallel")]
+
+
+def test_run_checks_every_flag_before_importing_torch(tmp_path: Path) -> None:
+    """A bad ``run`` flag (or schedule file) is refused without importing torch (seconds)."""
+    import subprocess
+
+    sched = tmp_path / "s.json"
+    assert main(["solve", UNIFORM, "--method", "1f1b", "-o", str(sched), "-q"]) == 0
+    cases = [[str(sched), *flags] for flags, _ in RUN_BAD_FLAGS] + [[str(tmp_path / "none")]]
+    script = ("import sys, json\nfrom pipeopt.cli import main\nout = []\n"
+              "for argv in json.loads(sys.argv[1]):\n"
+              "    out.append(main(['run', *argv]))\n"
+              "print(json.dumps([out, 'torch' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    codes, torch_loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert codes == [2] * len(cases), proc.stderr
+    assert not torch_loaded
+    for _, needle in RUN_BAD_FLAGS:
+        assert needle in proc.stderr
+
+
+def test_run_builtin_model_names_match_the_executor() -> None:
+    pytest.importorskip("torch")
+    from pipeopt.executor.cli import BUILTIN_MODELS
+    from pipeopt.executor.models import BUILTIN
+
+    assert BUILTIN_MODELS == BUILTIN

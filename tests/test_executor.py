@@ -409,7 +409,10 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, monkeypatch, capsys) 
     assert main(["run", str(path), "--check"]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out
-    assert "op times      stage 1: F 2 ms, B 4 ms measured (problem: 1, 2)" in out
+    assert "op times      stage 1: F 2 ms, B 4 ms measured (problem: 1000 ms, 2000 ms)" in out
+    for line in out.splitlines():  # every printed time carries its unit
+        if line.startswith(("step time", "predicted", "reference")):
+            assert line.split()[2] == "s" or line.split()[3] == "s", line
 
     def fail(s: Schedule, c: RunConfig) -> None:
         raise ExecutorError("rank 1 failed: RuntimeError: boom")

@@ -9,6 +9,9 @@ import sys
 
 from pipeopt.config import ConfigError
 from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
+from pipeopt.schedule import Schedule
+
+BUILTIN_MODELS = ("tiny-gpt", "mlp")  # pipeopt.executor.models.BUILTIN, named without torch
 
 EXAMPLES = {
     "run": "pipeopt run schedule.json --model tiny-gpt --check",
@@ -25,12 +28,9 @@ def _number(text: str) -> int | float | str:
     return text
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails."""
-    from pipeopt.executor.launch import RunConfig, run_pipeline
-    from pipeopt.executor.models import ModelError
-    from pipeopt.executor.procs import ExecutorError
-
+def check_run_args(args: argparse.Namespace) -> Schedule:
+    """Check every ``run`` flag and load the schedule, importing no torch; return the schedule.
+    Raises :class:`ConfigError` naming the flag."""
     refuse_overwriting_input("--costs-out", args.costs_out, args.schedule)
     if args.costs_out:
         check_writable("--costs-out", args.costs_out)  # before the run, not after it
@@ -53,7 +53,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
         raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
                           f"micro-batches, got {args.batch_size}")
-    if args.backend == "nccl":
+    if args.model not in BUILTIN_MODELS and ":" not in args.model:
+        raise ConfigError(f"model: unknown model {args.model!r}; use "
+                          f"{' or '.join(BUILTIN_MODELS)} or MODULE:FACTORY")
+    for item in args.model_arg or []:
+        key, sep, _ = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+    return sched
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails.
+    Every flag and the schedule are checked before torch is imported (which takes seconds)."""
+    sched = check_run_args(args)
+    from pipeopt.executor.launch import RunConfig, run_pipeline
+    from pipeopt.executor.models import ModelError
+    from pipeopt.executor.procs import ExecutorError
+
+    if args.backend == "nccl":  # the one check that needs torch, so the last one
         import torch
 
         if not torch.cuda.is_available():
@@ -61,9 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                               f"({torch.__version__}) sees none; use --backend gloo")
     options = []
     for item in args.model_arg or []:
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        key, _, val = item.partition("=")
         options.append((key, _number(val)))
     cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
                     batch_size=args.batch_size, lr=args.lr, seed=args.seed,
@@ -103,8 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     n = len(res.step_times)
     how = f"median of {n - 1} after warm-up" if n > 1 else "1 step, includes warm-up"
     print(f"step time     {res.step_time:.6g} s measured ({how})")
-    print(f"predicted     {res.predicted_step_time:.6g} (schedule makespan, in the problem's "
-          "time unit: seconds if it came from a profile)")
+    print(f"predicted     {res.predicted_step_time:.6g} s (the schedule's makespan; its "
+          "problem's times are read as seconds)")
     if args.check:
         print(f"reference     {res.reference_step_time:.6g} s per step without pipelining, loss "
               f"{res.reference_losses[-1]:.6g}")
@@ -119,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kinds = [kind for kind in prob.kinds if (kind, k) in res.op_costs]
         if kinds:
             got = ", ".join(f"{kind} {res.op_costs[(kind, k)] * 1e3:.3g} ms" for kind in kinds)
-            want = ", ".join(f"{prob.durations[kind][k]:.3g}" for kind in kinds)
+            want = ", ".join(f"{prob.durations[kind][k] * 1e3:.4g} ms" for kind in kinds)
             print(f"{label:<14}stage {k}: {got} measured (problem: {want})")
             label = ""
     if args.costs_out:
