@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -271,7 +272,11 @@ RUN_BAD_FLAGS = [(["--steps", "0"], "--steps"), (["--lr", "nan"], "--lr"),
                  (["--threads", "0"], "--threads"), (["--batch-size", "3"], "--batch-size"),
                  (["--model", "nope"], "unknown model 'nope'"),
                  (["--model-arg", "hidden"], "--model-arg"),
-                 (["--data-parallel", "0"], "--data-parallel")]
+                 (["--data-parallel", "0"], "--data-parallel"),
+                 (["--max-ranks", "0"], "--max-ranks"),
+                 # uniform.yaml has 4 devices: 4 x (cores + 1) ranks, over 4 per core (issue 18, item 9)
+                 (["--data-parallel", str((os.cpu_count() or 1) + 1)], "per core"),
+                 (["--max-ranks", "3"], "more than --max-ranks 3")]
 
 
 def test_run_checks_every_flag_before_importing_torch(tmp_path: Path) -> None:
@@ -300,3 +305,20 @@ def test_run_builtin_model_names_match_the_executor() -> None:
     from pipeopt.executor.models import BUILTIN
 
     assert BUILTIN_MODELS == BUILTIN
+
+
+def test_run_refuses_more_ranks_than_the_machine_holds() -> None:
+    """Issue 18, item 9: 64 or 1024 ranks of ~440 MiB each are refused with the numbers."""
+    from pipeopt.executor.procs import ExecutorError, check_rank_capacity
+
+    gib = 2**30
+    with pytest.raises(ExecutorError, match=r"1024 ranks .* 4 per core .* 16 cores \(64\)"):
+        check_rank_capacity(1024, 16, 1024 * gib)
+    with pytest.raises(ExecutorError, match=r"64 ranks to start need about 27.5 GiB \(440 MiB "
+                       r"each\), more than the 16.0 GiB available"):
+        check_rank_capacity(64, 16, 16 * gib)
+    check_rank_capacity(64, 16, 28 * gib)  # fits both
+    check_rank_capacity(64, None, None)  # nothing known, nothing refused
+    check_rank_capacity(1024, 16, gib, max_ranks=1024)  # the user knows better
+    with pytest.raises(ExecutorError, match="more than --max-ranks 8"):
+        check_rank_capacity(9, 1000, 1000 * gib, max_ranks=8)

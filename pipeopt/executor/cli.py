@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from pipeopt.config import ConfigError
+from pipeopt.executor.procs import ExecutorError, available_memory_bytes, check_rank_capacity
 from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
 from pipeopt.schedule import Schedule
 
@@ -60,6 +62,14 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
         key, sep, _ = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+    if args.max_ranks is not None and args.max_ranks < 1:
+        raise ConfigError(f"--max-ranks: must be >= 1, got {args.max_ranks}")
+    if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # torchrun starts its own
+        ranks = sched.problem.devices * args.data_parallel
+        try:
+            check_rank_capacity(ranks, os.cpu_count(), available_memory_bytes(), args.max_ranks)
+        except ExecutorError as exc:
+            raise ConfigError(f"run: {exc}") from None
     return sched
 
 
@@ -69,7 +79,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     sched = check_run_args(args)
     from pipeopt.executor.launch import RunConfig, run_pipeline
     from pipeopt.executor.models import ModelError
-    from pipeopt.executor.procs import ExecutorError
 
     if args.backend == "nccl":  # the one check that needs torch, so the last one
         import torch
@@ -203,6 +212,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="process group backend (auto: nccl with CUDA, else gloo)")
     p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores / "
                    "ranks)")
+    p.add_argument("--max-ranks", type=int, metavar="N",
+                   help="start at most N rank processes, in place of the default limit (4 per "
+                   "core and about 440 MiB of available memory each)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--costs-out", metavar="FILE",
                    help="write the schedule re-timed on the op durations measured in this run "

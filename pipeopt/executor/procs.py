@@ -58,6 +58,49 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Resident bytes of one spawned rank (torch, its process group and a small model): about
+#: 440 MB measured per rank of ``pipeopt run`` on CPU (issue 18, item 9).
+RANK_BYTES = 440 * 2**20
+
+#: Ranks per core beyond which a run is refused: more only time-slices the cores, and every rank
+#: still holds its own torch.
+RANKS_PER_CORE = 4
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file counts kB (KiB)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_rank_capacity(ranks: int, cores: int | None, memory_bytes: int | None,
+                        max_ranks: int | None = None) -> None:
+    """Refuse to start ``ranks`` processes on this machine beyond ``max_ranks`` when given, or
+    else beyond ``RANKS_PER_CORE`` per core or ``RANK_BYTES`` each in the available memory
+    (``cores``/``memory_bytes`` None: not known, not limiting). Raises ExecutorError with the
+    numbers."""
+    if max_ranks is not None:
+        if ranks > max_ranks:
+            raise ExecutorError(f"{ranks} ranks to start, more than --max-ranks {max_ranks}")
+        return
+    hint = ("; run it under torchrun across machines, or pass --max-ranks N to start them "
+            "here anyway")
+    if cores is not None and ranks > RANKS_PER_CORE * cores:
+        raise ExecutorError(f"{ranks} ranks to start (one process each), more than "
+                            f"{RANKS_PER_CORE} per core on this machine's {cores} cores "
+                            f"({RANKS_PER_CORE * cores}){hint}")
+    if memory_bytes is not None and ranks * RANK_BYTES > memory_bytes:
+        raise ExecutorError(f"{ranks} ranks to start need about {ranks * RANK_BYTES / 2**30:.1f} "
+                            f"GiB ({RANK_BYTES / 2**20:.0f} MiB each), more than the "
+                            f"{memory_bytes / 2**30:.1f} GiB available on this machine{hint}")
+
+
 RankFn = Callable[..., Any]
 
 #: Seconds between a worker's status reports to the parent.
