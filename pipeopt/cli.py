@@ -268,7 +268,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         t_search = time.perf_counter()
         sched = solve(cfg.problem, sc.method, time_limit=limit, seed=sc.seed,
                       objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
-                      resolution=sc.resolution, on_progress=line.report, log=args.verbose)
+                      resolution=sc.resolution, time_tolerance=sc.time_tolerance,
+                      on_progress=line.report, log=args.verbose)
     logger.info("solve: search and validation took %.2f s", time.perf_counter() - t_search)
     # The summary first: if the write then fails, what was found is still on the screen.
     if args.json:
@@ -277,6 +278,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         print(json.dumps({**sched.summary(), **extra}))
     else:
         print_summary(sched)
+        if sched.solver.detail("tradeoff"):
+            print(f"trade-off     {sched.solver.detail('tradeoff')}")
     if args.output:
         sys.stdout.flush()
         t_write = time.perf_counter()
@@ -331,6 +334,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rows = compare(cfg.problem, names, time_limit=sc.time_limit, seed=sc.seed,
                        objective=sc.objective, workers=sc.workers,
                        relative_gap=sc.relative_gap, resolution=sc.resolution,
+                       time_tolerance=sc.time_tolerance,
                        on_progress=line.report, on_start=line.running)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))

@@ -54,7 +54,7 @@ def solver_option_rule(name: str, value: Any) -> str | None:
         why = f"must be an integer in 0..{MAX_SEED}"
     elif name == "workers" and value is not None and not (whole and 1 <= value <= MAX_WORKERS):
         why = f"must be an integer in 1..{MAX_WORKERS}, or None for all cores"
-    elif name == "relative_gap" and not (real and 0 <= value <= 1):
+    elif name in ("relative_gap", "time_tolerance") and not (real and 0 <= value <= 1):
         why = "must be a number in 0..1"
     elif name == "resolution" and value is not None and not (
             real and math.isfinite(value) and value > 0):

@@ -80,6 +80,8 @@ class SolverConfig(_Strict):
     objective: Literal["makespan", "span"] = "makespan"
     workers: int | None = Field(None, ge=1, le=MAX_WORKERS)
     relative_gap: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    time_tolerance: float = Field(0.01, ge=0, le=1, allow_inf_nan=False,
+                                  description="relative time auto gives up for less peak memory")
     resolution: float | None = Field(None, gt=0, allow_inf_nan=False,
                                      description="seconds per CP-SAT time unit")
 

@@ -274,7 +274,7 @@ RUN_BAD_FLAGS = [(["--steps", "0"], "--steps"), (["--lr", "nan"], "--lr"),
                  (["--model-arg", "hidden"], "--model-arg"),
                  (["--data-parallel", "0"], "--data-parallel"),
                  (["--max-ranks", "0"], "--max-ranks"),
-                 # uniform.yaml has 4 devices: 4 x (cores + 1) ranks, over 4 per core (issue 18, item 9)
+                 # uniform.yaml has 4 devices: 4 x (cores + 1) ranks, over 4 per core (item 9)
                  (["--data-parallel", str((os.cpu_count() or 1) + 1)], "per core"),
                  (["--max-ranks", "3"], "more than --max-ranks 3")]
 
@@ -322,3 +322,28 @@ def test_run_refuses_more_ranks_than_the_machine_holds() -> None:
     check_rank_capacity(1024, 16, gib, max_ranks=1024)  # the user knows better
     with pytest.raises(ExecutorError, match="more than --max-ranks 8"):
         check_rank_capacity(9, 1000, 1000 * gib, max_ranks=8)
+
+
+TRADEOFF_YAML = """
+pipeline: {devices: 2, microbatches: 32, split_backward: true}
+stages: {forward: 1.0, backward_input: 2.0, backward_weight: 1.0, activation_memory: 1.0}
+solver: {method: auto, time_limit: 5%s}
+"""
+
+
+def test_solve_prints_the_time_memory_tradeoff(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18, item 2: ZB-H1 (130 s, peak 2) over ZB-H2 (129 s, peak 3) within 1%."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TRADEOFF_YAML % "")
+    assert main(["solve", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "method        auto:zb-h1" in out
+    assert "trade-off     chose zb-h1: 0.8% slower, 1 less peak memory than the fastest" in out
+    cfg.write_text(TRADEOFF_YAML % ", time_tolerance: 0")
+    assert main(["solve", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "makespan      129 s" in out and "trade-off" not in out
+    cfg.write_text(TRADEOFF_YAML % ", time_tolerance: 2")
+    assert main(["solve", str(cfg)]) == 2
+    assert "solver.time_tolerance" in capsys.readouterr().err

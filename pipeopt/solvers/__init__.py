@@ -135,7 +135,8 @@ def solve(problem: Problem | Any, method: str | None = None,
             method = method or sc.method
             options = options or SolveOptions(
                 time_limit=sc.time_limit, seed=sc.seed, workers=sc.workers,
-                objective=sc.objective, relative_gap=sc.relative_gap, resolution=sc.resolution)
+                objective=sc.objective, relative_gap=sc.relative_gap, resolution=sc.resolution,
+                time_tolerance=sc.time_tolerance)
         problem = inner
     method = method or "auto"
     opts = replace(options or SolveOptions(), **kwargs)

@@ -6,7 +6,9 @@ of different cost each also run longest micro-batch first), the ``greedy``
 list scheduler, then ``cpsat`` warm-started from the best so far when the instance is small
 enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is
 in ``details['skipped_cpsat']``). The result is the candidate with the best objective, so it is
-never worse than the best hand-made schedule under the same limits; its lower bound is the best
+never worse than the best hand-made schedule under the same limits, unless another candidate
+within ``time_tolerance`` of it (relative) needs less peak memory: then the one with the lowest
+peak memory (``details['tradeoff']`` says what was traded). Its lower bound is the best
 proven one among the analytic bound and the candidates that minimised the same objective.
 """
 
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pipeopt.problem import Op, Problem
+from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
@@ -66,6 +68,31 @@ def _pick(cands: list[Schedule], objective: str, problem: Problem) -> Schedule:
     tied = [s for s in cands if _value(s, objective) <= top * (1 + 1e-9) + 1e-12]
     return min(tied, key=lambda s: (s.problem.split_backward != problem.split_backward,
                                     s.solver.status != "optimal"))
+
+
+def _lean(cands: list[Schedule], fastest: Schedule, objective: str,
+          tolerance: float) -> Schedule:
+    """Among ``cands`` whose objective is within ``tolerance`` (relative) of ``fastest``'s, the
+    one with the lowest max peak memory (bytes), the faster on a tie; ``fastest`` unless another
+    needs strictly less."""
+    if tolerance <= 0:
+        return fastest
+    limit = _value(fastest, objective) * (1 + tolerance) + 1e-12
+    near = [s for s in cands if _value(s, objective) <= limit]
+    lean = min(near, key=lambda s: (max(s.peak_memory, default=0.0), _value(s, objective)))
+    if max(lean.peak_memory, default=0.0) < max(fastest.peak_memory, default=0.0):
+        return lean
+    return fastest
+
+
+def _tradeoff(chosen: Schedule, fastest: Schedule, objective: str) -> str:
+    """One line: how much slower ``chosen`` is than ``fastest`` and how much memory it saves."""
+    top = _value(fastest, objective)
+    slower = _value(chosen, objective) / top - 1 if top > 0 else 0.0
+    saved = format_memory(max(fastest.peak_memory) - max(chosen.peak_memory), chosen.problem,
+                          ".1f")
+    return (f"chose {chosen.method}: {slower:.1%} slower, {saved} less peak memory than the "
+            f"fastest, {fastest.method} (solver.time_tolerance)")
 
 
 def best_classic(problem: Problem, objective: str = "makespan") -> Schedule | None:
@@ -163,7 +190,8 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             notes.append((f"classic_{label}", f"skipped, invalid orders: {exc}"))
             continue
     if classics:
-        # The best hand-made schedule, or its split-backward re-timing when that is better.
+        # The best hand-made schedule, or its split-backward re-timing when that is better (the
+        # others stay in ``classics``, for the memory trade-off at the end).
         cands.append(_pick(classics, obj, problem))
         logger.info("auto: %d hand-made schedules fit the memory limits; best %s: %.6g s",
                     len(classics), cands[-1].method, _value(cands[-1], obj))
@@ -233,7 +261,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         why = "; ".join(f"{k}: {v}" for k, v in notes) or "nothing fits"
         raise NotApplicable(f"auto: no method found a schedule within the memory limits ({why})")
 
-    best = _pick(cands, obj, problem)
+    fastest = _pick(cands, obj, problem)
+    own = [s for s in classics if s.problem.split_backward == problem.split_backward]
+    best = _lean([*cands, *own], fastest, obj, options.time_tolerance)
+    if best is not fastest:
+        notes.append(("tradeoff", _tradeoff(best, fastest, obj)))
     val = _value(best, obj)
     proven = [s.solver.lower_bound for s in cands
               if s.solver.lower_bound is not None and s.solver.objective == obj

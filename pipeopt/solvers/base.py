@@ -49,7 +49,9 @@ class SolveOptions:
     """Settings shared by every method (searches use them; hand-made schedules ignore them).
 
     ``time_limit`` in seconds; ``workers`` None = all cores; ``resolution`` is the time unit of
-    the CP-SAT model in seconds (None = chosen from the problem); ``on_progress`` receives
+    the CP-SAT model in seconds (None = chosen from the problem); ``time_tolerance``: the share
+    of time (0.01 = 1%) ``auto`` gives up over its fastest candidate for the one with the lowest
+    peak memory (0: the fastest); ``on_progress`` receives
     :class:`Progress` reports; ``hint`` is a schedule to start from. Values are checked as a
     config's ``solver:`` keys are (:class:`~pipeopt.errors.ConfigError` naming the option).
     """
@@ -60,6 +62,7 @@ class SolveOptions:
     objective: Objective = "makespan"
     relative_gap: float = 0.0
     resolution: float | None = None
+    time_tolerance: float = 0.01
     on_progress: Callable[[Progress], None] | None = None
     hint: Schedule | None = None
     log: bool = False
@@ -68,7 +71,7 @@ class SolveOptions:
         # The rules of a config's solver: section and of the command-line flags, so that
         # pipeopt.solve(..., time_limit=-1) is refused as `--time-limit -1` is.
         for name in ("time_limit", "seed", "workers", "objective", "relative_gap",
-                     "resolution"):
+                     "resolution", "time_tolerance"):
             check_solver_option(name, getattr(self, name))
 
 
