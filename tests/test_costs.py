@@ -171,3 +171,27 @@ def test_gpu_catalog_uses_dense_figures():
     with pytest.raises(KeyError, match="did you mean 'H200'"):
         lookup("H300")
     assert not math.isnan(lookup("B200").bf16_flops)
+
+
+def test_causal_attention_halves_the_attention_flops():
+    """Issue 18, item 4: FlashAttention-2's count of causal attention, 2·b·s²·h per block."""
+    b, s, h = 1, 4096, 4096  # llama2-7b, worked by hand: 4bs^2h = 274,877,906,944
+    lin, att = block_flops(shape("llama2-7b", micro_batch_size=b, causal=True))
+    assert lin == 1_657_857_376_256  # the linear layers do not change
+    assert att == 2 * b * s * s * h == 137_438_953_472
+    blk = transformer_layers(shape("llama2-7b", causal=True))[1]
+    assert blk.forward_flops == 1_657_857_376_256 + 137_438_953_472
+    assert blk.backward_input_flops == 1_657_857_376_256 + 2 * 137_438_953_472
+    assert blk.backward_weight_flops == 1_657_857_376_256
+    sel = transformer_layers(shape("llama2-7b", causal=True, recompute="selective"))[1]
+    assert sel.backward_input_flops == blk.backward_input_flops + 137_438_953_472
+
+
+def test_model_form_is_causal_by_default():
+    from pipeopt.costs.build import shape_of
+    from pipeopt.costs.config import parse_model
+
+    assert shape_of(parse_model({"preset": "gpt3-175b"})).causal
+    assert not shape_of(parse_model({"preset": "gpt3-175b", "causal": False})).causal
+    # GPT-3 175B, b = 1: attention 2·s²·h = 103,079,215,104 FLOPs per block, causal.
+    assert block_flops(shape_of(parse_model({"preset": "gpt3-175b"})))[1] == 103_079_215_104

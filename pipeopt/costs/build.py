@@ -62,7 +62,8 @@ def shape_of(cfg: ModelConfig) -> TransformerShape:
         micro_batch_size=cfg.micro_batch_size, dtype=cfg.dtype, activation=cfg.activation,
         norm=cfg.norm, bias=cfg.bias, position_embedding=cfg.position_embedding,
         tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout, recompute=cfg.recompute,
-        tensor_parallel=cfg.tensor_parallel, sequence_parallel=cfg.sequence_parallel)
+        tensor_parallel=cfg.tensor_parallel, sequence_parallel=cfg.sequence_parallel,
+        causal=cfg.causal)
 
 
 def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[LayerCost], str]:

@@ -86,6 +86,7 @@ class ModelConfig(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     tensor_parallel: int = Field(1, ge=1)
     sequence_parallel: bool = True
+    causal: bool = True  # a decoder's causal mask: half the attention FLOPs (transformer.py)
     overrides: list[LayerOverride] = []
 
 

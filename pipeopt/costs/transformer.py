@@ -7,6 +7,9 @@ Sources of the formulas (re-derived here matmul by matmul):
   per multiply-add; QKV, projection and the two 4h MLP matrices, plus the two attention matmuls
   QKᵀ and softmax·V), and the LM head 2·b·s·h·V. Generalised here to grouped-query attention
   (K and V project to ``kv_heads · h/heads`` columns) and to SwiGLU MLPs (three h×f matrices).
+  A causal (decoder) mask halves the two attention matmuls to 2·b·s²·h, as Dao, "FlashAttention-2:
+  Faster Attention with Better Parallelism and Work Partitioning", 2023, section 4.1, counts
+  causal attention (about half the score entries are computed); activation bytes are unchanged.
 - Activation bytes: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
   Models", 2022, section 4: s·b·h·(34 + 5·a·s/h) bytes per block with 16-bit values and
   dropout; with tensor parallelism t and sequence parallelism everything is divided by t; without
@@ -109,6 +112,7 @@ class TransformerShape:
     recompute: str = "none"
     tensor_parallel: int = 1
     sequence_parallel: bool = True
+    causal: bool = False
 
     @property
     def kv(self) -> int:
@@ -141,12 +145,13 @@ def block_flops(shape: TransformerShape) -> tuple[float, float]:
     """(linear, attention) forward FLOPs of one block for one micro-batch (whole layer, t=1).
 
     linear = 2bs·(h² [Q] + 2·h·kv_dim [K, V] + h² [out] + n·h·f [MLP]);
-    attention = 2·(2·b·s²·h) for QKᵀ and softmax·V. Dense GPT (kv = heads, f = 4h, n = 2):
-    24bsh² + 4bs²h (Narayanan et al. 2021).
+    attention = 2·(2·b·s²·h) for QKᵀ and softmax·V, halved when ``causal`` (FlashAttention-2's
+    accounting). Dense GPT (kv = heads, f = 4h, n = 2), not causal: 24bsh² + 4bs²h (Narayanan
+    et al. 2021).
     """
     b, s, h = shape.micro_batch_size, shape.seq_len, shape.hidden
     weights = 2 * h * h + 2 * h * shape.kv_dim + shape.mlp_matrices * h * shape.ffn
-    return 2.0 * b * s * weights, 4.0 * b * s * s * h
+    return 2.0 * b * s * weights, (2.0 if shape.causal else 4.0) * b * s * s * h
 
 
 def head_flops(shape: TransformerShape) -> float:
