@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeopt.core.bounds import critical_path, device_bounds, heads, link_bounds, lower_bound
-from pipeopt.core.cpsat import memory_unit, solve_cpsat, time_unit
+from pipeopt.core.cpsat import memory_grids_of, solve_cpsat, time_grid_of
 from pipeopt.core.graph import GraphBuilder, TaskGraph
 from pipeopt.core.greedy import Stuck, list_schedule, reference_order, solve_greedy
 from pipeopt.core.simulate import DeadlockError, simulate
@@ -133,9 +133,9 @@ def test_cpsat_on_a_chain_matches_the_chain_cpsat() -> None:
 
 def test_resolution_knob_keeps_results_honest() -> None:
     graph = TINY["diamond"]
-    assert time_unit(graph, 10.0) == (0.01, True)  # 0.25 s latencies, on a 0.01 s grid
-    unit, exact = time_unit(graph, 10.0, resolution=0.3)
-    assert unit == 0.3 and not exact
+    assert time_grid_of(graph).exact  # 0.25 s latencies, on an exact grid
+    grid = time_grid_of(graph, resolution=0.3)
+    assert grid.unit == 0.3 and not grid.exact
     s = solve_cpsat(graph, time_limit=5, workers=1, resolution=0.3)
     assert check(s) == []
     assert s.lower_bound is not None and s.lower_bound <= _brute_force(graph) + 1e-9
@@ -146,12 +146,18 @@ def test_resolution_knob_keeps_results_honest() -> None:
 
 
 def test_memory_grid() -> None:
-    assert memory_unit(TINY["edge-server"]) == (1.0, True)
+    """Per device with a limit, the grid of pipeopt.solvers.cpsat_grid.memory_grid."""
+    assert [g and (g.unit, g.exact) for g in memory_grids_of(TINY["edge-server"])] == [
+        (1.0, True), (1.0, True), (3.0, True)]
     halves = TINY["edge-server"].replace(mem_start=tuple(x / 2 for x in
                                                          TINY["edge-server"].mem_start))
-    assert memory_unit(halves) == (0.1, True)
-    odd = TINY["edge-server"].replace(memory_limit=(None, None, 10 / 3))
-    assert not memory_unit(odd)[1]
+    assert [g and (g.unit, g.exact) for g in memory_grids_of(halves)] == [
+        (1.0, True), (1.0, True), (1.5, True)]  # gcd of 1.5 (halved starts), 3 and the capacity 3
+    thirds = TINY["edge-server"].replace(memory_limit=(None, None, 10 / 3))
+    grids = memory_grids_of(thirds)
+    assert grids[:2] == [None, None] and grids[2].exact  # 10/3 sits on a 1/3 grid
+    odd = TINY["edge-server"].replace(memory_limit=(None, None, 4.1234567891))
+    assert not memory_grids_of(odd)[2].exact
 
 
 def test_bounds_by_hand() -> None:

@@ -1,6 +1,7 @@
 """An exact search over any TaskGraph with OR-Tools CP-SAT.
 
-The model, in integer time units (see :func:`time_unit`):
+The model, in integer time units on the grid of :mod:`pipeopt.solvers.cpsat_grid` (see
+:func:`time_grid_of`; the one place where seconds and bytes become integers):
 
 * one fixed-size interval per task; one task at a time per device (:func:`_add_devices`);
 * an edge waits for its source's end plus its latency (:func:`_add_edges`); a message that
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
@@ -35,56 +35,29 @@ from pipeopt.core.greedy import Stuck, solve_greedy
 from pipeopt.core.schedule import GraphSchedule, MessageTime
 from pipeopt.core.simulate import simulate
 from pipeopt.core.validate import check
-
-#: Time units from 0 to the horizon when the data sits on no exact grid (0.01 %).
-APPROX_TIME_UNITS = 10_000
-#: Most time units up to the horizon for an exact grid (beyond, an approximate one is used).
-MAX_EXACT_TIME_UNITS = 10**9
-#: Memory units of the largest value when memory sits on no exact grid.
-APPROX_MEMORY_UNITS = 10**6
+from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
 
 
-def _on_grid(values: Iterable[float], unit: float) -> bool:
-    for x in values:
-        u = x / unit
-        if abs(u - round(u)) > 1e-9 * max(1.0, abs(u)):
-            return False
-    return True
-
-
-def time_unit(graph: TaskGraph, horizon_s: float, resolution: float | None = None
-              ) -> tuple[float, bool]:
-    """(seconds per unit, exact): ``resolution`` when given, else the largest power of ten
-    (1 s down to 1 us) of which every duration, transmission, latency and tail is a whole
-    multiple, else ``horizon / APPROX_TIME_UNITS`` (inexact)."""
+def time_grid_of(graph: TaskGraph, resolution: float | None = None) -> Grid:
+    """The time grid (:func:`pipeopt.solvers.cpsat_grid.time_grid`) of every duration,
+    transmission, latency and tail of ``graph``."""
     values = [*graph.duration, *graph.edge_transmission, *graph.edge_latency, *graph.tail]
-    if resolution is not None:
-        if not (resolution > 0 and math.isfinite(resolution)):
-            raise ValueError(f"resolution: must be a positive number of seconds, got "
-                             f"{resolution}")
-        return resolution, _on_grid(values, resolution)
-    for k in range(7):
-        unit = 10.0 ** -k
-        if horizon_s / unit > MAX_EXACT_TIME_UNITS:
-            break
-        if _on_grid(values, unit):
-            return unit, True
-    return max(horizon_s, 1e-9) / APPROX_TIME_UNITS, False
+    return time_grid(values, resolution)
 
 
-def memory_unit(graph: TaskGraph) -> tuple[float, bool]:
-    """(bytes per unit, exact) for the devices with a limit: 1, or a power of ten down to
-    1e-6 that makes every change, capacity and static size whole; else the largest value over
-    ``APPROX_MEMORY_UNITS`` (inexact)."""
-    limited = [d for d, lim in enumerate(graph.memory_limit) if lim is not None]
-    values = [graph.memory_limit[d] - graph.static_memory[d] for d in limited]  # type: ignore
-    values += [x for i, d in enumerate(graph.device) if graph.memory_limit[d] is not None
-               for x in (graph.mem_start[i], graph.mem_end[i])]
-    for k in range(7):
-        unit = 10.0 ** -k
-        if _on_grid(values, unit) and max(map(abs, values), default=0.0) / unit < 2**50:
-            return unit, True
-    return max(max(map(abs, values), default=1.0), 1e-30) / APPROX_MEMORY_UNITS, False
+def memory_grids_of(graph: TaskGraph) -> list[Grid | None]:
+    """Per device, the memory grid (:func:`pipeopt.solvers.cpsat_grid.memory_grid`) of its
+    changes (by size: decreases count as well as increases) and its free capacity; None for a
+    device without a limit."""
+    grids: list[Grid | None] = []
+    for d, lim in enumerate(graph.memory_limit):
+        if lim is None:
+            grids.append(None)
+            continue
+        changes = [abs(x) for i in graph.device_tasks[d]
+                   for x in (graph.mem_start[i], graph.mem_end[i])]
+        grids.append(memory_grid(changes, lim - graph.static_memory[d]))
+    return grids
 
 
 @dataclass
@@ -92,7 +65,7 @@ class _Model:
     """The CP-SAT model and its variables (units)."""
 
     graph: TaskGraph
-    unit: float
+    grid: Grid
     dur: list[int]
     tx: list[int]  # per edge; only edges with a positive real transmission occupy a link
     lat: list[int]
@@ -102,14 +75,6 @@ class _Model:
     start: list[cp_model.IntVar]
     send: dict[int, cp_model.IntVar]  # edge -> message start
     value: cp_model.IntVar | None = None
-
-
-def _floor(x: float, unit: float, exact: bool) -> int:
-    u = x / unit
-    n = round(u)
-    if exact and abs(u - n) <= 1e-9 * max(1.0, abs(u)):
-        return int(n)
-    return math.floor(u)
 
 
 def _heads_tails(m: _Model) -> tuple[list[int], list[int]]:
@@ -163,19 +128,21 @@ def _add_edges(m: _Model, head: list[int]) -> None:
         md.add_no_overlap(ivs)
 
 
-def _add_memory(m: _Model, unit: float, exact: bool) -> None:
+def _add_memory(m: _Model, grids: list[Grid | None]) -> None:
     """Per device with a limit: a reservoir of the changes at every start and end, within
-    [-(all decreases), capacity]; changes rounded up, the capacity down (see module doc)."""
+    [-(all decreases), capacity], on the device's memory grid; changes rounded up, the
+    capacity down (see module doc)."""
     g, md = m.graph, m.model
     for d, lim in enumerate(g.memory_limit):
-        if lim is None:
+        grid = grids[d]
+        if lim is None or grid is None:
             continue
-        cap = math.floor((lim - g.static_memory[d]) / unit + (1e-9 if exact else 0.0))
+        cap = grid.down(lim - g.static_memory[d])
         times, changes = [], []
         low = 0
         for i in g.device_tasks[d]:
             for t, x in ((m.start[i], g.mem_start[i]), (m.start[i] + m.dur[i], g.mem_end[i])):
-                c = math.ceil(x / unit - (1e-9 * max(1.0, abs(x / unit)) if exact else 0.0))
+                c = grid.up(x)
                 if c:
                     times.append(t)
                     changes.append(c)
@@ -206,13 +173,13 @@ def _add_objective(m: _Model, head: list[int], q: list[int]) -> None:
     md.minimize(m.value)
 
 
-def _add_hints(m: _Model, warm: GraphSchedule, exact: bool) -> None:
+def _add_hints(m: _Model, warm: GraphSchedule) -> None:
     """Hint every variable from the warm start (floored to units)."""
-    md, u = m.model, m.unit
-    starts = [_floor(t, u, exact) for t in warm.start]
+    md, grid = m.model, m.grid
+    starts = [grid.down(t) for t in warm.start]
     for var, s in zip(m.start, starts, strict=True):
         md.add_hint(var, s)
-    sent = {mm.edge: _floor(mm.start, u, exact) for mm in warm.messages}
+    sent = {mm.edge: grid.down(mm.start) for mm in warm.messages}
     for e, var in m.send.items():
         a = m.graph.src[e]
         md.add_hint(var, sent.get(e, starts[a] + m.dur[a]))
@@ -225,7 +192,7 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
                 workers: int | None = None, seed: int = 0, log: bool = False) -> GraphSchedule:
     """Minimise max(end + tail) over ``graph`` within ``time_limit`` seconds.
 
-    ``resolution``: seconds per time unit (None = chosen by :func:`time_unit`); ``workers``:
+    ``resolution``: seconds per time unit (None = chosen by :func:`time_grid_of`); ``workers``:
     CP-SAT threads (None = its default). The result's ``status`` is ``optimal`` only when its
     objective meets the proven lower bound, else ``feasible`` (or ``heuristic``: the greedy's
     schedule, when the search found nothing better in time). Raises :class:`ValueError` when
@@ -241,22 +208,22 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
     analytic = lower_bound(graph)
     serial = (sum(graph.duration) + sum(graph.edge_delay) + max(graph.tail, default=0.0))
     horizon_s = warm.objective if warm is not None else serial
-    unit, exact = time_unit(graph, horizon_s, resolution)
-    mem_unit, mem_exact = memory_unit(graph)
-    m = _Model(graph, unit,
-               dur=[_floor(x, unit, exact) for x in graph.duration],
-               tx=[_floor(x, unit, exact) for x in graph.edge_transmission],
-               lat=[_floor(x, unit, exact) for x in graph.edge_latency],
-               tail=[_floor(x, unit, exact) for x in graph.tail],
-               horizon=math.ceil(horizon_s / unit * (1 + 1e-9)) + 1,
+    grid = time_grid_of(graph, resolution)
+    mem_grids = memory_grids_of(graph)
+    m = _Model(graph, grid,
+               dur=[grid.down(x) for x in graph.duration],
+               tx=[grid.down(x) for x in graph.edge_transmission],
+               lat=[grid.down(x) for x in graph.edge_latency],
+               tail=[grid.down(x) for x in graph.tail],
+               horizon=math.ceil(horizon_s / grid.unit * (1 + 1e-9)) + 1,
                model=cp_model.CpModel(), start=[], send={})
     head, q = _heads_tails(m)
     _add_devices(m, head, q)
     _add_edges(m, head)
-    _add_memory(m, mem_unit, mem_exact)
+    _add_memory(m, mem_grids)
     _add_objective(m, head, q)
     if warm is not None:
-        _add_hints(m, warm, exact)
+        _add_hints(m, warm)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - t0))
@@ -266,16 +233,16 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
     solver.parameters.log_search_progress = log
     status = solver.solve(m.model)
     # The model is a relaxation of the real problem (its bound proven for it) when memory
-    # sits on an exact grid or no device has a limit: see the module docstring.
-    relaxation = mem_exact or all(x is None for x in graph.memory_limit)
+    # sits on an exact grid on every device with a limit: see the module docstring.
+    relaxation = all(mg is None or mg.exact for mg in mem_grids)
     if status == cp_model.INFEASIBLE and warm is None and relaxation:
         raise ValueError("cpsat: no schedule keeps the memory limits (the model is infeasible)")
     proven = analytic
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and relaxation:
-        proven = max(proven, solver.best_objective_bound * unit)
+        proven = max(proven, grid.seconds(solver.best_objective_bound))
     best = warm
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        for cand in _candidates(m, solver, exact):
+        for cand in _candidates(m, solver):
             if best is None or cand.objective < best.objective - 1e-12:
                 best = cand
     if best is None:
@@ -290,7 +257,7 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
                    wall_time=time.perf_counter() - t0)
 
 
-def _candidates(m: _Model, solver: cp_model.CpSolver, exact: bool) -> list[GraphSchedule]:
+def _candidates(m: _Model, solver: cp_model.CpSolver) -> list[GraphSchedule]:
     """The solver's device orders re-timed in floats; on an exact grid also its own times."""
     g = m.graph
     su = [solver.value(s) for s in m.start]
@@ -300,12 +267,12 @@ def _candidates(m: _Model, solver: cp_model.CpSolver, exact: bool) -> list[Graph
     orders = [sorted(tasks, key=lambda i: (su[i], su[i] + m.dur[i], pos[i]))
               for tasks in g.device_tasks]
     out = [simulate(g, orders, "cpsat", check=False)]
-    if exact:
-        start = tuple(x * m.unit for x in su)
+    if m.grid.exact:
+        start = tuple(m.grid.seconds(x) for x in su)
         end = tuple(s + d for s, d in zip(start, g.duration, strict=True))
         msgs = []
         for e, var in m.send.items():
-            t0 = solver.value(var) * m.unit
+            t0 = m.grid.seconds(solver.value(var))
             t1 = t0 + g.edge_transmission[e]
             msgs.append(MessageTime(e, t0, t1, t1 + g.edge_latency[e]))
         own = GraphSchedule(g, start, end, tuple(sorted(msgs, key=lambda x: x.start)), "cpsat")
