@@ -97,6 +97,15 @@ def round_trips(problem: Problem, microbatch: int | None = None) -> tuple[float,
     return tuple(out)
 
 
+def _backward_work(problem: Problem, stage: int) -> tuple[float, float, float]:
+    """A unit micro-batch's (weight-gradient memory held until W, B + W seconds, W seconds) on
+    ``stage``; a fused B frees everything and leaves no W (0, B, 0)."""
+    if problem.split_backward:
+        w = problem.backward_weight[stage]
+        return problem.weight_grad_memory[stage], problem.durations["B"][stage] + w, w
+    return 0.0, problem.durations["B"][stage], 0.0
+
+
 def _single_stage(problem: Problem, device: int) -> int | None:
     stages = problem.device_stages[device]
     return stages[0] if len(stages) == 1 else None
@@ -214,11 +223,7 @@ def cooldown_idle(problem: Problem) -> tuple[float, ...]:
             continue
         free = _free_memory(problem, d)
         act = problem.activation_memory[k]
-        if problem.split_backward:
-            wgm, bw, w = problem.weight_grad_memory[k], problem.durations["B"][k] + \
-                problem.backward_weight[k], problem.backward_weight[k]
-        else:
-            wgm, bw, w = 0.0, problem.durations["B"][k], 0.0  # a fused B frees everything
+        wgm, bw, w = _backward_work(problem, k)
         key = (free, act, wgm, bw, w)
         if key not in work_in_window:
             best = 0.0
@@ -260,11 +265,7 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
             continue
         free = _free_memory(problem, d)
         act = problem.activation_memory[k]
-        if problem.split_backward:
-            wgm, w = problem.weight_grad_memory[k], problem.backward_weight[k]
-            bw = problem.durations["B"][k] + w
-        else:
-            wgm, bw, w = 0.0, problem.durations["B"][k], 0.0  # a fused B frees everything
+        wgm, bw, w = _backward_work(problem, k)
         best = 0.0
         end = m  # x + 1 + y: the micro-batches holding memory; it shrinks as x grows
         for x in range(m):
