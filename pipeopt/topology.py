@@ -1,5 +1,8 @@
 """Cluster topology: datacenters -> nodes -> GPUs, as a networkx graph with tiered links.
 
+A datacenter is one fabric (one InfiniBand switch) holding node groups, each of its own GPU
+type; a mixed cluster on one fabric is one datacenter of several groups.
+
 Each edge carries a one-way ``latency`` (seconds) and a per-direction ``bandwidth`` (bytes/s).
 GPUs of a node are fully connected by NVLink (through NVSwitch), except GPUs without NVLink
 (L4, L40S), which reach each other over PCIe through the node's switch; each GPU reaches its
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -44,7 +48,16 @@ DEFAULT_TIERS: dict[str, Tier] = {
 
 
 @dataclass(frozen=True)
-class Datacenter:
+class TierOverride:
+    """A user's change to a tier: the field given replaces the default, a None field keeps it
+    (bytes/s per direction, seconds one way)."""
+
+    bandwidth: float | None = None
+    latency: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeGroup:
     """``nodes`` nodes of ``gpus_per_node`` GPUs of model ``gpu``."""
 
     gpu: GPU
@@ -52,55 +65,111 @@ class Datacenter:
     gpus_per_node: int
 
 
+@dataclass(frozen=True)
+class Datacenter:
+    """One InfiniBand fabric: ``nodes`` nodes of ``gpus_per_node`` GPUs of model ``gpu``,
+    then the node groups ``more`` (other GPU types on the same fabric, no WAN hop between
+    them)."""
+
+    gpu: GPU
+    nodes: int
+    gpus_per_node: int
+    more: tuple[NodeGroup, ...] = ()
+
+    @classmethod
+    def of_groups(cls, groups: Sequence[NodeGroup]) -> Datacenter:
+        """A datacenter of the node groups in order (at least one)."""
+        if not groups:
+            raise TopologyError("a datacenter needs at least one node group")
+        first, *rest = groups
+        return cls(first.gpu, first.nodes, first.gpus_per_node, tuple(rest))
+
+    @property
+    def groups(self) -> tuple[NodeGroup, ...]:
+        """Its node groups in GPU numbering order."""
+        return (NodeGroup(self.gpu, self.nodes, self.gpus_per_node), *self.more)
+
+
 class TopologyError(ValueError):
     """A placement that the cluster cannot hold."""
 
 
-class Topology:
-    """The cluster graph; GPUs are numbered 0..n-1 in datacenter, node, slot order."""
+def _resolve(default: Tier, override: Tier | TierOverride | None) -> Tier:
+    """``default`` with the fields that ``override`` gives."""
+    if override is None:
+        return default
+    return Tier(default.bandwidth if override.bandwidth is None else override.bandwidth,
+                default.latency if override.latency is None else override.latency)
 
-    def __init__(self, datacenters: list[Datacenter],
-                 tiers: dict[str, Tier] | None = None) -> None:
+
+class Topology:
+    """The cluster graph; GPUs are numbered 0..n-1 in datacenter, node, slot order (a
+    datacenter's node groups in their order).
+
+    ``tiers`` overrides the defaults per tier, wholly (:class:`Tier`) or field by field
+    (:class:`TierOverride`). The nvlink and pcie bandwidths default to each GPU's own (from
+    the catalog); a GPU without NVLink gets direct GPU-to-GPU links only when an nvlink
+    bandwidth is given.
+    """
+
+    def __init__(self, datacenters: Sequence[Datacenter],
+                 tiers: Mapping[str, Tier | TierOverride] | None = None) -> None:
         self.datacenters = list(datacenters)
-        self.tiers = {**DEFAULT_TIERS, **(tiers or {})}
+        given = dict(tiers or {})
+        unknown = sorted(set(given) - set(DEFAULT_TIERS))
+        if unknown:
+            raise TopologyError(f"unknown tier {unknown[0]!r}; known: {', '.join(DEFAULT_TIERS)}")
+        self.tiers = {name: _resolve(t, given.get(name)) for name, t in DEFAULT_TIERS.items()}
         self.graph = nx.Graph()
         self.gpus: list[str] = []
         self.gpu_info: list[tuple[int, int, int]] = []  # (datacenter, node, slot)
         self.gpu_models: list[GPU] = []
+        #: Per node: (datacenter, GPUs in it); nodes in GPU numbering order.
+        self.nodes: list[tuple[int, int]] = []
         # Dijkstra results per (source, bandwidth floor).
         self._paths: dict[tuple[str, float], dict[str, list[str]]] = {}
-        nv_given = tiers is not None and "nvlink" in tiers
-        pcie_given = tiers is not None and "pcie" in tiers
+        nv_given = given.get("nvlink")
+        nv_bw_given = nv_given is not None and nv_given.bandwidth is not None
         for d, dc in enumerate(self.datacenters):
             switch = f"dc{d}"
             self.graph.add_node(switch, kind="switch")
-            nv = self.tiers["nvlink"] if nv_given else Tier(dc.gpu.nvlink_bandwidth,
-                                                            self.tiers["nvlink"].latency)
-            pcie = self.tiers["pcie"] if pcie_given else Tier(dc.gpu.pcie_bandwidth,
-                                                              self.tiers["pcie"].latency)
-            # GPUs without NVLink (L4, L40S) reach each other over PCIe, through the node's
-            # switch: no direct edge, unless an nvlink tier is given for them explicitly.
-            direct = dc.gpu.nvlink or nv_given
-            for n in range(dc.nodes):
-                nic = f"dc{d}/n{n}"
-                self.graph.add_node(nic, kind="nic")
-                self._edge(nic, switch, self.tiers["infiniband"], "infiniband", half=True)
-                members = []
-                for g in range(dc.gpus_per_node):
-                    name = f"dc{d}/n{n}/g{g}"
-                    self.graph.add_node(name, kind="gpu", index=len(self.gpus))
-                    self.gpus.append(name)
-                    self.gpu_info.append((d, n, g))
-                    self.gpu_models.append(dc.gpu)
-                    self._edge(name, nic, pcie, "pcie", half=True)
-                    members.append(name)
-                for i, a in enumerate(members):
-                    for b in members[i + 1:] if direct else ():
-                        self._edge(a, b, nv, "nvlink")
+            n = 0
+            for group in dc.groups:
+                gpu = group.gpu
+                nv = _resolve(Tier(gpu.nvlink_bandwidth, DEFAULT_TIERS["nvlink"].latency),
+                              nv_given)
+                pcie = _resolve(Tier(gpu.pcie_bandwidth, DEFAULT_TIERS["pcie"].latency),
+                                given.get("pcie"))
+                # GPUs without NVLink (L4, L40S) reach each other over PCIe, through the
+                # node's switch: no direct edge, unless an nvlink bandwidth is given for them.
+                direct = gpu.nvlink or nv_bw_given
+                for _ in range(group.nodes):
+                    self._add_node(d, n, group, nv, pcie, direct)
+                    n += 1
         for a in range(len(self.datacenters)):
             for b in range(a + 1, len(self.datacenters)):
                 self._edge(f"dc{a}", f"dc{b}", self.tiers["wan"], "wan")
         self._bandwidths = sorted({e["bandwidth"] for *_, e in self.graph.edges(data=True)})
+
+    def _add_node(self, d: int, n: int, group: NodeGroup, nv: Tier, pcie: Tier,
+                  direct: bool) -> None:
+        """Node ``n`` of datacenter ``d``: its NIC, its GPUs and their links."""
+        nic = f"dc{d}/n{n}"
+        self.graph.add_node(nic, kind="nic")
+        self._edge(nic, f"dc{d}", self.tiers["infiniband"], "infiniband", half=True)
+        self.nodes.append((d, group.gpus_per_node))
+        members = []
+        for g in range(group.gpus_per_node):
+            name = f"dc{d}/n{n}/g{g}"
+            self.graph.add_node(name, kind="gpu", index=len(self.gpus))
+            self.gpus.append(name)
+            self.gpu_info.append((d, n, g))
+            self.gpu_models.append(group.gpu)
+            self._edge(name, nic, pcie, "pcie", half=True)
+            members.append(name)
+        for i, a in enumerate(members):
+            for b in members[i + 1:] if direct else ():
+                self._edge(a, b, nv, "nvlink")
 
     def _edge(self, a: str, b: str, tier: Tier, kind: str, half: bool = False) -> None:
         self.graph.add_edge(a, b, latency=tier.latency / 2 if half else tier.latency,
@@ -175,16 +244,13 @@ class Topology:
         """
         slots: list[int] = []
         g0 = 0
-        for dc in self.datacenters:
-            per_node = dc.gpus_per_node // group  # 0: a group does not fit its nodes
-            for n in range(dc.nodes):
-                base = g0 + n * dc.gpus_per_node
-                slots.extend(base + i * group for i in range(per_node))
-            g0 += dc.nodes * dc.gpus_per_node
+        for _, size in self.nodes:
+            slots.extend(g0 + i * group for i in range(size // group))  # none: too small
+            g0 += size
         if not slots:
             raise TopologyError(
                 f"a tensor-parallel group of {group} GPUs does not fit in any node (at most "
-                f"{max(dc.gpus_per_node for dc in self.datacenters)} GPUs per node)")
+                f"{max(size for _, size in self.nodes)} GPUs per node)")
         if ranks > len(slots):
             raise TopologyError(
                 f"{ranks} pipeline ranks x {group} GPU(s) need {ranks * group} GPUs in groups "
@@ -212,7 +278,8 @@ class Topology:
 
 
 def uniform_cluster(gpu: str = "H100-SXM", datacenters: int = 1, nodes: int = 1,
-                    gpus_per_node: int = 8, tiers: dict[str, Tier] | None = None) -> Topology:
+                    gpus_per_node: int = 8,
+                    tiers: Mapping[str, Tier | TierOverride] | None = None) -> Topology:
     """A cluster of identical datacenters."""
     model = lookup(gpu)
     return Topology([Datacenter(model, nodes, gpus_per_node)] * datacenters, tiers)

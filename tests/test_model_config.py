@@ -267,3 +267,55 @@ def test_profile_times_follow_the_executor(tmp_path, split):
     else:
         fused = [b + w for b, w in zip(p.backward_input, p.backward_weight, strict=True)]
         assert fused == pytest.approx([0.15 + 1.8, 1.8 + 0.8])
+
+
+def test_node_groups_of_different_gpus_in_one_datacenter():
+    # Two H100s and two A100s on one fabric: no cross-datacenter cut, each rank on its GPU.
+    data = cfg(cluster={"datacenters": [{"nodes": [
+        {"gpu": "H100-SXM", "count": 1, "gpus_per_node": 2},
+        {"gpu": "A100-80GB", "count": 1}]}], "gpus_per_node": 2})
+    c = parse_config(data)
+    meta = dict(c.problem.meta)
+    assert [d["model"] for d in meta["devices"]] == ["H100-SXM"] * 2 + ["A100-80GB"] * 2
+    assert [d["datacenter"] for d in meta["devices"]] == [0] * 4
+    assert meta["cross_datacenter_cuts"] == 0
+    # Rank 1 -> 2 crosses nodes over InfiniBand (default tiers): PCIe + IB latency, no WAN.
+    ib = 5e-6
+    assert c.problem.latency[1][2] == pytest.approx(2e-6 + ib)
+    # The H100s run the same layers faster than the A100s (989.4 vs 312 TFLOP/s peak).
+    rows = meta["stage_costs"]
+    per_layer = [r["forward_s"] / (r["layers"][1] - r["layers"][0]) for r in rows[1:3]]
+    assert per_layer[0] < per_layer[1]
+
+
+def test_partial_tier_override_in_the_model_form():
+    base = cfg(cluster={"gpus_per_node": 1, "nodes_per_datacenter": 2, "datacenters": 2})
+    full = parse_config(base).problem
+    only_latency = parse_config(cfg(cluster={
+        **base["cluster"], "tiers": {"wan": {"latency": 0.02}}})).problem
+    only_bw = parse_config(cfg(cluster={
+        **base["cluster"], "tiers": {"wan": {"bandwidth": 1e9}}})).problem
+    # Device 1 -> 2 crosses the WAN: the latency changes by 20 - 5 ms, the bandwidth kept.
+    assert only_latency.latency[1][2] == pytest.approx(full.latency[1][2] + 0.015)
+    assert only_latency.bandwidth[1][2] == full.bandwidth[1][2] == 12.5e9
+    assert only_bw.latency[1][2] == pytest.approx(full.latency[1][2])
+    assert only_bw.bandwidth[1][2] == 1e9
+
+
+@pytest.mark.parametrize(("cluster", "message"), [
+    ({"tiers": {"wan": {}}}, r"^cluster\.tiers\.wan: give bandwidth \(bytes/s\), latency"),
+    ({"tiers": {"wan": {"latency": -1}}}, r"^cluster\.tiers\.wan\.latency: must be >= 0"),
+    ({"datacenters": [{"nodes": []}]}, r"^cluster\.datacenters\[0\]\.nodes: an empty list"),
+    ({"datacenters": [{"nodes": 0}]}, r"^cluster\.datacenters\[0\]\.nodes: must be >= 1"),
+    ({"datacenters": [{"nodes": [{"gpu": "H100-SXM"}]}]},
+     r"^cluster\.datacenters\[0\]\.nodes\[0\]\.count: "),
+    ({"datacenters": [{"nodes": [{"count": 1, "gpu": "H300"}]}]},
+     r"^cluster\.datacenters\[0\]\.nodes\[0\]\.gpu: unknown GPU 'H300'"),
+    ({"datacenters": [{"nodes": [{"count": 1, "gpus": 4}]}]},
+     r"^cluster\.datacenters\[0\]\.nodes\[0\]\.gpus: unknown key"),
+    ({"datacenters": [{"nodes": [{"count": 0}]}]},
+     r"^cluster\.datacenters\[0\]\.nodes\[0\]\.count: must be >= 1"),
+])
+def test_cluster_group_and_tier_errors_name_the_key(cluster, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(cfg(cluster=cluster))

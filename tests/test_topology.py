@@ -6,7 +6,9 @@ from pipeopt.costs.gpus import lookup
 from pipeopt.topology import (
     DEFAULT_TIERS,
     Datacenter,
+    NodeGroup,
     Tier,
+    TierOverride,
     Topology,
     TopologyError,
     uniform_cluster,
@@ -83,3 +85,60 @@ def test_pcie_only_gpus_talk_over_pcie_of_their_generation():
     assert h100.graph.edges[h100.gpus[0], "dc0/n0"]["bandwidth"] == 64e9  # PCIe Gen5
     given = Topology([Datacenter(lookup("L4"), 1, 4)], tiers={"pcie": Tier(25e9, 5e-6)})
     assert given.link(0, 1) == (pytest.approx(5e-6), 25e9)
+
+
+def test_node_groups_of_different_gpus_share_one_fabric():
+    # One datacenter: a node of 4 H100s, then two nodes of 2 A100s, all on one InfiniBand
+    # switch. GPU numbering runs through the groups in order; no WAN hop between them.
+    h100, a100 = lookup("H100-SXM"), lookup("A100-80GB")
+    topo = Topology([Datacenter.of_groups([NodeGroup(h100, 1, 4), NodeGroup(a100, 2, 2)])],
+                    tiers=TIERS)
+    assert topo.num_gpus == 8
+    assert [m.name for m in topo.gpu_models] == ["H100-SXM"] * 4 + ["A100-80GB"] * 4
+    assert topo.gpus[4] == "dc0/n1/g0" and topo.gpus[7] == "dc0/n2/g1"
+    assert topo.datacenter_of(7) == 0
+    assert not any(e["tier"] == "wan" for *_, e in topo.graph.edges(data=True))
+    # H100 to A100: PCIe half + InfiniBand + PCIe half, as between any two nodes.
+    assert topo.link(0, 4) == (pytest.approx(2e-6 + 4e-6), 50e9)
+    # Groups of 4 fit only the H100 node, groups of 2 every node.
+    assert topo.place(2, group=2) == [0, 2]
+    assert topo.place(4, group=2) == [0, 2, 4, 6]
+    with pytest.raises(TopologyError, match="need 8 GPUs"):
+        topo.place(2, group=4)
+    # The same GPUs split over two datacenters get the WAN hop.
+    apart = Topology([Datacenter(h100, 1, 4), Datacenter(a100, 2, 2)], tiers=TIERS)
+    assert apart.link(0, 4)[0] == pytest.approx(2e-6 + 4e-6 + 5e-3)
+
+
+def test_node_groups_take_their_own_gpus_links():
+    l4, h100 = lookup("L4"), lookup("H100-SXM")
+    topo = Topology([Datacenter.of_groups([NodeGroup(l4, 1, 2), NodeGroup(h100, 1, 2)])])
+    assert not topo.graph.has_edge(topo.gpus[0], topo.gpus[1])  # L4: no NVLink
+    assert topo.link(0, 1)[1] == 32e9  # PCIe Gen4
+    assert topo.link(2, 3)[1] == 450e9  # H100 NVLink
+    with pytest.raises(TopologyError, match="at least one node group"):
+        Datacenter.of_groups([])
+
+
+def test_partial_tier_overrides_keep_the_other_field():
+    gpu = lookup("H100-SXM")
+    topo = Topology([Datacenter(gpu, 2, 2), Datacenter(gpu, 1, 2)],
+                    tiers={"wan": TierOverride(latency=1e-3),
+                           "infiniband": TierOverride(bandwidth=25e9),
+                           "nvlink": TierOverride(latency=7e-6)})
+    assert topo.tiers["wan"] == Tier(DEFAULT_TIERS["wan"].bandwidth, 1e-3)
+    assert topo.tiers["infiniband"] == Tier(25e9, DEFAULT_TIERS["infiniband"].latency)
+    # 1 MB: NVLink (7 us + 2.2 us) beats the PCIe detour (2 us + 15.6 us); catalog bandwidth.
+    assert topo.link(0, 1, 1e6) == (pytest.approx(7e-6), 450e9)
+    pcie, ib = DEFAULT_TIERS["pcie"].latency, DEFAULT_TIERS["infiniband"].latency
+    assert topo.link(0, 2) == (pytest.approx(pcie + ib), 25e9)
+    assert topo.link(0, 4) == (pytest.approx(pcie + ib + 1e-3),
+                               DEFAULT_TIERS["wan"].bandwidth)
+    # A latency alone gives NVLink-less GPUs no NVLink; a bandwidth does.
+    l4 = lookup("L4")
+    assert not Topology([Datacenter(l4, 1, 2)], {"nvlink": TierOverride(latency=1e-6)}
+                        ).graph.has_edge("dc0/n0/g0", "dc0/n0/g1")
+    assert Topology([Datacenter(l4, 1, 2)], {"nvlink": TierOverride(bandwidth=20e9)}
+                    ).link(0, 1) == (pytest.approx(DEFAULT_TIERS["nvlink"].latency), 20e9)
+    with pytest.raises(TopologyError, match="unknown tier 'nvlnk'"):
+        Topology([Datacenter(l4, 1, 2)], {"nvlnk": TierOverride(latency=1e-6)})

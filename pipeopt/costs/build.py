@@ -49,7 +49,7 @@ from pipeopt.partition import (
 )
 from pipeopt.problem import Problem, ProblemError, stage_device_map
 from pipeopt.schema import Config, ConfigFile, check_totals, memory_values, microbatch_scales
-from pipeopt.topology import Datacenter, Tier, Topology, TopologyError
+from pipeopt.topology import Datacenter, NodeGroup, TierOverride, Topology, TopologyError
 
 
 # ----- layers ------------------------------------------------------------------------------
@@ -126,15 +126,24 @@ def block_overrides(cfg: ModelConfig) -> dict[int, dict[str, object]]:
 
 # ----- cluster -----------------------------------------------------------------------------
 def topology_of(cfg: ClusterConfig) -> Topology:
-    """The :class:`Topology` of a validated ``cluster:`` section."""
-    tiers = {name: Tier(t["bandwidth"], t["latency"])
+    """The :class:`Topology` of a validated ``cluster:`` section (a tier key left out keeps
+    its default)."""
+    tiers = {name: TierOverride(t["bandwidth"], t["latency"])
              for name, t in cfg.tiers.model_dump().items() if t is not None}
     if isinstance(cfg.datacenters, int):
         dcs = [Datacenter(lookup(cfg.gpu), cfg.nodes_per_datacenter, cfg.gpus_per_node)
                ] * cfg.datacenters
     else:
-        dcs = [Datacenter(lookup(dc.gpu or cfg.gpu), dc.nodes or cfg.nodes_per_datacenter,
-                          dc.gpus_per_node or cfg.gpus_per_node) for dc in cfg.datacenters]
+        dcs = []
+        for dc in cfg.datacenters:
+            gpu, per_node = dc.gpu or cfg.gpu, dc.gpus_per_node or cfg.gpus_per_node
+            if isinstance(dc.nodes, list):  # node groups of their own GPUs, one fabric
+                dcs.append(Datacenter.of_groups([
+                    NodeGroup(lookup(g.gpu or gpu), g.count, g.gpus_per_node or per_node)
+                    for g in dc.nodes]))
+            else:
+                dcs.append(Datacenter(lookup(gpu), dc.nodes or cfg.nodes_per_datacenter,
+                                      per_node))
     return Topology(dcs, tiers)
 
 

@@ -118,10 +118,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # ----- cluster: ----------------------------------------------------------------------------
 class TierConfig(_Strict):
-    """One link tier: bandwidth per direction (bytes/s) and one-way latency (seconds)."""
+    """One link tier: bandwidth per direction (bytes/s) and one-way latency (seconds); a key
+    left out keeps the tier's default."""
 
-    bandwidth: float = Field(gt=0, allow_inf_nan=True)  # .inf: transfers take no time
-    latency: float = Field(ge=0)
+    bandwidth: float | None = Field(None, gt=0, allow_inf_nan=True)  # .inf: no transfer time
+    latency: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _some(self) -> TierConfig:
+        if self.bandwidth is None and self.latency is None:
+            raise ValueError("give bandwidth (bytes/s), latency (seconds) or both; a tier "
+                             "left out keeps its defaults")
+        return self
 
 
 class TiersConfig(_Strict):
@@ -133,12 +141,32 @@ class TiersConfig(_Strict):
     wan: TierConfig | None = None
 
 
+class NodeGroupConfig(_Strict):
+    """``count`` nodes of one GPU type inside a datacenter (missing keys from the datacenter,
+    then from ``cluster:``)."""
+
+    count: int = Field(ge=1, description="nodes in the group")
+    gpu: str | None = None
+    gpus_per_node: int | None = Field(None, ge=1)
+
+
 class DatacenterConfig(_Strict):
-    """One datacenter of a heterogeneous cluster (missing keys come from ``cluster:``)."""
+    """One datacenter of a heterogeneous cluster (missing keys come from ``cluster:``):
+    ``nodes`` is a count, or a list of node groups of different GPUs on the datacenter's one
+    fabric."""
 
     gpu: str | None = None
-    nodes: int | None = Field(None, ge=1)
+    nodes: int | list[NodeGroupConfig] | None = None
     gpus_per_node: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> DatacenterConfig:
+        if isinstance(self.nodes, int) and self.nodes < 1:
+            raise ValueError(f"nodes: must be >= 1, got {self.nodes}")
+        if isinstance(self.nodes, list) and not self.nodes:
+            raise ValueError("nodes: an empty list; give a count >= 1 or a list of node "
+                             "groups {gpu, count, gpus_per_node}")
+        return self
 
 
 class ClusterConfig(_Strict):
@@ -317,8 +345,13 @@ def parse_cluster(data: Any) -> ClusterConfig:
     cfg = validate_section(ClusterConfig, data, "cluster")
     names = [("cluster.gpu", cfg.gpu)]
     if isinstance(cfg.datacenters, list):
-        names += [(f"cluster.datacenters[{i}].gpu", dc.gpu)
-                  for i, dc in enumerate(cfg.datacenters) if dc.gpu]
+        for i, dc in enumerate(cfg.datacenters):
+            where = f"cluster.datacenters[{i}]"
+            if dc.gpu:
+                names.append((f"{where}.gpu", dc.gpu))
+            if isinstance(dc.nodes, list):
+                names += [(f"{where}.nodes[{j}].gpu", g.gpu)
+                          for j, g in enumerate(dc.nodes) if g.gpu]
     for where, name in names:
         try:
             lookup(name)
