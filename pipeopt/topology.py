@@ -58,11 +58,13 @@ class TierOverride:
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """``nodes`` nodes of ``gpus_per_node`` GPUs of model ``gpu``."""
+    """``nodes`` nodes of ``gpus_per_node`` GPUs of model ``gpu``, each node with ``nics``
+    network interfaces of the infiniband tier's bandwidth (None: one per GPU)."""
 
     gpu: GPU
     nodes: int
     gpus_per_node: int
+    nics: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class Datacenter:
     nodes: int
     gpus_per_node: int
     more: tuple[NodeGroup, ...] = ()
+    #: NICs per node of the first group (None: one per GPU).
+    nics: int | None = None
 
     @classmethod
     def of_groups(cls, groups: Sequence[NodeGroup]) -> Datacenter:
@@ -82,12 +86,24 @@ class Datacenter:
         if not groups:
             raise TopologyError("a datacenter needs at least one node group")
         first, *rest = groups
-        return cls(first.gpu, first.nodes, first.gpus_per_node, tuple(rest))
+        return cls(first.gpu, first.nodes, first.gpus_per_node, tuple(rest), first.nics)
 
     @property
     def groups(self) -> tuple[NodeGroup, ...]:
         """Its node groups in GPU numbering order."""
-        return (NodeGroup(self.gpu, self.nodes, self.gpus_per_node), *self.more)
+        return (NodeGroup(self.gpu, self.nodes, self.gpus_per_node, self.nics), *self.more)
+
+
+@dataclass(frozen=True)
+class RingLink:
+    """What paces one ring among concurrent rings: its hops' largest ``latency`` (seconds),
+    its least ``bandwidth`` share (bytes/s), the ``shared_by`` flows on that link and the
+    ``link`` itself (tier and direction; "" for a ring of one GPU)."""
+
+    latency: float
+    bandwidth: float
+    shared_by: int
+    link: str
 
 
 class TopologyError(ValueError):
@@ -156,7 +172,11 @@ class Topology:
         """Node ``n`` of datacenter ``d``: its NIC, its GPUs and their links."""
         nic = f"dc{d}/n{n}"
         self.graph.add_node(nic, kind="nic")
-        self._edge(nic, f"dc{d}", self.tiers["infiniband"], "infiniband", half=True)
+        # The node's uplink: its NICs, each at the tier's bandwidth, carry that many flows at
+        # full speed (one NIC per GPU unless said otherwise, as in a DGX H100: eight 400 Gb/s
+        # ConnectX-7 for eight GPUs).
+        self._edge(nic, f"dc{d}", self.tiers["infiniband"], "infiniband", half=True,
+                   lanes=group.nics or group.gpus_per_node)
         self.nodes.append((d, group.gpus_per_node))
         members = []
         for g in range(group.gpus_per_node):
@@ -171,9 +191,12 @@ class Topology:
             for b in members[i + 1:] if direct else ():
                 self._edge(a, b, nv, "nvlink")
 
-    def _edge(self, a: str, b: str, tier: Tier, kind: str, half: bool = False) -> None:
+    def _edge(self, a: str, b: str, tier: Tier, kind: str, half: bool = False,
+              lanes: int = 1) -> None:
+        """A link; ``lanes`` flows per direction get its full bandwidth at once (the node
+        uplink's NICs), more share ``lanes`` x bandwidth."""
         self.graph.add_edge(a, b, latency=tier.latency / 2 if half else tier.latency,
-                            bandwidth=tier.bandwidth, tier=kind)
+                            bandwidth=tier.bandwidth, tier=kind, lanes=lanes)
 
     @property
     def num_gpus(self) -> int:
@@ -230,6 +253,46 @@ class Topology:
         """Seconds to send ``nbytes`` from GPU ``a`` to GPU ``b`` on idle links."""
         lat, bw = self.link(a, b, nbytes)
         return lat + (0.0 if nbytes == 0 or math.isinf(bw) else nbytes / bw)
+
+    def ring_links(self, rings: Sequence[tuple[Sequence[int], float]]) -> list[RingLink]:
+        """The links of rings that run at the same time (the data-parallel all-reduce rings of
+        every pipeline rank and tensor-parallel slot), each given as (GPUs in ring order,
+        chunk bytes that choose its paths, :meth:`path`).
+
+        Every hop sends to the next GPU at once, so a link carries, per direction, one flow
+        per hop whose path crosses it: ``n`` flows over a link of bandwidth ``B`` and ``L``
+        lanes (a node uplink's NICs; 1 otherwise) get ``B * min(1, L / n)`` each, equal
+        shares (a lower bound: max-min fairness gives more to flows slowed elsewhere). A
+        ring's bandwidth is the least share on any of its hops, its latency its hops' largest.
+        """
+        hops: list[list[tuple[float, list[tuple[str, str]]]]] = []
+        flows: dict[tuple[str, str], int] = {}
+        for gpus, chunk in rings:
+            mine = []
+            for a, b in zip(gpus, [*gpus[1:], *gpus[:1]], strict=True):
+                if a == b:
+                    continue
+                nodes = self.path(a, b, chunk)
+                edges = list(itertools.pairwise(nodes))
+                for e in edges:
+                    flows[e] = flows.get(e, 0) + 1
+                mine.append((self._measure(nodes)[0], edges))
+            hops.append(mine)
+        out = []
+        for mine in hops:
+            if not mine:
+                out.append(RingLink(0.0, math.inf, 1, ""))
+                continue
+            best = (math.inf, 1, "")
+            for _, edges in mine:
+                for u, v in edges:
+                    e = self.graph.edges[u, v]
+                    n = flows[(u, v)]
+                    share = e["bandwidth"] * min(1.0, e["lanes"] / n)
+                    if share < best[0]:
+                        best = (share, n, f"{e['tier']} {u} -> {v}")
+            out.append(RingLink(max(lat for lat, _ in mine), *best))
+        return out
 
     def datacenter_of(self, gpu: int) -> int:
         """Datacenter index of a GPU."""

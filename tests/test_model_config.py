@@ -319,3 +319,35 @@ def test_partial_tier_override_in_the_model_form():
 def test_cluster_group_and_tier_errors_name_the_key(cluster, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(cfg(cluster=cluster))
+
+
+def test_data_parallel_rings_divide_the_wan_they_share():
+    # Two datacenters of one node of 8 GPUs; 4 pipeline ranks x tensor_parallel 2 fill one
+    # datacenter per replica. data_parallel 2: 8 rings (4 ranks x 2 tensor-parallel slots)
+    # each cross the WAN both ways, so each gets 12.5e9 / 8 B/s (it got all 12.5e9 before).
+    data = cfg(model={"tensor_parallel": 2}, training={"data_parallel": 2},
+               cluster={"gpus_per_node": 8, "datacenters": 2})
+    c = parse_config(data)
+    lat = 2e-6 + 5e-6 + 5e-3  # PCIe + InfiniBand (halves at each end) + WAN
+    bw = 12.5e9 / 8
+    meta = dict(c.problem.meta)
+    for k, r in enumerate(meta["stage_costs"]):
+        chunk = r["params"] * 2 / 2  # grad_bytes_per_param 2, half per ring step
+        assert c.problem.grad_reduce[k] == pytest.approx(2 * 1 * (lat + chunk / bw))
+    rings = meta["grad_reduce_rings"]
+    assert [x["shared_by"] for x in rings] == [8] * 4
+    assert all(x["rings"] == 2 and x["link"] in ("wan dc0 -> dc1", "wan dc1 -> dc0")
+               for x in rings)
+    assert rings[0]["bandwidth"] == pytest.approx(bw)
+    # One NIC per node instead of one per GPU: the uplink's 50e9 B/s over 8 flows is
+    # 6.25e9, still above the WAN share; the WAN stays the bottleneck.
+    one_nic = parse_config(cfg(model={"tensor_parallel": 2}, training={"data_parallel": 2},
+                               cluster={"gpus_per_node": 8, "datacenters": 2,
+                                        "nics_per_node": 1}))
+    assert one_nic.problem.grad_reduce == pytest.approx(c.problem.grad_reduce)
+    # With the WAN's bandwidth raised to 1e12 B/s, the single NIC (6.25e9 each) paces them.
+    fast = parse_config(cfg(model={"tensor_parallel": 2}, training={"data_parallel": 2},
+                            cluster={"gpus_per_node": 8, "datacenters": 2, "nics_per_node": 1,
+                                     "tiers": {"wan": {"bandwidth": 1e12}}}))
+    ring = dict(fast.problem.meta)["grad_reduce_rings"][0]
+    assert ring["bandwidth"] == pytest.approx(50e9 / 8) and ring["link"].startswith("infiniband")

@@ -142,3 +142,41 @@ def test_partial_tier_overrides_keep_the_other_field():
                     ).link(0, 1) == (pytest.approx(DEFAULT_TIERS["nvlink"].latency), 20e9)
     with pytest.raises(TopologyError, match="unknown tier 'nvlnk'"):
         Topology([Datacenter(l4, 1, 2)], {"nvlnk": TierOverride(latency=1e-6)})
+
+
+def test_concurrent_rings_divide_the_wan():
+    # Two datacenters of one node of 4 GPUs: 4 rings (GPU j <-> GPU 4 + j) all cross the WAN
+    # in both directions: 4 flows per direction share its 10e9 B/s, 2.5e9 each. The node
+    # uplinks carry 4 flows on 4 NICs (one per GPU): not shared.
+    topo = uniform_cluster("H100-SXM", datacenters=2, nodes=1, gpus_per_node=4, tiers=TIERS)
+    links = topo.ring_links([([j, 4 + j], 1e6) for j in range(4)])
+    for x in links:
+        assert x.bandwidth == pytest.approx(10e9 / 4)
+        assert x.latency == pytest.approx(2e-6 + 4e-6 + 5e-3)
+        assert x.shared_by == 4 and x.link.startswith("wan ")
+    # One ring alone gets the whole WAN, as before the sharing.
+    (alone,) = topo.ring_links([([0, 4], 1e6)])
+    assert alone.bandwidth == 10e9 and alone.shared_by == 1
+    # A ring that crosses the WAN twice in each direction (dc0, dc1, dc0, dc1) shares it with
+    # itself: 2 flows per direction.
+    (zigzag,) = topo.ring_links([([0, 4, 1, 5], 1e6)])
+    assert zigzag.bandwidth == pytest.approx(10e9 / 2)
+    # A ring of one GPU has no link.
+    assert topo.ring_links([([3], 1e6)])[0].bandwidth == float("inf")
+
+
+def test_rings_share_a_node_uplink_with_fewer_nics_than_gpus():
+    # Two nodes of 4 H100s with one NIC each (50e9 B/s): the 4 rings GPU j <-> GPU 4 + j put 4
+    # flows on each uplink direction: 12.5e9 B/s each, below PCIe (64e9) and NVLink.
+    h100 = lookup("H100-SXM")
+    one_nic = Topology([Datacenter(h100, 2, 4, nics=1)])
+    links = one_nic.ring_links([([j, 4 + j], 1e6) for j in range(4)])
+    assert [x.bandwidth for x in links] == [pytest.approx(50e9 / 4)] * 4
+    assert links[0].link.startswith("infiniband ")
+    # Two NICs: 2 flows at full speed per NIC pair, 25e9 each.
+    two = Topology([Datacenter(h100, 2, 4, nics=2)]).ring_links([([j, 4 + j], 1e6)
+                                                                  for j in range(4)])
+    assert two[0].bandwidth == pytest.approx(25e9)
+    # Default: one NIC per GPU, nothing shared; the bottleneck is the NIC's 50e9.
+    full = Topology([Datacenter(h100, 2, 4)]).ring_links([([j, 4 + j], 1e6) for j in range(4)])
+    assert full[0].bandwidth == 50e9 and full[0].shared_by == 4

@@ -131,19 +131,21 @@ def topology_of(cfg: ClusterConfig) -> Topology:
     tiers = {name: TierOverride(t["bandwidth"], t["latency"])
              for name, t in cfg.tiers.model_dump().items() if t is not None}
     if isinstance(cfg.datacenters, int):
-        dcs = [Datacenter(lookup(cfg.gpu), cfg.nodes_per_datacenter, cfg.gpus_per_node)
-               ] * cfg.datacenters
+        dcs = [Datacenter(lookup(cfg.gpu), cfg.nodes_per_datacenter, cfg.gpus_per_node,
+                          nics=cfg.nics_per_node)] * cfg.datacenters
     else:
         dcs = []
         for dc in cfg.datacenters:
             gpu, per_node = dc.gpu or cfg.gpu, dc.gpus_per_node or cfg.gpus_per_node
+            nics = dc.nics_per_node or cfg.nics_per_node
             if isinstance(dc.nodes, list):  # node groups of their own GPUs, one fabric
                 dcs.append(Datacenter.of_groups([
-                    NodeGroup(lookup(g.gpu or gpu), g.count, g.gpus_per_node or per_node)
+                    NodeGroup(lookup(g.gpu or gpu), g.count, g.gpus_per_node or per_node,
+                              g.nics_per_node or nics)
                     for g in dc.nodes]))
             else:
                 dcs.append(Datacenter(lookup(gpu), dc.nodes or cfg.nodes_per_datacenter,
-                                      per_node))
+                                      per_node, nics=nics))
     return Topology(dcs, tiers)
 
 
@@ -170,6 +172,8 @@ class ModelPlan:
     model_params: float | None = None
     #: Per pipeline rank, the GPUs of its data-parallel replicas (the rank's own first).
     replica_gpus: list[list[int]] | None = None
+    #: GPUs per pipeline rank (its tensor-parallel group, consecutive from its first GPU).
+    group: int = 1
     #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
     ratios: MicrobatchRatios | None = None
     #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
@@ -225,15 +229,37 @@ class ModelPlan:
         path fastest for it (:meth:`pipeopt.topology.Topology.path`)."""
         return max((lc.output_bytes for lc in self.layers[:-1]), default=0.0)
 
-    def _ring_link(self, device: int, chunk: float) -> tuple[float, float]:
-        """(latency s, bandwidth B/s) of the slowest link of the ring through the replicas of
-        pipeline rank ``device``, for ``chunk``-byte messages."""
-        gpus = (self.replica_gpus or [[g] for g in self.rank_gpus])[device]
-        links = [self.topology.link(a, b, chunk)
-                 for a, b in zip(gpus, gpus[1:] + gpus[:1], strict=True) if a != b]
-        if not links:
-            return 0.0, math.inf
-        return max(x[0] for x in links), min(x[1] for x in links)
+    def grad_reduce(self, rows: list[dict[str, Any]]
+                    ) -> tuple[list[float], list[dict[str, Any]] | None]:
+        """Per stage, the seconds of its data-parallel gradient all-reduce, and per device
+        the ring's link (JSON-able; None without data parallelism).
+
+        Every pipeline rank's ``group`` tensor-parallel GPUs each reduce their shard over a
+        ring through the rank's replicas; all these rings run at the same time and divide the
+        links they share (:meth:`pipeopt.topology.Topology.ring_links`). A stage's reduction
+        is a ring all-reduce: 2(d-1) steps, each sending 1/d of its bytes over every ring
+        link at once, paced by the slowest of the rank's rings."""
+        dp = self.training.data_parallel
+        if dp == 1:
+            return [0.0] * self.stages, None
+        sd = self.stage_device
+        grads = [r["params"] * self.training.grad_bytes_per_param for r in rows]
+        per_device = [0.0] * self.devices
+        for k, nbytes in enumerate(grads):
+            per_device[sd[k]] += nbytes
+        replicas = self.replica_gpus or [[g] for g in self.rank_gpus]
+        rings = [([g + j for g in replicas[d]], per_device[d] / dp)
+                 for d in range(self.devices) for j in range(self.group)]
+        links = self.topology.ring_links(rings)
+        worst = [min(links[d * self.group:(d + 1) * self.group],
+                     key=lambda x: (x.bandwidth, -x.latency)) for d in range(self.devices)]
+        reduce = [2 * (dp - 1) * (worst[sd[k]].latency + (nbytes / dp) / worst[sd[k]].bandwidth)
+                  for k, nbytes in enumerate(grads)]
+        info = [{"device": d, "rings": self.group, "latency_s": x.latency,
+                 "bandwidth": None if math.isinf(x.bandwidth) else x.bandwidth,
+                 "shared_by": x.shared_by, "link": x.link}
+                for d, x in enumerate(worst)]
+        return reduce, info
 
     def chain_costs(self) -> ChainCosts:
         """Inputs of the partition search."""
@@ -343,15 +369,7 @@ class ModelPlan:
             static[r["device"]] += r["static_bytes"]
         static = [s + e for s, e in zip(static, self.extra_static, strict=True)]
         lat, bw = self.topology.matrices(self.rank_gpus, self.message_bytes)
-        reduce = [0.0] * self.stages
-        dp = self.training.data_parallel
-        if dp > 1:
-            for k, r in enumerate(rows):
-                nbytes = r["params"] * self.training.grad_bytes_per_param
-                ring_lat, ring_bw = self._ring_link(sd[k], nbytes / dp)
-                # Ring all-reduce over the rank's replicas: 2(d-1) steps, each sending 1/d of
-                # the bytes over every ring link at once, paced by the slowest link.
-                reduce[k] = 2 * (dp - 1) * (ring_lat + (nbytes / dp) / ring_bw)
+        reduce, rings = self.grad_reduce(rows)
         info = {
             "partition": [list(r["layers"]) for r in rows],
             "layer_names": [lc.name for lc in self.layers],
@@ -372,6 +390,8 @@ class ModelPlan:
         }
         if self.ratios is not None:
             info["microbatch_costs"] = self.ratios.summary()
+        if rings is not None:
+            info["grad_reduce_rings"] = rings
         fused = self.fused_backward(partition)
         if fused is not None:
             info["fused_backward"] = fused
@@ -461,7 +481,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      split_backward=pl.split_backward, dtype=mcfg.dtype,
                      efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
                      memory_limit=limits, extra_static=extra, training=tcfg,
-                     model_params=params, replica_gpus=replicas, ratios=ratios,
+                     model_params=params, replica_gpus=replicas, group=group, ratios=ratios,
                      explicit_scales=explicit or None)
 
 
@@ -654,6 +674,15 @@ def describe_partition(config: Config) -> str:
                 f"{min(prob.time_scale):.2f}..{max(prob.time_scale):.2f}, memory x"
                 f"{min(prob.memory_scale):.2f}..{max(prob.memory_scale):.2f}; the partition "
                 "is searched for the average micro-batch")
+        rings = meta.get("grad_reduce_rings")
+        if rings:
+            slow = min(rings, key=lambda x: math.inf if x["bandwidth"] is None
+                       else x["bandwidth"])
+            if slow["bandwidth"] is not None:
+                lines.append(
+                    f"gradient all-reduce: {len(rings) * slow['rings']} concurrent rings; the "
+                    f"slowest (device {slow['device']}) gets {slow['bandwidth'] / 1e9:.4g} GB/s "
+                    f"on {slow['link']}, shared by {slow['shared_by']} flows")
         lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}){proven}, "
                      f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
                      f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "

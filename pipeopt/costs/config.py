@@ -148,6 +148,7 @@ class NodeGroupConfig(_Strict):
     count: int = Field(ge=1, description="nodes in the group")
     gpu: str | None = None
     gpus_per_node: int | None = Field(None, ge=1)
+    nics_per_node: int | None = Field(None, ge=1, description="default: one per GPU")
 
 
 class DatacenterConfig(_Strict):
@@ -158,6 +159,7 @@ class DatacenterConfig(_Strict):
     gpu: str | None = None
     nodes: int | list[NodeGroupConfig] | None = None
     gpus_per_node: int | None = Field(None, ge=1)
+    nics_per_node: int | None = Field(None, ge=1, description="default: one per GPU")
 
     @model_validator(mode="after")
     def _check(self) -> DatacenterConfig:
@@ -176,6 +178,7 @@ class ClusterConfig(_Strict):
     datacenters: int | list[DatacenterConfig] = 1
     nodes_per_datacenter: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=1)
+    nics_per_node: int | None = Field(None, ge=1, description="default: one per GPU")
     tiers: TiersConfig = TiersConfig()
     # strict=False on the pair only: YAML gives [flops, efficiency] as a list.
     compute_efficiency: float | list[Annotated[tuple[float, float], Field(strict=False)]] = 0.5
