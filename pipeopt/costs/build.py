@@ -174,6 +174,8 @@ class ModelPlan:
     replica_gpus: list[list[int]] | None = None
     #: GPUs per pipeline rank (its tensor-parallel group, consecutive from its first GPU).
     group: int = 1
+    #: Sequences per micro-batch of a transformer model (None for layer_costs / profiles).
+    micro_batch_size: int | None = None
     #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
     ratios: MicrobatchRatios | None = None
     #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
@@ -385,7 +387,8 @@ class ModelPlan:
                            "compute_efficiency": self.efficiency,
                            "bytes_per_param": self.training.bytes_per_param,
                            "model_params": self.model_params,
-                           "data_parallel": self.training.data_parallel},
+                           "data_parallel": self.training.data_parallel,
+                           "micro_batch_size": self.micro_batch_size},
             **(meta or {}),
         }
         if self.ratios is not None:
@@ -482,6 +485,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
                      memory_limit=limits, extra_static=extra, training=tcfg,
                      model_params=params, replica_gpus=replicas, group=group, ratios=ratios,
+                     micro_batch_size=mcfg.micro_batch_size if origin == "analytic" else None,
                      explicit_scales=explicit or None)
 
 

@@ -10,7 +10,13 @@ import sys
 
 from pipeopt.config import ConfigError
 from pipeopt.executor.procs import ExecutorError, available_memory_bytes, check_rank_capacity
-from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
+from pipeopt.io import (
+    check_writable,
+    load_schedule,
+    refuse_overwriting_input,
+    write_atomic,
+    write_output,
+)
 from pipeopt.schedule import Schedule
 
 BUILTIN_MODELS = ("tiny-gpt", "mlp")  # pipeopt.executor.models.BUILTIN, named without torch
@@ -156,15 +162,43 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the schedule in another tool's format."""
-    from pipeopt.executor.export import export_torch, to_torch_csv
+    from pipeopt.executor.export import (
+        export_torch,
+        to_megatron_args,
+        to_torch_csv,
+        to_torchtitan_toml,
+    )
 
+    if args.to == "torchtitan" and not args.csv:
+        raise ConfigError("--csv: needed with --to torchtitan (the TOML names the schedule CSV "
+                          "that torchtitan reads; give its path)")
+    if args.csv and args.to != "torchtitan":
+        raise ConfigError(f"--csv: only used with --to torchtitan, not --to {args.to}")
     refuse_overwriting_input("--output", args.output, args.schedule)
+    refuse_overwriting_input("--csv", args.csv, args.schedule)
+    if args.csv and args.output:
+        refuse_overwriting_input("--csv", args.csv, args.output)
     sched = load_schedule(args.schedule)
-    if args.output:
-        write_output("--output", args.output, lambda path: export_torch(sched, path))
-        print(f"written {args.output} ({sched.problem.devices} ranks, compute-only)")
+    if args.to == "torch":
+        text, what = None, "compute-only"
+    elif args.to == "torchtitan":
+        text = to_torchtitan_toml(sched, args.csv)  # refusals before anything is written
+        write_output("--csv", args.csv, lambda path: export_torch(sched, path))
+        # With the TOML on standard output, the note goes to standard error.
+        print(f"written {args.csv} ({sched.problem.devices} ranks, compute-only)",
+              file=sys.stdout if args.output else sys.stderr)
+        what = "torchtitan [parallelism] and [training]"
     else:
-        sys.stdout.write(to_torch_csv(sched))
+        text = to_megatron_args(sched)
+        what = "Megatron-LM flags; Megatron runs its own 1F1B order on this split"
+    if args.output:
+        if text is None:
+            write_output("--output", args.output, lambda path: export_torch(sched, path))
+        else:
+            write_output("--output", args.output, lambda path: write_atomic(path, text))
+        print(f"written {args.output} ({sched.problem.devices} ranks, {what})")
+    else:
+        sys.stdout.write(to_torch_csv(sched) if text is None else text)
     return 0
 
 
@@ -223,10 +257,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    "of a config to re-plan on them")
     p.set_defaults(func=cmd_run)
 
-    help_ = "Write a schedule in torch.distributed.pipelining's compute-only CSV."
+    help_ = ("Write a schedule in torch.distributed.pipelining's compute-only CSV, as a "
+             "torchtitan config fragment (with the CSV) or as Megatron-LM's pipeline layout "
+             "flags.")
     p = sub.add_parser("export", help=help_, description=help_,
-                       epilog="Example: " + EXAMPLES["export"])
+                       epilog="Example: " + EXAMPLES["export"] + "; pipeopt export "
+                       "schedule.json --to torchtitan --csv schedule.csv -o pipeline.toml")
     p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
-    p.add_argument("--to", default="torch", choices=["torch"], help="target format")
-    p.add_argument("-o", "--output", help="CSV file to write (default: standard output)")
+    p.add_argument("--to", default="torch", choices=["torch", "torchtitan", "megatron"],
+                   help="target: torch (compute-only CSV), torchtitan (TOML [parallelism] "
+                   "with the stage split; needs --csv), megatron (command-line flags of the "
+                   "stage split) (default torch)")
+    p.add_argument("--csv", metavar="FILE",
+                   help="with --to torchtitan: the schedule CSV to write, named in the TOML")
+    p.add_argument("-o", "--output", help="file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
