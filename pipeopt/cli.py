@@ -36,7 +36,7 @@ from pipeopt.problem import ProblemError, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import ScheduleError, retime
-from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, solve, time_left
+from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, time_left
 
 #: Seconds per op that printing a summary and writing the schedule JSON take, kept out of
 #: the search's time (measured with benchmarks/limits.py on the 2-core development machine:
@@ -266,10 +266,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
     with _progress_line(args.quiet or args.json or args.verbose) as line:
         line.running(sc.method)
         t_search = time.perf_counter()
-        sched = solve(cfg.problem, sc.method, time_limit=limit, seed=sc.seed,
-                      objective=sc.objective, workers=sc.workers, relative_gap=sc.relative_gap,
-                      resolution=sc.resolution, time_tolerance=sc.time_tolerance,
-                      on_progress=line.report, log=args.verbose)
+        from pipeopt.costs.chunks import solve_config  # auto may choose the model's chunks
+
+        sched = solve_config(cfg, sc.method, time_limit=limit, seed=sc.seed,
+                             objective=sc.objective, workers=sc.workers,
+                             relative_gap=sc.relative_gap, resolution=sc.resolution,
+                             time_tolerance=sc.time_tolerance, on_progress=line.report,
+                             log=args.verbose)
     logger.info("solve: search and validation took %.2f s", time.perf_counter() - t_search)
     # The summary first: if the write then fails, what was found is still on the screen.
     if args.json:
@@ -280,6 +283,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
         print_summary(sched)
         if sched.solver.detail("tradeoff"):
             print(f"trade-off     {sched.solver.detail('tradeoff')}")
+        if sched.solver.detail("chunks"):
+            print(f"chunks        {sched.solver.detail('chunks')}")
+            if sched.problem is not cfg.problem:  # the chosen cut's stages
+                from dataclasses import replace
+
+                from pipeopt.costs import describe_partition
+
+                print(describe_partition(replace(cfg, problem=sched.problem)))
     if args.output:
         sys.stdout.flush()
         t_write = time.perf_counter()

@@ -351,3 +351,45 @@ def test_data_parallel_rings_divide_the_wan_they_share():
                                      "tiers": {"wan": {"bandwidth": 1e12}}}))
     ring = dict(fast.problem.meta)["grad_reduce_rings"][0]
     assert ring["bandwidth"] == pytest.approx(50e9 / 8) and ring["link"].startswith("infiniband")
+
+
+def _chunk_cfg(**pipeline):
+    return cfg(pipeline={"devices": 2, "microbatches": 4, **pipeline},
+               model={"layers": 8, "hidden": 1024, "heads": 8, "seq_len": 1024,
+                      "vocab": 32000},
+               solver={"method": "auto", "time_limit": 20, "time_tolerance": 0.0})
+
+
+def test_auto_chooses_the_chunks_per_device_in_the_model_form():
+    from pipeopt.costs.chunks import chunk_variants, solve_config
+    from pipeopt.solvers import solve
+
+    c = parse_config(_chunk_cfg())
+    variants = chunk_variants(c)
+    assert [v.label for v in variants] == ["v=1 loop", "v=2 vshape", "v=2 loop"]
+    assert [v.problem.stages for v in variants] == [2, 4, 4]
+    # Each variant partitions the same 10 layers (embedding, 8 blocks, head) on its own.
+    for v in variants:
+        part = dict(v.problem.meta)["partition"]
+        assert part[0][0] == 0 and part[-1][1] == 10 and len(part) == v.problem.stages
+    times = {v.label: solve(v.problem, "auto", time_limit=5, time_tolerance=0.0).iteration_time
+             for v in variants}
+    chosen = solve_config(c, "auto", time_limit=15, time_tolerance=0.0)
+    # The fastest of the three, as auto run on each alone finds it (two chunks win here).
+    assert chosen.iteration_time == pytest.approx(min(times.values()), rel=1e-6)
+    assert chosen.problem.virtual_stages == 2
+    assert chosen.solver.detail("chunks").startswith("chose v=2")
+    # A pipeline that fixes the chunking keeps it; so does any method other than auto.
+    fixed = parse_config(_chunk_cfg(virtual_stages=1))
+    assert [v.label for v in chunk_variants(fixed)] == ["v=1 loop"]
+    assert solve_config(fixed, "auto", time_limit=5).problem.virtual_stages == 1
+    assert solve_config(c, "1f1b").problem.virtual_stages == 1
+
+
+def test_chunk_variant_without_enough_layers_says_why():
+    from pipeopt.costs.chunks import chunk_variants
+
+    c = parse_config(cfg(pipeline={"devices": 4, "microbatches": 8},
+                         model={"layers": 4}))  # 6 layers: 8 stages do not fit
+    notes = {v.label: v.note for v in chunk_variants(c)}
+    assert notes["v=2 vshape"] == "8 stages need as many layers, the model has 6"

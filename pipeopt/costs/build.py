@@ -629,9 +629,11 @@ def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Conf
         raise ConfigError(f"model: {exc}") from None
     check_totals(problem, "model")
     meta = dict(problem.meta)
+    # The pipeline leaves the chunking to the planner: auto may cut the model into v = 2.
+    open_ = not {"virtual_stages", "placement"} & cfg.pipeline.model_fields_set
     extras = (("partition", meta["partition"]), ("layer_names", meta["layer_names"]),
               ("stage_costs", meta["stage_costs"]), ("partition_search", report),
-              ("devices", meta["devices"]), ("plan", plan))
+              ("devices", meta["devices"]), ("plan", plan), ("chunks_open", open_))
     return Config(problem=problem, solver=cfg.solver, source=source, extras=extras)
 
 
