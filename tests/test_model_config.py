@@ -393,3 +393,27 @@ def test_chunk_variant_without_enough_layers_says_why():
                          model={"layers": 4}))  # 6 layers: 8 stages do not fit
     notes = {v.label: v.note for v in chunk_variants(c)}
     assert notes["v=2 vshape"] == "8 stages need as many layers, the model has 6"
+
+
+def test_full_recompute_does_not_defer_w_it_cannot_count():
+    # recompute: full keeps only each block's input, 2 B x 128 x 256 = 65,536 bytes; a deferred
+    # W would hold the linear layers' inputs (h, h, h, f) and output gradients (h + 2 kv_dim,
+    # h, f, h) that B recomputed: 2 x 128 x (1792 + 2304) = 1,048,576 bytes (GeLU, f = 4h).
+    full = parse_config(cfg(model={"recompute": "full"}))
+    assert not full.problem.split_backward
+    notes = dict(full.problem.meta)["notes"]
+    assert notes[0].startswith("backward fused (split_backward: false): with recompute: full")
+    assert "1.049e+06 bytes" in notes[0] and "6.554e+04 bytes" in notes[0]
+    assert "note: backward fused" in describe_partition(full)
+    # Asked for explicitly, the split backward is refused with the reason and the ways out.
+    with pytest.raises(ConfigError, match=r"^pipeline\.split_backward: with recompute: full a "
+                                          r"deferred W holds .*1\.049e\+06 bytes.*; set "
+                                          r"split_backward: false .* or model\.recompute: "
+                                          "selective"):
+        parse_config(cfg(pipeline={"devices": 4, "microbatches": 8, "split_backward": True},
+                         model={"recompute": "full"}))
+    # One block overridden to full recompute is enough; selective keeps the split backward
+    # (its W memory is among the kept activations: exact).
+    one = parse_config(cfg(model={"overrides": [{"layers": [3], "recompute": "full"}]}))
+    assert not one.problem.split_backward and "block3" in dict(one.problem.meta)["notes"][0]
+    assert parse_config(cfg(model={"recompute": "selective"})).problem.split_backward

@@ -34,7 +34,14 @@ from pipeopt.costs.lengths import (
     problem_scales,
     split_layers,
 )
-from pipeopt.costs.transformer import LayerCost, TransformerShape, efficiency_at, total_params
+from pipeopt.costs.transformer import (
+    LayerCost,
+    TransformerShape,
+    block_activation_bytes,
+    block_weight_grad_held_bytes,
+    efficiency_at,
+    total_params,
+)
 from pipeopt.costs.transformer import transformer_layers as _transformer_layers
 from pipeopt.errors import ConfigError
 from pipeopt.partition import (
@@ -176,6 +183,8 @@ class ModelPlan:
     group: int = 1
     #: Sequences per micro-batch of a transformer model (None for layer_costs / profiles).
     micro_batch_size: int | None = None
+    #: What the cost model decided for the user, said in ``problem.meta.notes``.
+    notes: tuple[str, ...] = ()
     #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
     ratios: MicrobatchRatios | None = None
     #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
@@ -393,6 +402,8 @@ class ModelPlan:
         }
         if self.ratios is not None:
             info["microbatch_costs"] = self.ratios.summary()
+        if self.notes:
+            info["notes"] = list(self.notes)
         if rings is not None:
             info["grad_reduce_rings"] = rings
         fused = self.fused_backward(partition)
@@ -472,6 +483,19 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
         for g in ranks:
             cap = ccfg.memory_bytes or topo.gpu_models[g].memory_bytes
             limits.append(cap * (1 - ccfg.memory_reserve))
+    split, notes = pl.split_backward, []
+    short = full_recompute_shortfall(mcfg) if split and origin == "analytic" else None
+    if short is not None:
+        block, held, kept = short
+        why = (f"with recompute: full a deferred W holds what its B recomputed (block{block}: "
+               f"{held:.4g} bytes per micro-batch, the linear layers' inputs and output "
+               f"gradients) while the forward kept {kept:.4g} bytes; the schedule's memory "
+               "model (W keeps part of what F allocated) cannot count the difference")
+        if "split_backward" in pl.model_fields_set:
+            raise ConfigError(f"pipeline.split_backward: {why}; set split_backward: false (B "
+                              "and W fused: nothing deferred) or model.recompute: selective")
+        split = False
+        notes.append(f"backward fused (split_backward: false): {why}")
     params = total_params(shape_of(mcfg)) if origin == "analytic" else None
     ratios = length_ratios(mcfg, tcfg, pl)
     explicit = microbatch_scales(pl)
@@ -481,12 +505,30 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
                      devices=pl.devices, microbatches=pl.microbatches,
                      virtual_stages=pl.virtual_stages, placement=pl.placement,
-                     split_backward=pl.split_backward, dtype=mcfg.dtype,
+                     split_backward=split, dtype=mcfg.dtype,
                      efficiency=ccfg.compute_efficiency, peak_override=ccfg.peak_flops,
                      memory_limit=limits, extra_static=extra, training=tcfg,
                      model_params=params, replica_gpus=replicas, group=group, ratios=ratios,
                      micro_batch_size=mcfg.micro_batch_size if origin == "analytic" else None,
+                     notes=tuple(notes),
                      explicit_scales=explicit or None)
+
+
+def full_recompute_shortfall(mcfg: ModelConfig) -> tuple[int, float, float] | None:
+    """The first block with full recomputation whose deferred W would hold more than its
+    forward kept: (block index, bytes W needs, bytes F kept), per micro-batch on one
+    tensor-parallel rank; None when no block has it (the problem's memory model, where W keeps
+    part of F's allocation, is then exact)."""
+    shape, overrides = shape_of(mcfg), block_overrides(mcfg)
+    for i in range(shape.layers):
+        change = {k: v for k, v in overrides.get(i, {}).items() if k != "time_scale"}
+        sh = replace(shape, **change) if change else shape
+        if sh.recompute != "full":
+            continue
+        held, kept = block_weight_grad_held_bytes(sh), block_activation_bytes(sh)
+        if held > kept:
+            return i, held, kept
+    return None
 
 
 def length_ratios(mcfg: ModelConfig, tcfg: TrainingConfig, pl: Any) -> MicrobatchRatios | None:
@@ -667,6 +709,8 @@ def describe_partition(config: Config) -> str:
             if rep.get("exact") is False else ""
         if rep.get("note"):
             lines.append(f"note: {rep['note']}")
+        for note in meta.get("notes", []):
+            lines.append(f"note: {note}")
         if rep.get("inflight_fallback"):
             lines.append("note: no partition fits with the assumed in-flight micro-batches; "
                          "partitioned for one in flight per stage (the 'est' column assumes "

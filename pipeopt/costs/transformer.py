@@ -235,17 +235,26 @@ def block_activation_bytes(shape: TransformerShape, recompute: str | None = None
     return replicated / sp + (split + core) / t
 
 
-def block_weight_grad_bytes(shape: TransformerShape) -> float:
-    """Bytes still held after the input-gradient op until the weight-gradient op: the inputs of
-    the four linear layers and the gradients of their outputs (the two factors of each weight
-    gradient), capped at :func:`block_activation_bytes`. An approximation: frameworks differ."""
+def block_weight_grad_held_bytes(shape: TransformerShape) -> float:
+    """Bytes a deferred weight-gradient op needs from the input-gradient op: the inputs of the
+    four linear layers and the gradients of their outputs (the two factors of each weight
+    gradient), per micro-batch on one tensor-parallel rank, whatever the recomputation (with
+    ``full`` the input-gradient op recomputes them, so they exceed what the forward kept)."""
     b, s, h = shape.micro_batch_size, shape.seq_len, shape.hidden
     e, t, f = shape.dtype_bytes, shape.tensor_parallel, shape.ffn
     sb = s * b
     up = (shape.mlp_matrices - 1) * f
     inputs = e * sb * (h + h + h + f)
     out_grads = e * sb * ((h + 2 * shape.kv_dim) + h + up + h)
-    return min((inputs + out_grads) / t, block_activation_bytes(shape))
+    return (inputs + out_grads) / t
+
+
+def block_weight_grad_bytes(shape: TransformerShape) -> float:
+    """Bytes still held after the input-gradient op until the weight-gradient op:
+    :func:`block_weight_grad_held_bytes` capped at :func:`block_activation_bytes` (exact
+    without full recomputation, where they are among the kept activations). An
+    approximation: frameworks differ."""
+    return min(block_weight_grad_held_bytes(shape), block_activation_bytes(shape))
 
 
 def message_bytes(shape: TransformerShape) -> float:
