@@ -285,12 +285,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
             print(f"trade-off     {sched.solver.detail('tradeoff')}")
         if sched.solver.detail("chunks"):
             print(f"chunks        {sched.solver.detail('chunks')}")
-            if sched.problem is not cfg.problem:  # the chosen cut's stages
+            chosen, given = sched.problem, cfg.problem
+            if (chosen.virtual_stages, chosen.placement) != (given.virtual_stages,
+                                                             given.placement):
+                # The chosen cut's stages (the table above is the configured one's).
                 from dataclasses import replace
 
                 from pipeopt.costs import describe_partition
 
-                print(describe_partition(replace(cfg, problem=sched.problem)))
+                print(describe_partition(replace(cfg, problem=chosen)))
     if args.output:
         sys.stdout.flush()
         t_write = time.perf_counter()

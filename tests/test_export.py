@@ -222,6 +222,9 @@ def test_exports_refuse_what_the_target_cannot_express() -> None:
     vee = _model_plan(2, 2, "vshape", "zb-v")
     with pytest.raises(ExportError, match=r"^megatron: the v-shape placement .* rank s mod p"):
         to_megatron_args(vee)
+    four = _model_plan(2, 4, "vshape", "greedy")
+    with pytest.raises(ExportError, match=r"^torchtitan: a v-shape of 4 stages per rank"):
+        to_torchtitan_toml(four, "x.csv")
     explicit = solve(uniform_problem(2, 2), "1f1b")
     for target, fn in (("torchtitan", lambda s: to_torchtitan_toml(s, "x.csv")),
                        ("megatron", to_megatron_args)):

@@ -417,3 +417,19 @@ def test_full_recompute_does_not_defer_w_it_cannot_count():
     one = parse_config(cfg(model={"overrides": [{"layers": [3], "recompute": "full"}]}))
     assert not one.problem.split_backward and "block3" in dict(one.problem.meta)["notes"][0]
     assert parse_config(cfg(model={"recompute": "selective"})).problem.split_backward
+
+
+def test_solve_prints_the_chosen_chunks_and_their_partition(tmp_path, capsys):
+    import yaml
+
+    from pipeopt.cli import main
+
+    path, out = tmp_path / "c.yaml", tmp_path / "s.json"
+    path.write_text(yaml.safe_dump(_chunk_cfg()))
+    assert main(["solve", str(path), "--time-limit", "15", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "chunks        chose v=2 vshape" in text
+    # The configured table (2 stages) and the chosen one (4 stages, devices 0 1 1 0).
+    assert text.count("partition: ") == 2
+    saved = json.loads(out.read_text())["problem"]
+    assert saved["virtual_stages"] == 2 and saved["placement"] == "vshape"
