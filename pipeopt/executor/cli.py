@@ -178,9 +178,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--csv", args.csv, args.schedule)
     if args.csv and args.output:
         refuse_overwriting_input("--csv", args.csv, args.output)
-    for flag, path in (("--output", args.output), ("--csv", args.csv)):
-        if path:
-            check_writable(flag, path)  # both before either is written
+    if args.to == "torchtitan":  # two files: both checked before either is written
+        for flag, path in (("--output", args.output), ("--csv", args.csv)):
+            if path:
+                check_writable(flag, path)
     sched = load_schedule(args.schedule)
     if args.to == "torch":
         text, what = None, "compute-only"
