@@ -41,7 +41,8 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
     method other than auto's choice, a pipeline that fixes ``virtual_stages`` or
     ``placement``, explicit ``training.stage_layers`` or the joint partition search). A
     variant that cannot be built (too few layers, no partition that fits) carries the reason.
-    ``time_limit`` caps each variant's partition ILP (seconds)."""
+    With ``time_limit`` (seconds) each variant's partition ILP gets at most a third of it
+    over the number of variants."""
     from pipeopt.costs.build import search_partition
 
     plan = config.extra("plan")
@@ -53,8 +54,9 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
     if tc.stage_layers is not None or tc.partition == "joint":
         return [first]
     if time_limit is not None:
-        tc = tc.model_copy(update={"ilp_time_limit": max(min(tc.ilp_time_limit, time_limit),
-                                                         1e-3)})
+        # Building the variants may take a third of the limit: the searches keep the rest.
+        cap = time_limit / (3 * len(VARIANTS))
+        tc = tc.model_copy(update={"ilp_time_limit": max(min(tc.ilp_time_limit, cap), 1e-3)})
     out = [first]
     for v, placement in VARIANTS:
         label = f"v={v} {placement}"
