@@ -264,6 +264,34 @@ class Problem:
             raise ProblemError(f"unknown op kind {op.kind!r}")
         return t * self.microbatch_scale[op.microbatch] if self.microbatch_scale else t
 
+    def op_durations(self) -> tuple[float, ...]:
+        """Duration of every op in seconds, indexed by op id (the numbering of
+        :attr:`op_table`): the values of :meth:`duration`, read once per (kind, stage) when
+        every micro-batch costs the same (:attr:`uniform_microbatches`), else once per op."""
+        if not self.uniform_microbatches:
+            return tuple(map(self.duration, self.ops()))
+        m = self.microbatches
+        out: list[float] = []
+        for kind in self.kinds:
+            for k in range(self.stages):
+                out += [self.duration(Op(kind, k, 0))] * m
+        return tuple(out)
+
+    def op_memory_deltas(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(allocated at start, released at end) of every op in bytes, as two columns indexed
+        by op id: the values of :meth:`memory_delta`, read as :meth:`op_durations` reads."""
+        if not self.uniform_microbatches:
+            return tuple(zip(*map(self.memory_delta, self.ops()), strict=True))  # type: ignore
+        m = self.microbatches
+        alloc: list[float] = []
+        free: list[float] = []
+        for kind in self.kinds:
+            for k in range(self.stages):
+                a, f = self.memory_delta(Op(kind, k, 0))
+                alloc += [a] * m
+                free += [f] * m
+        return tuple(alloc), tuple(free)
+
     @cached_property
     def durations(self) -> dict[str, tuple[float, ...]]:
         """Per-stage duration of each op kind for a unit micro-batch (seconds); micro-batch j

@@ -14,24 +14,29 @@ starts as early as its device and its inputs allow. Inputs are:
 Micro-batch j's op durations and message bytes are scaled by the problem's per-micro-batch
 factors (:attr:`Problem.time_scale`, :attr:`Problem.message_scale`).
 
+The timing itself is the core simulator's (:mod:`pipeopt.core.simulate`, the one judge of
+timings for every workload) over the problem's task graph (:func:`pipeopt.workloads.training.
+build`, task id = op id); this module speaks the chain's language around it: orders of ops in,
+a :class:`Schedule` out, errors naming ops.
+
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise, repeat
 
 from pipeopt._gc import cyclic_gc_paused
+from pipeopt.core.simulate import DeadlockError as CoreDeadlock
+from pipeopt.core.simulate import OrderError
+from pipeopt.core.simulate import simulate as core_simulate
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
-
-_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
-_KIND_NAMES = ("F", "B", "W")
+from pipeopt.workloads import training
 
 
 class ScheduleError(ValueError):
@@ -53,24 +58,9 @@ class DeadlockError(ScheduleError):
 Orders = Sequence[Sequence[Op]]
 
 
-@dataclass(frozen=True)
-class _Index:
-    """Integer ids for ops: id = (kind * stages + stage) * microbatches + microbatch."""
-
-    stages: int
-    microbatches: int
-
-    def id(self, op: Op) -> int:
-        return (_KIND_INDEX[op.kind] * self.stages + op.stage) * self.microbatches + op.microbatch
-
-    def op(self, i: int) -> Op:
-        km, j = divmod(i, self.microbatches)
-        kind, k = divmod(km, self.stages)
-        return Op(_KIND_NAMES[kind], k, j)
-
-
 def _check_orders(problem: Problem, orders: Orders) -> None:
-    """Every op exactly once, each on the device that holds its stage."""
+    """Every op exactly once, each on the device that holds its stage: raises
+    :class:`ScheduleError` naming the first offending position, in device and order order."""
     p = problem.devices
     if len(orders) != p:
         raise ScheduleError(f"orders: expected {p} device lists, got {len(orders)}")
@@ -92,236 +82,75 @@ def _check_orders(problem: Problem, orders: Orders) -> None:
         raise ScheduleError(f"orders: {problem.num_ops - len(seen)} ops missing, e.g. {missing}")
 
 
+def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int]]:
+    """The orders as task ids of :func:`pipeopt.workloads.training.build`'s graph. With
+    ``check``, every op's fields are in range (an op outside the problem has no id, and a
+    wrong one could alias another op's); then the core checks devices, repeats and gaps."""
+    kinds = {k: i for i, k in enumerate(problem.kinds)}
+    s, m = problem.stages, problem.microbatches
+    if check:
+        if len(orders) != problem.devices:
+            _check_orders(problem, orders)  # raises, naming the fault
+        for order in orders:
+            if not order:
+                continue
+            try:
+                kind, stage, mb = zip(*order, strict=True)
+            except (TypeError, ValueError):
+                _check_orders(problem, orders)
+                raise
+            if not (set(kind) <= kinds.keys() and min(stage) >= 0 and max(stage) < s
+                    and min(mb) >= 0 and max(mb) < m):
+                _check_orders(problem, orders)
+    return [[(kinds[o.kind] * s + o.stage) * m + o.microbatch for o in order]
+            for order in orders]
+
+
 def simulate(problem: Problem, orders: Orders, method: str = "custom",
              solver: SolverInfo | None = None, *, check: bool = True) -> Schedule:
-    """Time the per-device op ``orders`` as early as possible.
+    """Time the per-device op ``orders`` as early as possible: the core simulator
+    (:func:`pipeopt.core.simulate.simulate`) over the problem's task graph
+    (:func:`pipeopt.workloads.training.build`), its times returned as a chain Schedule.
 
     Raises :class:`ScheduleError` when an order misses or repeats an op, and
     :class:`DeadlockError` when the orders wait on each other in a cycle.
     """
     with cyclic_gc_paused():
-        if check:
-            _check_orders(problem, orders)
-        if problem.has_link_contention:
-            ops, msgs = _simulate_events(problem, orders)
-        else:
-            ops, msgs = _simulate_fast(problem, orders), ()
+        ops, msgs = _time(problem, orders, check=check)
         return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
                         solver=solver or SolverInfo())
 
 
-def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
-    """Delay of the activation into stage k (from k-1) and of the gradient into stage k (from
-    k+1), both seconds on an idle link."""
-    s = problem.stages
-    fwd = [0.0] + [problem.delay(k - 1, k) for k in range(1, s)]
-    bwd = [problem.delay(k + 1, k) for k in range(s - 1)] + [0.0]
-    return fwd, bwd
-
-
-def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
-    """Dependency-counting timing when no message occupies a link (delays are plain offsets,
-    the latencies, which no micro-batch scale changes).
-
-    Every op keeps a count of unfinished prerequisites (its device predecessor and its data
-    inputs) and the latest time one of them made it ready; timing an op updates its at most
-    three successors, so the work is linear in the number of ops.
-    """
-    s, m = problem.stages, problem.microbatches
-    sm = s * m
-    split = problem.split_backward
-    n = (3 if split else 2) * sm
-    dur: list[float] = []
-    scale = None if not problem.microbatch_scale else problem.time_scale
-    for kind in problem.kinds:
-        per_stage = problem.durations[kind]
-        for k in range(s):
-            if scale is None:
-                dur.extend([per_stage[k]] * m)
-            else:
-                t = per_stage[k]
-                dur.extend([t * c for c in scale])
-    dfwd, dbwd = _stage_delays(problem)
-    # Per op id: delay of its activation to the next stage's F / of its gradient to the
-    # previous stage's B (only F and B ids use these).
-    fdelay = [d for k in range(s) for d in [dfwd[k + 1] if k + 1 < s else 0.0] * m]
-    bdelay = [d for k in range(s) for d in [dbwd[k - 1] if k > 0 else 0.0] * m]
-
-    # Prerequisites: F(k>0) waits for F(k-1); B for its F and (k < last) B(k+1); W for its B.
-    need = [0] * m + [1] * (sm - m) + [2] * (sm - m) + [1] * m + ([1] * sm if split else [])
-    nxt = [-1] * n  # next op id on the same device
-    first = []
-    for order in orders:
-        ids = [(_KIND_INDEX[o.kind] * s + o.stage) * m + o.microbatch for o in order]
-        for a, b in pairwise(ids):
-            nxt[a] = b
-            need[b] += 1
-        if ids:
-            first.append(ids[0])
-
-    ready_at = [0.0] * n  # latest prerequisite end (plus delay) seen so far
-    start = [math.nan] * n  # NaN until timed (the deadlock report relies on it)
-    end = [math.nan] * n
-    stack = [i for i in first if need[i] == 0]
-    push, pop = stack.append, stack.pop
-    last_f = sm - m  # first id of the last stage's F
-    done = 0
-    while stack:
-        i = pop()
-        t = ready_at[i]
-        start[i] = t
-        e = t + dur[i]
-        end[i] = e
-        done += 1
-        y = nxt[i]
-        if y >= 0:
-            if e > ready_at[y]:
-                ready_at[y] = e
-            c = need[y] - 1
-            need[y] = c
-            if not c:
-                push(y)
-        if i < sm:  # F: the next stage's F, and its own B
-            if i < last_f:
-                y = i + m
-                a = e + fdelay[i]
-                if a > ready_at[y]:
-                    ready_at[y] = a
-                c = need[y] - 1
-                need[y] = c
-                if not c:
-                    push(y)
-            y = i + sm
-        elif i < 2 * sm:  # B: the previous stage's B, and its own W
-            if i >= sm + m:
-                y = i - m
-                a = e + bdelay[i - sm]
-                if a > ready_at[y]:
-                    ready_at[y] = a
-                c = need[y] - 1
-                need[y] = c
-                if not c:
-                    push(y)
-            if not split:
-                continue
-            y = i + sm
-        else:
-            continue
-        if e > ready_at[y]:
-            ready_at[y] = e
-        c = need[y] - 1
-        need[y] = c
-        if not c:
-            push(y)
-
-    if done < n:
-        _raise_deadlock(problem, orders, end)
-    return tuple(map(tuple.__new__, repeat(TimedOp),
-                     zip(*problem.op_table[:4], start, end, strict=False)))
+def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False
+          ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
+    """Timed ops (in op id order) and messages of ``orders``, from the core simulator, with
+    its errors in the chain's terms (ops, not task ids)."""
+    graph = training.build(problem)
+    tasks = _task_orders(problem, orders, check)
+    try:
+        timed = core_simulate(graph, tasks, check=check, events=events)
+    except CoreDeadlock as exc:
+        op = partial(training.task_op, problem)
+        cycle = [(d, op(i), op(w)) for d, i, w in exc.cycle]
+        raise DeadlockError(str(exc), cycle) from None
+    except OrderError as exc:
+        _check_orders(problem, orders)  # names the fault as the chain always has
+        raise ScheduleError(str(exc)) from None
+    dev, stage, mb, kind = problem.op_table
+    ops = tuple(map(tuple.__new__, repeat(TimedOp),
+                    zip(dev, stage, mb, kind, timed.start, timed.end, strict=True)))
+    src, dst = graph.src, graph.dst
+    msgs = tuple(Message(dev[a], dev[b], stage[a], stage[b], mb[a], kind[a], t0, t1, arrival)
+                 for a, b, t0, t1, arrival in ((src[mm.edge], dst[mm.edge], *mm[1:])
+                                               for mm in timed.messages))
+    return ops, msgs
 
 
 def _simulate_events(problem: Problem, orders: Orders
                      ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
-    """Event-driven timing with serialized links: messages are sent in the order they become
-    ready (ties in order of the producing op's end event)."""
-    idx = _Index(problem.stages, problem.microbatches)
-    sd = problem.stage_device
-    pos: dict[Op, tuple[int, int]] = {}
-    for d, order in enumerate(orders):
-        for q, op in enumerate(order):
-            pos[op] = (d, q)
-    end: dict[Op, float] = {}
-    start: dict[Op, float] = {}
-    arrival: dict[tuple[Op, Op], float] = {}  # (producer, consumer) -> time usable
-    ptr = [0] * problem.devices
-    dev_free = [0.0] * problem.devices
-    link_free: dict[tuple[int, int], float] = {}
-    messages: list[Message] = []
-    heap: list[tuple[float, int, int, Op, Op | None]] = []  # (time, seq, type, op, consumer)
-    seq = 0
-
-    def try_start(d: int) -> None:
-        nonlocal seq
-        order = orders[d]
-        if ptr[d] >= len(order):
-            return
-        op = order[ptr[d]]
-        t = dev_free[d]
-        for src in problem.inputs(op):
-            a = arrival.get((src, op))
-            if a is None:
-                return
-            t = max(t, a)
-        start[op] = t
-        end[op] = t + problem.duration(op)
-        dev_free[d] = end[op]
-        ptr[d] += 1
-        heapq.heappush(heap, (end[op], seq, 0, op, None))
-        seq += 1
-
-    for d in range(problem.devices):
-        try_start(d)
-    while heap:
-        t, _, typ, op, dst = heapq.heappop(heap)
-        if typ == 0:  # op ended: hand its outputs on, then let its device continue
-            d = sd[op.stage]
-            for c in _dependents(problem, op):
-                tx, lat = problem.transfer(op.stage, c.stage, op.microbatch)
-                if tx > 0:
-                    heapq.heappush(heap, (t, seq, 1, op, c))
-                    seq += 1
-                else:
-                    arrival[(op, c)] = t + lat
-                    try_start(sd[c.stage])
-            try_start(d)
-        else:  # a message is ready: queue it on its directed link
-            assert dst is not None
-            a, b = sd[op.stage], sd[dst.stage]
-            tx, lat = problem.transfer(op.stage, dst.stage, op.microbatch)
-            t0 = max(t, link_free.get((a, b), 0.0))
-            link_free[(a, b)] = t0 + tx
-            arrival[(op, dst)] = t0 + tx + lat
-            messages.append(Message(a, b, op.stage, dst.stage, op.microbatch, op.kind,
-                                    t0, t0 + tx, t0 + tx + lat))
-            try_start(b)
-
-    if len(end) < problem.num_ops:
-        nan_end = [end.get(idx.op(i), math.nan) for i in range(problem.num_ops)]
-        _raise_deadlock(problem, orders, nan_end)
-    ops = tuple(TimedOp(sd[op.stage], op.stage, op.microbatch, op.kind, start[op], end[op])
-                for op in problem.ops())
-    return ops, tuple(messages)
-
-
-def _raise_deadlock(problem: Problem, orders: Orders, end: Sequence[float]) -> None:
-    """Find a cycle of waits among the devices' blocked head ops and raise it."""
-    idx = _Index(problem.stages, problem.microbatches)
-
-    def done(op: Op) -> bool:
-        return not math.isnan(end[idx.id(op)])
-
-    head: dict[int, Op] = {}
-    for d, order in enumerate(orders):
-        for op in order:
-            if not done(op):
-                head[d] = op
-                break
-    # Each blocked head waits for an input that is not done; that input's device is stuck at
-    # its own head. Following these waits must revisit a device: that is the cycle.
-    sd = problem.stage_device
-    d = next(iter(head))
-    path: list[tuple[int, Op, Op]] = []
-    visited: dict[int, int] = {}
-    while d not in visited:
-        visited[d] = len(path)
-        op = head[d]
-        waiting = next(x for x in problem.inputs(op) if not done(x))
-        path.append((d, op, waiting))
-        d = sd[waiting.stage]
-    cycle = path[visited[d]:]
-    text = "; ".join(f"device {dv} waits at {op} for {w} (device {sd[w.stage]})"
-                     for dv, op, w in cycle)
-    raise DeadlockError(f"deadlock: {text}", cycle)
+    """The event-driven path of the core simulator, even when no message occupies a link (the
+    fast path's cross-check)."""
+    return _time(problem, orders, events=True)
 
 
 # ----- validation --------------------------------------------------------------------------

@@ -4,12 +4,13 @@ what the chain simulator gives, for every hand-made schedule, and the core valid
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.core.simulate import DeadlockError, simulate
 from pipeopt.core.validate import check
@@ -137,6 +138,45 @@ def test_graph_mirrors_the_problem(pname: str) -> None:
         assert g.tail[i] == (prob.grad_reduce[op.stage] if last else 0.0)
     assert g.memory_limit == prob.memory_limit and g.static_memory == prob.static_memory
     assert g.serialized == prob.has_link_contention
+
+
+#: Derived columns: build() hands some over whole (TaskGraph.trusted), the rest are derived.
+DERIVED = ("edge_link", "edge_latency", "edge_transmission", "serialized", "in_degree",
+           "succ_offsets", "succ_edges", "succ_tasks", "succ_latency", "pred_offsets",
+           "pred_edges", "pred_tasks", "topological_order", "device_tasks")
+
+
+def _assert_as_validated(g: TaskGraph) -> None:
+    """The validated constructor accepts build()'s columns unchanged (same values and types)
+    and derives every column as build() gave it."""
+    checked = TaskGraph(**{f.name: getattr(g, f.name) for f in fields(TaskGraph)})
+    for f in fields(TaskGraph):
+        mine, theirs = getattr(g, f.name), getattr(checked, f.name)
+        assert list(mine) == list(theirs), f.name
+        assert list(map(type, mine)) == list(map(type, theirs)), f.name
+        assert type(mine) is tuple or f.name == "label", f.name
+    for name in DERIVED:
+        assert getattr(g, name) == getattr(checked, name), name
+    assert g == checked
+
+
+@pytest.mark.parametrize("pname", sorted(PROBLEMS))
+def test_trusted_build_is_what_validation_gives(pname: str) -> None:
+    _assert_as_validated(training.build(PROBLEMS[pname]))
+
+
+@given(st.booleans().flatmap(lambda c: problems(contention=c)))
+def test_trusted_build_is_what_validation_gives_on_random_problems(prob: Problem) -> None:
+    _assert_as_validated(training.build(prob))
+
+
+def test_labels_are_the_ops_names() -> None:
+    prob = uniform_problem(2, 3)
+    labels = training.build(prob).label
+    assert list(labels) == [str(op) for op in prob.ops()]
+    assert labels[-1] == "1W2" and labels[1:3] == ("0F1", "0F2") and len(labels) == 18
+    with pytest.raises(IndexError):
+        labels[18]
 
 
 def _bad_orders(prob: Problem) -> list[list[Op]]:

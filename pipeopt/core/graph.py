@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Any
 
 #: Waves of at least this many tasks are ordered by numpy at once (narrower: one by one).
 _WIDE_WAVE = 64
@@ -82,15 +83,23 @@ def _is_number(x: object) -> bool:
     return True
 
 
-def _csr(keys: Sequence[int], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(offsets, items): the ids of ``keys`` grouped by key value, each group in id order."""
+def _csr(keys: Sequence[int], others: Sequence[int], n: int
+         ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(offsets, items, ends): the ids of ``keys`` grouped by key value, each group in id order,
+    and ``others`` of those ids in the same order (the task at an edge's other end)."""
     import numpy as np  # here: importing the graph module stays cheap
 
     a = np.asarray(keys, dtype=np.int64)
     items = np.argsort(a, kind="stable")  # stable: id order within a group
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(a, minlength=n), out=offsets[1:])
-    return tuple(offsets.tolist()), tuple(items.tolist())
+    ends = np.asarray(others, dtype=np.int64)[items]
+    return tuple(offsets.tolist()), tuple(items.tolist()), tuple(ends.tolist())
+
+
+#: Derived columns a builder may hand :meth:`TaskGraph.trusted` instead of having them computed.
+_GIVEN_DERIVED = frozenset({"edge_link", "edge_latency", "serialized", "in_degree", "_succ_csr",
+                            "succ_latency"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +124,7 @@ class TaskGraph:
     duration: tuple[float, ...] = ()
     mem_start: tuple[float, ...] = ()
     mem_end: tuple[float, ...] = ()
-    label: tuple[str, ...] = ()
+    label: Sequence[str] = ()
     tail: tuple[float, ...] = ()
     src: tuple[int, ...] = ()
     dst: tuple[int, ...] = ()
@@ -175,6 +184,32 @@ class TaskGraph:
         _ = self.edge_link  # every cross-device edge has a link
         _ = self.topological_order  # refuses a cycle
 
+    @classmethod
+    def trusted(cls, *, given: Mapping[str, object] | None = None,
+                **columns: Any) -> TaskGraph:
+        """A graph from columns a builder guarantees (:mod:`pipeopt.workloads`), unchecked.
+
+        Every field but ``meta`` must be given exactly as validation would store it: tuples of
+        the right lengths and types (``label`` may be any sequence of strings), ids in range,
+        no cycle, a link for every cross-device edge. Nothing is checked or converted, and
+        derived columns are computed when first read (the topological order only by a method
+        that needs it), except those in ``given`` (``edge_link``, ``edge_latency``,
+        ``serialized``, ``in_degree``, ``_succ_csr``: (succ_offsets, succ_edges, succ_tasks),
+        ``succ_latency``), which a builder that knows its graph's structure makes whole,
+        without sorting. Each builder's tests compare its graph with the validated
+        constructor's. Use :class:`TaskGraph` itself for anything built from user input.
+        """
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in columns and n != "meta"]
+        unknown = set(columns).difference(names) | set(given or {}).difference(_GIVEN_DERIVED)
+        if missing or unknown:
+            raise TypeError(f"TaskGraph.trusted: missing {missing}, unknown {sorted(unknown)}")
+        graph = object.__new__(cls)
+        for name in names:
+            object.__setattr__(graph, name, columns.get(name, ()))
+        graph.__dict__.update(given or {})  # what the cached properties would compute
+        return graph
+
     # ----- sizes -----------------------------------------------------------------------------
     @property
     def devices(self) -> int:
@@ -229,8 +264,8 @@ class TaskGraph:
     @cached_property
     def edge_latency(self) -> tuple[float, ...]:
         """Per edge, seconds from the end of its transmission to its arrival (0 on a device)."""
-        lat = self.latency
-        return tuple(0.0 if k < 0 else lat[k] for k in self.edge_link)
+        lat = (*self.latency, 0.0)  # link -1 (same device) reads the appended 0
+        return tuple(map(lat.__getitem__, self.edge_link))
 
     @cached_property
     def edge_delay(self) -> tuple[float, ...]:
@@ -244,12 +279,25 @@ class TaskGraph:
         return any(t > 0 for t in self.edge_transmission)
 
     @cached_property
-    def _pred_csr(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return _csr(self.dst, self.num_tasks)
+    def _pred_csr(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        return _csr(self.dst, self.src, self.num_tasks)
 
     @cached_property
-    def _succ_csr(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        return _csr(self.src, self.num_tasks)
+    def _succ_csr(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        return _csr(self.src, self.dst, self.num_tasks)
+
+    @cached_property
+    def in_degree(self) -> tuple[int, ...]:
+        """Per task, its number of incoming edges."""
+        import numpy as np
+
+        dst = np.asarray(self.dst, dtype=np.int64)
+        return tuple(np.bincount(dst, minlength=self.num_tasks).tolist())
+
+    @cached_property
+    def succ_latency(self) -> tuple[float, ...]:
+        """Per slot of :attr:`succ_edges`, the edge's latency (the fast simulator's delays)."""
+        return tuple(map(self.edge_latency.__getitem__, self.succ_edges))
 
     @property
     def pred_offsets(self) -> tuple[int, ...]:
@@ -262,6 +310,11 @@ class TaskGraph:
         return self._pred_csr[1]
 
     @property
+    def pred_tasks(self) -> tuple[int, ...]:
+        """Per slot of :attr:`pred_edges`, the edge's source task."""
+        return self._pred_csr[2]
+
+    @property
     def succ_offsets(self) -> tuple[int, ...]:
         """CSR offsets: task i's outgoing edges are ``succ_edges[succ_offsets[i]:...[i+1]]``."""
         return self._succ_csr[0]
@@ -270,6 +323,11 @@ class TaskGraph:
     def succ_edges(self) -> tuple[int, ...]:
         """Outgoing edge ids grouped by source task, each group in edge id order."""
         return self._succ_csr[1]
+
+    @property
+    def succ_tasks(self) -> tuple[int, ...]:
+        """Per slot of :attr:`succ_edges`, the edge's destination task."""
+        return self._succ_csr[2]
 
     def preds(self, task: int) -> tuple[int, ...]:
         """Incoming edge ids of ``task``."""

@@ -20,9 +20,11 @@ through the problem's own accessors:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from itertools import repeat
-from operator import neg
+from dataclasses import dataclass
+from operator import eq, neg
+from typing import overload
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.core.graph import TaskGraph
@@ -60,47 +62,139 @@ def message_bytes(problem: Problem, src_stage: int, dst_stage: int) -> float:
     return problem.message_size[min(src_stage, dst_stage)]
 
 
-@cyclic_gc_paused()  # one tuple per task and no reference cycles (pipeopt._gc)
-def build(problem: Problem) -> TaskGraph:
-    """The task graph of ``problem`` (see the module docstring)."""
-    dev, stage, mb, kind = problem.op_table
-    ops = list(map(tuple.__new__, repeat(Op), zip(kind, stage, mb, strict=True)))
-    duration = tuple(map(problem.duration, ops))
-    alloc, free = zip(*map(problem.memory_delta, ops), strict=True)
+@dataclass(frozen=True, eq=False)
+class OpLabels(Sequence[str]):
+    """The task labels of :func:`build`'s graph, ``str(op)`` of each task's op (``0F3``: stage,
+    kind, micro-batch), made when read: most graphs are timed without printing a label."""
 
-    kinds = {k: i for i, k in enumerate(problem.kinds)}
+    stages: int
+    microbatches: int
+    kinds: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.kinds) * self.stages * self.microbatches
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        if isinstance(i, slice):
+            return tuple(map(self.__getitem__, range(*i.indices(len(self)))))
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"task {i} out of range 0..{n - 1}")
+        km, j = divmod(i % n, self.microbatches)
+        kind, k = divmod(km, self.stages)
+        return f"{k}{self.kinds[kind]}{j}"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(self) == len(other) and all(map(eq, self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
+@cyclic_gc_paused()  # one object per task and no reference cycles (pipeopt._gc)
+def build(problem: Problem) -> TaskGraph:
+    """The task graph of ``problem`` (see the module docstring).
+
+    Columns are made whole (per (kind, stage) block of m tasks or edges, never one Python call
+    per task) and handed to :meth:`TaskGraph.trusted`: by construction they hold every rule the
+    validated constructor checks (ids in range, links for every cross-device edge, no cycle:
+    edges run F forward, F -> B, B backward, B -> W), which ``tests/test_core_training.py``
+    checks against :class:`TaskGraph` itself.
+    """
+    import numpy as np  # here: importing the workload stays cheap
+
     s, m = problem.stages, problem.microbatches
+    kinds = problem.kinds
+    kind_index = {k: i for i, k in enumerate(kinds)}
     sd = problem.stage_device
-    numbers = list(map(str, range(m)))
-    uniform, scale = problem.uniform_microbatches, problem.message_scale
-    label: list[str] = []
+    last = kinds[-1]
     tail: list[float] = []
-    last = problem.kinds[-1]
-    src: list[int] = []
-    dst: list[int] = []
-    size: list[float] = []
-    pairs: set[tuple[int, int]] = set()
+    in_degree: list[int] = []
     # Ops of one (kind, stage) share their inputs' kinds and stages, each on its own
-    # micro-batch: one block of m edges per input (tests check this against every op).
-    for kd in problem.kinds:
+    # micro-batch: one block of m edges per input, blocks in consumer order.
+    blocks: list[tuple[int, int, int, int]] = []  # (producer id 0, consumer id 0, stages)
+    for kd in kinds:
         for k in range(s):
-            base = (kinds[kd] * s + k) * m
-            label.extend([f"{k}{kd}" + j for j in numbers])
-            tail.extend([problem.grad_reduce[k] if kd == last else 0.0] * m)
-            for x in problem.inputs(Op(kd, k, 0)):
-                xbase = (kinds[x.kind] * s + x.stage) * m
-                src.extend(range(xbase, xbase + m))
-                dst.extend(range(base, base + m))
-                nbytes = message_bytes(problem, x.stage, k)
-                size.extend([nbytes] * m if uniform else [nbytes * c for c in scale])
-                if sd[x.stage] != sd[k]:
-                    pairs.add((sd[x.stage], sd[k]))
-    links = sorted(pairs)
-    return TaskGraph(
+            base = (kind_index[kd] * s + k) * m
+            tail += [problem.grad_reduce[k] if kd == last else 0.0] * m
+            inputs = problem.inputs(Op(kd, k, 0))
+            in_degree += [len(inputs)] * m
+            for x in inputs:
+                blocks.append(((kind_index[x.kind] * s + x.stage) * m, base, x.stage, k))
+    pairs = sorted({(sd[a], sd[b]) for _, _, a, b in blocks if sd[a] != sd[b]})
+    link_id = {ab: i for i, ab in enumerate(pairs)}
+    latency = tuple(problem.latency[a][b] for a, b in pairs)
+    bandwidth = tuple(problem.bandwidth[a][b] for a, b in pairs)
+    uniform, scale = problem.uniform_microbatches, problem.message_scale
+    edge_link: list[int] = []
+    edge_latency: list[float] = []
+    size: list[float] = []
+    serialized = False
+    outputs: dict[int, list[tuple[int, int, float]]] = {}  # producer block -> its edge blocks
+    for x0, c0, a, b in blocks:
+        k = link_id.get((sd[a], sd[b]), -1)
+        lat = latency[k] if k >= 0 else 0.0
+        outputs.setdefault(x0, []).append((len(size), c0, lat))
+        edge_link += [k] * m
+        edge_latency += [lat] * m
+        nbytes = message_bytes(problem, a, b)
+        sizes = [nbytes] * m if uniform else [nbytes * c for c in scale]
+        size += sizes
+        if k >= 0 and not serialized and not math.isinf(bandwidth[k]):
+            serialized = any(x / bandwidth[k] > 0 for x in set(sizes))  # TaskGraph's rule
+    n = len(tail)
+    first = np.asarray([(x, y) for x, y, _, _ in blocks], dtype=np.int64).reshape(-1, 2)
+    step = np.tile(np.arange(m, dtype=np.int64), len(blocks))
+    src = np.repeat(first[:, 0], m) + step
+    dst = np.repeat(first[:, 1], m) + step
+    alloc, free = problem.op_memory_deltas()
+    return TaskGraph.trusted(
         memory_limit=problem.memory_limit, static_memory=problem.static_memory,
-        link_src=tuple(a for a, _ in links), link_dst=tuple(b for _, b in links),
-        latency=tuple(problem.latency[a][b] for a, b in links),
-        bandwidth=tuple(problem.bandwidth[a][b] for a, b in links),
-        device=dev, duration=duration, mem_start=alloc, mem_end=tuple(map(neg, free)),
-        label=tuple(label), tail=tuple(tail), src=tuple(src), dst=tuple(dst), bytes=tuple(size),
-        meta=(("workload", "training"),))
+        link_src=tuple(a for a, _ in pairs), link_dst=tuple(b for _, b in pairs),
+        latency=latency, bandwidth=bandwidth,
+        device=problem.op_table[0], duration=problem.op_durations(), mem_start=alloc,
+        mem_end=tuple(map(neg, free)), label=OpLabels(s, m, kinds), tail=tuple(tail),
+        src=tuple(src.tolist()), dst=tuple(dst.tolist()), bytes=tuple(size),
+        meta=(("workload", "training"),),
+        given={"edge_link": tuple(edge_link), "edge_latency": tuple(edge_latency),
+               "serialized": serialized, "in_degree": tuple(in_degree),
+               **_successors(outputs, n, m)})
+
+
+def _successors(outputs: dict[int, list[tuple[int, int, float]]], n: int, m: int
+                ) -> dict[str, object]:
+    """The successor CSR of the training graph and each slot's latency, made by blocks.
+
+    ``outputs[x0]``: the edge blocks leaving producer block ``x0`` (tasks x0 .. x0 + m - 1),
+    in edge id order, each as (first edge id, first consumer id, latency): task x0 + j's
+    successor slots are edge e0 + j of each block in turn, which is the grouping by source, in
+    edge id order, that :class:`TaskGraph` derives by sorting.
+    """
+    import numpy as np
+
+    degree = np.repeat([len(outputs.get(x0, ())) for x0 in range(0, n, m)], m)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(degree, out=offsets[1:])
+    slots = int(offsets[-1])
+    edges = np.empty(slots, dtype=np.int64)
+    tasks = np.empty(slots, dtype=np.int64)
+    delays = np.empty(slots, dtype=np.float64)
+    step = np.arange(m, dtype=np.int64)
+    for x0, blocks in outputs.items():
+        first, deg = int(offsets[x0]), len(blocks)
+        for r, (e0, c0, lat) in enumerate(blocks):
+            where = slice(first + r, first + deg * m, deg)
+            edges[where] = step + e0
+            tasks[where] = step + c0
+            delays[where] = lat
+    return {"_succ_csr": (tuple(offsets.tolist()), tuple(edges.tolist()),
+                          tuple(tasks.tolist())),
+            "succ_latency": tuple(delays.tolist())}
