@@ -14,10 +14,12 @@ starts as early as its device and its inputs allow. Inputs are:
 Micro-batch j's op durations and message bytes are scaled by the problem's per-micro-batch
 factors (:attr:`Problem.time_scale`, :attr:`Problem.message_scale`).
 
-The timing itself is the core simulator's (:mod:`pipeopt.core.simulate`, the one judge of
-timings for every workload) over the problem's task graph (:func:`pipeopt.workloads.training.
-build`, task id = op id); this module speaks the chain's language around it: orders of ops in,
-a :class:`Schedule` out, errors naming ops.
+With messages that queue on links, the timing is the core simulator's
+(:mod:`pipeopt.core.simulate`, the judge of timings for every workload) over the problem's task
+graph (:func:`pipeopt.workloads.training.build`, task id = op id), and so is the report of a
+deadlock; this module speaks the chain's language around it: orders of ops in, a
+:class:`Schedule` out, errors naming ops. Latency-only links keep a pass specialised to the
+chain until the core matches its speed (:func:`_simulate_fast`).
 
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
@@ -37,6 +39,8 @@ from pipeopt.core.simulate import simulate as core_simulate
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.workloads import training
+
+_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
 
 
 class ScheduleError(ValueError):
@@ -108,17 +112,142 @@ def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int
 
 def simulate(problem: Problem, orders: Orders, method: str = "custom",
              solver: SolverInfo | None = None, *, check: bool = True) -> Schedule:
-    """Time the per-device op ``orders`` as early as possible: the core simulator
+    """Time the per-device op ``orders`` as early as possible.
+
+    When messages queue on links, and to name a deadlock, the timing is the core simulator's
     (:func:`pipeopt.core.simulate.simulate`) over the problem's task graph
-    (:func:`pipeopt.workloads.training.build`), its times returned as a chain Schedule.
+    (:func:`pipeopt.workloads.training.build`); with latency-only links a pass specialised to
+    the chain does it (see :func:`_simulate_fast` for why it stays).
 
     Raises :class:`ScheduleError` when an order misses or repeats an op, and
     :class:`DeadlockError` when the orders wait on each other in a cycle.
     """
     with cyclic_gc_paused():
-        ops, msgs = _time(problem, orders, check=check)
+        if problem.has_link_contention:
+            ops, msgs = _time(problem, orders, check=check)
+        else:
+            if check:
+                _check_orders(problem, orders)
+            ops, msgs = _simulate_fast(problem, orders), ()
         return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
                         solver=solver or SolverInfo())
+
+
+def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
+    """Delay of the activation into stage k (from k-1) and of the gradient into stage k (from
+    k+1), both seconds on an idle link."""
+    s = problem.stages
+    fwd = [0.0] + [problem.delay(k - 1, k) for k in range(1, s)]
+    bwd = [problem.delay(k + 1, k) for k in range(s - 1)] + [0.0]
+    return fwd, bwd
+
+
+def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
+    """Dependency-counting timing when no message occupies a link (delays are plain offsets,
+    the latencies, which no micro-batch scale changes).
+
+    Every op keeps a count of unfinished prerequisites (its device predecessor and its data
+    inputs) and the latest time one of them made it ready; timing an op updates its at most
+    three successors, so the work is linear in the number of ops.
+
+    It stays beside the core's fast path (the same rule, which tests/test_simulate.py and
+    tests/test_core_training.py check it against) until the core, graph build included, is
+    within 10 % of it at p = 64, m = 1024: ``benchmarks/simulate.py --base`` measured the core
+    route at about half its speed on 2026-12-03 (benchmarks/README.md), the Python loop over
+    CSR slots plus building the graph against successors computed from op ids.
+    """
+    s, m = problem.stages, problem.microbatches
+    sm = s * m
+    split = problem.split_backward
+    n = (3 if split else 2) * sm
+    dur: list[float] = []
+    scale = None if not problem.microbatch_scale else problem.time_scale
+    for kind in problem.kinds:
+        per_stage = problem.durations[kind]
+        for k in range(s):
+            if scale is None:
+                dur.extend([per_stage[k]] * m)
+            else:
+                t = per_stage[k]
+                dur.extend([t * c for c in scale])
+    dfwd, dbwd = _stage_delays(problem)
+    # Per op id: delay of its activation to the next stage's F / of its gradient to the
+    # previous stage's B (only F and B ids use these).
+    fdelay = [d for k in range(s) for d in [dfwd[k + 1] if k + 1 < s else 0.0] * m]
+    bdelay = [d for k in range(s) for d in [dbwd[k - 1] if k > 0 else 0.0] * m]
+
+    # Prerequisites: F(k>0) waits for F(k-1); B for its F and (k < last) B(k+1); W for its B.
+    need = [0] * m + [1] * (sm - m) + [2] * (sm - m) + [1] * m + ([1] * sm if split else [])
+    nxt = [-1] * n  # next op id on the same device
+    first = []
+    for order in orders:
+        ids = [(_KIND_INDEX[o.kind] * s + o.stage) * m + o.microbatch for o in order]
+        for a, b in pairwise(ids):
+            nxt[a] = b
+            need[b] += 1
+        if ids:
+            first.append(ids[0])
+
+    ready_at = [0.0] * n  # latest prerequisite end (plus delay) seen so far
+    start = [math.nan] * n  # NaN until timed (the deadlock report relies on it)
+    end = [math.nan] * n
+    stack = [i for i in first if need[i] == 0]
+    push, pop = stack.append, stack.pop
+    last_f = sm - m  # first id of the last stage's F
+    done = 0
+    while stack:
+        i = pop()
+        t = ready_at[i]
+        start[i] = t
+        e = t + dur[i]
+        end[i] = e
+        done += 1
+        y = nxt[i]
+        if y >= 0:
+            if e > ready_at[y]:
+                ready_at[y] = e
+            c = need[y] - 1
+            need[y] = c
+            if not c:
+                push(y)
+        if i < sm:  # F: the next stage's F, and its own B
+            if i < last_f:
+                y = i + m
+                a = e + fdelay[i]
+                if a > ready_at[y]:
+                    ready_at[y] = a
+                c = need[y] - 1
+                need[y] = c
+                if not c:
+                    push(y)
+            y = i + sm
+        elif i < 2 * sm:  # B: the previous stage's B, and its own W
+            if i >= sm + m:
+                y = i - m
+                a = e + bdelay[i - sm]
+                if a > ready_at[y]:
+                    ready_at[y] = a
+                c = need[y] - 1
+                need[y] = c
+                if not c:
+                    push(y)
+            if not split:
+                continue
+            y = i + sm
+        else:
+            continue
+        if e > ready_at[y]:
+            ready_at[y] = e
+        c = need[y] - 1
+        need[y] = c
+        if not c:
+            push(y)
+
+    if done < n:  # the core simulator names the cycle of waits
+        _time(problem, orders, check=False)
+        raise RuntimeError("simulate: the chain's fast path and the core disagree on a deadlock")
+    return tuple(map(tuple.__new__, repeat(TimedOp),
+                     zip(*problem.op_table[:4], start, end, strict=False)))
 
 
 def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False
