@@ -142,7 +142,7 @@ def test_graph_mirrors_the_problem(pname: str) -> None:
 
 #: Derived columns: build() hands some over whole (TaskGraph.trusted), the rest are derived.
 DERIVED = ("edge_link", "edge_latency", "edge_transmission", "serialized", "in_degree",
-           "succ_offsets", "succ_edges", "succ_tasks", "succ_latency", "pred_offsets",
+           "succ_offsets", "succ_edges", "succ_tasks", "out_steps", "pred_offsets",
            "pred_edges", "pred_tasks", "topological_order", "device_tasks")
 
 

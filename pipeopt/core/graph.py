@@ -98,8 +98,8 @@ def _csr(keys: Sequence[int], others: Sequence[int], n: int
 
 
 #: Derived columns a builder may hand :meth:`TaskGraph.trusted` instead of having them computed.
-_GIVEN_DERIVED = frozenset({"edge_link", "edge_latency", "serialized", "in_degree", "_succ_csr",
-                            "succ_latency"})
+_GIVEN_DERIVED = frozenset({"edge_link", "edge_latency", "serialized", "in_degree",
+                            "out_steps"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,10 +194,10 @@ class TaskGraph:
         no cycle, a link for every cross-device edge. Nothing is checked or converted, and
         derived columns are computed when first read (the topological order only by a method
         that needs it), except those in ``given`` (``edge_link``, ``edge_latency``,
-        ``serialized``, ``in_degree``, ``_succ_csr``: (succ_offsets, succ_edges, succ_tasks),
-        ``succ_latency``), which a builder that knows its graph's structure makes whole,
-        without sorting. Each builder's tests compare its graph with the validated
-        constructor's. Use :class:`TaskGraph` itself for anything built from user input.
+        ``serialized``, ``in_degree``, ``out_steps``), which a builder that knows its graph's
+        structure makes whole, by blocks of alike tasks. Each builder's tests compare its graph
+        with the validated constructor's. Use :class:`TaskGraph` itself for anything built from
+        user input.
         """
         names = [f.name for f in fields(cls)]
         missing = [n for n in names if n not in columns and n != "meta"]
@@ -295,9 +295,14 @@ class TaskGraph:
         return tuple(np.bincount(dst, minlength=self.num_tasks).tolist())
 
     @cached_property
-    def succ_latency(self) -> tuple[float, ...]:
-        """Per slot of :attr:`succ_edges`, the edge's latency (the fast simulator's delays)."""
-        return tuple(map(self.edge_latency.__getitem__, self.succ_edges))
+    def out_steps(self) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """Per task ``i``, its outgoing edges as ``(destination - i, latency)`` pairs in edge id
+        order: the fast simulator's successors and delays in one small tuple per task (alike
+        tasks may share one tuple object, as a builder makes it once per block)."""
+        off, tasks = self.succ_offsets, self.succ_tasks
+        edges, lat = self.succ_edges, self.edge_latency
+        return tuple(tuple((tasks[q] - i, lat[edges[q]]) for q in range(off[i], off[i + 1]))
+                     for i in range(self.num_tasks))
 
     @property
     def pred_offsets(self) -> tuple[int, ...]:

@@ -94,9 +94,7 @@ def _simulate_fast(graph: TaskGraph, orders: Orders) -> tuple[list[float], list[
     """
     n = graph.num_tasks
     dur = graph.duration
-    off = graph.succ_offsets
-    nxt_task = graph.succ_tasks  # successor task per CSR slot
-    delay = graph.succ_latency  # no transmission on this path
+    steps = graph.out_steps  # (successor - task, latency): no transmission on this path
     need = list(graph.in_degree)
     nxt = [-1] * n  # next task on the same device
     first = []
@@ -127,9 +125,9 @@ def _simulate_fast(graph: TaskGraph, orders: Orders) -> tuple[list[float], list[
             need[y] = c
             if not c:
                 push(y)
-        for q in range(off[i], off[i + 1]):
-            y = nxt_task[q]
-            a = e + delay[q]
+        for dy, delay in steps[i]:
+            y = i + dy
+            a = e + delay
             if a > ready[y]:
                 ready[y] = a
             c = need[y] - 1

@@ -138,11 +138,11 @@ def build(problem: Problem) -> TaskGraph:
     edge_latency: list[float] = []
     size: list[float] = []
     serialized = False
-    outputs: dict[int, list[tuple[int, int, float]]] = {}  # producer block -> its edge blocks
+    outputs: dict[int, list[tuple[int, float]]] = {}  # producer block -> (consumer, latency)
     for x0, c0, a, b in blocks:
         k = link_id.get((sd[a], sd[b]), -1)
         lat = latency[k] if k >= 0 else 0.0
-        outputs.setdefault(x0, []).append((len(size), c0, lat))
+        outputs.setdefault(x0, []).append((c0, lat))
         edge_link += [k] * m
         edge_latency += [lat] * m
         nbytes = message_bytes(problem, a, b)
@@ -150,7 +150,10 @@ def build(problem: Problem) -> TaskGraph:
         size += sizes
         if k >= 0 and not serialized and not math.isinf(bandwidth[k]):
             serialized = any(x / bandwidth[k] > 0 for x in set(sizes))  # TaskGraph's rule
-    n = len(tail)
+    # Producer block x0's tasks all hand on to the same consumer blocks, shifted alike.
+    out_steps: list[tuple[tuple[int, float], ...]] = []
+    for x0 in range(0, len(tail), m):
+        out_steps += [tuple((c0 - x0, lat) for c0, lat in outputs.get(x0, ()))] * m
     first = np.asarray([(x, y) for x, y, _, _ in blocks], dtype=np.int64).reshape(-1, 2)
     step = np.tile(np.arange(m, dtype=np.int64), len(blocks))
     src = np.repeat(first[:, 0], m) + step
@@ -166,35 +169,5 @@ def build(problem: Problem) -> TaskGraph:
         meta=(("workload", "training"),),
         given={"edge_link": tuple(edge_link), "edge_latency": tuple(edge_latency),
                "serialized": serialized, "in_degree": tuple(in_degree),
-               **_successors(outputs, n, m)})
+               "out_steps": tuple(out_steps)})
 
-
-def _successors(outputs: dict[int, list[tuple[int, int, float]]], n: int, m: int
-                ) -> dict[str, object]:
-    """The successor CSR of the training graph and each slot's latency, made by blocks.
-
-    ``outputs[x0]``: the edge blocks leaving producer block ``x0`` (tasks x0 .. x0 + m - 1),
-    in edge id order, each as (first edge id, first consumer id, latency): task x0 + j's
-    successor slots are edge e0 + j of each block in turn, which is the grouping by source, in
-    edge id order, that :class:`TaskGraph` derives by sorting.
-    """
-    import numpy as np
-
-    degree = np.repeat([len(outputs.get(x0, ())) for x0 in range(0, n, m)], m)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(degree, out=offsets[1:])
-    slots = int(offsets[-1])
-    edges = np.empty(slots, dtype=np.int64)
-    tasks = np.empty(slots, dtype=np.int64)
-    delays = np.empty(slots, dtype=np.float64)
-    step = np.arange(m, dtype=np.int64)
-    for x0, blocks in outputs.items():
-        first, deg = int(offsets[x0]), len(blocks)
-        for r, (e0, c0, lat) in enumerate(blocks):
-            where = slice(first + r, first + deg * m, deg)
-            edges[where] = step + e0
-            tasks[where] = step + c0
-            delays[where] = lat
-    return {"_succ_csr": (tuple(offsets.tolist()), tuple(edges.tolist()),
-                          tuple(tasks.tolist())),
-            "succ_latency": tuple(delays.tolist())}
