@@ -1,36 +1,29 @@
 """The core task graph against the chain code: build time and simulator speed.
 
-Run: python benchmarks/core.py [--devices 64] [--microbatches 1024] [--repeat 3]
+Run: python benchmarks/core.py [--devices 64] [--microbatches 1024] [--repeat 3] [--cpu]
 
 For 1F1B (fused backward) and ZB-H1 (split backward) orders at p=64, m=1024 with 50 ms latency
-links, prints the time to build the graph (``workloads.training.build``), the chain API's
-``pipeopt.simulate.simulate`` (since step 4 of docs/architecture.md a thin call into the core:
-build, the core simulator, a chain Schedule) and the core simulator alone on an already built
-graph (without order checks, and with them), and the ratio chain API / core alone measured in
-the same run (what building the graph and speaking in ops cost on top of the core's timing).
-The last line does the same for ZB-H1 on links that serialize messages (event-driven path).
+links, prints, each the best of ``--repeat`` runs alternated in one process (so both sides see
+the same machine): the time to build the graph (``workloads.training.build``); the chain's own
+fast pass (``pipeopt.simulate._simulate_fast``, what ``simulate`` runs on latency-only links);
+the core route that would replace it (build the graph, the core simulator, the chain Schedule:
+``pipeopt.simulate._time``), both without and with the order checks; and the speed ratio core
+route / chain pass (the plan of record, docs/architecture.md step 4, moves the fast path onto
+the core once every ratio is >= 0.9). The last line times ZB-H1 on links that serialize
+messages, which ``simulate`` already sends through the core route.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from collections.abc import Callable
 
-from pipeopt.core.simulate import simulate as core_simulate
 from pipeopt.problem import chain_links, uniform_problem
 from pipeopt.schedules import GENERATORS
-from pipeopt.simulate import simulate
+from pipeopt.simulate import _check_orders, _simulate_fast, _time
 from pipeopt.workloads import training
-
-
-def _best_of(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -38,24 +31,44 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--microbatches", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cpu", action="store_true",
+                    help="time with this process's CPU clock (time.process_time), not the wall "
+                         "clock")
     args = ap.parse_args()
     p, m, r = args.devices, args.microbatches, args.repeat
+    clock = time.process_time if args.cpu else time.perf_counter
     prob = uniform_problem(p, m, 1.0, 1.2, 0.8, latency=0.05)
     lat, bw = chain_links(p, [0.05] * (p - 1), [1e9] * (p - 1))
     cont = prob.replace(latency=lat, bandwidth=bw, message_size=(1e8,) * (p - 1))
-    cases = [("1f1b", prob.replace(split_backward=False), r),
-             ("zb-h1", prob, r), ("zb-h1 serialized", cont, 1)]
-    for name, pr, rep in cases:
-        orders = GENERATORS[name.split()[0]](pr)
-        build = _best_of(lambda pr=pr: training.build(pr), rep)
-        graph = training.build(pr)
-        tasks = training.task_orders(pr, orders)
-        chain = _best_of(lambda pr=pr, orders=orders: simulate(pr, orders, check=False), rep)
-        core = _best_of(lambda g=graph, t=tasks: core_simulate(g, t, check=False), rep)
-        checked = _best_of(lambda g=graph, t=tasks: core_simulate(g, t), rep)
-        print(f"{name:17s} {pr.num_ops} tasks: build {build:.3f} s | chain API {chain:.3f} s | "
-              f"core {core:.3f} s (with order checks {checked:.3f} s) | "
-              f"chain API / core {chain / core:.2f}")
+    gc.disable()  # as simulate runs (pipeopt._gc): the collector's passes are not the code's
+    try:
+        for name, pr in (("1f1b", prob.replace(split_backward=False)), ("zb-h1", prob)):
+            orders = GENERATORS[name](pr)
+            sides: dict[str, Callable[[], object]] = {
+                "build": lambda pr=pr: training.build(pr),
+                "chain": lambda pr=pr, o=orders: _simulate_fast(pr, o),
+                "core": lambda pr=pr, o=orders: _time(pr, o, check=False),
+                "chain checked": lambda pr=pr, o=orders: (_check_orders(pr, o),
+                                                          _simulate_fast(pr, o)),
+                "core checked": lambda pr=pr, o=orders: _time(pr, o, check=True),
+            }
+            best = dict.fromkeys(sides, float("inf"))
+            for _ in range(r):
+                for key, fn in sides.items():
+                    t0 = clock()
+                    fn()
+                    best[key] = min(best[key], clock() - t0)
+            print(f"{name:6s} {pr.num_ops} ops: build {best['build']:.3f} s | chain pass "
+                  f"{best['chain']:.3f} s | core route {best['core']:.3f} s | with order checks "
+                  f"{best['chain checked']:.3f} / {best['core checked']:.3f} s | speed core/chain "
+                  f"{best['chain'] / best['core']:.2f}, checked "
+                  f"{best['chain checked'] / best['core checked']:.2f}")
+        orders = GENERATORS["zb-h1"](cont)
+        t0 = clock()
+        _time(cont, orders, check=False)
+        print(f"zb-h1 serialized {cont.num_ops} ops: core route {clock() - t0:.3f} s (one run)")
+    finally:
+        gc.enable()
 
 
 if __name__ == "__main__":
