@@ -281,7 +281,8 @@ class Problem:
         """(allocated at start, released at end) of every op in bytes, as two columns indexed
         by op id: the values of :meth:`memory_delta`, read as :meth:`op_durations` reads."""
         if not self.uniform_microbatches:
-            return tuple(zip(*map(self.memory_delta, self.ops()), strict=True))  # type: ignore
+            allocs, frees = zip(*map(self.memory_delta, self.ops()), strict=True)
+            return tuple(allocs), tuple(frees)
         m = self.microbatches
         alloc: list[float] = []
         free: list[float] = []

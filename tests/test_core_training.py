@@ -170,6 +170,17 @@ def test_trusted_build_is_what_validation_gives_on_random_problems(prob: Problem
     _assert_as_validated(training.build(prob))
 
 
+@pytest.mark.parametrize("pname", sorted(PROBLEMS))
+def test_problem_columns_are_its_per_op_values(pname: str) -> None:
+    """Problem.op_durations / op_memory_deltas, by op id, are duration / memory_delta of each op
+    (uniform problems read them once per block, scaled ones once per op)."""
+    prob = PROBLEMS[pname]
+    ops = list(prob.ops())
+    assert list(prob.op_durations()) == [prob.duration(op) for op in ops]
+    alloc, free = prob.op_memory_deltas()
+    assert list(zip(alloc, free, strict=True)) == [prob.memory_delta(op) for op in ops]
+
+
 def test_labels_are_the_ops_names() -> None:
     prob = uniform_problem(2, 3)
     labels = training.build(prob).label
