@@ -47,7 +47,7 @@ ROWS = {
     "zb-h1": "simulate zb-h1 (fast path)",
     "zb-h1 checked": "simulate zb-h1 (fast path, order checks)",
     "serialized": "simulate zb-h1 (serialized links, events)",
-    "greedy": "greedy, memory at 1F1B's peak (ops / wall s)",
+    "greedy": "greedy, memory at 1F1B's peak (ops / s)",
 }
 
 

@@ -242,3 +242,36 @@ def test_file_without_messages_checked_against_any_sending_order():
     # A message's kind must match its direction.
     bad = replace(sched, messages=(msgs[0]._replace(kind="B"), *msgs[1:]))
     assert any("carries an activation (kind F)" in v for v in check(bad))
+
+
+def test_serialized_links_report_faults_as_the_fast_path_does():
+    """simulate times serialized links through the core: a bad order or a deadlock is named in
+    the same words (ops, positions) as on latency-only links, which the chain's own pass
+    times."""
+    fast = uniform_problem(2, 2)
+    lat, bw = chain_links(2, [0.1], [1.0])
+    slow = fast.replace(latency=lat, bandwidth=bw, message_size=(0.5,))
+    assert slow.has_link_contention and not fast.has_link_contention
+    good = [[Op("F", 0, 0), Op("F", 0, 1), Op("B", 0, 0), Op("W", 0, 0), Op("B", 0, 1),
+             Op("W", 0, 1)],
+            [Op("F", 1, 0), Op("B", 1, 0), Op("W", 1, 0), Op("F", 1, 1), Op("B", 1, 1),
+             Op("W", 1, 1)]]
+    bad_orders = [
+        [good[0] + [Op("F", 1, 0)], good[1]],  # misplaced
+        [[*good[0][:2], good[0][1], *good[0][2:]], good[1]],  # repeated
+        [good[0][:-1], good[1]],  # missing
+        [good[0] + [Op("X", 0, 0)], good[1]],  # no such op
+        [good[0] + [Op("F", 0, 2)], good[1]],  # no such micro-batch
+        [good[0]],  # a device short
+        [good[0][::-1], good[1]],  # deadlock
+    ]
+    for orders in bad_orders:
+        with pytest.raises(ScheduleError) as want:
+            simulate(fast, orders)
+        with pytest.raises(ScheduleError) as got:
+            simulate(slow, orders)
+        assert type(got.value) is type(want.value)
+        assert str(got.value) == str(want.value)
+        if isinstance(want.value, DeadlockError):
+            assert got.value.cycle == want.value.cycle
+    assert check(simulate(slow, good)) == []
