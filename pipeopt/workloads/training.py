@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import eq, neg
+from itertools import chain
+from operator import eq
 from typing import overload
 
 from pipeopt._gc import cyclic_gc_paused
@@ -109,8 +110,6 @@ def build(problem: Problem) -> TaskGraph:
     edges run F forward, F -> B, B backward, B -> W), which ``tests/test_core_training.py``
     checks against :class:`TaskGraph` itself.
     """
-    import numpy as np  # here: importing the workload stays cheap
-
     s, m = problem.stages, problem.microbatches
     kinds = problem.kinds
     kind_index = {k: i for i, k in enumerate(kinds)}
@@ -154,18 +153,17 @@ def build(problem: Problem) -> TaskGraph:
     out_steps: list[tuple[tuple[int, float], ...]] = []
     for x0 in range(0, len(tail), m):
         out_steps += [tuple((c0 - x0, lat) for c0, lat in outputs.get(x0, ()))] * m
-    first = np.asarray([(x, y) for x, y, _, _ in blocks], dtype=np.int64).reshape(-1, 2)
-    step = np.tile(np.arange(m, dtype=np.int64), len(blocks))
-    src = np.repeat(first[:, 0], m) + step
-    dst = np.repeat(first[:, 1], m) + step
+    src = tuple(chain.from_iterable(range(x0, x0 + m) for x0, _, _, _ in blocks))
+    dst = tuple(chain.from_iterable(range(c0, c0 + m) for _, c0, _, _ in blocks))
     alloc, free = problem.op_memory_deltas()
+    negated = {x: -x for x in set(free)}  # a few distinct values: no new float per task
     return TaskGraph.trusted(
         memory_limit=problem.memory_limit, static_memory=problem.static_memory,
         link_src=tuple(a for a, _ in pairs), link_dst=tuple(b for _, b in pairs),
         latency=latency, bandwidth=bandwidth,
         device=problem.op_table[0], duration=problem.op_durations(), mem_start=alloc,
-        mem_end=tuple(map(neg, free)), label=OpLabels(s, m, kinds), tail=tuple(tail),
-        src=tuple(src.tolist()), dst=tuple(dst.tolist()), bytes=tuple(size),
+        mem_end=tuple(map(negated.__getitem__, free)), label=OpLabels(s, m, kinds),
+        tail=tuple(tail), src=src, dst=dst, bytes=tuple(size),
         meta=(("workload", "training"),),
         given={"edge_link": tuple(edge_link), "edge_latency": tuple(edge_latency),
                "serialized": serialized, "in_degree": tuple(in_degree),
