@@ -237,18 +237,19 @@ def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
     return {"ops": ops, "messages": msgs}
 
 
-def format_json(doc: Any) -> str:
-    """``doc`` as JSON laid out for people and diffs: the top-level keys and those of the
-    sections one per line, then each element of a list of records (ops, messages, matrix
-    rows) on its own line, compact. The same values as ``json.dumps(doc)``; built with the C
-    encoder, so a 200,000-op schedule writes in a fraction of the time ``indent=`` takes."""
-    return _layout(doc, 0) + "\n"
+def format_json(doc: Any, *, open_levels: int = 2) -> str:
+    """``doc`` as JSON laid out for people and diffs: the keys of the first ``open_levels``
+    levels of objects one per line (2: the top level and its sections), then each element of
+    a list of records (ops, messages, matrix rows) on its own line, compact. The same values
+    as ``json.dumps(doc)``; built with the C encoder, so a 200,000-op schedule writes in a
+    fraction of the time ``indent=`` takes."""
+    return _layout(doc, 0, open_levels) + "\n"
 
 
-def _layout(value: Any, depth: int) -> str:
+def _layout(value: Any, depth: int, open_levels: int = 2) -> str:
     pad, inner = " " * depth, " " * (depth + 1)
-    if isinstance(value, dict) and value and depth < 2:
-        items = ",\n".join(f"{inner}{json.dumps(str(k))}: {_layout(v, depth + 1)}"
+    if isinstance(value, dict) and value and depth < open_levels:
+        items = ",\n".join(f"{inner}{json.dumps(str(k))}: {_layout(v, depth + 1, open_levels)}"
                            for k, v in value.items())
         return "{\n" + items + "\n" + pad + "}"
     if isinstance(value, _Lines):
@@ -695,9 +696,9 @@ def size_text(n_bytes: float) -> str:
     return f"{n_bytes / 1024 ** exp:.4g} {('KiB', 'MiB', 'GiB')[exp - 1]}"
 
 
-def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True) -> Schedule:
-    """Read a schedule JSON file (``-``: standard input) and validate it (see
-    :func:`schedule_from_dict`)."""
+def read_schedule_doc(path: str | os.PathLike[str]) -> Any:
+    """The parsed JSON of a schedule file (``-``: standard input), any format; unreadable,
+    oversized or malformed input raises :class:`ScheduleError` naming the file."""
     name = input_name(path)
     try:
         text = read_input(path, MAX_SCHEDULE_BYTES, "a schedule JSON")
@@ -705,11 +706,15 @@ def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True)
         raise ScheduleError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise ScheduleError(f"{name}: not a UTF-8 text file") from None
-    path = name
     try:
-        doc = json.loads(text, parse_int=json_int)
+        return json.loads(text, parse_int=json_int)
     except json.JSONDecodeError as exc:
-        raise ScheduleError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ScheduleError(f"{name}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     except RecursionError:
-        raise ScheduleError(f"{path}: not a schedule: JSON nested too deeply") from None
-    return schedule_from_dict(doc, check_semantics=check_semantics)
+        raise ScheduleError(f"{name}: not a schedule: JSON nested too deeply") from None
+
+
+def load_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True) -> Schedule:
+    """Read a schedule JSON file (``-``: standard input) and validate it (see
+    :func:`schedule_from_dict`)."""
+    return schedule_from_dict(read_schedule_doc(path), check_semantics=check_semantics)

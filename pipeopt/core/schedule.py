@@ -61,9 +61,9 @@ class GraphSchedule:
         return max(0.0, (self.objective - self.lower_bound) / self.objective)
 
     @cached_property
-    def peak_memory(self) -> tuple[float, ...]:
-        """Per device, the highest memory level (bytes, static included); at equal times
-        decreases apply before increases."""
+    def memory_timeline(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """Per device, the (time s, bytes in use) steps: ``(0, static memory)`` then the level
+        after each change; at equal times decreases apply before increases."""
         g = self.graph
         events: list[list[tuple[float, float]]] = [[] for _ in range(g.devices)]
         for d, s, e, a, f in zip(g.device, self.start, self.end, g.mem_start, g.mem_end,
@@ -75,13 +75,19 @@ class GraphSchedule:
         out = []
         for d, ev in enumerate(events):
             ev.sort()  # by time, then decreases (negative) first
-            cur = peak = g.static_memory[d]
-            for _, delta in ev:
+            cur = g.static_memory[d]
+            steps = [(0.0, cur)]
+            for t, delta in ev:
                 cur += delta
-                if cur > peak:
-                    peak = cur
-            out.append(peak)
+                steps.append((t, cur))
+            out.append(tuple(steps))
         return tuple(out)
+
+    @cached_property
+    def peak_memory(self) -> tuple[float, ...]:
+        """Per device, the highest memory level (bytes, static included); at equal times
+        decreases apply before increases."""
+        return tuple(max(b for _, b in steps) for steps in self.memory_timeline)
 
     def device_orders(self) -> list[list[int]]:
         """Per device, its task ids by start time (then end time, then topological position,

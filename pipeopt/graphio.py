@@ -1,0 +1,368 @@
+"""Schedule JSON v2 (``pipeopt.schedule/v2``): a :class:`~pipeopt.core.schedule.GraphSchedule`
+with the :class:`~pipeopt.core.graph.TaskGraph` it schedules, written and read with every check.
+
+The document is columnar, like the graph: each per-task, per-edge, per-link or per-device value
+is one JSON list indexed by id (a 200,000-task schedule is a few lists of 200,000 numbers, not
+200,000 objects). docs/schedule_format.md describes every field. Chain schedules
+(:class:`~pipeopt.schedule.Schedule`) keep the v1 document of :mod:`pipeopt.io`;
+:func:`dump_any` and :func:`load_any` pick the format by the schedule's type or the file's
+``format`` field. Times in seconds, memory and message sizes in bytes.
+
+Reading checks, in order, each failure a :class:`~pipeopt.simulate.ScheduleError` naming the
+field path and the reason: the format, the shape and type of every field (sizes capped before
+anything is built, numbers finite, indexes in range), the graph's own rules
+(:class:`~pipeopt.core.graph.TaskGraph` validation: links, cycles), the schedule's rules
+(:func:`pipeopt.core.validate.check`: every edge, device, link and memory limit), then the
+recorded metrics, bound, gap and status against the times.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from pipeopt.core.graph import GraphError, TaskGraph
+from pipeopt.core.schedule import GraphSchedule, MessageTime
+from pipeopt.core.validate import check
+from pipeopt.errors import MAX_DEVICES, MAX_OPS
+from pipeopt.io import (
+    _STATUSES,
+    OPTIMAL_GAP_TOLERANCE,
+    TooLarge,
+    _get,
+    _is_number,
+    _shown,
+    dump_schedule,
+    format_json,
+    known_fields,
+    read_schedule_doc,
+    schedule_from_dict,
+    write_atomic,
+)
+from pipeopt.schedule import FORMAT as FORMAT_V1
+from pipeopt.schedule import Schedule
+from pipeopt.simulate import ScheduleError
+
+#: The ``format`` of a task-graph schedule document.
+FORMAT_V2 = "pipeopt.schedule/v2"
+#: Most tasks a v2 file may hold: the op cap of chain schedules (:data:`pipeopt.errors.MAX_OPS`).
+MAX_TASKS = MAX_OPS
+#: Most edges a v2 file may hold: four inputs per task on average (a chain task has at most
+#: two: its stage's previous op and the neighbouring stage's message).
+MAX_EDGES = 4 * MAX_TASKS
+#: Relative tolerance of the recorded metrics against those of the times (as v1's).
+_METRIC_TOL = 1e-6
+
+_TOP_KEYS = ("format", "method", "metrics", "solver", "graph", "timeline")
+_METRIC_KEYS = ("makespan", "objective", "peak_memory")
+_SOLVER_KEYS = ("status", "lower_bound", "gap", "wall_time")
+_GRAPH_KEYS = ("devices", "links", "tasks", "edges", "meta")
+#: Columns of each graph section: JSON shape, required, TaskGraph field.
+_COLUMNS: dict[str, tuple[tuple[str, str, bool, str], ...]] = {
+    "devices": (("memory_limit", "limit", True, "memory_limit"),
+                ("static_memory", "number", False, "static_memory")),
+    "links": (("src", "int", True, "link_src"), ("dst", "int", True, "link_dst"),
+              ("latency", "number", True, "latency"), ("bandwidth", "rate", True, "bandwidth")),
+    "tasks": (("device", "int", True, "device"), ("duration", "number", True, "duration"),
+              ("label", "str", False, "label"), ("mem_start", "number", False, "mem_start"),
+              ("mem_end", "number", False, "mem_end"), ("tail", "number", False, "tail")),
+    "edges": (("src", "int", True, "src"), ("dst", "int", True, "dst"),
+              ("bytes", "number", False, "bytes")),
+}
+_TIMELINE_KEYS = ("start", "end", "messages")
+_MESSAGE_KEYS = ("edge", "start", "end", "arrival")
+#: ``graph.meta`` entries with a meaning for pipeopt: a name per task (colours in plots and
+#: traces) and a resource kind per device (e.g. ``gpu``, ``network``), for later workloads.
+META_COLUMNS = {"task_group": "tasks", "device_kind": "devices"}
+
+
+# ----- writing -------------------------------------------------------------------------------
+def _num(x: float | None) -> float | str | None:
+    """JSON has no infinity: written as the string "inf" (as in v1)."""
+    if x is not None and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as JSON data (tuples as lists, mappings as objects); anything else raises
+    :class:`ValueError` naming ``where``."""
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        return _num(value) if not math.isnan(value) else _unwritable(value, where)
+    if isinstance(value, list | tuple):
+        return [_plain(x, f"{where}[{i}]") for i, x in enumerate(value)]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    return _unwritable(value, where)
+
+
+def _unwritable(value: Any, where: str) -> Any:
+    raise ValueError(f"{where}: {type(value).__name__} {_shown(value)} cannot be written as JSON")
+
+
+def graph_schedule_to_dict(schedule: GraphSchedule) -> dict[str, Any]:
+    """The v2 document of ``schedule`` (metrics computed from its times)."""
+    s, g = schedule, schedule.graph
+    msgs = sorted(s.messages, key=lambda mm: (mm.start, mm.edge))
+    return {
+        "format": FORMAT_V2,
+        "method": s.method,
+        "metrics": {"makespan": s.makespan, "objective": s.objective,
+                    "peak_memory": list(s.peak_memory)},
+        "solver": {"status": s.status, "lower_bound": s.lower_bound, "gap": s.gap,
+                   "wall_time": s.wall_time},
+        "graph": {
+            "devices": {"memory_limit": list(g.memory_limit),
+                        "static_memory": list(g.static_memory)},
+            "links": {"src": list(g.link_src), "dst": list(g.link_dst),
+                      "latency": list(g.latency), "bandwidth": [_num(b) for b in g.bandwidth]},
+            "tasks": {"label": list(g.label), "device": list(g.device),
+                      "duration": list(g.duration), "mem_start": list(g.mem_start),
+                      "mem_end": list(g.mem_end), "tail": list(g.tail)},
+            "edges": {"src": list(g.src), "dst": list(g.dst), "bytes": list(g.bytes)},
+            "meta": _plain(dict(g.meta), "graph.meta"),
+        },
+        "timeline": {
+            "start": list(s.start), "end": list(s.end),
+            "messages": {"edge": [mm.edge for mm in msgs], "start": [mm.start for mm in msgs],
+                         "end": [mm.end for mm in msgs],
+                         "arrival": [mm.arrival for mm in msgs]},
+        },
+    }
+
+
+def graph_schedule_json(schedule: GraphSchedule) -> str:
+    """The v2 text: top-level fields, sections and columns one per line, each column compact."""
+    return format_json(graph_schedule_to_dict(schedule), open_levels=3)
+
+
+def dump_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str]) -> None:
+    """Write ``schedule`` as v2 JSON to ``path`` atomically."""
+    write_atomic(path, graph_schedule_json(schedule))
+
+
+def dump_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str]) -> None:
+    """Write a chain schedule as v1 (unchanged) and a graph schedule as v2, atomically."""
+    if isinstance(schedule, GraphSchedule):
+        dump_graph_schedule(schedule, path)
+    else:
+        dump_schedule(schedule, path)
+
+
+# ----- reading -------------------------------------------------------------------------------
+def _object(doc: Mapping[str, Any], key: str, where: str, *, required: bool = True
+            ) -> dict[str, Any]:
+    if key not in doc and not required:
+        return {}
+    return _get(doc, key, dict, where)  # type: ignore[arg-type]
+
+
+def _bad_element(where: str, i: int, x: Any, shape: str) -> ScheduleError:
+    what = {"int": "an integer", "str": "a string", "number": "a finite number",
+            "rate": 'a number > 0 or "inf"', "limit": "a number >= 0 or null"}[shape]
+    if isinstance(x, TooLarge):
+        return ScheduleError(f"{where}[{i}]: expected {what}, got {x}")
+    return ScheduleError(f"{where}[{i}]: expected {what}, got {_shown(x)}")
+
+
+def _ok(x: Any, shape: str) -> bool:
+    if shape == "int":
+        return type(x) is int
+    if shape == "str":
+        return type(x) is str
+    if shape == "number":
+        return (type(x) is float or type(x) is int) and math.isfinite(x)
+    if shape == "rate":
+        return x == "inf" or ((type(x) is float or type(x) is int) and x > 0)
+    return x is None or ((type(x) is float or type(x) is int) and math.isfinite(x))  # limit
+
+
+def _column(doc: Mapping[str, Any], key: str, where: str, shape: str, n: int | None,
+            cap: int) -> list[Any]:
+    """The list ``doc[key]``: at most ``cap`` elements (``n`` exactly when given), each of
+    ``shape``; raises naming the first element that is not."""
+    col = _get(doc, key, list, where)
+    if n is not None and len(col) != n:
+        raise ScheduleError(f"{where}{key}: expected {n} values, got {len(col)}")
+    if len(col) > cap:
+        raise ScheduleError(f"{where}{key}: at most {cap:,} values, got {len(col):,}")
+    if not all(_ok(x, shape) for x in col):
+        i = next(i for i, x in enumerate(col) if not _ok(x, shape))
+        raise _bad_element(f"{where}{key}", i, col[i], shape)
+    if shape == "rate":
+        return [math.inf if x == "inf" else x for x in col]
+    return col
+
+
+def _freeze(value: Any) -> Any:
+    """JSON data made immutable: lists as tuples, objects as read-only mappings."""
+    if isinstance(value, list):
+        return tuple(map(_freeze, value))
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    return value
+
+
+def _graph(doc: dict[str, Any]) -> TaskGraph:
+    known_fields(doc, _GRAPH_KEYS, "graph.")
+    caps = {"devices": MAX_DEVICES, "links": MAX_DEVICES * (MAX_DEVICES - 1),
+            "tasks": MAX_TASKS, "edges": MAX_EDGES}
+    fields: dict[str, Any] = {}
+    sizes: dict[str, int] = {}
+    for section, columns in _COLUMNS.items():
+        where = f"graph.{section}."
+        sec = _get(doc, section, dict, "graph.")
+        known_fields(sec, [c[0] for c in columns], where)
+        n: int | None = None
+        for key, shape, required, name in columns:
+            if key not in sec and not required:
+                continue
+            col = _column(sec, key, where, shape, n, caps[section])
+            n = len(col)
+            fields[name] = tuple(col)
+        sizes[section] = n or 0
+    meta = _object(doc, "meta", "graph.", required=False)
+    for key, section in META_COLUMNS.items():
+        if key in meta:
+            _column(meta, key, "graph.meta.", "str", sizes[section], caps[section])
+    try:
+        return TaskGraph(**fields, meta=tuple((k, _freeze(v)) for k, v in meta.items()))
+    except GraphError as exc:
+        raise ScheduleError(f"graph.{exc}") from None
+
+
+def _timeline(doc: dict[str, Any], graph: TaskGraph) -> tuple[tuple[float, ...],
+                                                              tuple[float, ...],
+                                                              tuple[MessageTime, ...]]:
+    known_fields(doc, _TIMELINE_KEYS, "timeline.")
+    n = graph.num_tasks
+    start = tuple(map(float, _column(doc, "start", "timeline.", "number", n, MAX_TASKS)))
+    end = tuple(map(float, _column(doc, "end", "timeline.", "number", n, MAX_TASKS)))
+    raw = _object(doc, "messages", "timeline.", required=False)
+    if not raw:
+        return start, end, ()
+    where = "timeline.messages."
+    known_fields(raw, _MESSAGE_KEYS, where)
+    edges = _column(raw, "edge", where, "int", None, graph.num_edges)
+    if edges and not 0 <= min(edges) <= max(edges) < graph.num_edges:
+        i = next(i for i, e in enumerate(edges) if not 0 <= e < graph.num_edges)
+        raise ScheduleError(f"{where}edge[{i}]: must be in 0..{graph.num_edges - 1}, got "
+                            f"{edges[i]}")
+    times = [_column(raw, key, where, "number", len(edges), graph.num_edges)
+             for key in ("start", "end", "arrival")]
+    msgs = tuple(MessageTime(e, float(a), float(b), float(c))
+                 for e, a, b, c in zip(edges, *times, strict=True))
+    return start, end, msgs
+
+
+def _solver(doc: dict[str, Any]) -> tuple[str, float | None, float]:
+    """(status, lower bound s or None, wall time s) of the ``solver`` object."""
+    known_fields(doc, _SOLVER_KEYS, "solver.")
+    status = doc.get("status", "heuristic")
+    if status not in _STATUSES:
+        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, got "
+                            f"{_shown(status)}")
+    for key in ("lower_bound", "gap"):
+        val = doc.get(key)
+        if val is not None and (not _is_number(val) or not math.isfinite(val) or val < 0):
+            raise ScheduleError(f"solver.{key}: expected a finite number >= 0 or null, got "
+                                f"{_shown(val)}")
+    wall = doc.get("wall_time", 0.0)
+    if not _is_number(wall) or not math.isfinite(wall) or wall < 0:
+        raise ScheduleError(f"solver.wall_time: expected a finite number >= 0 (seconds), got "
+                            f"{_shown(wall)}")
+    lb = doc.get("lower_bound")
+    return status, None if lb is None else float(lb), float(wall)
+
+
+def graph_schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> GraphSchedule:
+    """Parse and check a v2 document (see the module docstring for the order of the checks).
+    Raises :class:`~pipeopt.simulate.ScheduleError` naming the first problem found."""
+    if not isinstance(doc, dict):
+        raise ScheduleError("schedule: expected a JSON object at the top level")
+    fmt = doc.get("format")
+    if fmt != FORMAT_V2:
+        raise ScheduleError(f"format: expected {FORMAT_V2!r}, got {_shown(fmt)}")
+    known_fields(doc, _TOP_KEYS, "")
+    method = _get(doc, "method", str)
+    status, lb, wall = _solver(_object(doc, "solver", "", required=False))
+    graph = _graph(_get(doc, "graph", dict))
+    start, end, msgs = _timeline(_get(doc, "timeline", dict), graph)
+    sched = GraphSchedule(graph, start, end, msgs, method=method,
+                          status=status,  # type: ignore[arg-type]  # checked in _solver
+                          lower_bound=lb, wall_time=wall)
+    if check_semantics:
+        violations = check(sched)
+        if violations:
+            more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+            raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)
+        _check_recorded(doc, sched)
+    return sched
+
+
+def _close(a: Any, b: float) -> bool:
+    return _is_number(a) and math.isfinite(a) and abs(a - b) <= _METRIC_TOL * max(1.0, abs(b))
+
+
+def _check_recorded(doc: dict[str, Any], sched: GraphSchedule) -> None:
+    """The metrics, bound, gap and status written in the file must be those of its times."""
+    metrics = _object(doc, "metrics", "", required=False)
+    known_fields(metrics, _METRIC_KEYS, "metrics.")
+    for key in ("makespan", "objective"):
+        if key in metrics and not _close(metrics[key], getattr(sched, key)):
+            raise ScheduleError(f"metrics.{key}: the file says {_shown(metrics[key])}, its "
+                                f"times give {getattr(sched, key):g}")
+    if "peak_memory" in metrics:
+        val, actual = metrics["peak_memory"], sched.peak_memory
+        if (not isinstance(val, list) or len(val) != len(actual)
+                or not all(_close(a, b) for a, b in zip(val, actual, strict=True))):
+            raise ScheduleError(f"metrics.peak_memory: the file says {val!r:.80}, its times "
+                                f"give {list(actual)!r:.80}")
+    lb, value = sched.lower_bound, sched.objective
+    if lb is not None and lb > value + _METRIC_TOL * max(1.0, value):
+        raise ScheduleError(f"solver.lower_bound: {lb:g} is above the schedule's own objective "
+                            f"{value:g}: not a lower bound")
+    solver = _object(doc, "solver", "", required=False)
+    if "gap" in solver:
+        gap, actual = solver["gap"], sched.gap
+        if actual is None and gap is not None:
+            raise ScheduleError(f"solver.gap: the file says {_shown(gap)}, but without a lower "
+                                "bound there is no gap (null)")
+        if actual is not None and (gap is None or abs(gap - actual) > _METRIC_TOL):
+            raise ScheduleError(f"solver.gap: the file says {_shown(gap)}, its lower bound and "
+                                f"times give {actual:g}")
+    if sched.status == "optimal" and sched.gap is not None and sched.gap > OPTIMAL_GAP_TOLERANCE:
+        raise ScheduleError(f"solver.status: optimal, but the objective {value:g} is "
+                            f"{sched.gap:.2%} above the lower bound {lb:g}; a proven optimum "
+                            "has gap 0 (use feasible or heuristic)")
+
+
+def schedule_from_any_dict(doc: Any, *, check_semantics: bool = True
+                           ) -> Schedule | GraphSchedule:
+    """A v1 document as a chain :class:`~pipeopt.schedule.Schedule`, a v2 document as a
+    :class:`~pipeopt.core.schedule.GraphSchedule`, each with every check of its reader."""
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if fmt == FORMAT_V2:
+        return graph_schedule_from_dict(doc, check_semantics=check_semantics)
+    if fmt != FORMAT_V1 and isinstance(doc, dict):
+        raise ScheduleError(f"format: expected {FORMAT_V1!r} or {FORMAT_V2!r}, got "
+                            f"{_shown(fmt)}")
+    return schedule_from_dict(doc, check_semantics=check_semantics)
+
+
+def load_graph_schedule(path: str | os.PathLike[str], *, check_semantics: bool = True
+                        ) -> GraphSchedule:
+    """Read a v2 schedule file (``-``: standard input) with every check."""
+    return graph_schedule_from_dict(read_schedule_doc(path), check_semantics=check_semantics)
+
+
+def load_any(path: str | os.PathLike[str], *, check_semantics: bool = True
+             ) -> Schedule | GraphSchedule:
+    """Read a schedule file of either format (``-``: standard input): see
+    :func:`schedule_from_any_dict`."""
+    return schedule_from_any_dict(read_schedule_doc(path), check_semantics=check_semantics)
