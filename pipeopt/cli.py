@@ -21,14 +21,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pipeopt.config import ConfigError, load_config
 from pipeopt.io import (
     check_writable,
     dump_schedule,
     input_name,
-    load_schedule,
     refuse_overwriting_input,
     write_output,
 )
@@ -42,6 +41,9 @@ from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, time
 #: the search's time (measured with benchmarks/limits.py on the 2-core development machine:
 #: 10-22 us per op at 0.8-0.9 million ops, under other jobs' load).
 WRITE_S_PER_OP = 15e-6
+
+if TYPE_CHECKING:
+    from pipeopt.core.schedule import GraphSchedule
 
 logger = logging.getLogger("pipeopt.cli")
 logger.addHandler(logging.NullHandler())
@@ -317,9 +319,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from pipeopt.graphio import load_any
+
     try:
-        sched = load_schedule(args.schedule)
-        again = retime(sched)
+        sched = load_any(args.schedule)
+        again = retime(sched) if isinstance(sched, Schedule) else _retime_graph(sched)
     except USER_ERRORS as exc:
         if args.json:  # scripts read the verdict from stdout; the error line still goes out
             print(json.dumps({"valid": False, "error": one_line(str(exc))}))
@@ -329,9 +333,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                           "resimulated_makespan": again.makespan}))
     else:
         print(f"{input_name(args.schedule)}: valid")
-        print_summary(sched)
+        if isinstance(sched, Schedule):
+            print_summary(sched)
+        else:
+            print_graph_summary(sched)
         print(f"re-simulated  {_fmt(again.makespan)} s (same device orders, earliest starts)")
     return 0
+
+
+def _retime_graph(sched: GraphSchedule) -> GraphSchedule:
+    """The core simulator's timing of ``sched``'s device orders (a deadlock: ScheduleError)."""
+    from pipeopt.core.simulate import OrderError, simulate
+
+    try:
+        return simulate(sched.graph, sched.device_orders(), sched.method)
+    except OrderError as exc:
+        raise ScheduleError(f"re-simulating: {exc}") from None
+
+
+def print_graph_summary(s: GraphSchedule, out: Any = None) -> None:
+    """A short human summary of a task-graph schedule (schedule JSON v2)."""
+    out = out or sys.stdout
+    g, gap = s.graph, s.gap
+    print(f"method        {s.method}", file=out)
+    print(f"graph         {g.num_tasks:,} tasks, {g.num_edges:,} edges on {g.devices} devices "
+          f"and {g.num_links} links", file=out)
+    print(f"status        {s.status}"
+          + (f" (lower bound {_fmt(s.lower_bound)}, gap {gap:.2%})" if gap is not None else ""),
+          file=out)
+    print(f"makespan      {_fmt(s.makespan)} s", file=out)
+    if s.objective != s.makespan:
+        print(f"objective     {_fmt(s.objective)} s (end + tail)", file=out)
+    peaks = s.peak_memory
+    hi = max(range(len(peaks)), key=peaks.__getitem__)
+    print(f"peak memory   max {_fmt(peaks[hi])} bytes (device {hi})", file=out)
+    print(f"solve time    {s.wall_time:.2f} s", file=out)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -457,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_solve)
 
     p = add("simulate", "Validate a schedule JSON file and re-simulate its device orders.")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1); - for standard input")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1, or v2 for any task "
+                   "graph); - for standard input")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_simulate)
 
