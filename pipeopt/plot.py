@@ -6,6 +6,11 @@ boundaries, and a memory strip per device underneath. :func:`plot_compare` stack
 schedules one above the other on one common time axis. :func:`render_schedule` and
 :func:`render_compare` build the same figures without saving them.
 
+:func:`plot_graph_schedule` (:func:`render_graph_schedule`) draws a task-graph schedule
+(schedule JSON v2) with the same pieces: a row per device and per directed link that carries
+timed messages, tasks coloured by group, the latest tail per device hatched, memory bands
+underneath; :func:`plot_any` takes either kind of schedule.
+
 Figure sizes are fixed by :func:`figure_size` and :func:`compare_figure_size` (inches,
 multiples of 1/8), so a PNG is ``int(inches * dpi)`` pixels wide and high; the image format
 (PNG, SVG or PDF) follows the file's suffix (:func:`image_format`).
@@ -35,6 +40,7 @@ from matplotlib.text import Text
 from matplotlib.textpath import TextToPath
 
 from pipeopt.config import ConfigError
+from pipeopt.core.schedule import GraphSchedule, task_groups
 from pipeopt.io import write_atomic
 from pipeopt.problem import format_memory
 from pipeopt.schedule import Schedule, TimedOp
@@ -124,11 +130,17 @@ def _median(values: Sequence[float]) -> float:
 def _width(schedules: Sequence[Schedule]) -> float:
     """Figure width in inches: room for the busiest device's ops (about 0.07 inch per op)
     and for a median op about 0.15 inch wide on the common time axis, clamped to a page."""
-    xmax = max((s.iteration_time for s in schedules), default=0.0)
+    return _width_of(max((s.iteration_time for s in schedules), default=0.0),
+                     [(len(s.ops) / max(1, s.problem.devices),
+                       _median([o.end - o.start for o in s.ops])) for s in schedules])
+
+
+def _width_of(xmax: float, rows: Sequence[tuple[float, float]]) -> float:
+    """:func:`_width` from the time axis' end (s) and, per chart, (boxes per row, median box
+    duration in s)."""
     need = 0.0
-    for s in schedules:
-        need = max(need, 4.0 + 0.07 * len(s.ops) / max(1, s.problem.devices))
-        typical = _median([o.end - o.start for o in s.ops])
+    for per_row, typical in rows:
+        need = max(need, 4.0 + 0.07 * per_row)
         if typical > 0:
             need = max(need, _LEFT_IN + _RIGHT_IN + 0.15 * xmax / typical)
     return _eighths(min(24.0, max(10.0, need)))
@@ -523,22 +535,18 @@ def _draw_boxes(ax: Axes, schedule: Schedule,
     p = schedule.problem.devices
     half = _HALF
     chunk_of = _chunk_index(schedule)
-    boxes: list[list[tuple[float, float]]] = []
     marks: list[list[tuple[float, float]]] = []  # odd chunks: a dark strip along the bottom
     mark_widths = []
     show_marks = 0.14 * row_px >= 2.0  # thinner, the strips only make a stripe pattern
     for o, w in zip(schedule.ops, widths_px, strict=True):
-        boxes.append([(o.start, o.device - half), (o.end, o.device - half),
-                      (o.end, o.device + half), (o.start, o.device + half)])
         if show_marks and chunk_of[o.stage] % 2:
             top = o.device + half - 0.14
             marks.append([(o.start, top), (o.end, top), (o.end, o.device + half),
                           (o.start, o.device + half)])
             mark_widths.append(w)
-    lw = 0.5 if len(schedule.ops) / max(1, p) < 150 else 0.25
-    ax.add_collection(PolyCollection(
-        boxes, facecolors=[shades[o.kind, o.microbatch] for o in schedule.ops],
-        edgecolors=_box_edges(widths_px, 2 * half * row_px), linewidths=lw, zorder=2))
+    lw = _paint_boxes(ax, [(o.device, o.start, o.end) for o in schedule.ops],
+                      [shades[o.kind, o.microbatch] for o in schedule.ops], widths_px, row_px,
+                      p)
     if marks:
         ax.add_collection(PolyCollection(marks, facecolors=CHUNK_MARK_COLOR,
                                          edgecolors=_box_edges(mark_widths, 2 * half * row_px),
@@ -547,11 +555,31 @@ def _draw_boxes(ax: Axes, schedule: Schedule,
     zero = [o for o in schedule.ops if o.end <= o.start]
     if zero:
         m = schedule.problem.microbatches
-        ax.add_collection(LineCollection(
-            [[(o.start, o.device - half), (o.start, o.device + half)] for o in zero],
-            colors=[_tick_color(o.kind, o.microbatch, m) for o in zero],
-            linewidths=max(1.0, 1.5 * 72 / dpi), zorder=3.5))  # at least 1.5 px wide
+        _paint_ticks(ax, [(o.device, o.start) for o in zero],
+                     [_tick_color(o.kind, o.microbatch, m) for o in zero], dpi)
         drawn.zero_kinds = tuple(k for k in ("F", "B", "W") if any(o.kind == k for o in zero))
+
+
+def _paint_boxes(ax: Axes, boxes: Sequence[tuple[int, float, float]], colors: Sequence[object],
+                 widths_px: Sequence[float], row_px: float, rows: int) -> float:
+    """A polygon per (row, start, end) in ``boxes`` with its colour, white edges where they
+    show (:func:`_box_edges`); returns the edge width used (points)."""
+    half = _HALF
+    lw = 0.5 if len(boxes) / max(1, rows) < 150 else 0.25
+    ax.add_collection(PolyCollection(
+        [[(a, r - half), (b, r - half), (b, r + half), (a, r + half)] for r, a, b in boxes],
+        facecolors=colors, edgecolors=_box_edges(widths_px, 2 * half * row_px),
+        linewidths=lw, zorder=2))
+    return lw
+
+
+def _paint_ticks(ax: Axes, ticks: Sequence[tuple[int, float]], colors: Sequence[object],
+                 dpi: float) -> None:
+    """A thin vertical line per zero-length box (row, time): a box of no width would not
+    show."""
+    ax.add_collection(LineCollection(
+        [[(t, r - _HALF), (t, r + _HALF)] for r, t in ticks], colors=colors,
+        linewidths=max(1.0, 1.5 * 72 / dpi), zorder=3.5))  # at least 1.5 px wide
 
 
 def _draw_rows_raster(ax: Axes, schedule: Schedule,
@@ -560,37 +588,51 @@ def _draw_rows_raster(ax: Axes, schedule: Schedule,
     """Each device row as a one-pixel-high image ``columns`` wide over [0, xmax]: every
     pixel is the average colour of what lies under it (ops, idle time, nothing after the
     makespan), from 8 samples per pixel. Drawn over the idle band (zorder 2)."""
-    p = schedule.problem.devices
+    keys = list(shades)
+    index = {k: i for i, k in enumerate(keys)}
+    _paint_raster(ax, schedule.problem.devices,
+                  [(o.device, o.start, o.end) for o in schedule.ops],
+                  [index[o.kind, o.microbatch] for o in schedule.ops],
+                  [shades[k] for k in keys], columns, xmax, schedule.makespan)
+
+
+def _paint_raster(ax: Axes, p: int, boxes: Sequence[tuple[int, float, float]],
+                  color_index: Sequence[int], palette_rgba: Sequence[object], columns: int,
+                  xmax: float, busy_until: float) -> None:
+    """Rows ``0 .. p-1`` as one-pixel-high images ``columns`` wide over [0, xmax]; box ``i``
+    (row, start, end) has colour ``palette_rgba[color_index[i]]``, idle time up to
+    ``busy_until`` is grey; each pixel averages :data:`_RASTER_SAMPLES` samples."""
     columns = max(1, columns)
     sub = _RASTER_SAMPLES
     n = columns * sub
-    keys = list(shades)
-    palette = np.array([(0.0, 0.0, 0.0, 0.0), to_rgba(IDLE_COLOR)]
-                       + [shades[k] for k in keys], dtype=np.float32)
-    index = {k: i + 2 for i, k in enumerate(keys)}
+    palette = np.array([(0.0, 0.0, 0.0, 0.0), to_rgba(IDLE_COLOR), *palette_rgba],
+                       dtype=np.float32)
     scale = n / xmax if xmax > 0 else 0.0
     rows = np.zeros((p, n), dtype=np.int32)
-    rows[:, :max(0, min(n, round(schedule.makespan * scale)))] = 1
-    for o in schedule.ops:
-        a, b = round(o.start * scale), round(o.end * scale)
+    rows[:, :max(0, min(n, round(busy_until * scale)))] = 1
+    for (r, start, end), c in zip(boxes, color_index, strict=True):
+        a, b = round(start * scale), round(end * scale)
         if b <= a:  # shorter than a sample: still paint the sample it starts in
-            b = a + 1 if o.end > o.start else a
-        rows[o.device, max(0, a):min(n, b)] = index[o.kind, o.microbatch]
+            b = a + 1 if end > start else a
+        rows[r, max(0, a):min(n, b)] = c + 2
     for d in range(p):
         img = palette[rows[d]].reshape(columns, sub, 4).mean(axis=1)
         ax.imshow(img[np.newaxis], extent=(0, xmax, d + _HALF, d - _HALF), aspect="auto",
                   interpolation="nearest", origin="upper", zorder=2)
 
 
-def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float) -> None:
-    """Label rows "dev d", every row if the labels fit, else every 2nd, 4th, ... row.
+def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float,
+                  names: Sequence[str] | None = None) -> None:
+    """Label rows "dev d" (or ``names``), every row if the labels fit, else every 2nd, 4th,
+    ... row.
 
     The font is 8 points (6 on thin rows), never under :data:`_MIN_TEXT_PX` pixels: larger
     at a low dpi, shrunk to fit the left margin, and no labels at all when even that size
     does not fit it."""
     font_pt = _min_pt(8.0 if row_px >= 14 else 6.0, dpi)
     room_px = _LEFT_IN * dpi - 3.5 * dpi / 72 - 2  # the margin less the tick label's pad
-    widest = _text_width_px(f"dev {len(positions) - 1}", font_pt, dpi)
+    names = names or [f"dev {d}" for d in range(len(positions))]
+    widest = max(_text_width_px(t, font_pt, dpi) for t in {names[-1], max(names, key=len)})
     if widest > room_px:
         font_pt *= room_px / widest
     ax.set_yticks(positions)
@@ -601,7 +643,7 @@ def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float) -
     step = 1
     while step * row_px < need_px:
         step *= 2
-    ax.set_yticklabels([f"dev {d}" if d % step == 0 else "" for d in range(len(positions))],
+    ax.set_yticklabels([t if d % step == 0 else "" for d, t in enumerate(names)],
                        fontsize=font_pt)
 
 
@@ -713,22 +755,33 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
                  dpi: float) -> None:
     """Memory in use per device as a step plot in its own band; limits dashed."""
     pr = schedule.problem
-    p = pr.devices
-    limits = [lim for lim in pr.memory_limit if lim is not None]
-    full = max([*schedule.peak_memory, *limits, 0.0])
+    _memory_bands(ax, schedule.memory_timeline, pr.memory_limit, schedule.peak_memory, xmax,
+                  height_in, dpi, lambda x: _fmt_mem(x, schedule))
+    _draw_dc_boundaries(ax, schedule, -1.0, False)
+
+
+def _memory_bands(ax: Axes, timelines: Sequence[Sequence[tuple[float, float]]],
+                  limits: Sequence[float | None], peaks: Sequence[float], xmax: float,
+                  height_in: float, dpi: float, fmt: Callable[[float], str]) -> None:
+    """Memory in use per device (``timelines``: (time s, bytes) steps) as a step plot in its
+    own band, limits (bytes, None: unlimited) dashed, each peak (``fmt`` writes bytes) right
+    of its band when the rows have room."""
+    p = len(timelines)
+    known = [lim for lim in limits if lim is not None]
+    full = max([*peaks, *known, 0.0])
     full = full if full > 0 else 1.0
     band = 0.8
     rows_px = height_in * dpi
-    peak_pt, peak_labels = _peak_labels(schedule, dpi)
+    peak_pt, peak_labels = _peak_labels(peaks, fmt, dpi)
     label_rows = bool(peak_labels) and rows_px / p >= max(10.0, 1.2 * peak_pt * dpi / 72)
-    for d, steps in enumerate(schedule.memory_timeline):
+    for d, steps in enumerate(timelines):
         base = -d - band / 2
         xs = [t for t, _ in steps] + [max(xmax, steps[-1][0])]
         ys = [base + band * b / full for _, b in steps]
         ys.append(ys[-1])
         ax.fill_between(xs, base, ys, step="post", color="#6a8caf", alpha=0.35, lw=0)
         ax.step(xs, ys, where="post", color="#2c4f73", lw=0.8)
-        lim = pr.memory_limit[d]
+        lim = limits[d]
         if lim is not None:
             y = base + band * lim / full
             ax.plot([0, xmax], [y, y], ls="--", lw=0.8, color=LIMIT_COLOR)
@@ -737,22 +790,22 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
                     ha="left", color="#2c4f73", clip_on=False)
     ax.set_xlim(0, xmax)
     ax.set_ylim(-p + 0.5, 0.5)
-    _draw_dc_boundaries(ax, schedule, -1.0, False)
     _device_ticks(ax, [float(-d) for d in range(p)], rows_px / p, dpi)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    limit_txt = ", dashed: memory limit" if limits else ""
-    ax.set_title(f"memory in use (each band: 0 to {_fmt_mem(full, schedule)}{limit_txt})",
+    limit_txt = ", dashed: memory limit" if known else ""
+    ax.set_title(f"memory in use (each band: 0 to {fmt(full)}{limit_txt})",
                  fontsize=9, loc="left")
     ax.set_xlabel("time (s)")
 
 
-def _peak_labels(schedule: Schedule, dpi: float) -> tuple[float, list[str]]:
+def _peak_labels(peaks: Sequence[float], fmt: Callable[[float], str], dpi: float
+                 ) -> tuple[float, list[str]]:
     """Font size (points) and text of the "peak" labels right of the memory bands: 6 points
     but never under :data:`_MIN_TEXT_PX` pixels, shrunk to fit the right margin, and none
     (an empty list) when even that smallest size does not fit it."""
-    labels = [f" peak {_fmt_mem(pk, schedule)}" for pk in schedule.peak_memory]
+    labels = [f" peak {fmt(pk)}" for pk in peaks]
     pt = _min_pt(6.0, dpi)
     room_px = _RIGHT_IN * dpi - 2
     widest = max((_text_width_px(t, pt, dpi) for t in set(labels)), default=0.0)
@@ -841,18 +894,8 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
     ax = fig.add_axes(_axes_rect(w, h, _TOP_IN, gantt_h))
     axes_w = w - _LEFT_IN - _RIGHT_IN
     drawn = _draw_gantt(ax, schedule, axes_w, dpi, xmax, gantt_h)
-    handles = _legend_handles([schedule], [drawn])
-    for legend_pt in (7.0, 6.0):  # 6 points when 7 takes more rows than the top margin holds
-        legend, rows = _fit_legend(fig, lambda ncol, pt=legend_pt: ax.legend(
-            handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=ncol,
-            fontsize=pt, frameon=False, borderaxespad=0.1, handlelength=1.5), handles)
-        pad = 22 + legend_pt * 1.25 * (rows - 1)  # the title sits above the legend's rows
-        if pad + 14 <= _TOP_IN * 72 or legend_pt == 6.0:
-            break
-        legend.remove()
-    # Long titles get a smaller font.
-    text = ax.set_title(title or schedule_title(schedule), fontsize=11, loc="left", pad=pad)
-    _fit_texts(fig, [text], (11.0, 10.0, 9.0, 8.0))
+    _legend_and_title(fig, ax, _legend_handles([schedule], [drawn]),
+                      title or schedule_title(schedule))
     if show_memory:
         mem_ax = fig.add_axes(_axes_rect(w, h, _TOP_IN + gantt_h + _GAP_IN, mem_h),
                               sharex=ax)
@@ -862,6 +905,22 @@ def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory
         ax.set_xlabel("time (s)")
     _caption(fig, [drawn])
     return fig
+
+
+def _legend_and_title(fig: Figure, ax: Axes, handles: Sequence[Patch | Line2D], title: str
+                      ) -> None:
+    """The legend above ``ax`` (7 points, 6 when 7 takes more rows than the top margin holds)
+    and the title above it, in the largest of 11 to 8 points that fits the figure's width."""
+    for legend_pt in (7.0, 6.0):
+        legend, rows = _fit_legend(fig, lambda ncol, pt=legend_pt: ax.legend(
+            handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=ncol,
+            fontsize=pt, frameon=False, borderaxespad=0.1, handlelength=1.5), handles)
+        pad = 22 + legend_pt * 1.25 * (rows - 1)  # the title sits above the legend's rows
+        if pad + 14 <= _TOP_IN * 72 or legend_pt == 6.0:
+            break
+        legend.remove()
+    text = ax.set_title(title, fontsize=11, loc="left", pad=pad)
+    _fit_texts(fig, [text], (11.0, 10.0, 9.0, 8.0))
 
 
 def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
@@ -978,3 +1037,176 @@ def plot_compare(schedules: Sequence[Schedule], path: str | os.PathLike[str], *,
     :func:`render_compare`."""
     image_format(path)
     return _save(render_compare(schedules, dpi=dpi, fits=fits), path)
+
+
+# ----- task-graph schedules (schedule JSON v2) ------------------------------------------------
+#: Colours of task groups other than F / B / W (which keep the chain's colours), in order of
+#: first appearance: matplotlib's qualitative "tab10" map, then "tab20b" beyond ten groups.
+GROUP_CMAPS = ("tab10", "tab20b")
+TAIL_LABEL = "tail (after the task, counted by the objective)"
+
+
+def _link_rows(schedule: GraphSchedule) -> list[int]:
+    """Ids of the directed links that carry a timed message, in id order: one chart row each."""
+    g = schedule.graph
+    return sorted({g.edge_link[mm.edge] for mm in schedule.messages})
+
+
+def graph_figure_size(schedule: GraphSchedule, show_memory: bool = True
+                      ) -> tuple[float, float]:
+    """(width, height) in inches of :func:`plot_graph_schedule`'s figure: a row per device
+    and per link that carries messages, a memory band per device."""
+    g = schedule.graph
+    rows = g.devices + len(_link_rows(schedule))
+    h = _TOP_IN + _gantt_rows_height(rows) + _BOTTOM_IN
+    if show_memory:
+        h += _GAP_IN + _memory_rows_height(g.devices)
+    typical = _median([b - a for a, b in zip(schedule.start, schedule.end, strict=True)])
+    return _width_of(schedule.objective, [(g.num_tasks / g.devices, typical)]), _eighths(h)
+
+
+def group_colors(groups: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+    """A colour per distinct group: F, B and W as in chain plots, the others from
+    :data:`GROUP_CMAPS` in order of first appearance (cycling past their 30 colours)."""
+    palette = [c for name in GROUP_CMAPS for c in colormaps[name].colors]  # type: ignore[attr-defined]
+    out: dict[str, tuple[float, float, float, float]] = {}
+    others = 0
+    for grp in dict.fromkeys(groups):
+        if grp in KIND_CMAPS:
+            out[grp] = _shade(grp, 1, 3)
+        else:
+            out[grp] = to_rgba(palette[others % len(palette)])
+            others += 1
+    return out
+
+
+def graph_title(schedule: GraphSchedule) -> str:
+    """One line: method, graph size, makespan, objective (when tails make it later), status."""
+    g = schedule.graph
+    out = (f"{schedule.method}   {g.num_tasks:,} tasks on {g.devices} devices   makespan "
+           f"{_fmt_time(schedule.makespan)}")
+    if not math.isclose(schedule.objective, schedule.makespan, rel_tol=1e-12):
+        out += f"   objective {_fmt_time(schedule.objective)}"
+    if schedule.status != "heuristic":
+        out += f"   [{schedule.status}]"
+    return out
+
+
+def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
+                     axes_width_in: float, dpi: float, xmax: float, height_in: float
+                     ) -> list[Patch | Line2D]:
+    """Tasks on their device rows (coloured by group), each device's latest-reaching tail
+    hatched, messages on their link's row; returns the legend entries."""
+    g = schedule.graph
+    p, half = g.devices, _HALF
+    rows = p + len(links)
+    start, end = schedule.start, schedule.end
+    groups = task_groups(g)
+    colors = group_colors(groups)
+    ax.add_collection(PolyCollection(
+        [[(0, d - half), (schedule.makespan, d - half), (schedule.makespan, d + half),
+          (0, d + half)] for d in range(p)], facecolors=IDLE_COLOR, edgecolors="none",
+        zorder=1))
+    px_per_s = axes_width_in * dpi / xmax if xmax > 0 else 0.0
+    row_px = height_in * dpi / max(1, rows)
+    boxes = list(zip(g.device, start, end, strict=True))
+    widths_px = [(b - a) * px_per_s for a, b in zip(start, end, strict=True)]
+    if _median(widths_px) < _RASTER_BELOW_PX:
+        keys = list(colors)
+        index = {k: i for i, k in enumerate(keys)}
+        _paint_raster(ax, p, boxes, [index[x] for x in groups], [colors[k] for k in keys],
+                      round(axes_width_in * dpi), xmax, schedule.makespan)
+    else:
+        _paint_boxes(ax, boxes, [colors[x] for x in groups], widths_px, row_px, rows)
+    zero = [i for i in range(g.num_tasks) if end[i] <= start[i]]
+    if zero:
+        _paint_ticks(ax, [(g.device[i], start[i]) for i in zero],
+                     [colors[groups[i]] for i in zero], dpi)
+    handles: list[Patch | Line2D] = [Patch(facecolor=c, label=k) for k, c in colors.items()]
+    handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
+    last: dict[int, int] = {}
+    for i, t in enumerate(g.tail):
+        d = g.device[i]
+        if t > 0 and (d not in last or end[i] + t > end[last[d]] + g.tail[last[d]]):
+            last[d] = i
+    if last:
+        bars = [[(end[i], d - half), (end[i] + g.tail[i], d - half),
+                 (end[i] + g.tail[i], d + half), (end[i], d + half)] for d, i in last.items()]
+        hatched = PolyCollection(bars, facecolors="none", edgecolors=REDUCE_COLOR,
+                                 hatch=REDUCE_HATCH, linewidths=0.6, zorder=2.6)
+        if hasattr(hatched, "set_hatchcolor"):  # matplotlib >= 3.10, as in _draw_gantt
+            hatched.set_hatchcolor(REDUCE_COLOR)
+        ax.add_collection(hatched)
+        handles.append(Patch(facecolor="none", edgecolor=REDUCE_COLOR, hatch=REDUCE_HATCH,
+                             linewidth=0.6, label=TAIL_LABEL))
+    if links:
+        row_of = {k: p + r for r, k in enumerate(links)}
+        on_link = [(row_of[g.edge_link[mm.edge]], mm.start, mm.end) for mm in schedule.messages]
+        _paint_boxes(ax, on_link, [LINK_COLOR] * len(on_link),
+                     [(b - a) * px_per_s for _, a, b in on_link], row_px, rows)
+        handles.append(Patch(facecolor=LINK_COLOR, label="message on its link"))
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(rows - 0.5, -0.5)  # device 0 on top, links below the devices
+    kinds = dict(g.meta).get("device_kind")
+    names = [f"dev {d}" + (f" {kinds[d]}" if isinstance(kinds, tuple) and len(kinds) == p
+                           else "") for d in range(p)]
+    names += [f"link {g.link_src[k]}->{g.link_dst[k]}" for k in links]
+    _device_ticks(ax, [float(r) for r in range(rows)], row_px, dpi, names)
+    ax.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    return handles
+
+
+def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
+                          show_memory: bool = True, dpi: float = 100,
+                          figsize: tuple[float, float] | None = None) -> Figure:
+    """The Gantt figure of a task-graph schedule (not saved), laid out as
+    :func:`render_schedule` lays out a chain's: a row per device, then a row per directed link
+    that carries messages; tasks coloured by group (:func:`~pipeopt.core.schedule.
+    task_groups`); memory in use per device underneath. ``figsize`` (inches) overrides
+    :func:`graph_figure_size`; a ``dpi`` past :data:`MAX_SIDE_PX` raises
+    :class:`~pipeopt.config.ConfigError` naming ``--dpi``."""
+    g = schedule.graph
+    w, h = figsize or graph_figure_size(schedule, show_memory)
+    check_dpi((w, h), dpi)
+    fig = Figure(figsize=(w, h), dpi=dpi)
+    FigureCanvasAgg(fig)
+    links = _link_rows(schedule)
+    xmax = schedule.objective * 1.005 or 1.0  # tails may reach past the last task
+    gantt_h = _gantt_rows_height(g.devices + len(links))
+    mem_h = _memory_rows_height(g.devices) if show_memory else 0.0
+    avail = h - _TOP_IN - _BOTTOM_IN - (_GAP_IN if show_memory else 0.0)
+    scale = avail / (gantt_h + mem_h) if avail > 0 else 1.0
+    gantt_h, mem_h = gantt_h * scale, mem_h * scale
+    ax = fig.add_axes(_axes_rect(w, h, _TOP_IN, gantt_h))
+    handles = _draw_graph_rows(ax, schedule, links, w - _LEFT_IN - _RIGHT_IN, dpi, xmax,
+                               gantt_h)
+    _legend_and_title(fig, ax, handles, title or graph_title(schedule))
+    if show_memory:
+        mem_ax = fig.add_axes(_axes_rect(w, h, _TOP_IN + gantt_h + _GAP_IN, mem_h), sharex=ax)
+        _memory_bands(mem_ax, schedule.memory_timeline, g.memory_limit, schedule.peak_memory,
+                      xmax, mem_h, dpi, lambda x: f"{x:.3g} B")
+        ax.tick_params(axis="x", labelbottom=True, labelsize=8)
+    else:
+        ax.set_xlabel("time (s)")
+    return fig
+
+
+def plot_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str], *,
+                        title: str | None = None, show_memory: bool = True, dpi: float = 100,
+                        figsize: tuple[float, float] | None = None) -> Path:
+    """Draw a task-graph schedule into ``path`` (written atomically; PNG, SVG or PDF by its
+    suffix); see :func:`render_graph_schedule`. Returns the path written."""
+    image_format(path)
+    return _save(render_graph_schedule(schedule, title=title, show_memory=show_memory, dpi=dpi,
+                                       figsize=figsize), path)
+
+
+def plot_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
+             title: str | None = None, show_memory: bool = True, dpi: float = 100) -> Path:
+    """:func:`plot_schedule` for a chain schedule, :func:`plot_graph_schedule` for a graph's."""
+    if isinstance(schedule, GraphSchedule):
+        return plot_graph_schedule(schedule, path, title=title, show_memory=show_memory,
+                                   dpi=dpi)
+    return plot_schedule(schedule, path, title=title, show_memory=show_memory, dpi=dpi)

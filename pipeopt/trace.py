@@ -52,6 +52,14 @@ stages (129k messages, 400 link tracks), :func:`write_trace` writes, for 1F1B (1
 alone: 44 MB in 1.3 s); for ZB-H1 (197k ops) 122 MB in 4.8 s (63 MB in 2.0 s without links).
 Flows are kept for every message, with no cap; ``flows=False`` leaves them out (1F1B: 79 MB).
 ui.perfetto.dev opens such files faster than chrome://tracing.
+
+**Task-graph schedules** (:class:`~pipeopt.core.schedule.GraphSchedule`, schedule JSON v2):
+:func:`to_graph_trace_events` lays them out the same way, through the same helpers: a track
+per device (named with its ``device_kind`` when the graph's meta has one) with an X event per
+task named by its label, ``cat`` its group (:func:`~pipeopt.core.schedule.task_groups`), memory
+counters, a track per directed link and lane with a message per cross-device edge (the timed
+ones as recorded, latency-only ones from the source's end, :func:`graph_messages`), and a flow
+arrow along each of them. :func:`write_trace` takes either kind of schedule.
 """
 
 from __future__ import annotations
@@ -61,8 +69,10 @@ import json
 import math
 import os
 from collections import defaultdict
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
+from pipeopt.core.schedule import GraphSchedule, MessageTime, task_groups
 from pipeopt.io import write_atomic
 from pipeopt.problem import Problem
 from pipeopt.schedule import Message, Schedule, TimedOp
@@ -182,15 +192,21 @@ def _fmt_rate(bytes_per_s: float) -> str:
 def link_name(problem: Problem, src: int, dst: int, lane: int = 0) -> str:
     """Track name of the directed link ``src -> dst`` (``lane`` > 0: its extra tracks for
     overlapping messages, named ``#2``, ``#3``, ...), e.g. ``link 3->4 (latency 160 ms)``."""
+    return _link_title(src, dst, problem.latency[src][dst], problem.bandwidth[src][dst],
+                       _datacenters(problem), lane)
+
+
+def _link_title(src: int, dst: int, latency: float, bandwidth: float, dcs: dict[int, Any],
+                lane: int = 0) -> str:
+    """:func:`link_name` from the link's latency (s), bandwidth (bytes/s) and the devices'
+    datacenters (``dcs``, possibly empty)."""
     parts = []
-    dcs = _datacenters(problem)
     if src in dcs and dst in dcs and dcs[src] != dcs[dst]:
         parts.append(f"cross-datacenter {dcs[src]}->{dcs[dst]}")
-    lat, bw = problem.latency[src][dst], problem.bandwidth[src][dst]
-    if lat > 0:
-        parts.append(f"latency {_fmt_time(lat)}")
-    if not math.isinf(bw):
-        parts.append(_fmt_rate(bw))
+    if latency > 0:
+        parts.append(f"latency {_fmt_time(latency)}")
+    if not math.isinf(bandwidth):
+        parts.append(_fmt_rate(bandwidth))
     name = f"link {src}->{dst}" + (f" #{lane + 1}" if lane else "")
     return name + (f" ({', '.join(parts)})" if parts else "")
 
@@ -248,17 +264,7 @@ def to_trace_events(schedule: Schedule, *, flows: bool = True) -> dict[str, Any]
                      "start_s": o.start, "end_s": o.end},
         })
     events.extend(_link_events(schedule, flows))
-    for d, steps in enumerate(schedule.memory_timeline):
-        at: dict[float, float] = {}
-        for t, b in steps:  # several changes at one instant: the counter shows the last
-            at[t] = b
-        last: float | None = None
-        for t, b in at.items():
-            if b == last:
-                continue
-            events.append({"name": f"memory device {d}", "ph": "C", "pid": DEVICES_PID,
-                           "ts": _us(t), "args": {"bytes": b}})
-            last = b
+    events.extend(_memory_counters(schedule.memory_timeline))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -273,20 +279,85 @@ def to_trace_events(schedule: Schedule, *, flows: bool = True) -> dict[str, Any]
     }
 
 
+def _memory_counters(timelines: Sequence[Sequence[tuple[float, float]]]
+                     ) -> list[dict[str, Any]]:
+    """A counter event (``ph: C``) per change of each device's memory (``timelines``: per
+    device, (time s, bytes) steps); several changes at one instant show the last level."""
+    events: list[dict[str, Any]] = []
+    for d, steps in enumerate(timelines):
+        at: dict[float, float] = {}
+        for t, b in steps:
+            at[t] = b
+        last: float | None = None
+        for t, b in at.items():
+            if b == last:
+                continue
+            events.append({"name": f"memory device {d}", "ph": "C", "pid": DEVICES_PID,
+                           "ts": _us(t), "args": {"bytes": b}})
+            last = b
+    return events
+
+
+class _Sent(NamedTuple):
+    """A message as the link tracks show it: on ``link`` (sender, receiver device) from
+    ``start`` to ``end`` (its transmission), usable at ``arrival`` (seconds); ``producer`` and
+    ``consumer``: (device, start, end) of the tasks it joins, when known, for the flow arrow
+    named ``flow``."""
+
+    link: tuple[int, int]
+    name: str
+    args: dict[str, Any]
+    start: float
+    end: float
+    arrival: float
+    producer: tuple[int, float, float] | None
+    consumer: tuple[int, float, float] | None
+    flow: str
+
+
 def _link_events(schedule: Schedule, with_flows: bool) -> list[dict[str, Any]]:
     """Track metadata, message events and (``with_flows``) flow events of every message
     between devices."""
     pr = schedule.problem
-    msgs = link_messages(schedule)
+    ops = {(o.kind, o.stage, o.microbatch): o for o in schedule.ops}
+    sent = []
+    for mm in link_messages(schedule):
+        producer = ops.get((mm.kind, mm.src_stage, mm.microbatch))
+        consumer = ops.get((mm.kind, mm.dst_stage, mm.microbatch))
+        ready = producer.end if producer is not None else mm.start
+        args: dict[str, Any] = {
+            "kind": mm.kind, "src_stage": mm.src_stage, "dst_stage": mm.dst_stage,
+            "microbatch": mm.microbatch,
+            "transmission_us": _us(mm.end - mm.start), "latency_us": _us(mm.arrival - mm.end)}
+        if mm.start > ready:
+            args["queued_us"] = _us(mm.start - ready)
+        sent.append(_Sent(
+            (mm.src_device, mm.dst_device),
+            f"{mm.kind} s{mm.src_stage} mb{mm.microbatch} -> s{mm.dst_stage}", args,
+            mm.start, mm.end, mm.arrival, _task(producer), _task(consumer),
+            "activation" if mm.kind == "F" else "gradient"))
+    return _message_events(sent, pr.devices, lambda a, b, lane: link_name(pr, a, b, lane),
+                           with_flows)
+
+
+def _task(op: TimedOp | None) -> tuple[int, float, float] | None:
+    return None if op is None else (op.device, op.start, op.end)
+
+
+def _message_events(msgs: Sequence[_Sent], first_tid: int,
+                    track_name: Callable[[int, int, int], str], with_flows: bool
+                    ) -> list[dict[str, Any]]:
+    """Process 2 "links": a track per directed link and lane (``track_name(src, dst,
+    lane)``; tids from ``first_tid``), an X event per message that takes time (with its
+    transmission nested in it), and flow arrows from producer to consumer."""
     if not msgs:
         return []
-    ops = {(o.kind, o.stage, o.microbatch): o for o in schedule.ops}
     # Zero-length messages get no slice (and a link of only those no track), but their flows.
     per_link: dict[tuple[int, int], list[int]] = defaultdict(list)
     spans = []
     for i, mm in enumerate(msgs):
         if mm.arrival > mm.start:  # a message that takes no time has nothing to show
-            per_link[(mm.src_device, mm.dst_device)].append(i)
+            per_link[mm.link].append(i)
         spans.append(_span(mm.start, mm.arrival))
     events: list[dict[str, Any]] = [
         _meta("process_name", LINKS_PID, None, "links"),
@@ -294,12 +365,12 @@ def _link_events(schedule: Schedule, with_flows: bool) -> list[dict[str, Any]]:
     ] if per_link else []
     # Link tids start after the device tids: no tid names two tracks, even across processes.
     tid_of = [0] * len(msgs)
-    tid = pr.devices
+    tid = first_tid
     for link in sorted(per_link):
         idx = per_link[link]
         lanes, n = _assign_lanes([(spans[i][0], spans[i][0] + spans[i][1]) for i in idx])
         for lane in range(n):
-            events.append(_meta("thread_name", LINKS_PID, tid + lane, link_name(pr, *link, lane)))
+            events.append(_meta("thread_name", LINKS_PID, tid + lane, track_name(*link, lane)))
             events.append(_meta("thread_sort_index", LINKS_PID, tid + lane, tid + lane))
         for i, lane in zip(idx, lanes, strict=True):
             tid_of[i] = tid + lane
@@ -309,47 +380,117 @@ def _link_events(schedule: Schedule, with_flows: bool) -> list[dict[str, Any]]:
     for i in sorted(range(len(msgs)), key=lambda i: (tid_of[i], spans[i][0], -spans[i][1])):
         mm = msgs[i]
         ts, dur = spans[i]
-        producer = ops.get((mm.kind, mm.src_stage, mm.microbatch))
-        ready = producer.end if producer is not None else mm.start
-        args: dict[str, Any] = {
-            "kind": mm.kind, "src_stage": mm.src_stage, "dst_stage": mm.dst_stage,
-            "microbatch": mm.microbatch,
-            "transmission_us": _us(mm.end - mm.start), "latency_us": _us(mm.arrival - mm.end)}
-        if mm.start > ready:
-            args["queued_us"] = _us(mm.start - ready)
-        name = f"{mm.kind} s{mm.src_stage} mb{mm.microbatch} -> s{mm.dst_stage}"
         if mm.arrival > mm.start:
-            events.append({"name": name, "cat": MESSAGE_CAT, "ph": "X", "pid": LINKS_PID,
+            events.append({"name": mm.name, "cat": MESSAGE_CAT, "ph": "X", "pid": LINKS_PID,
                            "tid": tid_of[i], "ts": ts, "dur": dur, "cname": MESSAGE_COLOR,
-                           "args": args})
+                           "args": mm.args})
         if mm.end > mm.start and mm.arrival > mm.end:
             # Same ts and shorter, written after its parent: nested in both viewers.
             events.append({"name": "transmission", "cat": TRANSMISSION_CAT, "ph": "X",
                            "pid": LINKS_PID, "tid": tid_of[i], "ts": ts,
                            "dur": min(_span(mm.start, mm.end)[1], dur),
                            "cname": TRANSMISSION_COLOR})
-        consumer = ops.get((mm.kind, mm.dst_stage, mm.microbatch))
-        if not with_flows or producer is None or consumer is None:
+        if not with_flows or mm.producer is None or mm.consumer is None:
             continue
         flow_id += 1
-        what = "activation" if mm.kind == "F" else "gradient"
-        flows.append({"name": what, "cat": FLOW_CAT, "ph": "s", "id": flow_id,
-                      "pid": DEVICES_PID, "tid": producer.device, "ts": _middle(producer)})
-        flows.append({"name": what, "cat": FLOW_CAT, "ph": "f", "bp": "e", "id": flow_id,
-                      "pid": DEVICES_PID, "tid": consumer.device, "ts": _middle(consumer)})
+        flows.append({"name": mm.flow, "cat": FLOW_CAT, "ph": "s", "id": flow_id,
+                      "pid": DEVICES_PID, "tid": mm.producer[0], "ts": _middle(mm.producer)})
+        flows.append({"name": mm.flow, "cat": FLOW_CAT, "ph": "f", "bp": "e", "id": flow_id,
+                      "pid": DEVICES_PID, "tid": mm.consumer[0], "ts": _middle(mm.consumer)})
     return events + flows
 
 
-def _middle(op: TimedOp) -> float:
-    """Trace time of the middle of ``op``, to the nanosecond when that stays inside it (shorter
-    JSON: a flow end needs no more precision)."""
-    a, b = _us(op.start), _us(op.end)
+def _middle(task: tuple[int, float, float]) -> float:
+    """Trace time of the middle of ``task`` (device, start, end), to the nanosecond when that
+    stays inside it (shorter JSON: a flow end needs no more precision)."""
+    a, b = _us(task[1]), _us(task[2])
     mid = (a + b) / 2
     short = round(mid, 3)
     return short if a < short < b else mid
 
 
-def write_trace(schedule: Schedule, path: str | os.PathLike[str], *, flows: bool = True) -> None:
-    """Write :func:`to_trace_events` of ``schedule`` as JSON to ``path`` atomically."""
-    doc = to_trace_events(schedule, flows=flows)
+# ----- task-graph schedules (schedule JSON v2) ------------------------------------------------
+def graph_messages(schedule: GraphSchedule) -> list[MessageTime]:
+    """Every message between two devices of a task-graph schedule: the timed ones it records
+    (those that occupy a link), and for each other cross-device edge one that leaves when its
+    source ends and arrives the link's latency later."""
+    g = schedule.graph
+    out = list(schedule.messages)
+    seen = {mm.edge for mm in out}
+    end = schedule.end
+    for e, (k, lat) in enumerate(zip(g.edge_link, g.edge_latency, strict=True)):
+        if k >= 0 and e not in seen:
+            t = end[g.src[e]]
+            out.append(MessageTime(e, t, t, t + lat))
+    return out
+
+
+def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dict[str, Any]:
+    """The trace-event document of a task-graph schedule, laid out as :func:`to_trace_events`
+    lays out a chain's: a track per device with an X event per task (named by its label,
+    ``cat`` its group: :func:`~pipeopt.core.schedule.task_groups`), memory counters, a track
+    per directed link (and lane) with the messages, and flow arrows along cross-device edges
+    unless ``flows`` is false."""
+    g = schedule.graph
+    groups = task_groups(g)
+    events: list[dict[str, Any]] = [
+        _meta("process_name", DEVICES_PID, None, "devices"),
+        _meta("process_sort_index", DEVICES_PID, None, 0),
+    ]
+    kinds = dict(g.meta).get("device_kind")
+    for d in range(g.devices):
+        kind = f" ({kinds[d]})" if isinstance(kinds, tuple) and len(kinds) == g.devices else ""
+        events.append(_meta("thread_name", DEVICES_PID, d, f"device {d}{kind}"))
+        events.append(_meta("thread_sort_index", DEVICES_PID, d, d))
+    start, end = schedule.start, schedule.end
+    for i in sorted(range(g.num_tasks), key=lambda i: (g.device[i], start[i], end[i])):
+        ts, dur = _span(start[i], end[i])
+        events.append({
+            "name": g.label[i], "cat": groups[i], "ph": "X", "pid": DEVICES_PID,
+            "tid": g.device[i], "ts": ts, "dur": dur,
+            "cname": KIND_COLORS.get(groups[i], "generic_work"),
+            "args": {"task": i, "group": groups[i], "device": g.device[i],
+                     "start_s": start[i], "end_s": end[i]},
+        })
+    sent = []
+    for mm in graph_messages(schedule):
+        a, b = g.src[mm.edge], g.dst[mm.edge]
+        args: dict[str, Any] = {"edge": mm.edge, "bytes": g.bytes[mm.edge],
+                                "transmission_us": _us(mm.end - mm.start),
+                                "latency_us": _us(mm.arrival - mm.end)}
+        if mm.start > end[a]:
+            args["queued_us"] = _us(mm.start - end[a])
+        sent.append(_Sent((g.device[a], g.device[b]), f"{g.label[a]} -> {g.label[b]}", args,
+                          mm.start, mm.end, mm.arrival, (g.device[a], start[a], end[a]),
+                          (g.device[b], start[b], end[b]), groups[a]))
+    link = g.link_index
+
+    def track_name(a: int, b: int, lane: int) -> str:
+        k = link[(a, b)]
+        return _link_title(a, b, g.latency[k], g.bandwidth[k], {}, lane)
+
+    events.extend(_message_events(sent, g.devices, track_name, flows))
+    events.extend(_memory_counters(schedule.memory_timeline))
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "method": schedule.method,
+            "makespan_s": schedule.makespan,
+            "objective_s": schedule.objective,
+            "devices": g.devices,
+            "tasks": g.num_tasks,
+            "time_unit": "ts and dur are microseconds: schedule seconds x 1e6",
+        },
+    }
+
+
+def write_trace(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
+                flows: bool = True) -> None:
+    """Write :func:`to_trace_events` of a chain ``schedule`` (:func:`to_graph_trace_events` of
+    a task-graph one) as JSON to ``path`` atomically."""
+    if isinstance(schedule, GraphSchedule):
+        doc = to_graph_trace_events(schedule, flows=flows)
+    else:
+        doc = to_trace_events(schedule, flows=flows)
     write_atomic(path, json.dumps(doc, separators=(",", ":")) + "\n")

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from pipeopt.io import check_writable, load_schedule, refuse_overwriting_input, write_output
+from pipeopt.graphio import load_any
+from pipeopt.io import check_writable, refuse_overwriting_input, write_output
 
 
 def _positive_float(text: str) -> float:
@@ -20,28 +21,29 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """Draw a schedule JSON file as a Gantt chart (PNG, SVG or PDF by the output's suffix)."""
-    from pipeopt.plot import image_format, plot_schedule
+    """Draw a schedule JSON file (v1 or v2) as a Gantt chart (PNG, SVG or PDF by the output's
+    suffix)."""
+    from pipeopt.plot import image_format, plot_any
 
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
     refuse_overwriting_input("--output", out, args.schedule)
     image_format(out, "--output")  # a suffix it cannot write is refused before any work
     check_writable("--output", out)
-    sched = load_schedule(args.schedule)
-    write_output("--output", out, lambda path: plot_schedule(
+    sched = load_any(args.schedule)
+    write_output("--output", out, lambda path: plot_any(
         sched, path, title=args.title, show_memory=not args.no_memory, dpi=args.dpi))
     print(f"written {out}")
     return 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    """Export a schedule JSON file as Chrome / Perfetto trace events."""
+    """Export a schedule JSON file (v1 or v2) as Chrome / Perfetto trace events."""
     from pipeopt.trace import write_trace
 
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
     refuse_overwriting_input("--output", out, args.schedule)
     check_writable("--output", out)
-    sched = load_schedule(args.schedule)
+    sched = load_any(args.schedule)
     write_output("--output", out, lambda path: write_trace(sched, path, flows=not args.no_flows))
     print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
@@ -54,7 +56,8 @@ def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plot", help=help_, description=help_,
         epilog="Example: pipeopt plot schedule.json -o schedule.png --dpi 150")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1, or v2 for any task "
+                                    "graph)")
     p.add_argument("-o", "--output", help="image to write atomically; its suffix picks the "
                                           "format: .png, .svg or .pdf (default: the "
                                           "schedule's name with .png)")
@@ -72,7 +75,8 @@ def add_commands(subparsers: Any) -> None:
         "trace", help="Export a schedule as a Chrome/Perfetto trace (JSON).", description=help_,
         epilog="Example: pipeopt trace schedule.json -o trace.json  (then open it in "
                "ui.perfetto.dev)")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1, or v2 for any task "
+                                    "graph)")
     p.add_argument("-o", "--output", help="trace JSON to write atomically (default: the "
                                           "schedule's name with .trace.json)")
     p.add_argument("--no-flows", action="store_true",

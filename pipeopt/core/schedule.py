@@ -104,3 +104,21 @@ class GraphSchedule:
         return {"method": self.method, "status": self.status, "objective": self.objective,
                 "makespan": self.makespan, "lower_bound": self.lower_bound, "gap": self.gap,
                 "peak_memory": list(self.peak_memory), "wall_time": self.wall_time}
+
+
+def task_groups(graph: TaskGraph) -> tuple[str, ...]:
+    """Per task, the group plots and traces colour it by: ``meta["task_group"]`` when the
+    builder recorded one, else its label without digits and the separators around them
+    (``0F3`` -> ``F``, ``allreduce s2 mb5`` -> ``allreduce s mb``; ``t<i>`` -> ``t``)."""
+    groups = dict(graph.meta).get("task_group")
+    if isinstance(groups, tuple | list) and len(groups) == graph.num_tasks:
+        return tuple(map(str, groups))
+    digits = str.maketrans("", "", "0123456789")
+    cache: dict[str, str] = {}
+    out = []
+    for label in graph.label:
+        g = cache.get(label)
+        if g is None:
+            g = cache[label] = label.translate(digits).strip(" ._-:/#") or "task"
+        out.append(g)
+    return tuple(out)
