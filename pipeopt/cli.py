@@ -73,14 +73,17 @@ def _fmt(x: float | None, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
+def _status_line(status: str, lower_bound: float | None, gap: float | None) -> str:
+    return f"status        {status}" + (
+        f" (lower bound {_fmt(lower_bound)}, gap {gap:.2%})" if gap is not None else "")
+
+
 def print_summary(s: Schedule, out: Any = None) -> None:
     """A short human summary of one schedule."""
     out = out or sys.stdout
     gap = s.gap
     print(f"method        {s.method}", file=out)
-    print(f"status        {s.solver.status}"
-          + (f" (lower bound {_fmt(s.lower_bound)}, gap {gap:.2%})" if gap is not None else ""),
-          file=out)
+    print(_status_line(s.solver.status, s.lower_bound, gap), file=out)
     print(f"makespan      {_fmt(s.makespan)} s", file=out)
     if s.iteration_time != s.makespan:
         print(f"iteration     {_fmt(s.iteration_time)} s (with gradient reduction)", file=out)
@@ -358,9 +361,7 @@ def print_graph_summary(s: GraphSchedule, out: Any = None) -> None:
     print(f"method        {s.method}", file=out)
     print(f"graph         {g.num_tasks:,} tasks, {g.num_edges:,} edges on {g.devices} devices "
           f"and {g.num_links} links", file=out)
-    print(f"status        {s.status}"
-          + (f" (lower bound {_fmt(s.lower_bound)}, gap {gap:.2%})" if gap is not None else ""),
-          file=out)
+    print(_status_line(s.status, s.lower_bound, gap), file=out)
     print(f"makespan      {_fmt(s.makespan)} s", file=out)
     if s.objective != s.makespan:
         print(f"objective     {_fmt(s.objective)} s (end + tail)", file=out)

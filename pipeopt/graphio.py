@@ -29,17 +29,20 @@ from pipeopt.core.schedule import GraphSchedule, MessageTime
 from pipeopt.core.validate import check
 from pipeopt.errors import MAX_DEVICES, MAX_OPS
 from pipeopt.io import (
-    _STATUSES,
     OPTIMAL_GAP_TOLERANCE,
     TooLarge,
     _get,
     _is_number,
     _shown,
+    document_method,
     dump_schedule,
     format_json,
     known_fields,
     read_schedule_doc,
+    refuse_violations,
     schedule_from_dict,
+    solver_status,
+    solver_wall_time,
     write_atomic,
 )
 from pipeopt.schedule import FORMAT as FORMAT_V1
@@ -263,33 +266,15 @@ def _timeline(doc: dict[str, Any], graph: TaskGraph) -> tuple[tuple[float, ...],
 def _solver(doc: dict[str, Any]) -> tuple[str, float | None, float]:
     """(status, lower bound s or None, wall time s) of the ``solver`` object."""
     known_fields(doc, _SOLVER_KEYS, "solver.")
-    status = doc.get("status", "heuristic")
-    if status not in _STATUSES:
-        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, got "
-                            f"{_shown(status)}")
-    for key in ("lower_bound", "gap"):
-        val = doc.get(key)
-        if val is not None and (not _is_number(val) or not math.isfinite(val) or val < 0):
-            raise ScheduleError(f"solver.{key}: expected a finite number >= 0 or null, got "
-                                f"{_shown(val)}")
-    wall = doc.get("wall_time", 0.0)
-    if not _is_number(wall) or not math.isfinite(wall) or wall < 0:
-        raise ScheduleError(f"solver.wall_time: expected a finite number >= 0 (seconds), got "
-                            f"{_shown(wall)}")
+    status = solver_status(doc, ("lower_bound", "gap"))
     lb = doc.get("lower_bound")
-    return status, None if lb is None else float(lb), float(wall)
+    return status, None if lb is None else float(lb), solver_wall_time(doc)
 
 
 def graph_schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> GraphSchedule:
     """Parse and check a v2 document (see the module docstring for the order of the checks).
     Raises :class:`~pipeopt.simulate.ScheduleError` naming the first problem found."""
-    if not isinstance(doc, dict):
-        raise ScheduleError("schedule: expected a JSON object at the top level")
-    fmt = doc.get("format")
-    if fmt != FORMAT_V2:
-        raise ScheduleError(f"format: expected {FORMAT_V2!r}, got {_shown(fmt)}")
-    known_fields(doc, _TOP_KEYS, "")
-    method = _get(doc, "method", str)
+    method = document_method(doc, FORMAT_V2, _TOP_KEYS)
     status, lb, wall = _solver(_object(doc, "solver", "", required=False))
     graph = _graph(_get(doc, "graph", dict))
     start, end, msgs = _timeline(_get(doc, "timeline", dict), graph)
@@ -297,10 +282,7 @@ def graph_schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Graph
                           status=status,  # type: ignore[arg-type]  # checked in _solver
                           lower_bound=lb, wall_time=wall)
     if check_semantics:
-        violations = check(sched)
-        if violations:
-            more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-            raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)
+        refuse_violations(check(sched))
         _check_recorded(doc, sched)
     return sched
 

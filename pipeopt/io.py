@@ -446,13 +446,7 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     """Parse and validate a SPEC v1 document: format version, schema, then the problem's rules
     (via the validator) and the recorded metrics. Raises :class:`ScheduleError` naming the first
     problem found."""
-    if not isinstance(doc, dict):
-        raise ScheduleError("schedule: expected a JSON object at the top level")
-    fmt = doc.get("format")
-    if fmt != FORMAT:
-        raise ScheduleError(f"format: expected {FORMAT!r}, got {fmt!r:.60}")
-    known_fields(doc, _TOP_KEYS, "")
-    method = _get(doc, "method", str)
+    method = document_method(doc, FORMAT, _TOP_KEYS)
     problem = _problem(_get(doc, "problem", dict))
     p, s, m = problem.devices, problem.stages, problem.microbatches
     raw_ops = _get(doc, "ops", list)
@@ -489,12 +483,27 @@ def schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Schedule:
     sched = Schedule(problem=problem, method=method, ops=tuple(ops), messages=tuple(msgs),
                      solver=info)
     if check_semantics:
-        violations = check(sched)
-        if violations:
-            more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-            raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)
+        refuse_violations(check(sched))
         _check_recorded(doc, sched)
     return sched
+
+
+def document_method(doc: Any, fmt: str, keys: Sequence[str]) -> str:
+    """The ``method`` of a schedule document, after checking that it is an object of format
+    ``fmt`` with no field outside ``keys``."""
+    if not isinstance(doc, dict):
+        raise ScheduleError("schedule: expected a JSON object at the top level")
+    if doc.get("format") != fmt:
+        raise ScheduleError(f"format: expected {fmt!r}, got {doc.get('format')!r:.60}")
+    known_fields(doc, keys, "")
+    return _get(doc, "method", str)
+
+
+def refuse_violations(violations: Sequence[str]) -> None:
+    """Raise :class:`ScheduleError` naming the first of ``violations`` (and how many more)."""
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise ScheduleError(f"invalid schedule: {violations[0]}{more}", violations)
 
 
 def _count_message(problem: Problem, raw_ops: list[Any]) -> str:
@@ -519,15 +528,7 @@ def _solver_info(sol: Any) -> SolverInfo:
     if not isinstance(sol, dict):
         raise ScheduleError(f"solver: expected an object, got {sol!r:.60}")
     known_fields(sol, _SOLVER_KEYS, "solver.")
-    status = sol.get("status", "heuristic")
-    if status not in _STATUSES:
-        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "
-                            f"got {status!r:.60}")
-    for key in ("lower_bound", "objective_lower_bound"):
-        val = sol.get(key)
-        if val is not None and (not _is_number(val) or not math.isfinite(val)):
-            raise ScheduleError(f"solver.{key}: expected a finite number or null, got "
-                                f"{val!r:.60}")
+    status = solver_status(sol, ("lower_bound", "objective_lower_bound"))
     # The solver's own bound: on its objective when the file says which, else (SPEC files)
     # the makespan bound, the objective then being the makespan.
     lb = sol["objective_lower_bound"] if "objective_lower_bound" in sol else sol.get(
@@ -535,16 +536,37 @@ def _solver_info(sol: Any) -> SolverInfo:
     objective = sol.get("objective", "makespan")
     if objective not in ("makespan", "span"):
         raise ScheduleError(f"solver.objective: must be makespan or span, got {objective!r:.60}")
-    wall = sol.get("wall_time")
-    if wall is not None and (not _is_number(wall) or not math.isfinite(wall) or wall < 0):
-        raise ScheduleError(f"solver.wall_time: expected a finite number >= 0 (seconds) or "
-                            f"null, got {wall!r:.60}")
+    wall = solver_wall_time(sol)
     details = sol.get("details")
     if details is not None and not isinstance(details, dict):
         raise ScheduleError(f"solver.details: expected an object, got {details!r:.60}")
     return SolverInfo(status=status, lower_bound=None if lb is None else float(lb),
-                      wall_time=float(wall or 0.0), objective=objective,
+                      wall_time=wall, objective=objective,
                       details=tuple((details or {}).items()))
+
+
+def solver_status(sol: dict[str, Any], bounds: Sequence[str]) -> str:
+    """The ``status`` of a ``solver`` object (default ``heuristic``), after checking it and
+    that each field in ``bounds`` is a finite number or null (both schedule formats)."""
+    status = sol.get("status", "heuristic")
+    if status not in _STATUSES:
+        raise ScheduleError(f"solver.status: must be one of {', '.join(_STATUSES)}, "
+                            f"got {status!r:.60}")
+    for key in bounds:
+        val = sol.get(key)
+        if val is not None and (not _is_number(val) or not math.isfinite(val)):
+            raise ScheduleError(f"solver.{key}: expected a finite number or null, got "
+                                f"{val!r:.60}")
+    return status
+
+
+def solver_wall_time(sol: dict[str, Any]) -> float:
+    """``wall_time`` of a ``solver`` object: seconds >= 0, null or absent meaning 0."""
+    wall = sol.get("wall_time")
+    if wall is not None and (not _is_number(wall) or not math.isfinite(wall) or wall < 0):
+        raise ScheduleError(f"solver.wall_time: expected a finite number >= 0 (seconds) or "
+                            f"null, got {wall!r:.60}")
+    return float(wall or 0.0)
 
 
 def _check_recorded(doc: dict[str, Any], sched: Schedule) -> None:

@@ -240,13 +240,7 @@ def to_trace_events(schedule: Schedule, *, flows: bool = True) -> dict[str, Any]
     processes and tracks), ``displayTimeUnit`` and ``otherData`` (headline metrics). See the
     module docstring."""
     pr = schedule.problem
-    events: list[dict[str, Any]] = [
-        _meta("process_name", DEVICES_PID, None, "devices"),
-        _meta("process_sort_index", DEVICES_PID, None, 0),
-    ]
-    for d in range(pr.devices):
-        events.append(_meta("thread_name", DEVICES_PID, d, f"device {d}"))
-        events.append(_meta("thread_sort_index", DEVICES_PID, d, d))
+    events = _device_tracks([f"device {d}" for d in range(pr.devices)])
     chunk = {}
     for stages in pr.device_stages:
         for c, k in enumerate(stages):
@@ -265,18 +259,26 @@ def to_trace_events(schedule: Schedule, *, flows: bool = True) -> dict[str, Any]
         })
     events.extend(_link_events(schedule, flows))
     events.extend(_memory_counters(schedule.memory_timeline))
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "method": schedule.method,
-            "makespan_s": schedule.makespan,
-            "bubble_ratio": schedule.bubble_ratio,
-            "devices": pr.devices,
-            "microbatches": pr.microbatches,
-            "time_unit": "ts and dur are microseconds: schedule seconds x 1e6",
-        },
-    }
+    return _document(events, {"method": schedule.method, "makespan_s": schedule.makespan,
+                              "bubble_ratio": schedule.bubble_ratio, "devices": pr.devices,
+                              "microbatches": pr.microbatches})
+
+
+def _device_tracks(names: Sequence[str]) -> list[dict[str, Any]]:
+    """Metadata of process 1 "devices" and of its tracks, one per device, named ``names``."""
+    events = [_meta("process_name", DEVICES_PID, None, "devices"),
+              _meta("process_sort_index", DEVICES_PID, None, 0)]
+    for d, name in enumerate(names):
+        events.append(_meta("thread_name", DEVICES_PID, d, name))
+        events.append(_meta("thread_sort_index", DEVICES_PID, d, d))
+    return events
+
+
+def _document(events: list[dict[str, Any]], other: dict[str, Any]) -> dict[str, Any]:
+    """The trace document: ``events`` and the headline facts ``other`` (with the time unit)."""
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {**other,
+                          "time_unit": "ts and dur are microseconds: schedule seconds x 1e6"}}
 
 
 def _memory_counters(timelines: Sequence[Sequence[tuple[float, float]]]
@@ -433,15 +435,10 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
     unless ``flows`` is false."""
     g = schedule.graph
     groups = task_groups(g)
-    events: list[dict[str, Any]] = [
-        _meta("process_name", DEVICES_PID, None, "devices"),
-        _meta("process_sort_index", DEVICES_PID, None, 0),
-    ]
     kinds = dict(g.meta).get("device_kind")
-    for d in range(g.devices):
-        kind = f" ({kinds[d]})" if isinstance(kinds, tuple) and len(kinds) == g.devices else ""
-        events.append(_meta("thread_name", DEVICES_PID, d, f"device {d}{kind}"))
-        events.append(_meta("thread_sort_index", DEVICES_PID, d, d))
+    named = isinstance(kinds, tuple) and len(kinds) == g.devices
+    events = _device_tracks([f"device {d}" + (f" ({kinds[d]})" if named else "")  # type: ignore[index]
+                             for d in range(g.devices)])
     start, end = schedule.start, schedule.end
     for i in sorted(range(g.num_tasks), key=lambda i: (g.device[i], start[i], end[i])):
         ts, dur = _span(start[i], end[i])
@@ -471,18 +468,9 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
 
     events.extend(_message_events(sent, g.devices, track_name, flows))
     events.extend(_memory_counters(schedule.memory_timeline))
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "method": schedule.method,
-            "makespan_s": schedule.makespan,
-            "objective_s": schedule.objective,
-            "devices": g.devices,
-            "tasks": g.num_tasks,
-            "time_unit": "ts and dur are microseconds: schedule seconds x 1e6",
-        },
-    }
+    return _document(events, {"method": schedule.method, "makespan_s": schedule.makespan,
+                              "objective_s": schedule.objective, "devices": g.devices,
+                              "tasks": g.num_tasks})
 
 
 def write_trace(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,

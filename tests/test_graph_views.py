@@ -8,7 +8,6 @@ from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
-from test_graphio import edge_server, serialized_chain, tiny
 
 from pipeopt.cli import main
 from pipeopt.core.cpsat import solve_cpsat
@@ -26,6 +25,7 @@ from pipeopt.plot import (
     render_graph_schedule,
 )
 from pipeopt.trace import DEVICES_PID, LINKS_PID, graph_messages, to_graph_trace_events
+from tests.test_graphio import edge_server, serialized_chain, tiny
 
 
 @pytest.fixture(scope="module")
