@@ -29,6 +29,7 @@ from pipeopt.core.schedule import GraphSchedule, MessageTime
 from pipeopt.core.validate import check
 from pipeopt.errors import MAX_DEVICES, MAX_OPS
 from pipeopt.io import (
+    _FORMAT_V2,
     OPTIMAL_GAP_TOLERANCE,
     TooLarge,
     _get,
@@ -50,7 +51,7 @@ from pipeopt.schedule import Schedule
 from pipeopt.simulate import ScheduleError
 
 #: The ``format`` of a task-graph schedule document.
-FORMAT_V2 = "pipeopt.schedule/v2"
+FORMAT_V2 = _FORMAT_V2
 #: Most tasks a v2 file may hold: the op cap of chain schedules (:data:`pipeopt.errors.MAX_OPS`).
 MAX_TASKS = MAX_OPS
 #: Most edges a v2 file may hold: four inputs per task on average (a chain task has at most

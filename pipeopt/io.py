@@ -34,6 +34,8 @@ from pipeopt.schedule import (
 from pipeopt.simulate import ScheduleError, check
 
 _STATUSES = ("optimal", "feasible", "heuristic")
+#: The format of task-graph schedules (read by :mod:`pipeopt.graphio`), named in messages.
+_FORMAT_V2 = "pipeopt.schedule/v2"
 
 
 def write_atomic(path: str | os.PathLike[str],
@@ -494,7 +496,11 @@ def document_method(doc: Any, fmt: str, keys: Sequence[str]) -> str:
     if not isinstance(doc, dict):
         raise ScheduleError("schedule: expected a JSON object at the top level")
     if doc.get("format") != fmt:
-        raise ScheduleError(f"format: expected {fmt!r}, got {doc.get('format')!r:.60}")
+        # A v2 file where only v1 is read (solve, run, export): a task graph has no chain
+        # problem to solve or run; say so instead of a bare mismatch.
+        hint = (" (a task-graph schedule: plot, trace and simulate read it; solve, run and "
+                "export need a chain schedule)" if doc.get("format") == _FORMAT_V2 else "")
+        raise ScheduleError(f"format: expected {fmt!r}, got {doc.get('format')!r:.60}{hint}")
     known_fields(doc, keys, "")
     return _get(doc, "method", str)
 

@@ -331,5 +331,6 @@ def test_chain_schedules_stay_v1(tmp_path: Path) -> None:
 
 def test_v1_reader_refuses_v2_naming_the_format() -> None:
     with pytest.raises(ScheduleError, match=r"format: expected 'pipeopt\.schedule/v1', got "
-                                            r"'pipeopt\.schedule/v2'"):
+                                            r"'pipeopt\.schedule/v2' \(a task-graph schedule: "
+                                            r"plot, trace and simulate read it"):
         pipeopt.io.schedule_from_dict(_doc())
