@@ -65,6 +65,12 @@ IMAGE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 #: Largest image side, in pixels, that :func:`render_schedule` and :func:`render_compare`
 #: accept: larger ones take minutes and gigabytes to render, or fail inside matplotlib.
 MAX_SIDE_PX = 20000
+#: The dpi of ``pipeopt plot`` and of :func:`plot_schedule` unless told otherwise.
+DEFAULT_DPI = 100
+#: Tallest single-schedule figure (inches): :data:`MAX_SIDE_PX` at :data:`DEFAULT_DPI`, so
+#: a 1024-device schedule draws at the default dpi (its rows squeezed, 14 px each) instead of
+#: needing a 43,400-pixel image.
+MAX_FIGURE_IN = MAX_SIDE_PX / DEFAULT_DPI
 
 # Layout, in inches: fixed margins make the axes size known before drawing, which is what
 # lets labels be dropped when their box is too narrow.
@@ -148,11 +154,17 @@ def _width_of(xmax: float, rows: Sequence[tuple[float, float]]) -> float:
 
 def figure_size(schedule: Schedule, show_memory: bool = True) -> tuple[float, float]:
     """(width, height) in inches of :func:`plot_schedule`'s figure for ``schedule``."""
-    p = schedule.problem.devices
-    h = _TOP_IN + _gantt_rows_height(p) + _BOTTOM_IN
+    return _width([schedule]), _height(schedule.problem.devices, schedule.problem.devices,
+                                       show_memory)
+
+
+def _height(rows: int, devices: int, show_memory: bool) -> float:
+    """Figure height (inches) for ``rows`` Gantt rows and, ``show_memory``, a memory band per
+    device, at most :data:`MAX_FIGURE_IN` (the renderers squeeze the rows to fit)."""
+    h = _TOP_IN + _gantt_rows_height(rows) + _BOTTOM_IN
     if show_memory:
-        h += _GAP_IN + _memory_rows_height(p)
-    return _width([schedule]), _eighths(h)
+        h += _GAP_IN + _memory_rows_height(devices)
+    return min(MAX_FIGURE_IN, _eighths(h))
 
 
 def compare_figure_size(schedules: Sequence[Schedule], fits: Sequence[bool] | None = None
@@ -635,16 +647,16 @@ def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float,
     widest = max(_text_width_px(t, font_pt, dpi) for t in {names[-1], max(names, key=len)})
     if widest > room_px:
         font_pt *= room_px / widest
-    ax.set_yticks(positions)
     if font_pt * dpi / 72 < _MIN_TEXT_PX - 1e-9:
-        ax.set_yticklabels([""] * len(positions))
+        ax.set_yticks([])
         return
     need_px = font_pt * dpi / 72 * 1.2
     step = 1
     while step * row_px < need_px:
         step *= 2
-    ax.set_yticklabels([t if d % step == 0 else "" for d, t in enumerate(names)],
-                       fontsize=font_pt)
+    # Ticks only where a label goes (they have no length): a thousand empty tick labels
+    # take seconds to lay out.
+    ax.set_yticks(positions[::step], list(names[::step]), fontsize=font_pt)
 
 
 def _chunk_index(schedule: Schedule) -> list[int]:
@@ -774,20 +786,31 @@ def _memory_bands(ax: Axes, timelines: Sequence[Sequence[tuple[float, float]]],
     rows_px = height_in * dpi
     peak_pt, peak_labels = _peak_labels(peaks, fmt, dpi)
     label_rows = bool(peak_labels) and rows_px / p >= max(10.0, 1.2 * peak_pt * dpi / 72)
+    # One collection each for the fills, the steps and the limits: an artist per device
+    # takes seconds to draw at a thousand devices.
+    fills, lines, dashes = [], [], []
     for d, steps in enumerate(timelines):
         base = -d - band / 2
         xs = [t for t, _ in steps] + [max(xmax, steps[-1][0])]
         ys = [base + band * b / full for _, b in steps]
         ys.append(ys[-1])
-        ax.fill_between(xs, base, ys, step="post", color="#6a8caf", alpha=0.35, lw=0)
-        ax.step(xs, ys, where="post", color="#2c4f73", lw=0.8)
+        line = [(xs[0], ys[0])]  # a step after each change ("post")
+        for k in range(1, len(xs)):
+            line += [(xs[k], ys[k - 1]), (xs[k], ys[k])]
+        lines.append(line)
+        fills.append([(xs[0], base), *line, (xs[-1], base)])
         lim = limits[d]
         if lim is not None:
             y = base + band * lim / full
-            ax.plot([0, xmax], [y, y], ls="--", lw=0.8, color=LIMIT_COLOR)
-        if label_rows:
-            ax.text(xmax, base + band * 0.5, peak_labels[d], fontsize=peak_pt, va="center",
-                    ha="left", color="#2c4f73", clip_on=False)
+            dashes.append([(0, y), (xmax, y)])
+    ax.add_collection(PolyCollection(fills, facecolors="#6a8caf", alpha=0.35, linewidths=0))
+    ax.add_collection(LineCollection(lines, colors="#2c4f73", linewidths=0.8))
+    if dashes:
+        ax.add_collection(LineCollection(dashes, colors=LIMIT_COLOR, linewidths=0.8,
+                                         linestyles="--"))
+    for d in range(p) if label_rows else ():
+        ax.text(xmax, -d, peak_labels[d], fontsize=peak_pt, va="center", ha="left",
+                color="#2c4f73", clip_on=False)
     ax.set_xlim(0, xmax)
     ax.set_ylim(-p + 0.5, 0.5)
     _device_ticks(ax, [float(-d) for d in range(p)], rows_px / p, dpi)
@@ -875,7 +898,8 @@ def _axes_rect(fig_w: float, fig_h: float, top_in: float, height_in: float
 
 
 def render_schedule(schedule: Schedule, *, title: str | None = None, show_memory: bool = True,
-                    dpi: float = 100, figsize: tuple[float, float] | None = None) -> Figure:
+                    dpi: float = DEFAULT_DPI, figsize: tuple[float, float] | None = None
+                    ) -> Figure:
     """The Gantt figure of ``schedule`` (not saved); ``figsize`` in inches overrides
     :func:`figure_size`. A ``dpi`` that would make a side over :data:`MAX_SIDE_PX` pixels
     raises :class:`~pipeopt.config.ConfigError` naming ``--dpi``."""
@@ -931,7 +955,7 @@ def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
 
 def plot_schedule(schedule: Schedule, path: str | os.PathLike[str], *, title: str | None = None,
-                  show_memory: bool = True, dpi: float = 100,
+                  show_memory: bool = True, dpi: float = DEFAULT_DPI,
                   figsize: tuple[float, float] | None = None) -> Path:
     """Draw ``schedule`` as a Gantt chart into ``path`` (written atomically): PNG, SVG or PDF
     by its suffix, any other suffix raises :class:`~pipeopt.config.ConfigError`.
@@ -979,7 +1003,7 @@ def _ratio_text(schedule: Schedule, best: float | None) -> str:
     return f"   x{schedule.objective_value / best:.3f} of best{what}"
 
 
-def render_compare(schedules: Sequence[Schedule], *, dpi: float = 100,
+def render_compare(schedules: Sequence[Schedule], *, dpi: float = DEFAULT_DPI,
                    fits: Sequence[bool] | None = None) -> Figure:
     """The figure of :func:`plot_compare` (not saved).
 
@@ -1030,7 +1054,7 @@ def render_compare(schedules: Sequence[Schedule], *, dpi: float = 100,
 
 
 def plot_compare(schedules: Sequence[Schedule], path: str | os.PathLike[str], *,
-                 dpi: float = 100, fits: Sequence[bool] | None = None) -> Path:
+                 dpi: float = DEFAULT_DPI, fits: Sequence[bool] | None = None) -> Path:
     """Draw several schedules one above the other on a common time axis into ``path``
     (written atomically; PNG, SVG or PDF by its suffix), so their makespans compare at a
     glance. ``fits``: per schedule, whether it keeps its memory limits (None: all do); see
@@ -1057,12 +1081,9 @@ def graph_figure_size(schedule: GraphSchedule, show_memory: bool = True
     """(width, height) in inches of :func:`plot_graph_schedule`'s figure: a row per device
     and per link that carries messages, a memory band per device."""
     g = schedule.graph
-    rows = g.devices + len(_link_rows(schedule))
-    h = _TOP_IN + _gantt_rows_height(rows) + _BOTTOM_IN
-    if show_memory:
-        h += _GAP_IN + _memory_rows_height(g.devices)
     typical = _median([b - a for a, b in zip(schedule.start, schedule.end, strict=True)])
-    return _width_of(schedule.objective, [(g.num_tasks / g.devices, typical)]), _eighths(h)
+    return (_width_of(schedule.objective, [(g.num_tasks / g.devices, typical)]),
+            _height(g.devices + len(_link_rows(schedule)), g.devices, show_memory))
 
 
 def group_colors(groups: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
@@ -1159,7 +1180,7 @@ def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
 
 
 def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
-                          show_memory: bool = True, dpi: float = 100,
+                          show_memory: bool = True, dpi: float = DEFAULT_DPI,
                           figsize: tuple[float, float] | None = None) -> Figure:
     """The Gantt figure of a task-graph schedule (not saved), laid out as
     :func:`render_schedule` lays out a chain's: a row per device, then a row per directed link
@@ -1194,8 +1215,9 @@ def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
 
 
 def plot_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str], *,
-                        title: str | None = None, show_memory: bool = True, dpi: float = 100,
-                        figsize: tuple[float, float] | None = None) -> Path:
+                        title: str | None = None, show_memory: bool = True,
+                        dpi: float = DEFAULT_DPI, figsize: tuple[float, float] | None = None
+                        ) -> Path:
     """Draw a task-graph schedule into ``path`` (written atomically; PNG, SVG or PDF by its
     suffix); see :func:`render_graph_schedule`. Returns the path written."""
     image_format(path)
@@ -1204,7 +1226,8 @@ def plot_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str], *
 
 
 def plot_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
-             title: str | None = None, show_memory: bool = True, dpi: float = 100) -> Path:
+             title: str | None = None, show_memory: bool = True, dpi: float = DEFAULT_DPI
+             ) -> Path:
     """:func:`plot_schedule` for a chain schedule, :func:`plot_graph_schedule` for a graph's."""
     if isinstance(schedule, GraphSchedule):
         return plot_graph_schedule(schedule, path, title=title, show_memory=show_memory,

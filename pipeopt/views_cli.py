@@ -9,6 +9,10 @@ from typing import Any
 from pipeopt.graphio import load_any
 from pipeopt.io import check_writable, refuse_overwriting_input, write_output
 
+#: ``--dpi``'s default: :data:`pipeopt.plot.DEFAULT_DPI`, which the figure sizes are made for
+#: (not imported: matplotlib loads on the first plot, not for ``pipeopt --help``).
+DEFAULT_DPI = 100
+
 
 def _positive_float(text: str) -> float:
     try:
@@ -63,7 +67,7 @@ def add_commands(subparsers: Any) -> None:
                                           "schedule's name with .png)")
     p.add_argument("--no-memory", action="store_true",
                    help="leave out the memory-over-time panel")
-    p.add_argument("--dpi", type=_positive_float, default=100.0,
+    p.add_argument("--dpi", type=_positive_float, default=float(DEFAULT_DPI),
                    help="pixels per inch (default 100); the image may be at most 20000 pixels "
                         "wide and high")
     p.add_argument("--title", help="replace the title (default: method, makespan, bubble ratio)")

@@ -11,6 +11,7 @@ from matplotlib.colors import to_hex
 from matplotlib.image import imread
 from matplotlib.text import Text
 
+import pipeopt
 import pipeopt.plot as plot_mod
 from pipeopt.cli import main
 from pipeopt.io import dump_schedule
@@ -71,8 +72,9 @@ def test_figure_content() -> None:
     # Micro-batch labels fit at this size: one per op.
     labels = [t.get_text() for t in gantt.texts]
     assert sorted(labels) == sorted(str(o.microbatch) for o in sched.ops)
-    # The memory limit is drawn dashed, one line per device.
-    dashed = [ln for ln in memory.get_lines() if ln.get_linestyle() == "--"]
+    # The memory limit is drawn dashed, one line per device (one collection for them all).
+    dashed = [seg for c in memory.collections if isinstance(c, LineCollection)
+              and c.get_linestyle()[0][1] for seg in c.get_segments()]
     assert len(dashed) == sched.problem.devices
     assert gantt.get_xlim()[1] >= sched.makespan
 
@@ -624,3 +626,37 @@ def test_delay_lines_leave_towards_the_receiver_and_wrap_around() -> None:
     assert plot_mod._delay_line(p, 2, 1.0, 1, 2.0) == [[(1.0, 2 - half), (2.0, 1)]]
     assert plot_mod._delay_line(p, 1, 1.0, 2, 2.0) == [[(1.0, 1 + half), (2.0, 2)]]
     assert plot_mod._delay_line(2, 1, 1.0, 0, 2.0) == [[(1.0, 1 - half), (2.0, 0)]]
+
+
+# ----- the documented maximum of devices (issue 18 item 8) --------------------------------------
+def _pipeline_1024() -> pipeopt.Schedule:
+    return run_classic(uniform_problem(1024, 1), "gpipe")
+
+
+def test_1024_devices_fit_the_default_dpi() -> None:
+    """Before: 0.3 inch per device row plus a memory band made a 434-inch figure, 43,400
+    pixels at the default 100 dpi, which check_dpi refused."""
+    from pipeopt.core.greedy import solve_greedy
+    from pipeopt.plot import DEFAULT_DPI, MAX_FIGURE_IN, check_dpi, graph_figure_size
+    from pipeopt.views_cli import DEFAULT_DPI as CLI_DPI
+    from pipeopt.workloads import training
+
+    assert CLI_DPI == DEFAULT_DPI
+    sched = _pipeline_1024()
+    size = figure_size(sched)
+    assert size[1] == MAX_FIGURE_IN == plot_mod.MAX_SIDE_PX / DEFAULT_DPI
+    check_dpi(size, DEFAULT_DPI)
+    graph = solve_greedy(training.build(sched.problem))
+    assert graph_figure_size(graph)[1] == MAX_FIGURE_IN
+    check_dpi(graph_figure_size(graph), DEFAULT_DPI)
+    assert figure_size(run_classic(uniform_problem(64, 4), "gpipe"))[1] < MAX_FIGURE_IN
+
+
+@pytest.mark.slow
+def test_1024_device_plot_at_the_default_dpi(tmp_path: Path) -> None:
+    path = tmp_path / "p1024.json"
+    dump_schedule(_pipeline_1024(), path)
+    assert main(["plot", str(path)]) == 0  # about 30 s on two cores
+    w, h = figure_size(_pipeline_1024())
+    assert imread(tmp_path / "p1024.png").shape[:2] == (int(h * 100), int(w * 100)) == (
+        20000, 2400)
