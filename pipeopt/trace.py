@@ -51,7 +51,10 @@ stages (129k messages, 400 link tracks), :func:`write_trace` writes, for 1F1B (1
 104 MB in 3.3 s, of which 35 MB are the messages and 25 MB the flows (ops and memory counters
 alone: 44 MB in 1.3 s); for ZB-H1 (197k ops) 122 MB in 4.8 s (63 MB in 2.0 s without links).
 Flows are kept for every message, with no cap; ``flows=False`` leaves them out (1F1B: 79 MB).
-ui.perfetto.dev opens such files faster than chrome://tracing.
+ui.perfetto.dev opens such files faster than chrome://tracing. ``max_events`` (``pipeopt trace
+--max-events N``) caps the event count: :func:`thin_trace` leaves out flows, then transmission
+slices, then merges each track's closest slices (and the memory changes between them, peaks
+kept), reporting what it did in ``otherData["thinned"]``.
 
 **Task-graph schedules** (:class:`~pipeopt.core.schedule.GraphSchedule`, schedule JSON v2):
 :func:`to_graph_trace_events` lays them out the same way, through the same helpers: a track
@@ -65,6 +68,7 @@ arrow along each of them. :func:`write_trace` takes either kind of schedule.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import math
 import os
@@ -473,12 +477,148 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
                               "tasks": g.num_tasks})
 
 
+# ----- thinning huge traces ------------------------------------------------------------------
+class TraceTooSmall(ValueError):
+    """``max_events`` below the fewest events a schedule's tracks can be shown with."""
+
+
+def thin_trace(doc: dict[str, Any], max_events: int) -> dict[str, Any]:
+    """``doc`` (a trace document of this module) with at most ``max_events`` events.
+
+    In this order, until it fits: the flow arrows are left out, then the transmission slices
+    nested in messages, then on every track the slices separated by at most ``gap`` (trace
+    microseconds) are merged into one (named ``N events``, ``args`` counting them by
+    ``cat``), and on every memory counter the changes within ``gap`` of each other are kept
+    as two: the run's highest level at its start and its last level at its end, so peaks
+    stay visible. ``gap`` is the smallest that fits (bisection over the gaps themselves;
+    0 merges the slices that touch): idle time longer than it still shows. Track metadata
+    is always kept. ``otherData["thinned"]`` says what was done. Raises
+    :class:`TraceTooSmall` when even one slice per track and two counter events per device
+    do not fit.
+    """
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+        raise TraceTooSmall(f"max_events: must be an integer >= 1, got {max_events!r}")
+    events = doc["traceEvents"]
+    note: dict[str, Any] = {"max_events": max_events, "events_before": len(events)}
+    out = dict(doc, otherData={**doc.get("otherData", {}), "thinned": note})
+    if len(events) <= max_events:
+        note["thinned"] = False
+        return dict(out, traceEvents=events)
+    note["thinned"] = True
+    kept = [e for e in events if e["ph"] not in "sf"]
+    note["flows_left_out"] = True
+    if len(kept) <= max_events:
+        return dict(out, traceEvents=kept)
+    kept = [e for e in kept if e.get("cat") != TRANSMISSION_CAT]
+    note["transmissions_left_out"] = True
+    if len(kept) <= max_events:
+        return dict(out, traceEvents=kept)
+    meta = [e for e in kept if e["ph"] == "M"]
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    counters: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in kept:
+        if e["ph"] == "X":
+            tracks[(e["pid"], e["tid"])].append(e)
+        elif e["ph"] == "C":
+            counters[e["name"]].append(e)
+    for lst in [*tracks.values(), *counters.values()]:
+        lst.sort(key=lambda e: e["ts"])
+    import numpy as np  # here: a trace without a cap needs none
+
+    slice_gaps = np.array([g for lst in tracks.values() for g in _slice_gaps(lst)])
+    counter_gaps = np.array([b["ts"] - a["ts"] for lst in counters.values()
+                             for a, b in itertools.pairwise(lst)])
+    room = max_events - len(meta)
+
+    def count(gap: float) -> int:
+        """Events after merging at ``gap`` (us): one slice per track and per gap above it,
+        at most two counter events per run of changes."""
+        return int(len(tracks) + (slice_gaps > gap).sum()
+                   + 2 * (len(counters) + (counter_gaps > gap).sum()))
+
+    if count(math.inf) > room:
+        least = len(meta) + len(tracks) + 2 * len(counters)
+        raise TraceTooSmall(f"max_events: at least {least} events show this schedule's "
+                            f"{len(tracks)} tracks and {len(counters)} memory counters, got "
+                            f"{max_events}")
+    candidates = np.unique(np.concatenate([[0.0], slice_gaps, counter_gaps]))
+    lo, hi = 0, len(candidates) - 1  # the smallest candidate gap that fits (the last does)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(float(candidates[mid])) <= room:
+            hi = mid
+        else:
+            lo = mid + 1
+    gap = float(candidates[lo])
+    note["merged_gap_us"] = gap
+    merged = [m for lst in tracks.values() for m in _merge_slices(lst, gap)]
+    merged += [c for lst in counters.values() for c in _merge_counters(lst, gap)]
+    return dict(out, traceEvents=meta + merged)
+
+
+def _slice_gaps(lst: Sequence[dict[str, Any]]) -> list[float]:
+    """Idle time (us) before each slice of a track but the first (0 when they overlap)."""
+    out, end = [], -math.inf
+    for e in lst:
+        if end > -math.inf:
+            out.append(max(0.0, e["ts"] - end))
+        end = max(end, e["ts"] + e["dur"])
+    return out
+
+
+def _merge_slices(lst: Sequence[dict[str, Any]], gap: float) -> list[dict[str, Any]]:
+    """The track's slices (sorted by ``ts``), those separated by at most ``gap`` us merged."""
+    runs: list[list[dict[str, Any]]] = []
+    end = -math.inf
+    for e in lst:
+        if not runs or e["ts"] - end > gap:
+            runs.append([])
+        runs[-1].append(e)
+        end = max(end, e["ts"] + e["dur"])
+    return [run[0] if len(run) == 1 else _merged(run) for run in runs]
+
+
+def _merged(run: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One slice covering ``run``, named ``N events``, counting them by ``cat``."""
+    cats: dict[str, int] = defaultdict(int)
+    for e in run:
+        cats[e.get("cat", "")] += 1
+    first = run[0]
+    return {"name": f"{len(run)} events", "cat": "merged", "ph": "X", "pid": first["pid"],
+            "tid": first["tid"], "ts": first["ts"],
+            "dur": max(e["ts"] + e["dur"] for e in run) - first["ts"], "cname": "generic_work",
+            "args": {"events": len(run), "by_cat": dict(cats), "first": first["name"],
+                     "last": run[-1]["name"]}}
+
+
+def _merge_counters(lst: Sequence[dict[str, Any]], gap: float) -> list[dict[str, Any]]:
+    """The counter's changes, those within ``gap`` us of each other kept as the run's highest
+    level at its start and its last level at its end."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(lst):
+        j = i
+        while j + 1 < len(lst) and lst[j + 1]["ts"] - lst[j]["ts"] <= gap:
+            j += 1
+        run = lst[i:j + 1]
+        if len(run) <= 2:
+            out += run
+        else:
+            top = max(e["args"]["bytes"] for e in run)
+            out += [dict(run[0], args={"bytes": top}), run[-1]]
+        i = j + 1
+    return out
+
+
 def write_trace(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
-                flows: bool = True) -> None:
+                flows: bool = True, max_events: int | None = None) -> None:
     """Write :func:`to_trace_events` of a chain ``schedule`` (:func:`to_graph_trace_events` of
-    a task-graph one) as JSON to ``path`` atomically."""
+    a task-graph one) as JSON to ``path`` atomically; ``max_events``: at most that many
+    events (:func:`thin_trace`)."""
     if isinstance(schedule, GraphSchedule):
         doc = to_graph_trace_events(schedule, flows=flows)
     else:
         doc = to_trace_events(schedule, flows=flows)
+    if max_events is not None:
+        doc = thin_trace(doc, max_events)
     write_atomic(path, json.dumps(doc, separators=(",", ":")) + "\n")

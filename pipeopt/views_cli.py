@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pipeopt.errors import ConfigError
 from pipeopt.graphio import load_any
 from pipeopt.io import check_writable, refuse_overwriting_input, write_output
 
@@ -21,6 +22,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not val > 0 or val == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return val
+
+
+def _positive_int(text: str) -> int:
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if val < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
     return val
 
 
@@ -42,13 +53,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Export a schedule JSON file (v1 or v2) as Chrome / Perfetto trace events."""
-    from pipeopt.trace import write_trace
+    from pipeopt.trace import TraceTooSmall, write_trace
 
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
     refuse_overwriting_input("--output", out, args.schedule)
     check_writable("--output", out)
     sched = load_any(args.schedule)
-    write_output("--output", out, lambda path: write_trace(sched, path, flows=not args.no_flows))
+    try:
+        write_output("--output", out, lambda path: write_trace(
+            sched, path, flows=not args.no_flows, max_events=args.max_events))
+    except TraceTooSmall as exc:
+        raise ConfigError("--max-events: " + str(exc).removeprefix("max_events: ")) from None
     print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
     return 0
 
@@ -86,4 +101,9 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--no-flows", action="store_true",
                    help="leave out the arrows from each op to the op that uses its output "
                         "(about a quarter of a large trace's size)")
+    p.add_argument("--max-events", type=_positive_int, metavar="N",
+                   help="write at most N events: leave out the flows, then the transmission "
+                        "slices, then merge the slices of each track that are closest "
+                        "together (and the memory changes between them, peaks kept); the "
+                        "merge gap is reported in otherData.thinned")
     p.set_defaults(func=cmd_trace)
