@@ -220,7 +220,10 @@ def _graph(doc: dict[str, Any]) -> TaskGraph:
     sizes: dict[str, int] = {}
     for section, columns in _COLUMNS.items():
         where = f"graph.{section}."
-        sec = _get(doc, section, dict, "graph.")
+        # A graph without links or edges may leave those sections out.
+        sec = _object(doc, section, "graph.", required=section in ("devices", "tasks"))
+        if not sec and section in ("links", "edges"):
+            continue
         known_fields(sec, [c[0] for c in columns], where)
         n: int | None = None
         for key, shape, required, name in columns:

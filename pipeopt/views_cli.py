@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeopt.errors import ConfigError
-from pipeopt.graphio import load_any
 from pipeopt.io import check_writable, refuse_overwriting_input, write_output
 
 #: ``--dpi``'s default: :data:`pipeopt.plot.DEFAULT_DPI`, which the figure sizes are made for
@@ -38,6 +37,7 @@ def _positive_int(text: str) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     """Draw a schedule JSON file (v1 or v2) as a Gantt chart (PNG, SVG or PDF by the output's
     suffix)."""
+    from pipeopt.graphio import load_any
     from pipeopt.plot import image_format, plot_any
 
     out = args.output or str(Path(args.schedule).with_suffix(".png"))
@@ -53,6 +53,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     """Export a schedule JSON file (v1 or v2) as Chrome / Perfetto trace events."""
+    from pipeopt.graphio import load_any
     from pipeopt.trace import TraceTooSmall, write_trace
 
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))

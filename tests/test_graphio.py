@@ -122,6 +122,20 @@ def test_hand_computed_document() -> None:
     assert doc["graph"]["links"]["bandwidth"] == [2.0, 2.0]
 
 
+def test_a_graph_without_links_or_edges_may_leave_them_out() -> None:
+    doc = {"format": FORMAT_V2, "method": "hand",
+           "graph": {"devices": {"memory_limit": [None]},
+                     "tasks": {"device": [0, 0], "duration": [1.0, 2.0]}},
+           "timeline": {"start": [2.0, 0.0], "end": [3.0, 2.0]}}
+    s = graph_schedule_from_dict(doc)
+    assert (s.makespan, s.graph.label, s.graph.num_links, s.messages) == (3.0, ("t0", "t1"), 0,
+                                                                          ())
+    doc["graph"]["edges"] = {"src": [0], "dst": [1]}
+    with pytest.raises(ScheduleError, match=r"^invalid schedule: t0 -> t1: t1 starts at 0 "
+                                            r"before its input from t0 is available at 3"):
+        graph_schedule_from_dict(doc)
+
+
 def test_infinite_bandwidth_written_as_inf() -> None:
     g = GraphBuilder()
     a, b = g.device(), g.device()
