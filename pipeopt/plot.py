@@ -469,18 +469,12 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
     # Micro-batch numbers inside the boxes. One rule for every box: it gets its number when
     # the widest number of the schedule fits in it, so equal boxes are all labelled or none.
     # None at all when the font would be under _MIN_TEXT_PX pixels (a low dpi): a blob.
-    chars = len(str(max(0, m - 1)))
-    font = _label_font(widths_px, chars, dpi)
-    need_px = 0.62 * font * dpi / 72 * chars + _LABEL_PAD_PX
-    if (font * dpi / 72 >= _MIN_TEXT_PX and 2 * half * row_px >= font * dpi / 72 * 1.1
-            and len(schedule.ops) <= _MAX_LABELS):
-        for o, w in zip(schedule.ops, widths_px, strict=True):
-            if w < need_px:
-                continue
-            color = shades[o.kind, o.microbatch]
-            ax.text((o.start + o.end) / 2, o.device, str(o.microbatch), ha="center",
-                    va="center", fontsize=font, color=_text_color(color), zorder=4,
-                    clip_on=True)
+    if len(schedule.ops) <= _MAX_LABELS:
+        ops = schedule.ops
+        _box_labels(ax, [(o.device, o.start, o.end) for o in ops],
+                    [str(o.microbatch) for o in ops],
+                    [shades[o.kind, o.microbatch] for o in ops], widths_px, row_px, dpi,
+                    len(str(max(0, m - 1))))
 
     # Link traffic: a thin bar under the sender's row while a message occupies its link,
     # then a line to the receiver's row at the arrival (the link latency).
@@ -507,6 +501,22 @@ def _draw_gantt(ax: Axes, schedule: Schedule, axes_width_in: float, dpi: float,
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     return drawn
+
+
+def _box_labels(ax: Axes, boxes: Sequence[tuple[int, float, float]], texts: Sequence[str],
+                colors: Sequence[tuple[float, float, float, float]], widths_px: Sequence[float],
+                row_px: float, dpi: float, chars: int) -> None:
+    """``texts[i]`` centred in box ``i`` (row, start, end) when a text of ``chars`` characters
+    fits in it, in white or black against ``colors[i]``; none when the font would be under
+    :data:`_MIN_TEXT_PX` pixels or taller than the row."""
+    font = _label_font(widths_px, chars, dpi)
+    need_px = 0.62 * font * dpi / 72 * chars + _LABEL_PAD_PX
+    if font * dpi / 72 < _MIN_TEXT_PX or 2 * _HALF * row_px < font * dpi / 72 * 1.1:
+        return
+    for (r, a, b), text, color, w in zip(boxes, texts, colors, widths_px, strict=True):
+        if w >= need_px:
+            ax.text((a + b) / 2, r, text, ha="center", va="center", fontsize=font,
+                    color=_text_color(color), zorder=4, clip_on=True)
 
 
 def _reductions(schedule: Schedule) -> list[tuple[int, float, float]]:
@@ -1143,6 +1153,9 @@ def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
     if zero:
         _paint_ticks(ax, [(g.device[i], start[i]) for i in zero],
                      [colors[groups[i]] for i in zero], dpi)
+    if g.num_tasks <= _MAX_LABELS:  # each task's label where the longest one fits
+        _box_labels(ax, boxes, g.label, [colors[x] for x in groups], widths_px, row_px, dpi,
+                    max(map(len, g.label), default=1))
     handles: list[Patch | Line2D] = [Patch(facecolor=c, label=k) for k, c in colors.items()]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     last: dict[int, int] = {}

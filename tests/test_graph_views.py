@@ -70,6 +70,12 @@ def test_plot_rows_and_size(server: GraphSchedule, tmp_path: Path) -> None:
     assert any(x.startswith("tail") for x in legend)
     assert "objective" in gantt.get_title(loc="left")
     assert len(render_graph_schedule(server, show_memory=False, dpi=50).axes) == 1
+    # At 100 dpi, 10 inches wide: 83 px per second. The longest label (5 characters) at 5
+    # points needs 24 px: the 1-second boxes get theirs, the 0.25-second acks (21 px) none.
+    big = render_graph_schedule(server).axes[0]
+    shown = {t.get_text() for t in big.texts}
+    assert {"a0", "sa0", "merge"} <= shown and not shown & {"acka0", "acka1", "ackb0"}
+    assert shown <= set(server.graph.label)
 
 
 def test_plot_dense_rows_paint_images(tmp_path: Path) -> None:
