@@ -86,7 +86,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--dpi", type=_positive_float, default=float(DEFAULT_DPI),
                    help="pixels per inch (default 100); the image may be at most 20000 pixels "
                         "wide and high")
-    p.add_argument("--title", help="replace the title (default: method, makespan, bubble ratio)")
+    p.add_argument("--title", help="replace the title (default: method, makespan, bubble ratio; "
+                                   "for a task graph: method, size, makespan, objective)")
     p.set_defaults(func=cmd_plot)
 
     help_ = ("Export a schedule JSON file as Chrome/Perfetto trace events: one track per device "
