@@ -46,9 +46,11 @@ from pipeopt.io import (
     solver_wall_time,
     write_atomic,
 )
+from pipeopt.problem import Problem
 from pipeopt.schedule import FORMAT as FORMAT_V1
-from pipeopt.schedule import Schedule
+from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.simulate import ScheduleError
+from pipeopt.workloads import training
 
 #: The ``format`` of a task-graph schedule document.
 FORMAT_V2 = _FORMAT_V2
@@ -150,8 +152,37 @@ def dump_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str]) -
     write_atomic(path, graph_schedule_json(schedule))
 
 
-def dump_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str]) -> None:
-    """Write a chain schedule as v1 (unchanged) and a graph schedule as v2, atomically."""
+def as_chain_schedule(problem: Problem, schedule: GraphSchedule) -> Schedule:
+    """The chain :class:`~pipeopt.schedule.Schedule` of a schedule of
+    ``workloads.training.build(problem)``'s graph (task ``i`` is op ``training.task_op(problem,
+    i)``; each timed message becomes the message of its source op), with the same times,
+    method, status, bound and wall time. Raises :class:`ValueError` when ``schedule`` is over
+    another graph."""
+    graph = training.build(problem)
+    if schedule.graph != graph:
+        raise ValueError("schedule: its graph is not workloads.training.build(problem)'s; only "
+                         "a schedule of that graph is a chain schedule of this problem")
+    dev = graph.device
+    op = [training.task_op(problem, i) for i in range(graph.num_tasks)]
+    ops = tuple(TimedOp(d, o.stage, o.microbatch, o.kind, a, b)
+                for d, o, a, b in zip(dev, op, schedule.start, schedule.end, strict=True))
+    msgs = []
+    for mm in schedule.messages:
+        a, b = graph.src[mm.edge], graph.dst[mm.edge]
+        msgs.append(Message(dev[a], dev[b], op[a].stage, op[b].stage, op[a].microbatch,
+                            op[a].kind, mm.start, mm.end, mm.arrival))
+    return Schedule(problem=problem, method=schedule.method, ops=ops, messages=tuple(msgs),
+                    solver=SolverInfo(status=schedule.status, lower_bound=schedule.lower_bound,
+                                      wall_time=schedule.wall_time))
+
+
+def dump_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
+             problem: Problem | None = None) -> None:
+    """Write a chain schedule as v1 (unchanged) and a graph schedule as v2, atomically; a
+    graph schedule of ``workloads.training.build(problem)`` as v1 when ``problem`` is given
+    (:func:`as_chain_schedule`)."""
+    if isinstance(schedule, GraphSchedule) and problem is not None:
+        schedule = as_chain_schedule(problem, schedule)
     if isinstance(schedule, GraphSchedule):
         dump_graph_schedule(schedule, path)
     else:

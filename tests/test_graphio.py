@@ -348,3 +348,43 @@ def test_v1_reader_refuses_v2_naming_the_format() -> None:
                                             r"'pipeopt\.schedule/v2' \(a task-graph schedule: "
                                             r"plot, trace and simulate read it"):
         pipeopt.io.schedule_from_dict(_doc())
+
+
+# ----- a chain's graph schedule written as v1 ----------------------------------------------------
+@pytest.mark.parametrize("method", ["1f1b", "zb-h1"])
+def test_a_chain_graph_schedule_is_the_chain_schedule(method: str, tmp_path: Path) -> None:
+    """The core simulator's timing of a classic schedule's orders over the training graph,
+    written with its problem, is that classic schedule's v1 file (same ops and messages)."""
+    from pipeopt.graphio import as_chain_schedule
+    from pipeopt.problem import chain_links
+    from pipeopt.solvers import run_classic
+
+    prob = uniform_problem(4, 6, 1.0, 1.5, 0.5, latency=0.1)
+    lat, bw = chain_links(4, [0.1] * 3, [2.0] * 3)
+    prob = prob.replace(latency=lat, bandwidth=bw, message_size=(1.0,) * 3)
+    if method == "1f1b":
+        prob = prob.replace(split_backward=False)
+    chain = run_classic(prob, method)
+    graph = training.build(prob)
+    timed = simulate(graph, training.task_orders(prob, chain.device_orders()), method)
+    back = as_chain_schedule(prob, timed)
+    assert sorted(back.ops) == sorted(chain.ops)
+    assert sorted(back.messages) == sorted(chain.messages) and chain.messages
+    assert back.iteration_time == timed.objective
+    path = tmp_path / "c.json"
+    dump_any(timed, path, problem=prob)
+    assert json.loads(path.read_text())["format"] == "pipeopt.schedule/v1"
+    assert sorted(load_any(path).ops) == sorted(chain.ops)  # the v1 reader's checks pass
+    with pytest.raises(ValueError, match=r"not workloads\.training\.build"):
+        as_chain_schedule(prob.replace(microbatches=5), timed)
+
+
+def test_a_searched_chain_graph_schedule_keeps_its_status(tmp_path: Path) -> None:
+    prob = uniform_problem(2, 3, 1.0, 2.0, 1.0, latency=0.5, memory_limit=3.0)
+    s = solve_cpsat(training.build(prob), time_limit=10, workers=1)
+    path = tmp_path / "c.json"
+    dump_any(s, path, problem=prob)
+    back = load_any(path)
+    assert isinstance(back, Schedule)
+    assert (back.solver.status, back.lower_bound, back.iteration_time) == (
+        s.status, s.lower_bound, s.objective)
