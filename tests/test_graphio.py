@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeopt
 from pipeopt import graphio
@@ -34,7 +36,7 @@ from pipeopt.problem import uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.simulate import ScheduleError
 from pipeopt.workloads import training
-from tests.test_core_solvers import _edge_server
+from tests.test_core_solvers import _edge_server, graphs
 
 
 def edge_server() -> TaskGraph:
@@ -388,3 +390,31 @@ def test_a_searched_chain_graph_schedule_keeps_its_status(tmp_path: Path) -> Non
     assert isinstance(back, Schedule)
     assert (back.solver.status, back.lower_bound, back.iteration_time) == (
         s.status, s.lower_bound, s.objective)
+
+
+# ----- random graphs ------------------------------------------------------------------------------
+@given(graphs(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_random_graphs_round_trip_and_a_broken_edge_is_named(graph: TaskGraph,
+                                                             data: st.DataObject) -> None:
+    s = solve_greedy(graph)
+    text = graph_schedule_json(s)
+    back = graph_schedule_from_dict(json.loads(text))
+    _same(s, back)
+    assert graph_schedule_json(back) == text
+    late = [e for e in range(graph.num_edges) if s.end[graph.src[e]] > 0]
+    if not late:
+        return
+    # Start an edge's destination before its source ends (keeping its duration): refused,
+    # and that edge is among the violations (the message shows the first of them).
+    e = data.draw(st.sampled_from(late))
+    a, b = graph.src[e], graph.dst[e]
+    doc = json.loads(text)
+    shift = s.start[b] - (s.end[a] - min(0.25, s.end[a]))
+    doc["timeline"]["start"][b] = s.start[b] - shift
+    doc["timeline"]["end"][b] = s.end[b] - shift
+    doc.pop("metrics")
+    with pytest.raises(ScheduleError, match=r"^invalid schedule: ") as info:
+        graph_schedule_from_dict(doc)
+    name = f"{graph.label[a]} -> {graph.label[b]}: {graph.label[b]} starts at"
+    assert any(v.startswith(name) for v in info.value.violations)
