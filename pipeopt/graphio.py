@@ -80,6 +80,10 @@ _COLUMNS: dict[str, tuple[tuple[str, str, bool, str], ...]] = {
 }
 _TIMELINE_KEYS = ("start", "end", "messages")
 _MESSAGE_KEYS = ("edge", "start", "end", "arrival")
+#: Deepest nesting of lists / objects in a ``graph.meta`` value: meta holds facts a builder
+#: records (names, a column per task), a level or two; the cap keeps reading and writing a
+#: hostile file within Python's recursion limit.
+MAX_META_DEPTH = 32
 #: ``graph.meta`` entries with a meaning for pipeopt: a name per task (colours in plots and
 #: traces) and a resource kind per device (e.g. ``gpu``, ``network``), for later workloads.
 META_COLUMNS = {"task_group": "tasks", "device_kind": "devices"}
@@ -93,17 +97,19 @@ def _num(x: float | None) -> float | str | None:
     return x
 
 
-def _plain(value: Any, where: str) -> Any:
-    """``value`` as JSON data (tuples as lists, mappings as objects); anything else raises
-    :class:`ValueError` naming ``where``."""
+def _plain(value: Any, where: str, depth: int = 0) -> Any:
+    """``value`` as JSON data (tuples as lists, mappings as objects), nested at most
+    :data:`MAX_META_DEPTH` levels; anything else raises :class:`ValueError` naming ``where``."""
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):
         return _num(value) if not math.isnan(value) else _unwritable(value, where)
+    if depth >= MAX_META_DEPTH and isinstance(value, list | tuple | Mapping):
+        raise ValueError(f"{where}: nested deeper than {MAX_META_DEPTH} levels")
     if isinstance(value, list | tuple):
-        return [_plain(x, f"{where}[{i}]") for i, x in enumerate(value)]
+        return [_plain(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(value)]
     if isinstance(value, Mapping):
-        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _plain(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
     return _unwritable(value, where)
 
 
@@ -234,12 +240,15 @@ def _column(doc: Mapping[str, Any], key: str, where: str, shape: str, n: int | N
     return col
 
 
-def _freeze(value: Any) -> Any:
-    """JSON data made immutable: lists as tuples, objects as read-only mappings."""
+def _freeze(value: Any, where: str, depth: int = 0) -> Any:
+    """JSON data made immutable: lists as tuples, objects as read-only mappings; nested at
+    most :data:`MAX_META_DEPTH` levels."""
+    if depth > MAX_META_DEPTH and isinstance(value, list | dict):
+        raise ScheduleError(f"{where}: nested deeper than {MAX_META_DEPTH} levels")
     if isinstance(value, list):
-        return tuple(map(_freeze, value))
+        return tuple(_freeze(x, where, depth + 1) for x in value)
     if isinstance(value, dict):
-        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+        return MappingProxyType({k: _freeze(v, where, depth + 1) for k, v in value.items()})
     return value
 
 
@@ -269,7 +278,8 @@ def _graph(doc: dict[str, Any]) -> TaskGraph:
         if key in meta:
             _column(meta, key, "graph.meta.", "str", sizes[section], caps[section])
     try:
-        return TaskGraph(**fields, meta=tuple((k, _freeze(v)) for k, v in meta.items()))
+        return TaskGraph(**fields, meta=tuple((k, _freeze(v, f"graph.meta.{k}"))
+                                              for k, v in meta.items()))
     except GraphError as exc:
         raise ScheduleError(f"graph.{exc}") from None
 

@@ -156,6 +156,11 @@ def test_meta_that_is_not_json_is_refused_on_writing() -> None:
     s = solve_greedy(tiny().replace(meta=(("when", object()),)))
     with pytest.raises(ValueError, match=r"graph\.meta\.when: object .* cannot be written"):
         graph_schedule_json(s)
+    deep: Any = ()
+    for _ in range(40):
+        deep = (deep,)
+    with pytest.raises(ValueError, match=r"graph\.meta\.x(\[0\])+: nested deeper than 32"):
+        graph_schedule_json(solve_greedy(tiny().replace(meta=(("x", deep),))))
 
 
 def test_bound_and_gap_recorded() -> None:
@@ -242,6 +247,8 @@ CORRUPTIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("limit word", _set("graph.devices.memory_limit[0]", "4 GB"),
      r"^graph\.devices\.memory_limit\[0\]: expected a number >= 0 or null, got '4 GB'"),
     ("meta not object", _set("graph.meta", [1]), r"^graph\.meta: expected an object"),
+    ("meta too deep", _set("graph.meta", {"x": json.loads("[" * 40 + "]" * 40)}),
+     r"^graph\.meta\.x: nested deeper than 32 levels"),
     ("task groups length", _set("graph.meta", {"task_group": ["a"]}),
      r"^graph\.meta\.task_group: expected 3 values, got 1"),
     ("device kinds type", _set("graph.meta", {"device_kind": ["gpu", 1]}),
