@@ -384,6 +384,9 @@ def test_a_chain_graph_schedule_is_the_chain_schedule(method: str, tmp_path: Pat
     dump_any(timed, path, problem=prob)
     assert json.loads(path.read_text())["format"] == "pipeopt.schedule/v1"
     assert sorted(load_any(path).ops) == sorted(chain.ops)  # the v1 reader's checks pass
+    # Through a v2 file and back (its graph equal to the builder's, lazy labels and all).
+    again = graph_schedule_from_dict(json.loads(graph_schedule_json(timed)))
+    assert sorted(as_chain_schedule(prob, again).ops) == sorted(chain.ops)
     with pytest.raises(ValueError, match=r"not workloads\.training\.build"):
         as_chain_schedule(prob.replace(microbatches=5), timed)
 
