@@ -2,8 +2,8 @@
 
 Notation (seconds): ``dur[i]``; for an edge e = (i -> j), ``delay[e] = tx[e] + lat[e]``, the
 least time from i's end to j's start (a message occupies its link for ``tx`` at least once,
-then travels ``lat``; 0 on one device). Memory limits are not used: every bound below also holds
-without them, so it holds with them.
+then travels ``lat``; 0 on one device or to / from a communication task). Memory limits are
+not used: every bound below also holds without them, so it holds with them.
 """
 
 from __future__ import annotations
@@ -78,23 +78,30 @@ def device_bounds(graph: TaskGraph) -> tuple[float, ...]:
 
 
 def link_bounds(graph: TaskGraph) -> tuple[float, ...]:
-    """Per directed link: ``min ready + sum of transmissions + min (lat + q[dst])`` over the
-    messages that occupy it (edges with a positive transmission), 0 without any.
+    """Per network resource (the directed links, then the named networks): ``min ready + sum of
+    busy times + min after`` over what occupies it, 0 when nothing does. A message (an edge
+    with a positive transmission) is ready at ``head[src] + dur[src]``, busy ``tx`` and followed
+    by ``lat + q[dst]``; a communication task holding the resource is ready at ``head[i]``, busy
+    ``dur[i]`` and followed by ``q[i] - dur[i]``.
 
-    Proof: as for a device: the messages occupy the link one at a time, none before its source
-    can have ended (``head[src] + dur[src]``); after the last one leaves the link its receiver
-    starts no earlier than ``lat`` later and the objective is ``q[dst]`` after that start."""
+    Proof: as for a device: the items occupy the resource one at a time, none before it can be
+    ready; after the last one leaves it the objective is at least its after-time later (its
+    receiver starts no earlier than ``lat`` later and the objective is ``q[dst]`` after that
+    start; a communication task's end is ``q - dur`` before the objective at least)."""
     head, q = heads(graph), tail_paths(graph)
     dur, src, dst = graph.duration, graph.src, graph.dst
-    per: list[list[int]] = [[] for _ in range(graph.num_links)]
-    for e, (k, t) in enumerate(zip(graph.edge_link, graph.edge_transmission, strict=True)):
-        if t > 0:
-            per[k].append(e)
     tx, lat = graph.edge_transmission, graph.edge_latency
-    return tuple(0.0 if not es else
-                 min(head[src[e]] + dur[src[e]] for e in es) + sum(tx[e] for e in es)
-                 + min(lat[e] + q[dst[e]] for e in es)
-                 for es in per)
+    per: list[list[tuple[float, float, float]]] = [[] for _ in range(graph.num_resources)]
+    for e, (k, t) in enumerate(zip(graph.edge_link, tx, strict=True)):
+        if t > 0:
+            per[k].append((head[src[e]] + dur[src[e]], t, lat[e] + q[dst[e]]))
+    for i in graph.comm_tasks:
+        for r in graph.holds[i]:
+            per[r].append((head[i], dur[i], q[i] - dur[i]))
+    return tuple(0.0 if not items else
+                 min(a for a, _, _ in items) + sum(b for _, b, _ in items)
+                 + min(c for _, _, c in items)
+                 for items in per)
 
 
 def lower_bound(graph: TaskGraph) -> float:

@@ -4,9 +4,11 @@ The model, in integer time units on the grid of :mod:`pipeopt.solvers.cpsat_grid
 :func:`time_grid_of`; the one place where seconds and bytes become integers):
 
 * one fixed-size interval per task; one task at a time per device (:func:`_add_devices`);
+  a communication task's interval is on every network resource it holds (:func:`_add_edges`);
 * an edge waits for its source's end plus its latency (:func:`_add_edges`); a message that
-  occupies its link is an interval of its transmission on the directed link, one at a time per
-  link, sent after the source ends and arriving ``latency`` after it leaves the link;
+  occupies its link is an interval of its transmission on the directed link, sent after the
+  source ends and arriving ``latency`` after it leaves the link; one message or communication
+  task at a time per network resource;
 * per device with a limit, a reservoir of the memory changes at every start and end
   (:func:`_add_memory`): the level after all changes at one instant stays within the limit,
   which is the decreases-first rule at its highest point;
@@ -106,11 +108,15 @@ def _add_devices(m: _Model, head: list[int], q: list[int]) -> list[cp_model.Inte
     return ivs
 
 
-def _add_edges(m: _Model, head: list[int]) -> None:
+def _add_edges(m: _Model, head: list[int], ivs: list[cp_model.IntervalVar]) -> None:
     """dst starts after src ends + latency; a message that occupies its link is sent after src
-    ends, takes ``tx`` units on the link (one at a time) and arrives ``lat`` after."""
+    ends, takes ``tx`` units on the link and arrives ``lat`` after; one message or
+    communication task (``ivs``: the tasks' intervals) at a time per network resource."""
     g, md = m.graph, m.model
     per_link: dict[int, list[cp_model.IntervalVar]] = {}
+    for i in g.comm_tasks:
+        for r in g.holds[i]:
+            per_link.setdefault(r, []).append(ivs[i])
     for e in range(g.num_edges):
         a, b = g.src[e], g.dst[e]
         end_a = m.start[a] + m.dur[a]
@@ -218,8 +224,8 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
                horizon=math.ceil(horizon_s / grid.unit * (1 + 1e-9)) + 1,
                model=cp_model.CpModel(), start=[], send={})
     head, q = _heads_tails(m)
-    _add_devices(m, head, q)
-    _add_edges(m, head)
+    ivs = _add_devices(m, head, q)
+    _add_edges(m, head, ivs)
     _add_memory(m, mem_grids)
     _add_objective(m, head, q)
     if warm is not None:

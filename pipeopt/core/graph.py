@@ -15,7 +15,12 @@ Rules every method over a graph follows (times in seconds, memory in bytes):
 * memory of device ``d`` starts at ``static_memory[d]``; each task adds ``mem_start[i]`` when it
   starts and ``mem_end[i]`` when it ends (either sign); at equal times decreases apply before
   increases; the level never exceeds ``memory_limit[d]`` (None = unlimited);
-* the objective is ``max(end[i] + tail[i])`` over tasks (the makespan when every tail is 0).
+* the objective is ``max(end[i] + tail[i])`` over tasks (the makespan when every tail is 0);
+* a *communication task* (``device[i] == -1``, e.g. a collective) runs on no device: it holds
+  the network resources ``holds[i]`` for its whole duration (ids ``0..num_links-1`` are the
+  directed links, then one per name in ``networks``: a NIC, a WAN link...); a resource carries
+  one thing at a time, a communication task or a message (a message holds its own link);
+  edges to or from a communication task carry no bytes and have no delay; it changes no memory.
 """
 
 from __future__ import annotations
@@ -75,6 +80,14 @@ def _floats(name: str, values: Iterable[float], n: int, *, signed: bool = False,
     return vals
 
 
+def _is_minus_one(x: object) -> bool:
+    """True for the integer -1 (a communication task's device), False for anything else."""
+    try:
+        return operator.index(x) == -1  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
 def _is_number(x: object) -> bool:
     try:
         float(x)  # type: ignore[arg-type]
@@ -97,6 +110,9 @@ def _csr(keys: Sequence[int], others: Sequence[int], n: int
     return tuple(offsets.tolist()), tuple(items.tolist()), tuple(ends.tolist())
 
 
+#: Columns :meth:`TaskGraph.trusted` may leave out (empty: no network beyond the links).
+_OPTIONAL = frozenset({"meta", "networks", "holds"})
+
 #: Derived columns a builder may hand :meth:`TaskGraph.trusted` instead of having them computed.
 _GIVEN_DERIVED = frozenset({"edge_link", "edge_latency", "serialized", "in_degree",
                             "out_steps"})
@@ -112,6 +128,9 @@ class TaskGraph:
     ``mem_start[i]`` / ``mem_end[i]`` (bytes, either sign; default 0), ``label[i]`` (default
     ``t<i>``), ``tail[i]`` (s, default 0). Edges: ``src[e]``, ``dst[e]`` (task ids),
     ``bytes[e]`` (default 0). Every cross-device edge needs a link in its direction.
+    Network: ``networks`` names resources beyond the links (a NIC, a WAN link); ``holds[i]``
+    (default none) the network resource ids (links first, then networks) that communication
+    task ``i`` (``device[i] == -1``) holds while it runs.
     """
 
     memory_limit: tuple[float | None, ...]
@@ -129,6 +148,8 @@ class TaskGraph:
     src: tuple[int, ...] = ()
     dst: tuple[int, ...] = ()
     bytes: tuple[float, ...] = ()
+    networks: tuple[str, ...] = ()
+    holds: tuple[tuple[int, ...], ...] = ()
     meta: tuple[tuple[str, object], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -160,7 +181,13 @@ class TaskGraph:
             if ab in seen:
                 raise GraphError(f"links[{k}]: {ab[0]}->{ab[1]} is already links[{seen[ab]}]")
             seen[ab] = k
-        set_(self, "device", _ints("tasks.device", self.device, None, p))
+        dev = tuple(self.device)
+        comm = {q for q, x in enumerate(dev) if _is_minus_one(x)} if -1 in dev else set()
+        if comm:  # communication tasks: -1, checked apart from the device ids
+            dev = _ints("tasks.device", (0 if q in comm else x for q, x in enumerate(dev)),
+                        None, p)
+            dev = tuple(-1 if q in comm else x for q, x in enumerate(dev))
+        set_(self, "device", dev if comm else _ints("tasks.device", dev, None, p))
         n = len(self.device)
         set_(self, "duration", _floats("tasks.duration", self.duration, n))
         set_(self, "mem_start", _floats("tasks.mem_start", self.mem_start, n, signed=True,
@@ -168,6 +195,7 @@ class TaskGraph:
         set_(self, "mem_end", _floats("tasks.mem_end", self.mem_end, n, signed=True,
                                       default=0.0))
         set_(self, "tail", _floats("tasks.tail", self.tail, n, default=0.0))
+        self._check_network(n)
         labels = tuple(self.label) if self.label else tuple(f"t{i}" for i in range(n))
         if len(labels) != n:
             raise GraphError(f"tasks.label: expected {n} values, got {len(labels)}")
@@ -182,7 +210,55 @@ class TaskGraph:
         if not isinstance(self.meta, tuple):
             set_(self, "meta", tuple(dict(self.meta).items()))
         _ = self.edge_link  # every cross-device edge has a link
+        if self.comm_tasks:
+            self._check_comm_edges()
         _ = self.topological_order  # refuses a cycle
+
+    def _check_network(self, n: int) -> None:
+        """Network names, ``holds`` and the communication tasks' rules (no device, no memory).
+        """
+        set_ = object.__setattr__
+        names = tuple(self.networks)
+        if not set(map(type, names)) <= {str}:
+            bad = next(k for k, x in enumerate(names) if not isinstance(x, str))
+            raise GraphError(f"networks[{bad}]: must be a string, got {names[bad]!r}")
+        set_(self, "networks", names)
+        nr = len(self.link_src) + len(names)
+        if not self.holds:
+            if -1 in self.device:
+                i = self.device.index(-1)
+                raise GraphError(f"tasks.device[{i}]: -1 (a communication task) needs "
+                                 f"tasks.holds[{i}]: the network resources it holds")
+            set_(self, "holds", ())
+            return
+        holds = tuple(self.holds)
+        if len(holds) != n:
+            raise GraphError(f"tasks.holds: expected {n} values, got {len(holds)}")
+        out = []
+        for i, h in enumerate(holds):
+            try:
+                ids = _ints(f"tasks.holds[{i}]", h, None, nr)
+            except TypeError:
+                raise GraphError(f"tasks.holds[{i}]: must be a list of resource ids, "
+                                 f"got {h!r}") from None
+            if len(set(ids)) != len(ids):
+                raise GraphError(f"tasks.holds[{i}]: a resource is listed twice: {ids}")
+            if bool(ids) != (self.device[i] == -1):
+                raise GraphError(
+                    f"tasks.holds[{i}]: a task holds network resources exactly when it is a "
+                    f"communication task (device -1); device {self.device[i]}, holds {ids}")
+            if ids and (self.mem_start[i] or self.mem_end[i]):
+                raise GraphError(f"tasks.mem_start[{i}]: a communication task changes no "
+                                 f"memory, got {self.mem_start[i]:g} / {self.mem_end[i]:g}")
+            out.append(ids)
+        set_(self, "holds", tuple(out))
+
+    def _check_comm_edges(self) -> None:
+        dev = self.device
+        for e, (a, b) in enumerate(zip(self.src, self.dst, strict=True)):
+            if (dev[a] == -1 or dev[b] == -1) and self.bytes[e]:
+                raise GraphError(f"edges[{e}]: {self.label[a]} -> {self.label[b]}: an edge of a "
+                                 f"communication task carries no bytes, got {self.bytes[e]:g}")
 
     @classmethod
     def trusted(cls, *, given: Mapping[str, object] | None = None,
@@ -200,7 +276,7 @@ class TaskGraph:
         user input.
         """
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in columns and n != "meta"]
+        missing = [n for n in names if n not in columns and n not in _OPTIONAL]
         unknown = set(columns).difference(names) | set(given or {}).difference(_GIVEN_DERIVED)
         if missing or unknown:
             raise TypeError(f"TaskGraph.trusted: missing {missing}, unknown {sorted(unknown)}")
@@ -231,6 +307,24 @@ class TaskGraph:
         """Number of directed links."""
         return len(self.link_src)
 
+    @property
+    def num_resources(self) -> int:
+        """Number of network resources: the directed links, then the named ``networks``."""
+        return len(self.link_src) + len(self.networks)
+
+    def resource_name(self, r: int) -> str:
+        """``link a->b`` or the network's name, for messages."""
+        if r < self.num_links:
+            return f"link {self.link_src[r]}->{self.link_dst[r]}"
+        return self.networks[r - self.num_links]
+
+    @cached_property
+    def comm_tasks(self) -> tuple[int, ...]:
+        """Ids of the communication tasks (on no device), in id order."""
+        if not self.holds:
+            return ()
+        return tuple(i for i, h in enumerate(self.holds) if h)
+
     # ----- derived columns (cached) ----------------------------------------------------------
     @cached_property
     def link_index(self) -> dict[tuple[int, int], int]:
@@ -243,6 +337,9 @@ class TaskGraph:
         dev = self.device
         index: dict[tuple[int, int], int] = {(d, d): -1 for d in range(self.devices)}
         index.update(self.link_index)
+        if self.comm_tasks:  # an edge of a communication task crosses no link
+            index.update({(a, -1): -1 for a in range(-1, self.devices)})
+            index.update({(-1, b): -1 for b in range(self.devices)})
         out = tuple(map(index.get, zip(map(dev.__getitem__, self.src),
                                        map(dev.__getitem__, self.dst), strict=True)))
         if None in out:
@@ -275,8 +372,9 @@ class TaskGraph:
 
     @cached_property
     def serialized(self) -> bool:
-        """True when some message occupies its link for a positive time (links contend)."""
-        return any(t > 0 for t in self.edge_transmission)
+        """True when some message occupies its link for a positive time or some communication
+        task holds network resources (resources contend)."""
+        return bool(self.comm_tasks) or any(t > 0 for t in self.edge_transmission)
 
     @cached_property
     def _pred_csr(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -347,10 +445,10 @@ class TaskGraph:
     @cached_property
     def device_tasks(self) -> tuple[tuple[int, ...], ...]:
         """Task ids of each device, in id order."""
-        out: list[list[int]] = [[] for _ in range(self.devices)]
+        out: list[list[int]] = [[] for _ in range(self.devices + 1)]  # [-1]: communication
         for i, d in enumerate(self.device):
             out[d].append(i)
-        return tuple(map(tuple, out))
+        return tuple(map(tuple, out[:-1]))
 
     @cached_property
     def topological_order(self) -> tuple[int, ...]:
@@ -434,6 +532,22 @@ class GraphBuilder:
         self._tasks: list[tuple[int, float, float, float, str, float]] = []
         self._by_label: dict[str, int] = {}
         self._edges: list[tuple[int, int, float]] = []
+        self._networks: list[str] = []
+        self._holds: dict[int, tuple[int, ...]] = {}
+
+    def network(self, name: str) -> int:
+        """Add a network resource beyond the links (a NIC, a WAN link); returns its resource
+        id, which counts after every link (so add the links first)."""
+        self._networks.append(name)
+        return -len(self._networks)  # resolved to num_links + k at build time
+
+    def comm(self, label: str, holds: Iterable[int], duration: float, *,
+             tail: float = 0.0) -> int:
+        """Add a communication task (on no device) holding ``holds`` (link ids from
+        :meth:`link`, network ids from :meth:`network`) for ``duration`` seconds."""
+        i = self.task(label, -1, duration, tail=tail)
+        self._holds[i] = tuple(holds)
+        return i
 
     def device(self, memory_limit: float | None = None, static_memory: float = 0.0) -> int:
         """Add a device (bytes; ``memory_limit`` None = unlimited); returns its id."""
@@ -478,6 +592,12 @@ class GraphBuilder:
         ls, ld, lat, bw = zip(*self._links, strict=True) if self._links else ((),) * 4
         dev, dur, ms, me, lab, tail = zip(*self._tasks, strict=True) if self._tasks else ((),) * 6
         es, ed, eb = zip(*self._edges, strict=True) if self._edges else ((),) * 3
+        nl = len(self._links)
+        holds: tuple[tuple[int, ...], ...] = ()
+        if self._holds:  # network ids (-1, -2, ...) count after the links
+            holds = tuple(tuple(r if r >= 0 else nl - r - 1 for r in self._holds.get(i, ()))
+                          for i in range(len(self._tasks)))
         return TaskGraph(memory_limit=lim, static_memory=static, link_src=ls, link_dst=ld,
                          latency=lat, bandwidth=bw, device=dev, duration=dur, mem_start=ms,
-                         mem_end=me, label=lab, tail=tail, src=es, dst=ed, bytes=eb)
+                         mem_end=me, label=lab, tail=tail, src=es, dst=ed, bytes=eb,
+                         networks=tuple(self._networks), holds=holds)

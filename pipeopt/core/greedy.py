@@ -17,6 +17,9 @@ times (the next unstarted task of the reference order is always allowed once its
 arrive), so the scheduler cannot get stuck. When it does not fit, only the first rule applies
 and the scheduler may get stuck: :class:`Stuck` says where. The device orders it chose are timed
 again by :func:`pipeopt.core.simulate.simulate`, which makes the returned schedule.
+
+Communication tasks (on no device) are not chosen: as in the simulator, each starts once its
+inputs have arrived and its network resources are free, queued with the messages.
 """
 
 from __future__ import annotations
@@ -122,10 +125,13 @@ def list_schedule(graph: TaskGraph, priority: Sequence[float] | None = None) -> 
 
     ref = reference_order(graph)
     slot = [0] * n
-    per_dev: list[list[int]] = [[] for _ in range(p)]
+    per_dev: list[list[int]] = [[] for _ in range(p + 1)]  # [-1]: communication tasks
     for i in ref:
         slot[i] = len(per_dev[dev[i]])
         per_dev[dev[i]].append(i)
+    del per_dev[-1]
+    holds = graph.holds
+    comm = len(graph.comm_tasks)
     reserve = [_Reserve([(ms[i], me[i]) for i in tasks]) if limit[d] < math.inf else None
                for d, tasks in enumerate(per_dev)]
     guarded = all(r is None or level[d] + r.peak <= limit[d] for d, r in enumerate(reserve))
@@ -135,15 +141,19 @@ def list_schedule(graph: TaskGraph, priority: Sequence[float] | None = None) -> 
         need[b] += 1
     avail = [0.0] * n  # latest input arrival so far
     ready: list[list[tuple[float, int]]] = [[] for _ in range(p)]
+    events: list[tuple[float, int, int, int]] = []  # (time, seq, 0 end / 1 message / 2 arrival)
+    seq = 0
     for i in range(n):
         if not need[i]:
-            ready[dev[i]].append((-prio[i], i))
+            if dev[i] < 0:
+                heapq.heappush(events, (0.0, seq, 2, i))
+                seq += 1
+            else:
+                ready[dev[i]].append((-prio[i], i))
     for h in ready:
         heapq.heapify(h)
     busy = [False] * p
-    link_free = [0.0] * graph.num_links
-    events: list[tuple[float, int, int, int]] = []  # (time, seq, 0 end / 1 message / 2 arrival)
-    seq = 0
+    link_free = [0.0] * graph.num_resources
     orders: list[list[int]] = [[] for _ in range(p)]
     placed = 0
     now = 0.0
@@ -204,9 +214,10 @@ def list_schedule(graph: TaskGraph, priority: Sequence[float] | None = None) -> 
             _, _, kind, x = heapq.heappop(events)
             if kind == 0:  # task x ended
                 d = dev[x]
-                level[d] += me[x]
-                busy[d] = False
-                touched.add(d)
+                if d >= 0:
+                    level[d] += me[x]
+                    busy[d] = False
+                    touched.add(d)
                 for q in range(soff[x], soff[x + 1]):
                     e = se[q]
                     if tx[e] > 0:
@@ -219,10 +230,16 @@ def list_schedule(graph: TaskGraph, priority: Sequence[float] | None = None) -> 
                 t = max(now, link_free[k]) + tx[x]
                 link_free[k] = t
                 arrived(x, t + lat[x])
+            elif dev[x] < 0:  # communication task x is ready: queue it on what it holds
+                t = max(now, *(link_free[r] for r in holds[x])) + dur[x]
+                for r in holds[x]:
+                    link_free[r] = t
+                heapq.heappush(events, (t, seq, 0, x))
+                seq += 1
             else:  # all of task x's inputs have arrived
                 heapq.heappush(ready[dev[x]], (-prio[x], x))
                 touched.add(dev[x])
-    if placed < n:
+    if placed < n - comm:
         raise Stuck(_stuck_message(graph, ready, level, limit, guarded))
     return orders
 

@@ -7,6 +7,11 @@ order the messages become ready (ties in the order their producers' end events w
 then by edge id): the rule of the chain simulator :mod:`pipeopt.simulate`. When no message
 occupies a link, every edge is a fixed delay and a dependency-counting pass (linear in tasks +
 edges) does the job.
+
+A communication task (on no device, :class:`~pipeopt.core.graph.TaskGraph`) is in no order: it
+starts once its inputs have arrived and every network resource it holds is free, and it queues
+on its resources with the messages, in the order they all become ready (what Megatron does with
+a collective: issue it as soon as its inputs allow).
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def check_orders(graph: TaskGraph, orders: Orders) -> None:
             raise OrderError(f"orders[{d}][{q}]: {order[q]} is not a task id (0..{n - 1})")
         if set(map(dev.__getitem__, order)) - {d}:
             q = next(q for q, i in enumerate(order) if dev[i] != d)
+            if dev[order[q]] < 0:
+                raise OrderError(f"orders[{d}][{q}]: {graph.label[order[q]]} is a "
+                                 f"communication task, in no device order")
             raise OrderError(f"orders[{d}][{q}]: {graph.label[order[q]]} belongs on device "
                              f"{dev[order[q]]}")
         before = len(seen)
@@ -61,14 +69,17 @@ def check_orders(graph: TaskGraph, orders: Orders) -> None:
             counts = Counter(order)
             q = max(q for q, i in enumerate(order) if counts[i] > 1)
             raise OrderError(f"orders[{d}][{q}]: {graph.label[order[q]]} appears twice")
-    if len(seen) != n:
-        missing = next(i for i in range(n) if i not in seen)
-        raise OrderError(f"orders: {n - len(seen)} tasks missing, e.g. {graph.label[missing]}")
+    comm = len(graph.comm_tasks)
+    if len(seen) != n - comm:
+        missing = next(i for i in range(n) if i not in seen and dev[i] >= 0)
+        raise OrderError(f"orders: {n - comm - len(seen)} tasks missing, e.g. "
+                         f"{graph.label[missing]}")
 
 
 def simulate(graph: TaskGraph, orders: Orders, method: str = "custom", *,
              check: bool = True, events: bool = False) -> GraphSchedule:
-    """Time ``orders`` (per device, task ids) as early as possible.
+    """Time ``orders`` (per device, task ids; communication tasks are in none) as early as
+    possible.
 
     ``events``: use the event-driven path even when no message occupies a link (the fast
     path's cross-check; the times are the same). Raises :class:`OrderError` when an order
@@ -147,14 +158,17 @@ def _simulate_events(graph: TaskGraph, orders: Orders
     tx, lat, link = graph.edge_transmission, graph.edge_latency, graph.edge_link
     poff, pe = graph.pred_offsets, graph.pred_edges
     soff, se = graph.succ_offsets, graph.succ_edges
+    holds = graph.holds
     start = [math.nan] * n
     end = [math.nan] * n
     arrival = [math.nan] * graph.num_edges  # per edge: when dst may use it
     ptr = [0] * p
     dev_free = [0.0] * p
-    link_free = [0.0] * graph.num_links
+    link_free = [0.0] * graph.num_resources  # links, then named networks
+    waiting = list(graph.in_degree) if holds else []  # a communication task's missing inputs
     messages: list[MessageTime] = []
-    heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0 = end / 1 = message, id)
+    # (time, seq, kind 0 = end / 1 = message / 2 = communication task ready, id)
+    heap: list[tuple[float, int, int, int]] = []
     seq = 0
 
     def try_start(d: int) -> None:
@@ -177,8 +191,21 @@ def _simulate_events(graph: TaskGraph, orders: Orders
         heapq.heappush(heap, (e, seq, 0, i))
         seq += 1
 
+    def comm_input(b: int) -> None:
+        """One more input of communication task ``b`` arrived."""
+        nonlocal seq
+        waiting[b] -= 1
+        if not waiting[b]:
+            heapq.heappush(heap, (max(arrival[pe[q]] for q in range(poff[b], poff[b + 1])),
+                                  seq, 2, b))
+            seq += 1
+
     for d in range(p):
         try_start(d)
+    for i in graph.comm_tasks:
+        if not waiting[i]:
+            heapq.heappush(heap, (0.0, seq, 2, i))
+            seq += 1
     while heap:
         t, _, kind, x = heapq.heappop(heap)
         if kind == 0:  # task x ended: hand its outputs on, then let its device go on
@@ -189,16 +216,29 @@ def _simulate_events(graph: TaskGraph, orders: Orders
                     seq += 1
                 else:
                     arrival[e] = t + lat[e]
-                    try_start(dev[dst[e]])
-            try_start(dev[x])
-        else:  # edge x's message is ready: queue it on its directed link
+                    d = dev[dst[e]]
+                    if d >= 0:
+                        try_start(d)
+                    else:
+                        comm_input(dst[e])
+            if dev[x] >= 0:
+                try_start(dev[x])
+        elif kind == 1:  # edge x's message is ready: queue it on its directed link
             k = link[x]
             t0 = max(t, link_free[k])
             sent = t0 + tx[x]
             link_free[k] = sent
             arrival[x] = sent + lat[x]
             messages.append(MessageTime(x, t0, sent, arrival[x]))
-            try_start(dev[dst[x]])
+            try_start(dev[dst[x]])  # a message never goes to a communication task
+        else:  # communication task x is ready: queue it on every resource it holds
+            t0 = max(t, *(link_free[r] for r in holds[x]))
+            start[x] = t0
+            e = end[x] = t0 + dur[x]
+            for r in holds[x]:
+                link_free[r] = e
+            heapq.heappush(heap, (e, seq, 0, x))
+            seq += 1
     if any(map(math.isnan, end)):
         _raise_deadlock(graph, orders, end)
     return start, end, messages
@@ -223,6 +263,8 @@ def _raise_deadlock(graph: TaskGraph, orders: Orders, end: Sequence[float]) -> N
         visited[d] = len(path)
         i = head[d]
         w = next(src[e] for e in graph.preds(i) if math.isnan(end[src[e]]))
+        while dev[w] < 0:  # a communication task waits for an input of its own
+            w = next(src[e] for e in graph.preds(w) if math.isnan(end[src[e]]))
         path.append((d, i, w))
         d = dev[w]
     cycle = path[visited[d]:]

@@ -30,7 +30,8 @@ def check(schedule: GraphSchedule, *, tolerance: float = 1e-9) -> list[str]:
     every edge (the destination starts after the source ends, plus the latency across devices,
     or after its message arrives when the message occupies the link); one message per such
     edge, sent after its source ends, taking ``bytes / bandwidth`` then ``latency``; one task
-    at a time per device and one message at a time per directed link; memory within limits.
+    at a time per device and one thing at a time (message or communication task) per network
+resource; memory within limits.
     ``tolerance`` is relative to max(1, latest end).
     """
     g = schedule.graph
@@ -61,6 +62,8 @@ def _transfer(g: TaskGraph, e: int) -> tuple[int, float, float]:
     a, b = g.device[g.src[e]], g.device[g.dst[e]]
     if a == b:
         return -1, 0.0, 0.0
+    if a < 0 or b < 0:  # a communication task's edge: no message
+        return -1, 0.0, 0.0
     k = g.link_index[(a, b)]
     bw = g.bandwidth[k]
     size = g.bytes[e]
@@ -82,6 +85,9 @@ def _check_edges(schedule: GraphSchedule, tol: float) -> list[str]:
         else:
             msgs[e] = (mm.start, mm.end, mm.arrival)
     per_link: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for i in g.comm_tasks:  # a communication task occupies what it holds; ~i marks a task
+        for r in g.holds[i]:
+            per_link[r].append((start[i], end[i], ~i))
     for e in range(g.num_edges):
         a, b = g.src[e], g.dst[e]
         name = f"{lab[a]} -> {lab[b]}"
@@ -111,12 +117,18 @@ def _check_edges(schedule: GraphSchedule, tol: float) -> list[str]:
         busy_until, prev = -math.inf, -1
         for t0, t1, e in lst:
             if t0 < busy_until - tol:
-                out.append(f"link {g.link_src[k]}->{g.link_dst[k]}: message {lab[g.src[e]]} -> "
-                           f"{lab[g.dst[e]]} starts at {t0:g} while {lab[g.src[prev]]} -> "
-                           f"{lab[g.dst[prev]]} is on it until {busy_until:g}")
+                out.append(f"{g.resource_name(k)}: {_holder(g, e)} starts at {t0:g} while "
+                           f"{_holder(g, prev)} is on it until {busy_until:g}")
             if t1 > busy_until:
                 busy_until, prev = t1, e
     return out
+
+
+def _holder(g: TaskGraph, e: int) -> str:
+    """``message a -> b`` for edge ``e`` >= 0, the communication task's label for ``~i``."""
+    if e < 0:
+        return g.label[~e]
+    return f"message {g.label[g.src[e]]} -> {g.label[g.dst[e]]}"
 
 
 def _check_devices(schedule: GraphSchedule, tol: float) -> list[str]:
@@ -141,6 +153,8 @@ def _check_memory(schedule: GraphSchedule) -> list[str]:
     out: list[str] = []
     change: list[dict[float, float]] = [defaultdict(float) for _ in range(g.devices)]
     for i, d in enumerate(g.device):
+        if d < 0:  # a communication task changes no memory
+            continue
         change[d][schedule.start[i]] += g.mem_start[i]
         change[d][schedule.end[i]] += g.mem_end[i]
     for d, lim in enumerate(g.memory_limit):
