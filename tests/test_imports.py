@@ -174,7 +174,8 @@ def test_an_acyclic_fake_package_passes(tmp_path: Path) -> None:
 LAYERS: list[tuple[str, ...]] = [
     ("pipeopt._gc", "pipeopt._malloc", "pipeopt._version", "pipeopt.errors",
      "pipeopt.executor._torch", "pipeopt.core"),
-    ("pipeopt.problem", "pipeopt.core.graph", "pipeopt.core.schedule"),
+    ("pipeopt.problem", "pipeopt.core.graph", "pipeopt.core.schedule",
+     "pipeopt.costs.collectives"),
     ("pipeopt.bounds", "pipeopt.workloads", "pipeopt.core.bounds"),
     ("pipeopt.schedule",),
     ("pipeopt.simulate", "pipeopt.core.simulate", "pipeopt.core.validate"),
