@@ -173,3 +173,14 @@ def test_a_graph_without_communication_is_unchanged() -> None:
     assert graph.holds == () and graph.networks == () and graph.comm_tasks == ()
     assert graph.num_resources == graph.num_links == 1
     assert simulate(graph, [[0], [1]]).objective == 3.0
+
+
+def test_cpsat_keeps_its_order_on_a_link_off_an_exact_grid() -> None:
+    """With a resolution that puts no value on the grid, the solver's own times are not kept;
+    its order on the link (message before C) still is, timed in floats."""
+    graph, ids = _contended()
+    sched = solve_cpsat(graph, time_limit=10, workers=1, resolution=0.07)
+    assert check(sched) == []
+    assert sched.objective == pytest.approx(4.5)  # FIFO on the link would give 4.6
+    (msg,) = sched.messages
+    assert msg.end <= sched.start[ids["C"]]

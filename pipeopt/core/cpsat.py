@@ -273,6 +273,10 @@ def _candidates(m: _Model, solver: cp_model.CpSolver) -> list[GraphSchedule]:
     orders = [sorted(tasks, key=lambda i: (su[i], su[i] + m.dur[i], pos[i]))
               for tasks in g.device_tasks]
     out = [simulate(g, orders, "cpsat", check=False)]
+    if g.comm_tasks:  # the simulator queues these first-ready: keep the solver's own order too
+        shifted = _left_shift(m, su, {e: solver.value(var) for e, var in m.send.items()}, pos)
+        if not check(shifted):  # valid by construction; checked as the own times are
+            out.append(shifted)
     if m.grid.exact:
         start = tuple(m.grid.seconds(x) for x in su)
         end = tuple(s + d for s, d in zip(start, g.duration, strict=True))
@@ -285,3 +289,47 @@ def _candidates(m: _Model, solver: cp_model.CpSolver) -> list[GraphSchedule]:
         if not check(own):
             out.append(own)
     return out
+
+
+def _left_shift(m: _Model, su: list[int], sent: dict[int, int], pos: list[int]
+                ) -> GraphSchedule:
+    """The solver's sequence on every device and network resource, timed in floats as early as
+    it allows: tasks and messages in the order of their start in units (a message right after
+    its source, ties in topological order), each at the earliest time its inputs, its device
+    and its resources allow. Every edge and one-at-a-time rule holds by construction (an item
+    waits for everything before it on its device or resources), so it only differs from the
+    solver's own times by the rounding of the grid."""
+    g = m.graph
+    tx, lat, link = g.edge_transmission, g.edge_latency, g.edge_link
+    items = [(su[i], pos[i], 0, i) for i in range(g.num_tasks)]
+    items += [(u, pos[g.src[e]], 1, e) for e, u in sent.items()]
+    items.sort()
+    start = [0.0] * g.num_tasks
+    end = [0.0] * g.num_tasks
+    arrival = [0.0] * g.num_edges  # when the edge's destination may use it
+    dev_free = [0.0] * g.devices
+    free = [0.0] * g.num_resources
+    msgs = []
+    for _, _, kind, x in items:
+        if kind:  # edge x's message, after its source ended
+            t0 = max(end[g.src[x]], free[link[x]])
+            free[link[x]] = t0 + tx[x]
+            arrival[x] = t0 + tx[x] + lat[x]
+            msgs.append(MessageTime(x, t0, t0 + tx[x], arrival[x]))
+            continue
+        d = g.device[x]
+        t = dev_free[d] if d >= 0 else 0.0
+        for e in g.preds(x):
+            if e not in sent:
+                arrival[e] = end[g.src[e]] + lat[e]
+            t = max(t, arrival[e])
+        if d < 0:
+            t = max(t, *(free[r] for r in g.holds[x]))
+        start[x], end[x] = t, t + g.duration[x]
+        if d >= 0:
+            dev_free[d] = end[x]
+        else:
+            for r in g.holds[x]:
+                free[r] = end[x]
+    return GraphSchedule(g, tuple(start), tuple(end),
+                         tuple(sorted(msgs, key=lambda x: x.start)), "cpsat")
