@@ -1,4 +1,5 @@
-"""The core: a problem as a graph of tasks on devices and links, and the methods over it.
+"""The core: a problem as a graph of tasks on devices and network resources, and the methods
+over it (a communication task, e.g. a collective, holds links and named networks).
 
 :mod:`pipeopt.core.graph` holds :class:`~pipeopt.core.graph.TaskGraph`, which knows no
 workload (F/B/W, stages and micro-batches exist only in builders such as
