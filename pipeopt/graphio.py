@@ -118,8 +118,12 @@ def _unwritable(value: Any, where: str) -> Any:
 
 
 def graph_schedule_to_dict(schedule: GraphSchedule) -> dict[str, Any]:
-    """The v2 document of ``schedule`` (metrics computed from its times)."""
+    """The v2 document of ``schedule`` (metrics computed from its times). Raises ValueError
+    for a graph with communication tasks (issue 13), which v2 cannot hold yet."""
     s, g = schedule, schedule.graph
+    if g.comm_tasks:  # v2 has no holds / networks columns yet: refuse, never write a bad file
+        raise ValueError(f"graph.tasks: {g.label[g.comm_tasks[0]]} is a communication task "
+                         f"(on network resources); schedule JSON v2 cannot hold it yet")
     msgs = sorted(s.messages, key=lambda mm: (mm.start, mm.edge))
     return {
         "format": FORMAT_V2,
