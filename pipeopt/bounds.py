@@ -8,7 +8,9 @@ companions): a bound about one micro-batch's path takes, over the micro-batches,
 keeps it valid (the largest for a path every micro-batch must take, the smallest for a path
 only some micro-batch must take); device work sums every micro-batch's real cost; the memory
 arguments count micro-batches by their own memory. With every scale 1 each bound is computed
-exactly as for identical micro-batches.
+exactly as for identical micro-batches. With a table per stage x micro-batch
+(``Problem.time_table``, ``memory_table``, ``message_table``) every argument about one stage
+reads that stage's row: each proof below is per stage, so it holds row by row.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ Objective = Literal["makespan", "span"]
 def _arrival(problem: Problem, j: int) -> list[float]:
     """Per stage, the earliest start of F(stage, j): micro-batch j's forward chain before it,
     with its link delays (seconds)."""
-    c = problem.time_scale[j]
+    tt = problem.time_table
     out = [0.0]
     for k in range(1, problem.stages):
-        out.append(out[-1] + problem.forward[k - 1] * c + problem.delay(k - 1, k, j))
+        out.append(out[-1] + problem.forward[k - 1] * tt[k - 1][j] + problem.delay(k - 1, k, j))
     return out
 
 
@@ -45,14 +47,14 @@ def earliest_arrival(problem: Problem) -> tuple[float, ...]:
 def _path(problem: Problem, j: int) -> float:
     """Micro-batch j's forward and backward chain with link delays, then stage 0's W
     (seconds)."""
-    s, c = problem.stages, problem.time_scale[j]
-    t = _arrival(problem, j)[-1] + problem.forward[s - 1] * c
+    s, tt = problem.stages, problem.time_table
+    t = _arrival(problem, j)[-1] + problem.forward[s - 1] * tt[s - 1][j]
     for k in range(s - 1, -1, -1):
-        t += problem.durations["B"][k] * c
+        t += problem.durations["B"][k] * tt[k][j]
         if k > 0:
             t += problem.delay(k, k - 1, j)
     if problem.split_backward:
-        t += problem.backward_weight[0] * c
+        t += problem.backward_weight[0] * tt[0][j]
     return t
 
 
@@ -85,14 +87,15 @@ def round_trips(problem: Problem, microbatch: int | None = None) -> tuple[float,
         per = [round_trips(problem, j) for j in problem.distinct_microbatches]
         return per[0] if len(per) == 1 else tuple(map(min, zip(*per, strict=True)))
     s, j = problem.stages, microbatch
-    c = problem.time_scale[j]
+    tt = problem.time_table
     fwd, bwd = problem.forward, problem.durations["B"]
     out = [0.0] * s
     acc = 0.0
     for k in range(s - 1, -1, -1):
-        acc += fwd[k] * c
+        acc += fwd[k] * tt[k][j]
         if k + 1 < s:
-            acc += bwd[k + 1] * c + problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
+            acc += (bwd[k + 1] * tt[k + 1][j] + problem.delay(k, k + 1, j)
+                    + problem.delay(k + 1, k, j))
         out[k] = acc
     return tuple(out)
 
@@ -126,7 +129,7 @@ def _max_in_flight(problem: Problem, device: int, stage: int) -> int:
     free = _free_memory(problem, device)
     if problem.uniform_microbatches:
         return _whole(free, act, problem.microbatches)
-    return _prefix_fit(free, [act * x for x in sorted(problem.memory_scale)])
+    return _prefix_fit(free, [act * x for x in sorted(problem.memory_table[stage])])
 
 
 def _prefix_fit(amount: float, sizes: list[float]) -> int:
@@ -184,11 +187,11 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
         if problem.uniform_microbatches:
             busy = n * problem.forward[k]
         else:
-            busy = problem.forward[k] * _largest_sums(list(problem.time_scale))[n]
+            row = problem.time_table[k]
+            busy = problem.forward[k] * _largest_sums(list(row))[n]
             act = problem.activation_memory[k]
             if act > 0:
-                ratio = max(c / x for c, x in zip(problem.time_scale, problem.memory_scale,
-                                                  strict=True))
+                ratio = max(c / x for c, x in zip(row, problem.memory_table[k], strict=True))
                 busy = min(busy, problem.forward[k] * ratio * _free_memory(problem, d) / act)
         out.append(max(0.0, trips[k] - busy))
     return tuple(out)
@@ -252,17 +255,17 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
     """
     out = []
     m = problem.microbatches
-    mem = sorted(problem.memory_scale)
-    least_mem = [0.0]
-    for x in mem:
-        least_mem.append(least_mem[-1] + x)
-    top = _largest_sums(list(problem.time_scale))
     trips = {j: round_trips(problem, j) for j in problem.distinct_microbatches}
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
             out.append(0.0)
             continue
+        least_mem = [0.0]
+        for x in sorted(problem.memory_table[k]):
+            least_mem.append(least_mem[-1] + x)
+        row = problem.time_table[k]
+        top = _largest_sums(list(row))
         free = _free_memory(problem, d)
         act = problem.activation_memory[k]
         wgm, bw, w = _backward_work(problem, k)
@@ -278,7 +281,7 @@ def _cooldown_idle_scaled(problem: Problem) -> tuple[float, ...]:
                     end -= 1
                 y = max(0, end - x - 1)
             best = max(best, bw * top[x] + w * (top[x + y] - top[x]))
-        lead = min(trips[j][k] - problem.forward[k] * problem.time_scale[j] for j in trips)
+        lead = min(trips[j][k] - problem.forward[k] * row[j] for j in trips)
         out.append(max(0.0, lead - best))
     return tuple(out)
 
@@ -356,36 +359,52 @@ def overtaking_bound(problem: Problem) -> float:
     (or, at i = 0, beside W(0, L) after u_0), so the makespan minus u_k is at least
     ``W_0 c_L + sum_{i<k} B_i c_L + min_{i<=k} B_i * C'`` (and L's own chain from u_k); and
     by u_k stage k's device has run F and B of L and of every micro-batch not in A'.
+
+    With a table (``time_table[i][j]`` = c_ij): an overtaker j's F in its window lasts
+    ``F_i c_ij >= g_j = min_{i<=k} F_i c_ij``, and its work left on stage k is ``(F + B + W)_k
+    c_kj``. With ``phi = min_j g_j / c_kj`` the overtakers take at least ``phi * C`` with C the
+    sum of their c_kj, so the same minimum over the subset sums C of row k is a bound (phi is
+    ``min_{i<=k} F_i`` when the rows are equal); the backward alike with B.
     """
     if problem.uniform_microbatches:
         return 0.0
-    s, scale = problem.stages, problem.time_scale
+    s, m, scale = problem.stages, problem.microbatches, problem.time_scale
+    tt, tables = problem.time_table, problem.stage_scales
     fwd, bwd = problem.forward, problem.durations["B"]
     total = math.fsum(scale)
     w0 = problem.backward_weight[0] if problem.split_backward else 0.0
     longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
     best = 0.0
     for L in longest:
-        c, path, arr = scale[L], _path(problem, L), _arrival(problem, L)
+        path, arr = _path(problem, L), _arrival(problem, L)
         others = list(scale)
-        others.remove(c)
+        others.remove(scale[L])
         sums = _subset_sums(others)
-        plain = 0.0  # forward: sum_{i<k} F_i c_L without delays
-        f_min = math.inf
-        for k in range(s):
-            f_min = min(f_min, fwd[k])
-            work = fwd[k] + problem.backward_input[k] + problem.backward_weight[k]
-            best = max(best, _least_split(arr[k], plain, f_min, work, total, path - arr[k], sums))
-            plain += fwd[k] * c
-        chain = plain = w0 * c  # backward: W_0 c_L + sum_{i<k} B_i c_L, with / without delays
-        b_min = math.inf
-        for k in range(s):
-            b_min = min(b_min, bwd[k])
-            best = max(best, _least_split(chain, plain, b_min, fwd[k] + bwd[k], total,
-                                          path - chain, sums))
-            plain += bwd[k] * c
-            if k + 1 < s:
-                chain += bwd[k] * c + problem.delay(k + 1, k, L)
+        for times, work_of in ((fwd, lambda k: fwd[k] + problem.backward_input[k]
+                                + problem.backward_weight[k]),
+                               (bwd, lambda k: fwd[k] + bwd[k])):
+            # Forward: a = L's arrival, b = sum_{i<k} F_i c_iL without delays. Backward: a =
+            # W_0 c_0L + sum_{i<k} (B_i c_iL + delay), b the same without delays.
+            backward = times is bwd
+            a = b = w0 * tt[0][L] if backward else 0.0
+            least = math.inf  # min_{i<=k} of the op time (the rows equal)
+            g = [math.inf] * m  # per micro-batch, min_{i<=k} of its op time (a table)
+            for k in range(s):
+                row = tt[k]
+                if tables:
+                    g = [min(x, times[k] * c) for x, c in zip(g, row, strict=True)]
+                    phi = min((g[j] / row[j] for j in range(m) if j != L), default=0.0)
+                    others = [c for j, c in enumerate(row) if j != L]
+                    sums, total = _subset_sums(others), math.fsum(row)
+                else:
+                    least = min(least, times[k])
+                    phi = least
+                if not backward:
+                    a = arr[k]
+                best = max(best, _least_split(a, b, phi, work_of(k), total, path - a, sums))
+                b += times[k] * row[L]
+                if backward and k + 1 < s:
+                    a += times[k] * row[L] + problem.delay(k + 1, k, L)
     return best
 
 

@@ -340,8 +340,8 @@ _PROBLEM_SHAPES: dict[str, str] = {
     "activation_memory": "numbers", "weight_grad_memory": "numbers",
     "message_size": "numbers", "static_memory": "numbers", "grad_reduce": "numbers",
     "memory_limit": "numbers or null", "latency": "matrix", "bandwidth": "matrix",
-    "stage_device": "ints", "microbatch_scale": "numbers", "microbatch_memory_scale": "numbers",
-    "microbatch_message_scale": "numbers",
+    "stage_device": "ints", "microbatch_scale": "numbers or matrix",
+    "microbatch_memory_scale": "numbers or matrix", "microbatch_message_scale": "numbers or matrix",
 }
 _INF_WORDS = ("inf", "-inf", ".inf", "Infinity")
 
@@ -368,6 +368,12 @@ def _check_problem_doc(doc: dict[str, Any]) -> None:
         elif shape == "object":
             if val is not None and not isinstance(val, dict):
                 raise ScheduleError(f"{where}: expected an object, got {val!r:.60}")
+        elif shape == "numbers or matrix":  # one factor per micro-batch, or a table of rows
+            if isinstance(val, list) and any(isinstance(x, list) for x in val):
+                for i, row in enumerate(val):
+                    _check_numbers(f"{where}[{i}]", row, nullable=False)
+            else:
+                _check_numbers(where, val, nullable=False)
         elif shape == "matrix":
             if not isinstance(val, list):
                 raise ScheduleError(f"{where}: expected a list of rows, got {val!r:.60}")

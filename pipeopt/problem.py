@@ -14,6 +14,9 @@ from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
 Kind = Literal["F", "B", "W"]
+#: A per-micro-batch factor list, or a table of such lists (one row per stage, or per stage
+#: boundary for messages); ``()`` = not given.
+Scale = tuple[float, ...] | tuple[tuple[float, ...], ...]
 Placement = Literal["loop", "vshape"]
 KINDS: tuple[Kind, ...] = ("F", "B", "W")
 
@@ -87,6 +90,16 @@ class Problem:
     message is an activation), so a cost model can give FLOPs (linear + quadratic attention in
     the sequence length) a different factor from the bytes. A scale equal to its default is
     stored as ``()``, so equal problems compare equal however they were written.
+
+    A full table per stage x micro-batch: each of the three may instead be a table, one row of
+    ``microbatches`` factors per stage (``stages`` rows for times and memory; ``stages - 1``
+    rows, one per stage boundary k -> k+1, for messages), when micro-batches differ by stage
+    (attention's s^2 share is larger on some stages than on others; the embedding and the head
+    stages grow linearly). Defaults are taken row by row (a message table's row k defaults to
+    the memory factors of stage k, the sender in the forward direction). A table whose rows
+    are all equal is stored as its one row. :attr:`time_table`, :attr:`memory_table` and
+    :attr:`message_table` resolve every form; :attr:`time_scale` and its kin are then
+    per-micro-batch summaries (work-weighted means), for orderings and reports only.
     """
 
     devices: int
@@ -105,9 +118,9 @@ class Problem:
     memory_limit: tuple[float | None, ...] = ()
     static_memory: tuple[float, ...] = ()
     grad_reduce: tuple[float, ...] = ()
-    microbatch_scale: tuple[float, ...] = ()
-    microbatch_memory_scale: tuple[float, ...] = ()
-    microbatch_message_scale: tuple[float, ...] = ()
+    microbatch_scale: Scale = ()
+    microbatch_memory_scale: Scale = ()
+    microbatch_message_scale: Scale = ()
     meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -154,17 +167,21 @@ class Problem:
         set_(self, "memory_limit", tuple(lim))
         red = self.grad_reduce or (0.0,) * s
         set_(self, "grad_reduce", _floats("grad_reduce", red, s))
-        # Each scale is stored as () when it equals its default (all 1 / the time scale / the
-        # memory scale), so the canonical form of a problem does not depend on how it was given.
-        time_s = _scales("microbatch_scale", self.microbatch_scale, m)
-        mem_s = _scales("microbatch_memory_scale", self.microbatch_memory_scale, m) or time_s
-        msg_s = _scales("microbatch_message_scale", self.microbatch_message_scale, m) or mem_s
-        ones = (1.0,) * m
-        set_(self, "microbatch_scale", () if time_s in ((), ones) else time_s)
-        set_(self, "microbatch_memory_scale",
-             () if mem_s == (time_s or ones) else mem_s)
-        set_(self, "microbatch_message_scale",
-             () if msg_s == (mem_s or time_s or ones) else msg_s)
+        # Each scale is resolved to a table (rows x micro-batches) and stored as () when it
+        # equals its default (all 1 / the time table / the memory table's rows), as its one row
+        # when its rows are equal, else as the table: the canonical form of a problem does not
+        # depend on how it was given.
+        ones = ((1.0,) * m,) * s
+        time_t = _scale_table("microbatch_scale", self.microbatch_scale, s, m, "stage")
+        mem_t = _scale_table("microbatch_memory_scale", self.microbatch_memory_scale, s, m,
+                             "stage")
+        msg_t = _scale_table("microbatch_message_scale", self.microbatch_message_scale, s - 1,
+                             m, "stage boundary")
+        time_t = time_t or ones
+        mem_t = mem_t or time_t
+        set_(self, "microbatch_scale", _canonical(time_t, ones))
+        set_(self, "microbatch_memory_scale", _canonical(mem_t, time_t))
+        set_(self, "microbatch_message_scale", _canonical(msg_t or mem_t[:s - 1], mem_t[:s - 1]))
         if not isinstance(self.meta, tuple):
             set_(self, "meta", tuple(dict(self.meta).items()))
 
@@ -194,19 +211,61 @@ class Problem:
 
     # ----- micro-batches of different cost ----------------------------------------------------
     @cached_property
+    def stage_scales(self) -> bool:
+        """True when some scale is a table (micro-batches differ by stage, not by one factor)."""
+        return any(_is_table(x) for x in (self.microbatch_scale, self.microbatch_memory_scale,
+                                          self.microbatch_message_scale))
+
+    @cached_property
+    def time_table(self) -> tuple[tuple[float, ...], ...]:
+        """Per stage k, per micro-batch j: the factor on the durations of F/B/W(k, j)."""
+        return _rows(self.microbatch_scale, self.stages) or ((1.0,) * self.microbatches,
+                                                             ) * self.stages
+
+    @cached_property
+    def memory_table(self) -> tuple[tuple[float, ...], ...]:
+        """Per stage k, per micro-batch j: the factor on (k, j)'s activation and
+        weight-gradient memory (resolved)."""
+        return _rows(self.microbatch_memory_scale, self.stages) or self.time_table
+
+    @cached_property
+    def message_table(self) -> tuple[tuple[float, ...], ...]:
+        """Per stage boundary k (k -> k+1 and back), per micro-batch j: the factor on the
+        message bytes (resolved; latency is not scaled)."""
+        return (_rows(self.microbatch_message_scale, self.stages - 1)
+                or self.memory_table[:self.stages - 1])
+
+    @cached_property
     def time_scale(self) -> tuple[float, ...]:
-        """Factor on micro-batch j's op durations, one per micro-batch (all 1 by default)."""
-        return self.microbatch_scale or (1.0,) * self.microbatches
+        """Factor on micro-batch j's op durations, one per micro-batch (all 1 by default). From
+        a table: the mean over stages weighted by a unit micro-batch's F + B + W per stage."""
+        if _is_table(self.microbatch_scale):
+            weights = [f + b + w for f, b, w in zip(self.forward, self.backward_input,
+                                                    self.backward_weight, strict=True)]
+            return _summary(self.time_table, weights)
+        return self.microbatch_scale or (1.0,) * self.microbatches  # type: ignore[return-value]
 
     @cached_property
     def memory_scale(self) -> tuple[float, ...]:
-        """Factor on micro-batch j's activation and weight-gradient memory (resolved)."""
-        return self.microbatch_memory_scale or self.time_scale
+        """Factor on micro-batch j's activation and weight-gradient memory (resolved). From a
+        table: the mean over stages weighted by their activation memory."""
+        if self._memory_is_table:
+            return _summary(self.memory_table, self.activation_memory)
+        return self.microbatch_memory_scale or self.time_scale  # type: ignore[return-value]
 
     @cached_property
     def message_scale(self) -> tuple[float, ...]:
-        """Factor on micro-batch j's message bytes (resolved; latency is not scaled)."""
-        return self.microbatch_message_scale or self.memory_scale
+        """Factor on micro-batch j's message bytes (resolved; latency is not scaled). From a
+        table: the mean over boundaries weighted by their message size."""
+        mu = self.microbatch_message_scale
+        if self.stages > 1 and (_is_table(mu) or (not mu and self._memory_is_table)):
+            return _summary(self.message_table, self.message_size)
+        return mu or self.memory_scale  # type: ignore[return-value]
+
+    @property
+    def _memory_is_table(self) -> bool:
+        mm = self.microbatch_memory_scale
+        return _is_table(mm) or (not mm and _is_table(self.microbatch_scale))
 
     @cached_property
     def uniform_microbatches(self) -> bool:
@@ -215,10 +274,16 @@ class Problem:
                     or self.microbatch_message_scale)
 
     @cached_property
-    def microbatch_key(self) -> tuple[tuple[float, float, float], ...]:
-        """(time, memory, message) scale of each micro-batch: micro-batches with equal keys are
-        interchangeable (any schedule stays valid, with the same times, when they swap)."""
-        return tuple(zip(self.time_scale, self.memory_scale, self.message_scale, strict=True))
+    def microbatch_key(self) -> tuple[tuple[float, ...], ...]:
+        """Micro-batch j's factors: (time, memory, message) scale, or with a table its whole
+        columns. Micro-batches with equal keys are interchangeable (any schedule stays valid,
+        with the same times, when they swap)."""
+        if not self.stage_scales:
+            return tuple(zip(self.time_scale, self.memory_scale, self.message_scale,
+                             strict=True))
+        cols = [tuple(zip(*t, strict=True)) if t else ((),) * self.microbatches
+                for t in (self.time_table, self.memory_table, self.message_table)]
+        return tuple(a + b + c for a, b, c in zip(*cols, strict=True))
 
     @cached_property
     def distinct_microbatches(self) -> tuple[int, ...]:
@@ -226,7 +291,7 @@ class Problem:
         (``(0,)`` when all are equal)."""
         if self.uniform_microbatches:
             return (0,)
-        seen: dict[tuple[float, float, float], int] = {}
+        seen: dict[tuple[float, ...], int] = {}
         for j, key in enumerate(self.microbatch_key):
             seen.setdefault(key, j)
         return tuple(seen.values())
@@ -239,15 +304,18 @@ class Problem:
         order = [int(j) for j in order]
         if sorted(order) != list(range(m)):
             raise ProblemError(f"order: must be a permutation of 0..{m - 1}, got {order}")
-        if order == list(range(m)):
+        if order == list(range(m)) or self.uniform_microbatches:
             return self
 
-        def perm(scale: tuple[float, ...]) -> tuple[float, ...]:
-            return tuple(scale[j] for j in order) if scale else ()
+        def perm(scale: Scale) -> Scale:
+            if _is_table(scale):
+                return tuple(tuple(row[j] for j in order) for row in scale)  # type: ignore[index]
+            return tuple(scale[j] for j in order) if scale else ()  # type: ignore[misc]
 
-        return replace(self, microbatch_scale=perm(self.time_scale),
-                       microbatch_memory_scale=perm(self.memory_scale),
-                       microbatch_message_scale=perm(self.message_scale))
+        # Every scale as stored (a default stays a default: it follows the one it copies).
+        return replace(self, microbatch_scale=perm(self.microbatch_scale),
+                       microbatch_memory_scale=perm(self.microbatch_memory_scale),
+                       microbatch_message_scale=perm(self.microbatch_message_scale))
 
     def duration(self, op: Op) -> float:
         """Duration of ``op`` in seconds (scaled by its micro-batch's time scale)."""
@@ -262,7 +330,7 @@ class Problem:
             t = self.backward_weight[k]
         else:
             raise ProblemError(f"unknown op kind {op.kind!r}")
-        return t * self.microbatch_scale[op.microbatch] if self.microbatch_scale else t
+        return t * self.time_table[k][op.microbatch] if self.microbatch_scale else t
 
     def op_durations(self) -> tuple[float, ...]:
         """Duration of every op in seconds, indexed by op id (the numbering of
@@ -296,7 +364,7 @@ class Problem:
     @cached_property
     def durations(self) -> dict[str, tuple[float, ...]]:
         """Per-stage duration of each op kind for a unit micro-batch (seconds); micro-batch j
-        takes ``time_scale[j]`` times as long (see :meth:`duration`)."""
+        takes ``time_table[k][j]`` times as long on stage k (see :meth:`duration`)."""
         if self.split_backward:
             return {"F": self.forward, "B": self.backward_input, "W": self.backward_weight}
         fused = tuple(b + w for b, w in zip(self.backward_input, self.backward_weight,
@@ -342,11 +410,16 @@ class Problem:
     def device_work(self, device: int) -> float:
         """Total busy time of ``device`` over one iteration (seconds), every micro-batch at its
         own cost."""
-        per_mb = sum(self.forward[k] + self.backward_input[k] + self.backward_weight[k]
-                     for k in self.device_stages[device])
+        stages = self.device_stages[device]
         if not self.microbatch_scale:
-            return per_mb * self.microbatches
-        return per_mb * math.fsum(self.microbatch_scale)
+            return self.microbatches * sum(self.forward[k] + self.backward_input[k]
+                                           + self.backward_weight[k] for k in stages)
+        if not _is_table(self.microbatch_scale):
+            per_mb = sum(self.forward[k] + self.backward_input[k] + self.backward_weight[k]
+                         for k in stages)
+            return per_mb * math.fsum(self.microbatch_scale)  # type: ignore[arg-type]
+        return math.fsum((self.forward[k] + self.backward_input[k] + self.backward_weight[k])
+                         * math.fsum(self.time_table[k]) for k in stages)
 
     # ----- links ---------------------------------------------------------------------------
     def transfer(self, src_stage: int, dst_stage: int, microbatch: int | None = None
@@ -360,9 +433,10 @@ class Problem:
         a, b = self.stage_device[src_stage], self.stage_device[dst_stage]
         if a == b:
             return 0.0, 0.0
-        size = self.message_size[min(src_stage, dst_stage)]
+        boundary = min(src_stage, dst_stage)
+        size = self.message_size[boundary]
         if microbatch is not None and not self.uniform_microbatches:
-            size *= self.message_scale[microbatch]
+            size *= self.message_table[boundary][microbatch]
         bw = self.bandwidth[a][b]
         tx = 0.0 if size == 0 or math.isinf(bw) else size / bw
         return tx, self.latency[a][b]
@@ -382,20 +456,20 @@ class Problem:
     # ----- memory --------------------------------------------------------------------------
     def memory_delta(self, op: Op) -> tuple[float, float]:
         """(allocated at op start, released at op end) in bytes for ``op`` (scaled by its
-        micro-batch's memory scale)."""
+        factor in :attr:`memory_table`)."""
         try:
             alloc, free = self.memory_deltas[(op.kind, op.stage)]
         except KeyError:
             raise ProblemError(f"no op {op} in this problem") from None
         if self.uniform_microbatches:
             return alloc, free
-        c = self.memory_scale[op.microbatch]
+        c = self.memory_table[op.stage][op.microbatch]
         return alloc * c, free * c
 
     @cached_property
     def memory_deltas(self) -> dict[tuple[str, int], tuple[float, float]]:
         """(allocated at start, released at end) in bytes of every (kind, stage) for a unit
-        micro-batch; micro-batch j's are ``memory_scale[j]`` times these."""
+        micro-batch; micro-batch j's on stage k are ``memory_table[k][j]`` times these."""
         out: dict[tuple[str, int], tuple[float, float]] = {}
         for k in range(self.stages):
             act, wgm = self.activation_memory[k], self.weight_grad_memory[k]
@@ -416,7 +490,9 @@ class Problem:
             val = getattr(self, f.name)
             if f.name in _SCALES and not val:
                 continue  # default; keeps files of uniform problems as they were
-            if f.name == "meta":
+            if f.name in _SCALES and _is_table(val):
+                out[f.name] = [list(row) for row in val]
+            elif f.name == "meta":
                 out[f.name] = dict(val)
             elif f.name in ("latency", "bandwidth"):
                 out[f.name] = [[_json_float(x) for x in row] for row in val]
@@ -458,11 +534,59 @@ class Problem:
 _SCALES = ("microbatch_scale", "microbatch_memory_scale", "microbatch_message_scale")
 
 
-def _scales(name: str, values: Sequence[float], m: int) -> tuple[float, ...]:
-    """Validated per-micro-batch factors (each finite and > 0), or () when none are given."""
+def _is_table(scale: Any) -> bool:
+    """Is this scale a table (rows of factors) rather than one factor per micro-batch?"""
+    return bool(scale) and isinstance(scale[0], (tuple, list))
+
+
+def _scale_table(name: str, values: Any, rows: int, m: int, row_name: str
+                 ) -> tuple[tuple[float, ...], ...]:
+    """Validated factors (each finite and > 0) as ``rows`` rows of ``m``: a list is every
+    row, a table (a list of lists) gives each row; () when none are given."""
     if not values:
         return ()
-    return _floats(name, values, m, positive=True)
+    if not isinstance(values, (tuple, list)):
+        raise ProblemError(f"{name}: expected a list of factors or a table, got {values!r:.60}")
+    nested = [isinstance(x, (tuple, list)) for x in values]
+    if not any(nested):
+        return (_floats(name, values, m, positive=True),) * rows
+    if not all(nested):
+        i = nested.index(False)
+        raise ProblemError(f"{name}[{i}]: a table's rows must all be lists (one per "
+                           f"{row_name}), got {values[i]!r:.60}")
+    if len(values) != rows:
+        raise ProblemError(f"{name}: a table needs {rows} rows (one per {row_name}), got "
+                           f"{len(values)}")
+    return tuple(_floats(f"{name}[{k}]", row, m, positive=True) for k, row in enumerate(values))
+
+
+def _canonical(table: tuple[tuple[float, ...], ...], default: tuple[tuple[float, ...], ...]
+               ) -> Scale:
+    """How a resolved scale is stored: () when it is the default, its row when all rows are
+    equal, else the table."""
+    if table == default:
+        return ()
+    if all(row == table[0] for row in table):
+        return table[0]
+    return table
+
+
+def _rows(scale: Scale, rows: int) -> tuple[tuple[float, ...], ...]:
+    """A stored scale as a table of ``rows`` rows (() when it is the default)."""
+    if not scale or _is_table(scale):
+        return scale  # type: ignore[return-value]
+    return (scale,) * rows  # type: ignore[return-value]
+
+
+def _summary(table: tuple[tuple[float, ...], ...], weights: Sequence[float]
+             ) -> tuple[float, ...]:
+    """Per micro-batch, the mean of its column weighted by ``weights`` (plain when they sum
+    to 0)."""
+    total = math.fsum(weights)
+    if total <= 0:
+        weights, total = [1.0] * len(table), float(len(table))
+    return tuple(math.fsum(w * x for w, x in zip(weights, col, strict=True)) / total
+                 for col in zip(*table, strict=True))
 
 
 def _matrix(name: str, rows: Sequence[Sequence[float]], p: int, *, allow_inf: bool,

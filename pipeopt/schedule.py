@@ -251,15 +251,16 @@ def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
     """
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(problem.devices)]
     delta = problem.memory_deltas  # (allocated at start, released at end) per (kind, stage)
-    scale = None if problem.uniform_microbatches else problem.memory_scale
+    table = None if problem.uniform_microbatches else problem.memory_table
     m = problem.microbatches
     for device, stage, mb, kind, start, end in ops:
         d = delta.get((kind, stage))
         if d is None or not 0 <= device < problem.devices:
             continue  # not an op of this problem: the validator names it
         alloc, free = d
-        if scale is not None and 0 <= mb < m:
-            alloc, free = alloc * scale[mb], free * scale[mb]
+        if table is not None and 0 <= mb < m:
+            c = table[stage][mb]
+            alloc, free = alloc * c, free * c
         if alloc:
             events[device].append((start, 1, alloc))
         if free:
@@ -286,14 +287,15 @@ def order_peak_memory(problem: Problem, orders: Sequence[Sequence[Op]]) -> tuple
     timed schedule; with zero-length ops it is an upper bound (the timeline releases before
     it allocates at equal times, which can reorder a zero-length op's events)."""
     delta = problem.memory_deltas
-    scale = None if problem.uniform_microbatches else problem.memory_scale
+    table = None if problem.uniform_microbatches else problem.memory_table
     peaks = []
     for d, order in enumerate(orders):
         cur = peak = problem.static_memory[d]
         for op in order:
             alloc, free = delta[(op.kind, op.stage)]
-            if scale is not None:
-                alloc, free = alloc * scale[op.microbatch], free * scale[op.microbatch]
+            if table is not None:
+                c = table[op.stage][op.microbatch]
+                alloc, free = alloc * c, free * c
             cur += alloc
             if cur > peak:
                 peak = cur

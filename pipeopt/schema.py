@@ -265,10 +265,10 @@ def check_totals(problem: Problem, where: str) -> None:
     # Micro-batches of different cost: the summed time factors, the largest message factor
     # (an upper bound on the link time) and the summed memory factors.
     unit_work = sum(sum(problem.durations[k]) for k in problem.kinds)
-    work = math.fsum(problem.time_scale) * unit_work
+    work = math.fsum(problem.device_work(d) for d in range(problem.devices))
     unit_hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
                     for k in range(problem.stages - 1))
-    m_hops = problem.microbatches * unit_hops * max(1.0, *problem.message_scale)
+    m_hops = problem.microbatches * unit_hops * max(1.0, *map(max, problem.message_table))
     total = work + m_hops + sum(problem.grad_reduce)
     if not math.isfinite(total):
         # Name what overflows: the micro-batch factors, the link delays alone, or the op times.
@@ -282,8 +282,9 @@ def check_totals(problem: Problem, where: str) -> None:
         raise ConfigError(f"{key}: the times of one iteration add up to more than a float "
                           f"holds ({total}); use smaller time units")
     per_device = [sum(problem.activation_memory[k] for k in ks) for ks in problem.device_stages]
-    memory = max(s + math.fsum(problem.memory_scale) * a
-                 for s, a in zip(problem.static_memory, per_device, strict=True))
+    act, table = problem.activation_memory, problem.memory_table
+    memory = max(s + math.fsum(act[k] * math.fsum(table[k]) for k in ks)
+                 for s, ks in zip(problem.static_memory, problem.device_stages, strict=True))
     if not math.isfinite(memory):
         unit = max(s + problem.microbatches * a
                    for s, a in zip(problem.static_memory, per_device, strict=True))

@@ -12,7 +12,7 @@ starts as early as its device and its inputs allow. Inputs are:
   a time per direction, in the order the messages became ready; latency is a pure delay after.
 
 Micro-batch j's op durations and message bytes are scaled by the problem's per-micro-batch
-factors (:attr:`Problem.time_scale`, :attr:`Problem.message_scale`).
+factors (:attr:`Problem.time_table`, :attr:`Problem.message_table`).
 
 With messages that queue on links, the timing is the core simulator's
 (:mod:`pipeopt.core.simulate`, the judge of timings for every workload) over the problem's task
@@ -161,15 +161,15 @@ def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
     split = problem.split_backward
     n = (3 if split else 2) * sm
     dur: list[float] = []
-    scale = None if not problem.microbatch_scale else problem.time_scale
+    table = problem.time_table if problem.microbatch_scale else None
     for kind in problem.kinds:
         per_stage = problem.durations[kind]
         for k in range(s):
-            if scale is None:
+            if table is None:
                 dur.extend([per_stage[k]] * m)
             else:
                 t = per_stage[k]
-                dur.extend([t * c for c in scale])
+                dur.extend([t * c for c in table[k]])
     dfwd, dbwd = _stage_delays(problem)
     # Per op id: delay of its activation to the next stage's F / of its gradient to the
     # previous stage's B (only F and B ids use these).
@@ -299,7 +299,8 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
     times: dict[tuple[str, int, int], TimedOp] = {}
     kinds = set(problem.kinds)
     durations = problem.durations
-    scale = problem.microbatch_scale  # () when every micro-batch takes the unit time
+    # Per stage, per micro-batch time factors; None when every micro-batch takes the unit time.
+    table = problem.time_table if problem.microbatch_scale else None
     s, m, sdev = problem.stages, problem.microbatches, problem.stage_device
     for o in schedule.ops:
         d, k, j, kind, start, end = o
@@ -318,7 +319,7 @@ def check(schedule: Schedule, *, tolerance: float = 1e-9) -> list[str]:
             continue
         if start < -tol:
             out.append(f"{o.op}: starts at {start:g} < 0")
-        want = durations[kind][k] * scale[j] if scale else durations[kind][k]
+        want = durations[kind][k] * table[k][j] if table else durations[kind][k]
         if abs((end - start) - want) > tol:
             out.append(f"{o.op}: lasts {end - start:g}, its duration is {want:g}")
     missing = [] if len(times) == problem.num_ops else [

@@ -9,6 +9,7 @@ importable from :mod:`pipeopt.solvers`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -95,10 +96,17 @@ def memory_floor(problem: Problem) -> tuple[float, ...]:
     micro-batch's activations on all of the device's stages (all are live when the device's
     last F of that micro-batch starts). Running the micro-batches one at a time needs exactly
     this on every device at once, so it is also enough."""
-    largest = max(problem.memory_scale)
-    return tuple(problem.static_memory[d] + largest * sum(problem.activation_memory[k]
-                                                          for k in problem.device_stages[d])
-                 for d in range(problem.devices))
+    act, table = problem.activation_memory, problem.memory_table
+    out = []
+    for d in range(problem.devices):
+        stages = problem.device_stages[d]
+        if problem.stage_scales:  # the micro-batch holding the most on this device's stages
+            held = max(math.fsum(act[k] * table[k][j] for k in stages)
+                       for j in range(problem.microbatches))
+        else:
+            held = max(problem.memory_scale) * sum(act[k] for k in stages)
+        out.append(problem.static_memory[d] + held)
+    return tuple(out)
 
 
 def require_memory(problem: Problem, method: str) -> None:
@@ -132,11 +140,12 @@ LONGEST_FIRST = "+longest-first"
 
 
 def longest_first(problem: Problem) -> tuple[int, ...]:
-    """Micro-batches by decreasing cost: time factor, then memory, then message factor; equal
+    """Micro-batches by decreasing cost: time factor, then memory, then message factor (the
+    per-micro-batch summaries of :class:`Problem` when its scales are tables); equal
     ones keep their order (so the identity when every micro-batch costs the same)."""
-    key = problem.microbatch_key
+    ts, ms, mu = problem.time_scale, problem.memory_scale, problem.message_scale
     return tuple(sorted(range(problem.microbatches),
-                        key=lambda j: (-key[j][0], -key[j][1], -key[j][2], j)))
+                        key=lambda j: (-ts[j], -ms[j], -mu[j], j)))
 
 
 def fifo_orders(problem: Problem) -> list[tuple[int, ...] | None]:

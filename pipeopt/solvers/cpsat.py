@@ -252,7 +252,7 @@ def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
     reduce = [tgrid.down(x) for x in problem.grad_reduce]
     memory: dict[int, tuple[int, dict[int, list[tuple[int, int]]]]] = {}
     exact = True
-    scale = problem.memory_scale
+    table = problem.memory_table
     for d, lim in enumerate(problem.memory_limit):
         if lim is None:
             continue
@@ -261,11 +261,11 @@ def int_data(problem: Problem, tgrid: Grid) -> tuple[IntData, bool]:
         for k in problem.device_stages[d]:
             a, w = problem.activation_memory[k], problem.weight_grad_memory[k]
             held[k] = (a - w, w) if problem.split_backward else (a, 0.0)
-        mgrid = memory_grid([x * scale[j] for pair in held.values() for x in pair
+        mgrid = memory_grid([x * table[k][j] for k, pair in held.items() for x in pair
                              for j in reps], cap)
         exact = exact and mgrid.exact
         memory[d] = (max(0, mgrid.down(cap)),
-                     {k: per_mb({j: (mgrid.up(b * scale[j]), mgrid.up(w * scale[j]))
+                     {k: per_mb({j: (mgrid.up(b * table[k][j]), mgrid.up(w * table[k][j]))
                                  for j in reps})
                       for k, (b, w) in held.items()})
     return IntData(problem, dur, tx, lat, reduce, memory), exact

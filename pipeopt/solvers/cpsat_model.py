@@ -88,7 +88,7 @@ def equal_chains(problem: Problem) -> tuple[list[int], list[int]]:
     if problem.uniform_microbatches:
         return list(range(-1, m - 1)), [*range(1, m), -1]
     prev, nxt = [-1] * m, [-1] * m
-    last: dict[tuple[float, float, float], int] = {}
+    last: dict[tuple[float, ...], int] = {}
     for j, key in enumerate(problem.microbatch_key):
         q = last.get(key, -1)
         if q >= 0:

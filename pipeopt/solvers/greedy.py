@@ -148,11 +148,9 @@ class _Context:
         sd = pr.stage_device
         # Headroom: one micro-batch's activations on the device's later stages (the largest
         # micro-batch's when they differ: any earlier one may still need them).
-        big = max(pr.memory_scale) if self.scaled else 1.0
-        self.headroom = [sum(self.act[q] for q in pr.device_stages[sd[k]] if q > k)
+        big = [max(row) for row in pr.memory_table] if self.scaled else [1.0] * s
+        self.headroom = [sum(self.act[q] * big[q] for q in pr.device_stages[sd[k]] if q > k)
                          for k in range(s)]
-        if self.scaled:
-            self.headroom = [h * big for h in self.headroom]
         # Messages: (transmission s, latency s) into stage k from k-1 and from k+1.
         self.tx_f = [(0.0, 0.0)] + [pr.transfer(k - 1, k) for k in range(1, s)]
         self.tx_b = [pr.transfer(k + 1, k) for k in range(s - 1)] + [(0.0, 0.0)]
@@ -167,13 +165,20 @@ class _Context:
         # scheduler reads per-op ones when micro-batches differ.
         self.msg_f, self.msg_b = self.tx_f, self.tx_b
         if self.scaled:
-            ts, ms, mu = pr.time_scale, pr.memory_scale, pr.message_scale
-            self.dur = {kind: [t * c for t in per for c in ts] for kind, per in self.dur.items()}
-            self.act = [a * c for a in self.act for c in ms]
-            self.b_free = [a * c for a in self.b_free for c in ms]
-            self.w_free = [a * c for a in self.w_free for c in ms]
-            self.msg_f = [(tx * c, lat) for tx, lat in self.tx_f for c in mu]
-            self.msg_b = [(tx * c, lat) for tx, lat in self.tx_b for c in mu]
+            # Per stage k (boundary for messages), per micro-batch j: index k * m + j.
+            tt, mt, ut = pr.time_table, pr.memory_table, pr.message_table
+            self.dur = {kind: [t * c for t, row in zip(per, tt, strict=True) for c in row]
+                        for kind, per in self.dur.items()}
+            self.act = [a * c for a, row in zip(self.act, mt, strict=True) for c in row]
+            self.b_free = [a * c for a, row in zip(self.b_free, mt, strict=True) for c in row]
+            self.w_free = [a * c for a, row in zip(self.w_free, mt, strict=True) for c in row]
+            # Into stage k from k-1 crosses boundary k-1; from k+1, boundary k.
+            self.msg_f = [(0.0, 0.0)] * m + [
+                (tx * c, lat) for (tx, lat), row in zip(self.tx_f[1:], ut, strict=True)
+                for c in row]
+            self.msg_b = [(tx * c, lat) for (tx, lat), row in zip(self.tx_b[:-1], ut,
+                                                                  strict=True)
+                          for c in row] + [(0.0, 0.0)] * m
         # Does a B's output leave the device? (B of k feeds k-1.)
         self.b_cross = [k > 0 and sd[k - 1] != sd[k] for k in range(s)]
 
@@ -464,9 +469,9 @@ def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
     ident = tuple(range(m))
     if problem.uniform_microbatches:
         return [ident]
-    key = problem.microbatch_key
-    shortest = sorted(ident, key=lambda j: (key[j], j))
-    longest = sorted(ident, key=lambda j: (-key[j][0], -key[j][1], -key[j][2], j))
+    ts, ms, mu = problem.time_scale, problem.memory_scale, problem.message_scale
+    shortest = sorted(ident, key=lambda j: (ts[j], ms[j], mu[j], j))
+    longest = sorted(ident, key=lambda j: (-ts[j], -ms[j], -mu[j], j))
 
     def short_ends(q: int) -> tuple[int, ...]:
         tail = shortest[q - 1::q]

@@ -56,7 +56,8 @@ def task_orders(problem: Problem, orders: Sequence[Sequence[Op]]) -> list[list[i
 def message_bytes(problem: Problem, src_stage: int, dst_stage: int) -> float:
     """Bytes of a unit micro-batch's message from ``src_stage`` to the adjacent ``dst_stage``
     (0 when both are on one device): the boundary's ``message_size``, as
-    :meth:`Problem.transfer` sends it; micro-batch j's is this times ``message_scale[j]``."""
+    :meth:`Problem.transfer` sends it; micro-batch j's is this times its factor in
+    :attr:`Problem.message_table`."""
     sd = problem.stage_device
     if sd[src_stage] == sd[dst_stage]:
         return 0.0
@@ -132,7 +133,7 @@ def build(problem: Problem) -> TaskGraph:
     link_id = {ab: i for i, ab in enumerate(pairs)}
     latency = tuple(problem.latency[a][b] for a, b in pairs)
     bandwidth = tuple(problem.bandwidth[a][b] for a, b in pairs)
-    uniform, scale = problem.uniform_microbatches, problem.message_scale
+    uniform, table = problem.uniform_microbatches, problem.message_table
     edge_link: list[int] = []
     edge_latency: list[float] = []
     size: list[float] = []
@@ -145,7 +146,8 @@ def build(problem: Problem) -> TaskGraph:
         edge_link += [k] * m
         edge_latency += [lat] * m
         nbytes = message_bytes(problem, a, b)
-        sizes = [nbytes] * m if uniform else [nbytes * c for c in scale]
+        sizes = ([nbytes] * m if uniform or not nbytes
+                 else [nbytes * c for c in table[min(a, b)]])
         size += sizes
         if k >= 0 and not serialized and not math.isinf(bandwidth[k]):
             serialized = any(x / bandwidth[k] > 0 for x in set(sizes))  # TaskGraph's rule
