@@ -15,12 +15,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeopt.errors import MAX_SEED, MAX_WORKERS, ConfigError
-from pipeopt.problem import Problem
+from pipeopt.problem import Problem, Scale
 
 Scalars = float | list[float]
+#: One factor per micro-batch for every stage, or a table: one row of factors per stage.
+ScaleTable = float | list[float] | list[list[float]]
 
 
 class _Strict(BaseModel):
@@ -37,12 +39,26 @@ class PipelineConfig(_Strict):
     virtual_stages: int = Field(1, ge=1, description="model chunks per device v")
     placement: Literal["loop", "vshape"] = "loop"
     split_backward: bool = True
-    microbatch_scale: Scalars | None = Field(
-        None, description="per micro-batch factor on its op times (and by default memory)")
-    microbatch_memory_scale: Scalars | None = Field(
-        None, description="per micro-batch factor on its activation memory")
-    microbatch_message_scale: Scalars | None = Field(
-        None, description="per micro-batch factor on its message bytes")
+    microbatch_scale: ScaleTable | None = Field(
+        None, description="per micro-batch factor on its op times (and by default memory); "
+        "or a table, one row per stage")
+    microbatch_memory_scale: ScaleTable | None = Field(
+        None, description="per micro-batch factor on its activation memory; or a table, one "
+        "row per stage")
+    microbatch_message_scale: ScaleTable | None = Field(
+        None, description="per micro-batch factor on its message bytes; or a table, one row "
+        "per stage boundary")
+
+    @field_validator(*("microbatch_scale", "microbatch_memory_scale",
+                       "microbatch_message_scale"), mode="before")
+    @classmethod
+    def _table_rows(cls, value: Any) -> Any:
+        """A list mixing numbers and rows is neither form: say so, naming the first stray."""
+        if isinstance(value, list) and any(isinstance(x, list) for x in value):
+            for i, x in enumerate(value):
+                if not isinstance(x, list):
+                    raise ValueError(f"a table's rows must all be lists, row {i} is {x!r:.40}")
+        return value
 
 
 class StagesConfig(_Strict):
@@ -327,27 +343,41 @@ def _check_values(name: str, raw: Any, vals: list[Any], unit: str) -> None:
 SCALE_KEYS = ("microbatch_scale", "microbatch_memory_scale", "microbatch_message_scale")
 
 
-def microbatch_scales(pl: PipelineConfig) -> dict[str, tuple[float, ...]]:
+def microbatch_scales(pl: PipelineConfig) -> dict[str, Scale]:
     """The per-micro-batch factors of ``pipeline:`` as :class:`Problem` fields (only those
-    given; a scalar applies to every micro-batch). Each must be finite and > 0."""
-    m = pl.microbatches
-    out: dict[str, tuple[float, ...]] = {}
+    given; a scalar applies to every micro-batch, a table gives one row per stage, or per stage
+    boundary for messages). Each must be finite and > 0."""
+    m, stages = pl.microbatches, pl.devices * pl.virtual_stages
+    out: dict[str, Scale] = {}
     for key in SCALE_KEYS:
         raw = getattr(pl, key)
         if raw is None:
             continue
         name = f"pipeline.{key}"
-        if isinstance(raw, list) and len(raw) != m:
-            raise ConfigError(f"{name}: expected {m} values (pipeline.microbatches), got "
-                              f"{len(raw)}")
-        vals = _expand(name, raw, m, "micro-batch")
-        for i, x in enumerate(vals):
-            if not math.isfinite(x):
-                raise ConfigError(f"{_at(name, raw, i)}: must be a finite number > 0, got {x}")
-            if x <= 0:
-                raise ConfigError(f"{_at(name, raw, i)}: must be > 0, got {x:g}")
-        out[key] = tuple(float(x) for x in vals)
+        if isinstance(raw, list) and raw and all(isinstance(r, list) for r in raw):
+            rows, what = ((stages - 1, "stage boundary") if key == "microbatch_message_scale"
+                          else (stages, "stage"))
+            if len(raw) != rows:
+                raise ConfigError(f"{name}: a table needs {rows} rows (one per {what}), got "
+                                  f"{len(raw)}")
+            out[key] = tuple(_scale_row(f"{name}[{k}]", row, m) for k, row in enumerate(raw))
+        else:
+            out[key] = _scale_row(name, raw, m)
     return out
+
+
+def _scale_row(name: str, raw: Any, m: int) -> tuple[float, ...]:
+    """``m`` factors (a scalar is every micro-batch's), each finite and > 0."""
+    if isinstance(raw, list) and len(raw) != m:
+        raise ConfigError(f"{name}: expected {m} values (pipeline.microbatches), got "
+                          f"{len(raw)}")
+    vals = _expand(name, raw, m, "micro-batch")
+    for i, x in enumerate(vals):
+        if not math.isfinite(x):
+            raise ConfigError(f"{_at(name, raw, i)}: must be a finite number > 0, got {x}")
+        if x <= 0:
+            raise ConfigError(f"{_at(name, raw, i)}: must be > 0, got {x:g}")
+    return tuple(float(x) for x in vals)
 
 
 def memory_values(mem: MemoryConfig, p: int) -> tuple[list[float | None], list[float]]:

@@ -321,3 +321,55 @@ def test_memory_floor_counts_the_largest_microbatch() -> None:
     require_memory(prob.replace(memory_limit=(0.5, 0.5)), "greedy")  # one at a time fits
     with pytest.raises(NotApplicable, match=r"0\.5 of activations that the largest micro-batch"):
         require_memory(prob.replace(memory_limit=(0.4, 0.4)), "greedy")
+
+
+def test_model_form_gives_a_row_per_stage() -> None:
+    """The partition puts embedding and both blocks on stage 0 and the head on stage 1: the
+    head grows with the tokens only, so its row is the token ratio; stage 0's is its blocks'
+    FLOP ratio (the embedding has no FLOPs) and its activations' (embedding included)."""
+    doc = copy.deepcopy(TINY_MODEL)
+    doc["training"] = {"sequence_lengths": [128, 256, 64, [64, 64]]}
+    p = parse_config(doc).problem
+    assert dict(p.meta)["partition"] == [[0, 3], [3, 4]]
+    lin, att = 24 * 128 * 64**2, 2 * 128**2 * 64
+    act_lin, act_att = 34 * 128 * 64, 5 * 4 * 128**2
+    emb_act = 8 * 128 + 128 * 64
+    cases = [(1, 1), (2, 4), (0.5, 0.25), (1, 0.5)]
+    assert p.stage_scales
+    assert p.time_table[0] == pytest.approx([(lin * a + att * b) / (lin + att) for a, b in cases])
+    assert p.time_table[1] == pytest.approx([a for a, _ in cases])
+    blocks = 2 * (act_lin + act_att) + emb_act
+    assert p.memory_table[0] == pytest.approx(
+        [(2 * (act_lin * a + act_att * b) + emb_act * a) / blocks for a, b in cases])
+    assert p.memory_table[1] == pytest.approx([a for a, _ in cases])
+    # Each stage's busy time is its layers' own: the sum of the rows' work is the model's.
+    for k in range(2):
+        unit = p.forward[k] + p.backward_input[k] + p.backward_weight[k]
+        assert p.device_work(k) == pytest.approx(unit * sum(p.time_table[k]))
+
+
+def test_explicit_table() -> None:
+    rows = [[1, 2, 3, 4, 1, 2, 3, 4], [1] * 8, [1] * 8, [2] * 8]
+    p = parse_config(explicit(microbatch_scale=rows,
+                              microbatch_message_scale=[[2] * 8, [1] * 8, [3] * 8])).problem
+    assert p.time_table == tuple(tuple(map(float, r)) for r in rows)
+    assert p.memory_table == p.time_table
+    assert p.message_table == ((2.0,) * 8, (1.0,) * 8, (3.0,) * 8)
+
+
+@pytest.mark.parametrize(("pipeline", "message"), [
+    ({"microbatch_scale": [[1] * 8]},
+     "pipeline.microbatch_scale: a table needs 4 rows (one per stage), got 1"),
+    ({"microbatch_scale": [[1] * 8, [1] * 8, [1] * 8, [1] * 7]},
+     "pipeline.microbatch_scale[3]: expected 8 values (pipeline.microbatches), got 7"),
+    ({"microbatch_memory_scale": [[1] * 8, [1, 1, 0, 1, 1, 1, 1, 1], [1] * 8, [1] * 8]},
+     "pipeline.microbatch_memory_scale[1][2]: must be > 0, got 0"),
+    ({"microbatch_message_scale": [[1] * 8] * 4},
+     "pipeline.microbatch_message_scale: a table needs 3 rows (one per stage boundary), got 4"),
+    ({"microbatch_scale": [[1] * 8, 2, [1] * 8, [1] * 8]},
+     "pipeline.microbatch_scale: a table's rows must all be lists, row 1 is 2"),
+])
+def test_explicit_table_errors(pipeline: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(explicit(**pipeline))
+    assert message in str(err.value)

@@ -54,7 +54,7 @@ from pipeopt.partition import (
     inflight_microbatches,
     uniform_partition,
 )
-from pipeopt.problem import Problem, ProblemError, stage_device_map
+from pipeopt.problem import Problem, ProblemError, Scale, stage_device_map
 from pipeopt.schema import Config, ConfigFile, check_totals, memory_values, microbatch_scales
 from pipeopt.topology import Datacenter, NodeGroup, TierOverride, Topology, TopologyError
 
@@ -188,7 +188,7 @@ class ModelPlan:
     #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
     ratios: MicrobatchRatios | None = None
     #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
-    explicit_scales: dict[str, tuple[float, ...]] | None = None
+    explicit_scales: dict[str, Scale] | None = None
 
     @property
     def stages(self) -> int:
@@ -425,9 +425,10 @@ class ModelPlan:
             grad_reduce=tuple(reduce), meta=tuple(info.items()),
             **self.microbatch_scales(partition))
 
-    def microbatch_scales(self, partition: Partition) -> dict[str, tuple[float, ...]]:
-        """The :class:`Problem`'s per-micro-batch factors: as given in ``pipeline:``, or from
-        the sequence lengths (:func:`~pipeopt.costs.lengths.problem_scales`)."""
+    def microbatch_scales(self, partition: Partition) -> dict[str, Scale]:
+        """The :class:`Problem`'s micro-batch factors: as given in ``pipeline:``, or from the
+        sequence lengths (:func:`~pipeopt.costs.lengths.problem_scales`, a row per stage of
+        ``partition``)."""
         if self.explicit_scales:
             return dict(self.explicit_scales)
         if self.ratios is None:
@@ -438,7 +439,7 @@ class ModelPlan:
         for k, (a, b) in enumerate(partition):
             ref[a:b] = times[sd[k]][a:b]
         act = np.array([lc.activation_bytes for lc in self.layers])
-        return problem_scales(self.ratios, ref, act)
+        return problem_scales(self.ratios, ref, act, stages=list(partition))
 
 
 #: Most pipeline layers a model may have: real models have a few hundred; the partition
@@ -721,8 +722,9 @@ def describe_partition(config: Config) -> str:
             lines.append(
                 f"micro-batches: {len(mbc['tokens'])} of {min(mbc['tokens']):g}.."
                 f"{max(mbc['tokens']):g} tokens (training.sequence_lengths): time x"
-                f"{min(prob.time_scale):.2f}..{max(prob.time_scale):.2f}, memory x"
-                f"{min(prob.memory_scale):.2f}..{max(prob.memory_scale):.2f}; the partition "
+                f"{min(map(min, prob.time_table)):.2f}..{max(map(max, prob.time_table)):.2f}"
+                f", memory x{min(map(min, prob.memory_table)):.2f}.."
+                f"{max(map(max, prob.memory_table)):.2f}; the partition "
                 "is searched for the average micro-batch")
         rings = meta.get("grad_reduce_rings")
         if rings:

@@ -163,21 +163,33 @@ def microbatch_ratios(split: LayerSplit, mbs: Sequence[MicrobatchTokens],
                             microbatches=tuple(mbs))
 
 
-def problem_scales(ratios: MicrobatchRatios, layer_time: np.ndarray,
-                   activation: np.ndarray) -> dict[str, tuple[float, ...]]:
-    """The :class:`~pipeopt.problem.Problem`'s per-micro-batch factors from layer ratios.
+def problem_scales(ratios: MicrobatchRatios, layer_time: np.ndarray, activation: np.ndarray,
+                   stages: Sequence[tuple[int, int]] | None = None
+                   ) -> dict[str, tuple[float, ...] | tuple[tuple[float, ...], ...]]:
+    """The :class:`~pipeopt.problem.Problem`'s micro-batch factors from layer ratios.
 
-    The problem has one factor per micro-batch for every stage, so: the time factor keeps the
-    iteration's total busy time (each layer's F, B, W reference times ``layer_time``, shape
-    (layers, 3), seconds, weighted by their own ratios); the memory factor is the mean of the
-    layers' activation ratios weighted by their reference ``activation`` bytes; the message
-    factor is the token ratio (exact: a message is b·s·h values).
+    With ``stages`` (the partition: layers ``[a, b)`` per stage) the time and memory factors
+    are tables, one row per stage (the problem stores a table of equal rows as one row), else
+    one factor per micro-batch for the whole model. Per stage: the time factor keeps the
+    stage's busy time (each layer's F, B, W reference times ``layer_time``, shape (layers, 3),
+    seconds, weighted by their own ratios); the memory factor is the mean of the layers'
+    activation ratios weighted by their reference ``activation`` bytes. The message factor is
+    the token ratio at every boundary (exact: a message is b·s·h values).
     """
-    busy = float(layer_time.sum())
-    time_s = ((ratios.flops * layer_time[None]).sum(axis=(1, 2)) / busy if busy > 0
-              else ratios.message)
-    total = float(activation.sum())
-    mem_s = ratios.activation @ activation / total if total > 0 else ratios.message
-    return {"microbatch_scale": tuple(float(x) for x in time_s),
-            "microbatch_memory_scale": tuple(float(x) for x in mem_s),
+    groups = [(0, len(layer_time))] if stages is None else list(stages)
+    time_rows, mem_rows = [], []
+    for a, b in groups:
+        busy = float(layer_time[a:b].sum())
+        time_rows.append(tuple(float(x) for x in (
+            (ratios.flops[:, a:b] * layer_time[None, a:b]).sum(axis=(1, 2)) / busy
+            if busy > 0 else ratios.message)))
+        total = float(activation[a:b].sum())
+        mem_rows.append(tuple(float(x) for x in (
+            ratios.activation[:, a:b] @ activation[a:b] / total if total > 0
+            else ratios.message)))
+
+    def scale(rows: list[tuple[float, ...]]) -> tuple[float, ...] | tuple[tuple[float, ...], ...]:
+        return rows[0] if all(r == rows[0] for r in rows) else tuple(rows)
+
+    return {"microbatch_scale": scale(time_rows), "microbatch_memory_scale": scale(mem_rows),
             "microbatch_message_scale": tuple(float(x) for x in ratios.message)}
