@@ -16,7 +16,10 @@ reads that stage's row: each proof below is per stage, so it holds row by row.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Literal
+
+import numpy as np
 
 from pipeopt.problem import Problem
 
@@ -408,10 +411,157 @@ def overtaking_bound(problem: Problem) -> float:
     return best
 
 
+#: Cells per subset-sum interval in :func:`passing_bound`'s minimisation (a finer grid gives a
+#: higher bound, never an invalid one), and at most this many intervals (closest ones merged:
+#: a larger set to minimise over, so still a bound).
+_PASSING_CELLS = 32
+_PASSING_INTERVALS = 4
+
+
+def _cells(sums: list[tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(low ends, high ends) of cells covering ``sums``, after merging the closest intervals
+    down to :data:`_PASSING_INTERVALS`."""
+    parts = list(sums)
+    while len(parts) > _PASSING_INTERVALS:
+        i = min(range(len(parts) - 1), key=lambda x: parts[x + 1][0] - parts[x][1])
+        parts[i:i + 2] = [(parts[i][0], parts[i + 1][1])]
+    lo: list[float] = []
+    hi: list[float] = []
+    for a, b in parts:
+        n = _PASSING_CELLS if b > a else 1
+        pts = np.linspace(a, b, n + 1)
+        lo.extend(pts[:-1] if n > 1 else [a])
+        hi.extend(pts[1:] if n > 1 else [b])
+    return np.array(lo), np.array(hi)
+
+
+def _convex_min(f: Callable[[np.ndarray], np.ndarray], lo: np.ndarray, hi: np.ndarray,
+                kink: float | None) -> np.ndarray:
+    """Per cell, the least of a convex piecewise-linear ``f`` with at most one kink."""
+    out = np.minimum(f(lo), f(hi))
+    if kink is not None:
+        inside = (lo < kink) & (kink < hi)
+        out = np.where(inside, np.minimum(out, f(np.full_like(lo, kink))), out)
+    return out
+
+
+def _overtakers(problem: Problem, times: tuple[float, ...], L: int
+                ) -> Iterator[tuple[int, float, list[tuple[float, float]], float]]:
+    """Per stage k: (k, phi, subset sums of the others' row-k factors, row k's total), where
+    an overtaker j of L on stages <= k costs L at least ``phi * c_kj`` (``times``: F or B per
+    stage; see :func:`overtaking_bound`)."""
+    s, m, tt = problem.stages, problem.microbatches, problem.time_table
+    scale = problem.time_scale
+    others = list(scale)
+    others.remove(scale[L])
+    sums, total = _subset_sums(others), math.fsum(scale)
+    least = math.inf
+    g = [math.inf] * m
+    for k in range(s):
+        row = tt[k]
+        if problem.stage_scales:
+            g = [min(x, times[k] * c) for x, c in zip(g, row, strict=True)]
+            phi = min((g[j] / row[j] for j in range(m) if j != L), default=0.0)
+            sums = _subset_sums([c for j, c in enumerate(row) if j != L])
+            total = math.fsum(row)
+        else:
+            least = min(least, times[k])
+            phi = least
+        yield k, phi, sums, total
+
+
+def _passing_stage(cells: tuple[np.ndarray, np.ndarray], ahead: tuple[float, float, float],
+                   behind: tuple[float, float, float], trip: float, f_c: float, b_c: float,
+                   fb: float, work: float, total: float, rest: float) -> float:
+    """:func:`passing_bound` at one stage: the least over the cells (rows C_A, columns C_A')
+    of the largest term. ``ahead`` = (arrival, forward chain without delays, phi_F) gives
+    a(C_A); ``behind`` = (chain, chain without delays, phi_B) gives x(C_A')."""
+    lo, hi = cells
+    arrival, plain_f, phi_f = ahead
+    chain, plain_b, phi_b = behind
+
+    def a(v: np.ndarray) -> np.ndarray:
+        return np.maximum(arrival, plain_f + phi_f * v)
+
+    def x(v: np.ndarray) -> np.ndarray:
+        return np.maximum(chain, plain_b + phi_b * v)
+
+    def own(v: np.ndarray) -> np.ndarray:  # a(C_A) + (F + B + W)(T - C_A)
+        return a(v) + work * (total - v)
+
+    def after(v: np.ndarray) -> np.ndarray:  # (F + B)(T - C_A') + x(C_A')
+        return fb * (total - v) + x(v)
+
+    t2 = _convex_min(own, lo, hi, (arrival - plain_f) / phi_f if phi_f > 0 else None)
+    t3 = _convex_min(after, lo, hi, (chain - plain_b) / phi_b if phi_b > 0 else None)
+    n_least = np.maximum(0.0, rest - hi[:, None] - hi[None, :])  # C_N at least, per cell
+    t1 = a(lo)[:, None] + np.maximum(trip, f_c + fb * n_least) + b_c + x(lo)[None, :]
+    return float(np.maximum(np.maximum(t1, t2[:, None]), t3[None, :]).min())
+
+
+def passing_bound(problem: Problem) -> float:
+    """Every other micro-batch passes a long micro-batch L somewhere (seconds; 0 when every
+    micro-batch costs the same).
+
+    Fix L and a stage k; with c_j micro-batch j's factor on stage k (``time_table[k][j]``), T
+    their sum, t the start of F(k, L), b the start and u the end of B(k, L). Each other j is in
+    A (its F(k, j) runs before F(k, L)), in A' (its B(k, j) runs after B(k, L)) or else in N
+    (both its F(k, j) and B(k, j) run between F(k, L) and B(k, L)); C_X sums c_j over X, so
+    ``C_N >= T - c_L - C_A - C_A'``. Then, with :func:`overtaking_bound`'s forward and
+    backward arguments:
+
+    * ``t >= a(C_A) = max(arrival_k(L), sum_{i<k} F_i c_iL + phi_F C_A)``;
+    * ``b >= t + max(round_trip_k(L), F_k c_L + (F_k + B_k) C_N)``: L's own round trip, or
+      F(k, L) and then every N's F and B, all on stage k's device;
+    * ``makespan >= u + x(C_A')``, ``x(C) = max(chain_k, plain_k + phi_B C)``: L's backward
+      below k and W(0, L) (with / without link delays), delayed by the micro-batches that
+      overtake it there or trail it to stage 0;
+    * ``makespan >= t + (F + B + W)_k (T - C_A)`` (every op of L and of j not in A runs after
+      t) and ``u >= (F_k + B_k) (T - C_A')`` (F and B of L and of j not in A' run before u).
+
+    So the makespan is at least the least, over C_A and C_A' in the others' subset sums
+    (intervals), of the largest of ``a(C_A) + max(round_trip, F_k c_L + (F_k + B_k)
+    max(0, T - c_L - C_A - C_A')) + B_k c_L + x(C_A')``, ``a(C_A) + (F + B + W)_k (T - C_A)``
+    and ``(F_k + B_k)(T - C_A') + x(C_A')``. The least is taken over a grid of cells, each
+    term at its least in the cell (the first is monotone in each of C_A, C_A', C_N; the others
+    are convex with one kink), which can only lower it. At the last stage the round trip is
+    F(k, L) alone, so every other micro-batch costs L at least ``min(phi_F, phi_B, F + B)``
+    times its factor there, whichever way it passes.
+    """
+    if problem.uniform_microbatches:
+        return 0.0
+    s, scale, tt = problem.stages, problem.time_scale, problem.time_table
+    fwd, bwd = problem.forward, problem.durations["B"]
+    w0 = problem.backward_weight[0] if problem.split_backward else 0.0
+    longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
+    best = 0.0
+    for L in longest:
+        arr, trips = _arrival(problem, L), round_trips(problem, L)
+        chain, plain_b = [0.0] * s, [0.0] * s  # from u_k: L's backward below k and W(0, L)
+        ch = pb = w0 * tt[0][L]
+        for k in range(s):
+            chain[k], plain_b[k] = ch, pb
+            pb += bwd[k] * tt[k][L]
+            if k + 1 < s:
+                ch += bwd[k] * tt[k][L] + problem.delay(k + 1, k, L)
+        plain_f = 0.0
+        backward = _overtakers(problem, bwd, L)
+        for (k, phi_f, sums, total), (_, phi_b, _, _) in zip(
+                _overtakers(problem, fwd, L), backward, strict=True):
+            c = tt[k][L]
+            work = fwd[k] + problem.backward_input[k] + problem.backward_weight[k]
+            val = _passing_stage(_cells(sums), (arr[k], plain_f, phi_f),
+                                 (chain[k], plain_b[k], phi_b), trips[k], fwd[k] * c,
+                                 bwd[k] * c, fwd[k] + bwd[k], work, total, total - c)
+            best = max(best, val)
+            plain_f += fwd[k] * c
+    return best
+
+
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
     return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
-               overtaking_bound(problem))
+               overtaking_bound(problem), passing_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:

@@ -16,6 +16,7 @@ from pipeopt.bounds import (
     iteration_lower_bound,
     makespan_lower_bound,
     overtaking_bound,
+    passing_bound,
     span_lower_bound,
     warmup_bound,
 )
@@ -262,6 +263,47 @@ def test_overtaking_bound_below_cpsat_optimum(scales: tuple[float, ...], latency
     assert sched.solver.status == "optimal"
     assert overtaking_bound(prob) <= sched.makespan * (1 + 1e-9)
     assert makespan_lower_bound(prob) <= sched.makespan * (1 + 1e-9)
+
+
+def test_passing_bound_by_hand() -> None:
+    """p=2, m=2, F = B = W = 1 s, scales [1, 4]: L (4x) has a 20 s path (5 ops of 4 s). At the
+    last stage the short micro-batch passes L ahead (its F(1) first: L's forward waits 1 s),
+    behind (its B(1) after L's: L's backward below waits 1 s, B(0) or W(0) beside it) or in
+    between (its F(1) and B(1), 2 s, between L's F(1) and B(1)): the least is 1 s, so 21 s,
+    which brute force shows is the optimum; every other bound gives 20 s."""
+    prob = uniform_problem(2, 2).replace(microbatch_scale=(1, 4))
+    old = max(critical_path(prob), *device_bound(prob), *warmup_bound(prob),
+              overtaking_bound(prob))
+    assert old == 20.0
+    assert passing_bound(prob) == 21.0 == makespan_lower_bound(prob)
+    assert brute_force(prob)[0] == 21.0
+    assert passing_bound(uniform_problem(4, 8)) == 0.0  # uniform: today's bounds alone
+
+
+@settings(max_examples=80, deadline=None)
+@given(tiny_scaled_problems())
+def test_passing_bound_below_the_least_makespan(problem: Problem) -> None:
+    """Without gradient reductions the iteration time is the makespan: brute force gives the
+    least makespan over every order."""
+    problem = problem.replace(grad_reduce=())
+    best, _ = brute_force(problem)
+    if math.isfinite(best):
+        assert passing_bound(problem) <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("devices", "scales", "latency"), [
+    (4, (6.0, 0.25, 2.0), 0.0), (3, (4.0, 0.5, 0.25, 0.5), 0.5), (4, (0.5, 0.25, 2.0), 1.5),
+    (4, (0.25, 0.5, 1.0, 4.0), 0.0), (3, (1.0, 2.0, 6.0), 0.5)])
+def test_passing_bound_below_cpsat_optimum(devices: int, scales: tuple[float, ...],
+                                           latency: float) -> None:
+    """Beyond brute force: CP-SAT's proven optimum is at least the bound (these are
+    instances where the bound is within 1 % of it, or equal)."""
+    lat, bw = chain_links(devices, [latency] * (devices - 1), [math.inf] * (devices - 1))
+    prob = uniform_problem(devices, len(scales), 1.0, 1.2, 0.8).replace(
+        microbatch_scale=scales, latency=lat, bandwidth=bw)
+    sched = validate(solve_cpsat(prob, SolveOptions(time_limit=20, workers=2)))
+    assert sched.solver.status == "optimal"
+    assert passing_bound(prob) <= sched.makespan * (1 + 1e-9)
 
 
 # ----- the searches ------------------------------------------------------------------------

@@ -210,6 +210,31 @@ def test_bounds_hold_with_tables(problem: Problem) -> None:
     assert lower_bound(problem, "span") <= best * (1 + 1e-9)
 
 
+@settings(max_examples=60, deadline=None)
+@given(tiny_table_problems())
+def test_passing_bound_holds_with_tables(problem: Problem) -> None:
+    from pipeopt.bounds import overtaking_bound, passing_bound
+
+    problem = problem.replace(grad_reduce=())  # the iteration time is then the makespan
+    best, _ = brute_force(problem)
+    if math.isfinite(best):
+        assert passing_bound(problem) <= best * (1 + 1e-9)
+        assert overtaking_bound(problem) <= best * (1 + 1e-9)
+
+
+def test_passing_bound_with_a_table_below_cpsat_optimum() -> None:
+    lat, bw = chain_links(3, [0.5, 0.5], [math.inf, math.inf])
+    prob = uniform_problem(3, 4, 1.0, 1.2, 0.8).replace(
+        latency=lat, bandwidth=bw,
+        microbatch_scale=((4, 0.5, 0.25, 1), (6, 0.5, 0.5, 1), (2, 1, 0.25, 0.5)))
+    from pipeopt.bounds import passing_bound
+
+    sched = validate(solve_cpsat(prob, SolveOptions(time_limit=20, workers=2)))
+    assert sched.solver.status == "optimal"
+    assert passing_bound(prob) <= sched.makespan * (1 + 1e-9)
+    assert makespan_lower_bound(prob) <= sched.makespan * (1 + 1e-9)
+
+
 def test_bounds_read_the_stage_row() -> None:
     """p=2, m=2, F = B = W = 1 s, time table [[1, 2], [3, 1]]: micro-batch 0's path is
     F 1 + 3, B 3 + 1, W 1 = 9 s, micro-batch 1's 2 + 1 + 1 + 2 + 2 = 8 s; device 1 works
