@@ -80,10 +80,6 @@ class Policy:
     both a B and an F are ready: ``'b'`` B first, ``'alt'`` alternate (1F1B), ``'starve'`` the
     one whose receiving device is idle. ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``).
-    ``b_order``: which B of a stage runs next: ``'fifo'`` the micro-batch order, ``'ready'``
-    any whose inputs are in, the earliest ready first, ``'long'`` the longest of those ready
-    (a long micro-batch's backward keeps its path; short ones overtake it while it is on its
-    way). W's follow their B's order.
     """
 
     cap_slack: float | None = None
@@ -94,16 +90,14 @@ class Policy:
     wait_w: bool = False
     noise: float = 0.0
     seed: int = 0
-    b_order: str = "fifo"
 
     @property
     def name(self) -> str:
         cap = "mem" if self.cap_slack is None else f"path+{self.cap_slack:g}"
         la = ("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
-        b = "" if self.b_order == "fifo" else f",b={self.b_order}"
         return (f"cap={cap},w={self.w_lag},{'deep' if self.deep else 'wide'}{la},"
-                f"fb={self.fb}{b}{noise}")
+                f"fb={self.fb}{noise}")
 
 
 #: Variants in the order they are tried. The first two cover most cases and are all that run
@@ -125,13 +119,6 @@ POLICIES: tuple[Policy, ...] = (
     Policy(w_lag="rank", fb="alt"),
     Policy(deep=False, fb="alt"),
     Policy(cap_slack=1.0, w_lag="tail"),
-    # B's out of micro-batch order: for micro-batches of different cost (the same as 'fifo'
-    # when every micro-batch costs the same, so the search skips them then).
-    Policy(fb="alt", b_order="ready"),
-    Policy(fb="alt", wait_w=True, b_order="ready"),
-    Policy(b_order="ready"),
-    Policy(fb="alt", b_order="long"),
-    Policy(cap_slack=1.0, b_order="ready"),
 )
 
 
@@ -275,12 +262,6 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     contention = ctx.contention
     b_cross = ctx.b_cross
     deep, lookahead, fb, wait_w = policy.deep, policy.lookahead, policy.fb, policy.wait_w
-    # B's out of order: per stage, the micro-batches whose B has its inputs scheduled (bq) and
-    # those whose B ran, in that order (wq: the W's order).
-    free_b, longest_b = policy.b_order != "fifo", policy.b_order == "long"
-    bq: list[list[int]] = [[] for _ in range(s)]
-    wq: list[list[int]] = [[] for _ in range(s)]
-    bj = -1
     last_b = [False] * p  # was the device's last F-or-B a B?
     noise = policy.noise
     rand = random.Random(policy.seed).random
@@ -334,22 +315,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         cur = mem[d]
         for k in dstages[d]:
             base = k * m
-            if free_b:
-                for j in bq[k]:
-                    i = base + j
-                    r = f_end[i]
-                    g = g_ready[i]
-                    if g > r:
-                        r = g
-                    if r <= t:
-                        key = ((not b_cross[k], -d_b[i if sc else k], r, -k) if longest_b
-                               else (not b_cross[k], r, -k))
-                        if b_key is None or key < b_key:
-                            b_key, bk, bj = key, k, j
-                    elif r < next_b:
-                        next_b = r
             j = nb[k]
-            if not free_b and j < nf[k]:
+            if j < nf[k]:
                 i = base + j
                 r = f_end[i]
                 g = g_ready[i]
@@ -393,7 +360,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             k, kind = bk, "B"
         elif fk >= 0 or wk >= 0:
             xf = fk * m + nf[fk] if sc and fk >= 0 else fk  # index of the F's duration
-            xw = wk * m + (wq[wk][nw[wk]] if free_b else nw[wk]) if sc and wk >= 0 else wk
+            xw = wk * m + nw[wk] if sc and wk >= 0 else wk
             if fk >= 0 and (wk < 0 or pend_w[d] <= w_lag[d]) and not (
                     noise and wk >= 0 and rand() < noise):
                 k, kind, dur = fk, "F", d_f[xf]
@@ -431,8 +398,6 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             f_end[i] = end
             mem[d] = cur + act[x]
             last_b[d] = False
-            if free_b and k == last:
-                bq[k].append(j)
             if k < last:
                 dd = sd[k + 1]
                 a = arrive(d, dd, end, tx_f[i + m if sc else k + 1])
@@ -443,13 +408,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                         wake[dd] = w_
                         push(heap, (w_, dd))
         elif kind == "B":
-            if free_b:
-                j = bj
-                bq[k].remove(j)
-                wq[k].append(j)
-            else:
-                j = nb[k]
-            nb[k] += 1
+            j = nb[k]
+            nb[k] = j + 1
             i = k * m + j
             x = i if sc else k
             end = t + d_b[x]
@@ -462,16 +422,14 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                 dd = sd[k - 1]
                 a = arrive(d, dd, end, tx_b[i - m if sc else k - 1])
                 g_ready[(k - 1) * m + j] = a
-                if free_b:
-                    bq[k - 1].append(j)
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
                     if w_ < wake[dd]:
                         wake[dd] = w_
                         push(heap, (w_, dd))
         else:
-            j = wq[k][nw[k]] if free_b else nw[k]
-            nw[k] += 1
+            j = nw[k]
+            nw[k] = j + 1
             x = k * m + j if sc else k
             end = t + d_w[x]
             mem[d] = cur - w_free[x]
@@ -574,11 +532,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     contexts: dict[int, _Context] = {}  # per micro-batch order, built when first used
     n = max(1, problem.num_ops)
     orders_ = range(len(mb_orders))
-    # B's out of order only when micro-batches differ (with equal ones FIFO loses nothing).
-    policies = (POLICIES if not problem.uniform_microbatches
-                else tuple(x for x in POLICIES if x.b_order == "fifo"))
-    pairs = ([(policy, c) for c in orders_ for policy in policies[:2]]
-             + [(policy, c) for policy in policies[2:] for c in orders_])
+    pairs = ([(policy, c) for c in orders_ for policy in POLICIES[:2]]
+             + [(policy, c) for policy in POLICIES[2:] for c in orders_])
     budget = _WORK_BUDGET_OPS * (2 if len(mb_orders) > 1 else 1)
     runs = pairs[:max(1, budget // n)]
     # Random restarts: every policy in turn with a little noise in the F/B/W choices, on the
@@ -586,7 +541,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     # the restart runs).
     restarts = min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // n) if len(runs) == len(pairs) else 0
     for i in range(restarts):
-        runs.append((replace(policies[i % len(policies)], noise=_NOISE[i % len(_NOISE)],
+        runs.append((replace(POLICIES[i % len(POLICIES)], noise=_NOISE[i % len(_NOISE)],
                              seed=options.seed * 7919 + i), -1 - i % min(2, len(mb_orders))))
     span_obj = options.objective == "span"
     bound = lower_bound(problem, options.objective)
