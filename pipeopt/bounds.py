@@ -10,7 +10,9 @@ only some micro-batch must take); device work sums every micro-batch's real cost
 arguments count micro-batches by their own memory. With every scale 1 each bound is computed
 exactly as for identical micro-batches. With a table per stage x micro-batch
 (``Problem.time_table``, ``memory_table``, ``message_table``) every argument about one stage
-reads that stage's row: each proof below is per stage, so it holds row by row.
+reads that stage's row: each proof below is per stage, so it holds row by row. The bounds
+that exist only for micro-batches of different cost, :func:`overtaking_bound` and
+:func:`passing_bound`, follow one long micro-batch's path and what the others cost it.
 """
 
 from __future__ import annotations
