@@ -373,18 +373,13 @@ def overtaking_bound(problem: Problem) -> float:
     """
     if problem.uniform_microbatches:
         return 0.0
-    s, m, scale = problem.stages, problem.microbatches, problem.time_scale
-    tt, tables = problem.time_table, problem.stage_scales
+    s, scale, tt = problem.stages, problem.time_scale, problem.time_table
     fwd, bwd = problem.forward, problem.durations["B"]
-    total = math.fsum(scale)
     w0 = problem.backward_weight[0] if problem.split_backward else 0.0
     longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
     best = 0.0
     for L in longest:
         path, arr = _path(problem, L), _arrival(problem, L)
-        others = list(scale)
-        others.remove(scale[L])
-        sums = _subset_sums(others)
         for times, work_of in ((fwd, lambda k: fwd[k] + problem.backward_input[k]
                                 + problem.backward_weight[k]),
                                (bwd, lambda k: fwd[k] + bwd[k])):
@@ -392,24 +387,13 @@ def overtaking_bound(problem: Problem) -> float:
             # W_0 c_0L + sum_{i<k} (B_i c_iL + delay), b the same without delays.
             backward = times is bwd
             a = b = w0 * tt[0][L] if backward else 0.0
-            least = math.inf  # min_{i<=k} of the op time (the rows equal)
-            g = [math.inf] * m  # per micro-batch, min_{i<=k} of its op time (a table)
-            for k in range(s):
-                row = tt[k]
-                if tables:
-                    g = [min(x, times[k] * c) for x, c in zip(g, row, strict=True)]
-                    phi = min((g[j] / row[j] for j in range(m) if j != L), default=0.0)
-                    others = [c for j, c in enumerate(row) if j != L]
-                    sums, total = _subset_sums(others), math.fsum(row)
-                else:
-                    least = min(least, times[k])
-                    phi = least
+            for k, phi, sums, total in _overtakers(problem, times, L):
                 if not backward:
                     a = arr[k]
                 best = max(best, _least_split(a, b, phi, work_of(k), total, path - a, sums))
-                b += times[k] * row[L]
+                b += times[k] * tt[k][L]
                 if backward and k + 1 < s:
-                    a += times[k] * row[L] + problem.delay(k + 1, k, L)
+                    a += times[k] * tt[k][L] + problem.delay(k + 1, k, L)
     return best
 
 
