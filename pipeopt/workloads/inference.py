@@ -1,0 +1,625 @@
+"""LLM inference on a pipeline as a task graph: prefill and decode iterations with a KV cache.
+
+The workload, in three frozen pieces (times in seconds, memory in bytes, lengths in tokens):
+
+* :class:`Request`: a prompt of ``prompt`` tokens and ``output`` generated tokens. Every request
+  is there at time 0 (offline serving of a known batch of requests: TTFT counts from 0).
+* :class:`StageModel`: one pipeline stage on one device, as roofline coefficients; an
+  iteration's time on the stage is ``max(FLOPs / peak, bytes read / HBM bandwidth)``
+  (:meth:`StageModel.time`). :mod:`pipeopt.costs.inference` derives them from a transformer and
+  a GPU.
+* :class:`Plan`: the iterations (forward passes through every stage) in a fixed order, each with
+  its prefill chunks and its decodes. The batching policies that make one — fixed micro-batches
+  (:func:`static_plan`), continuous batching under a token budget (:func:`continuous_plan`),
+  prefill and decode separated in time (:func:`separated_plan`) — live here too; which requests
+  go into which micro-batch and in what order is theirs to choose.
+
+Token accounting: a request's prefill (possibly in chunks) writes ``prompt`` KV entries and its
+last chunk yields the first output token; decode step ``j`` (1 .. output - 1) feeds token ``j``,
+writes its KV entry and yields token ``j + 1``; the request's KV holds
+``prompt + output - 1`` entries at its end, freed then.
+
+:func:`build` turns a plan into a :class:`TaskGraph`: task ``b * stages + k`` is iteration ``b``
+on stage ``k`` (device ``k``); ``(b, k) -> (b, k + 1)`` carries the iteration's activations
+(tokens x ``activation_bytes_per_token``); the last stage of a request's previous iteration
+precedes the first stage of its next one (the sampled token goes back, a latency-only message);
+each task allocates the KV entries it writes at its start and frees the KV of the requests that
+end in it at its end; each device's static memory is its stage's weights.
+:func:`metrics` reads throughput, TTFT and TPOT off a timed schedule of that graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pipeopt.core.graph import TaskGraph
+from pipeopt.core.schedule import GraphSchedule
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: ``prompt`` tokens in, ``output`` tokens out (both >= 1)."""
+
+    prompt: int
+    output: int
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "output"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"request.{name}: must be an integer >= 1, got {v!r}")
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV entries the request holds at its end: prompt + output - 1."""
+        return self.prompt + self.output - 1
+
+
+def check_requests(requests: Sequence[Request]) -> tuple[Request, ...]:
+    """The requests as a tuple; ValueError naming the index of a bad one."""
+    out = tuple(requests)
+    if not out:
+        raise ValueError("requests: need at least one request")
+    for i, r in enumerate(out):
+        if not isinstance(r, Request):
+            raise ValueError(f"requests[{i}]: expected a Request, got {r!r}")
+    return out
+
+
+def sample_requests(n: int, seed: int, *, prompt_median: float, output_median: float,
+                    prompt_sigma: float = 1.0, output_sigma: float = 1.0,
+                    max_prompt: int = 4096, max_output: int = 4096) -> tuple[Request, ...]:
+    """``n`` requests whose prompt and output lengths are log-normal (median, sigma of the
+    log), rounded and clipped to ``1 .. max_*``; the same ``seed`` gives the same requests."""
+    import numpy as np
+
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"requests.count: must be an integer >= 1, got {n!r}")
+    for name, v in (("prompt_median", prompt_median), ("output_median", output_median)):
+        if not v > 0:
+            raise ValueError(f"requests.{name}: must be > 0, got {v!r}")
+    for name, v in (("prompt_sigma", prompt_sigma), ("output_sigma", output_sigma)):
+        if not v >= 0:
+            raise ValueError(f"requests.{name}: must be >= 0, got {v!r}")
+    rng = np.random.default_rng(seed)
+    p = rng.lognormal(math.log(prompt_median), prompt_sigma, n)
+    o = rng.lognormal(math.log(output_median), output_sigma, n)
+    p = np.clip(np.rint(p), 1, max_prompt).astype(int).tolist()
+    o = np.clip(np.rint(o), 1, max_output).astype(int).tolist()
+    return tuple(Request(a, b) for a, b in zip(p, o, strict=True))
+
+
+# ----- cost of one iteration on one stage ----------------------------------------------------
+@dataclass(frozen=True)
+class StageModel:
+    """One stage's roofline (see :meth:`time`). FLOPs per token / key; bytes; FLOP/s; bytes/s.
+
+    ``linear_flops_per_token``: the weight matmuls of the stage's layers per token;
+    ``attention_flops_per_key``: the two attention matmuls per (query token, key) pair, summed
+    over the stage's layers (4 h per layer); ``head_flops_per_logit``: the LM head per token whose
+    logits are needed (the last stage only); ``weight_bytes``: the stage's parameters, read once
+    per iteration and held as static memory; ``kv_bytes_per_token``: the stage's KV entries per
+    token; ``activation_bytes_per_token``: the message to the next stage per token;
+    ``peak_flops`` and ``hbm_bandwidth``: what the device sustains; ``memory_limit``: the
+    device's memory (None = unlimited).
+    """
+
+    linear_flops_per_token: float
+    attention_flops_per_key: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    peak_flops: float
+    hbm_bandwidth: float
+    head_flops_per_logit: float = 0.0
+    activation_bytes_per_token: float = 0.0
+    memory_limit: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("linear_flops_per_token", "attention_flops_per_key", "weight_bytes",
+                     "kv_bytes_per_token", "head_flops_per_logit",
+                     "activation_bytes_per_token"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"stage.{name}: must be a finite number >= 0, got {v!r}")
+        for name in ("peak_flops", "hbm_bandwidth"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and v > 0):
+                raise ValueError(f"stage.{name}: must be > 0, got {v!r}")
+        lim = self.memory_limit
+        if lim is not None and not (isinstance(lim, int | float) and lim >= self.weight_bytes):
+            raise ValueError(f"stage.memory_limit: must be >= the weights "
+                             f"({self.weight_bytes:g} bytes) or None, got {lim!r}")
+
+    def flops(self, it: Iteration) -> float:
+        """FLOPs of iteration ``it`` on this stage: linear per token, attention per
+        (query, key) pair (a chunk of c tokens after p cached ones: c p + c^2 / 2 pairs, the
+        causal count of :func:`pipeopt.costs.transformer.block_flops`; a decode: its context),
+        the head per logit (a prefill's last chunk and every decode)."""
+        return (self.linear_flops_per_token * it.tokens
+                + self.attention_flops_per_key * it.attention_keys
+                + self.head_flops_per_logit * it.logits)
+
+    def bytes_read(self, it: Iteration) -> float:
+        """Bytes iteration ``it`` moves through HBM on this stage: the weights once, and the KV
+        entries its tokens attend to (a chunk: the cached prefix and itself; a decode: its
+        context)."""
+        return self.weight_bytes + self.kv_bytes_per_token * it.kv_read_tokens
+
+    def time(self, it: Iteration) -> float:
+        """Seconds: ``max(flops / peak_flops, bytes_read / hbm_bandwidth)`` (the roofline:
+        Williams, Waterman, Patterson, "Roofline", CACM 2009)."""
+        return max(self.flops(it) / self.peak_flops, self.bytes_read(it) / self.hbm_bandwidth)
+
+
+# ----- plans ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Chunk:
+    """``tokens`` prompt tokens of request ``request`` after ``cached`` already in its KV."""
+
+    request: int
+    cached: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One decode step of request ``request`` whose token attends to ``context`` keys (its own
+    included: prompt + tokens generated before it)."""
+
+    request: int
+    context: int
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One forward pass through every stage: ``chunks`` of prefill and ``decodes``.
+
+    ``group``: the micro-batch (slot) it belongs to, for labels and hand-made orders."""
+
+    group: int
+    chunks: tuple[Chunk, ...] = ()
+    decodes: tuple[Decode, ...] = ()
+    #: Requests whose prefill ends here (their first token comes out of this iteration).
+    first_tokens: tuple[int, ...] = ()
+    #: Requests that end here (their last token comes out of this iteration).
+    finished: tuple[int, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens through the stage: chunk tokens plus one per decode."""
+        return sum(c.tokens for c in self.chunks) + len(self.decodes)
+
+    @property
+    def attention_keys(self) -> float:
+        """(query, key) pairs of attention, causal: c p + c^2 / 2 per chunk, context per decode.
+        """
+        return (sum(c.tokens * c.cached + c.tokens * c.tokens / 2 for c in self.chunks)
+                + sum(d.context for d in self.decodes))
+
+    @property
+    def kv_read_tokens(self) -> int:
+        """KV entries read: cached + new per chunk, context per decode."""
+        return sum(c.cached + c.tokens for c in self.chunks) + sum(d.context
+                                                                   for d in self.decodes)
+
+    @property
+    def logits(self) -> int:
+        """Tokens whose logits the head computes: one per first token and per decode."""
+        return len(self.first_tokens) + len(self.decodes)
+
+    @property
+    def kv_written(self) -> int:
+        """KV entries this iteration adds: every token it feeds."""
+        return self.tokens
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Requests and the iterations that serve them, in their hand-made order; ``policy``
+    names how it was made."""
+
+    requests: tuple[Request, ...]
+    iterations: tuple[Iteration, ...]
+    policy: str = "custom"
+    #: Per request, the iteration indices it appears in (derived).
+    request_iterations: tuple[tuple[int, ...], ...] = field(init=False, repr=False,
+                                                            compare=False)
+
+    def __post_init__(self) -> None:
+        reqs = check_requests(self.requests)
+        object.__setattr__(self, "requests", reqs)
+        object.__setattr__(self, "iterations", tuple(self.iterations))
+        seen: list[list[int]] = [[] for _ in reqs]
+        prefilled = [0] * len(reqs)
+        generated = [0] * len(reqs)
+        for b, it in enumerate(self.iterations):
+            for c in it.chunks:
+                r = self._req(b, c.request)
+                if c.cached != prefilled[r] or c.tokens < 1 or generated[r]:
+                    raise ValueError(f"iterations[{b}]: chunk of request {r} at {c.cached} "
+                                     f"(+{c.tokens}) does not continue its prefill at "
+                                     f"{prefilled[r]}")
+                prefilled[r] += c.tokens
+                if prefilled[r] > reqs[r].prompt:
+                    raise ValueError(f"iterations[{b}]: request {r} prefills past its prompt "
+                                     f"of {reqs[r].prompt}")
+                seen[r].append(b)
+            for r in it.first_tokens:
+                if prefilled[self._req(b, r)] != reqs[r].prompt or generated[r]:
+                    raise ValueError(f"iterations[{b}]: request {r} cannot yield its first "
+                                     f"token here")
+                generated[r] = 1
+            for d in it.decodes:
+                r = self._req(b, d.request)
+                if not generated[r] or generated[r] >= reqs[r].output or (
+                        d.context != reqs[r].prompt + generated[r]) or (seen[r] and
+                                                                        seen[r][-1] == b):
+                    raise ValueError(f"iterations[{b}]: decode of request {r} (context "
+                                     f"{d.context}) out of turn")
+                generated[r] += 1
+                seen[r].append(b)
+            for r in it.finished:
+                if generated[self._req(b, r)] != reqs[r].output or seen[r][-1] != b:
+                    raise ValueError(f"iterations[{b}]: request {r} does not end here")
+        for r, g in enumerate(generated):
+            if g != reqs[r].output:
+                raise ValueError(f"plan: request {r} yields {g} of its {reqs[r].output} tokens")
+        ends = sorted(r for it in self.iterations for r in it.finished)
+        if ends != list(range(len(reqs))):
+            raise ValueError("plan: every request must end (be in `finished`) exactly once")
+        object.__setattr__(self, "request_iterations", tuple(map(tuple, seen)))
+
+    def _req(self, b: int, r: int) -> int:
+        if not 0 <= r < len(self.requests):
+            raise ValueError(f"iterations[{b}]: request {r} is not 0..{len(self.requests) - 1}")
+        return r
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens generated in all."""
+        return sum(r.output for r in self.requests)
+
+
+class _State:
+    """Progress of one request while a policy forms iterations."""
+
+    __slots__ = ("generated", "prefilled", "request")
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.prefilled = 0
+        self.generated = 0
+
+
+class _Former:
+    """Shared bookkeeping of the policies: KV reservations against the stages' capacity (a
+    request reserves ``prompt + output - 1`` entries when admitted, so the plan's own order
+    never passes a stage's memory), and the iterations formed so far."""
+
+    def __init__(self, requests: Sequence[Request], capacity_tokens: float) -> None:
+        self.requests = check_requests(requests)
+        self.state = [_State(r) for r in self.requests]
+        self.capacity = capacity_tokens
+        self.reserved = 0
+        self.iterations: list[Iteration] = []
+        for i, r in enumerate(self.requests):
+            if r.kv_tokens > capacity_tokens:
+                raise ValueError(f"requests[{i}]: needs {r.kv_tokens} KV tokens, more than a "
+                                 f"stage holds ({capacity_tokens:g})")
+
+    def fits(self, r: int) -> bool:
+        return self.reserved + self.requests[r].kv_tokens <= self.capacity
+
+    def admit(self, r: int) -> None:
+        self.reserved += self.requests[r].kv_tokens
+
+    def iterate(self, group: int, live: list[int], budget: float, chunked: bool,
+                queue: list[int] | None, *, decode: bool = True, prefill: bool = True
+                ) -> bool:
+        """Form one iteration of ``group`` over its ``live`` requests, admitting new ones from
+        the front of ``queue`` (moved into ``live``) while the token budget and the KV capacity
+        allow; returns whether anything ran. Finished requests leave ``live``."""
+        st = self.state
+        decodes = [Decode(r, st[r].request.prompt + st[r].generated) for r in live
+                   if decode and st[r].generated and st[r].generated < st[r].request.output]
+        left = budget - len(decodes)
+        chunks: list[Chunk] = []
+        firsts: list[int] = []
+
+        def take(r: int) -> bool:
+            nonlocal left
+            rest = st[r].request.prompt - st[r].prefilled
+            n = min(rest, int(left)) if chunked and left < rest else rest
+            if n < 1 or (not chunked and n > left and (chunks or decodes)):
+                return False
+            chunks.append(Chunk(r, st[r].prefilled, n))
+            left -= n
+            return True
+
+        if prefill:
+            for r in live:
+                if st[r].prefilled < st[r].request.prompt and not take(r):
+                    break
+            while queue and left >= 1 and self.fits(queue[0]):
+                if not take(queue[0]):
+                    break
+                self.admit(queue[0])
+                live.append(queue.pop(0))
+        if not chunks and not decodes:
+            return False
+        for c in chunks:
+            s = st[c.request]
+            s.prefilled += c.tokens
+            if s.prefilled == s.request.prompt:
+                s.generated = 1
+                firsts.append(c.request)
+        for d in decodes:
+            st[d.request].generated += 1
+        done = [r for r in (*firsts, *(d.request for d in decodes))
+                if st[r].generated == st[r].request.output]
+        for r in done:
+            live.remove(r)
+            self.reserved -= st[r].request.kv_tokens
+        self.iterations.append(Iteration(group, tuple(chunks), tuple(decodes), tuple(firsts),
+                                         tuple(done)))
+        return True
+
+    def stuck(self) -> ValueError:
+        waiting = [i for i, s in enumerate(self.state) if s.generated < s.request.output]
+        return ValueError(f"plan: no iteration can run; waiting requests {waiting[:5]}: the "
+                          f"token budget or the KV capacity is too small")
+
+
+def _check_policy(groups: int, budget: float) -> None:
+    if not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"policy.microbatches: must be an integer >= 1, got {groups!r}")
+    if not budget >= 1:
+        raise ValueError(f"policy.token_budget: must be >= 1 token, got {budget!r}")
+
+
+def _assign(requests: Sequence[Request], order: Sequence[int] | None,
+            groups: int, assignment: Sequence[int] | None) -> list[list[int]]:
+    """Per group, its queue of request ids (``assignment[i]``: request i's group), or one
+    shared queue (``[[...]]``) when ``assignment`` is None; ``order``: admission order."""
+    n = len(requests)
+    seq = list(range(n)) if order is None else list(order)
+    if sorted(seq) != list(range(n)):
+        raise ValueError(f"policy.order: must be a permutation of 0..{n - 1}")
+    if assignment is None:
+        return [seq]
+    if len(assignment) != n or not all(isinstance(g, int) and 0 <= g < groups
+                                       for g in assignment):
+        raise ValueError(f"policy.assignment: expected {n} group ids in 0..{groups - 1}")
+    queues: list[list[int]] = [[] for _ in range(groups)]
+    for r in seq:
+        queues[assignment[r]].append(r)
+    return queues
+
+
+def continuous_plan(requests: Sequence[Request], microbatches: int, token_budget: float,
+                    capacity_tokens: float = math.inf, *, chunked: bool = False,
+                    order: Sequence[int] | None = None,
+                    assignment: Sequence[int] | None = None,
+                    policy: str = "continuous") -> Plan:
+    """Continuous batching over ``microbatches`` groups taking turns (round-robin, as vLLM's
+    pipeline-parallel engines do): each turn, a group decodes its live requests and admits
+    new ones from the queue while its ``token_budget`` (tokens per iteration) and the KV
+    ``capacity_tokens`` (the smallest over the stages) allow; a request leaves once done.
+
+    ``order``: the admission order (default: as given). ``assignment``: a fixed group per
+    request (length-aware packing); None = a shared queue, each request joining whichever group
+    takes its turn when it comes up. ``chunked``: a prompt may be split over iterations to fill
+    the budget (chunked prefill); without it a prompt larger than the budget runs alone."""
+    _check_policy(microbatches, token_budget)
+    f = _Former(requests, capacity_tokens)
+    queues = _assign(f.requests, order, microbatches, assignment)
+    live: list[list[int]] = [[] for _ in range(microbatches)]
+    remaining = len(f.requests)
+    while remaining:
+        ran = False
+        for g in range(microbatches):
+            q = queues[0] if assignment is None else queues[g]
+            before = len(f.iterations)
+            ran |= f.iterate(g, live[g], token_budget, chunked, q)
+            if len(f.iterations) > before:
+                remaining -= len(f.iterations[-1].finished)
+        if not ran:
+            raise f.stuck()
+    return Plan(f.requests, tuple(f.iterations), policy)
+
+
+def static_plan(requests: Sequence[Request], microbatches: int, batch_size: int,
+                capacity_tokens: float = math.inf, *, order: Sequence[int] | None = None,
+                policy: str = "static") -> Plan:
+    """Fixed micro-batches: the requests, in ``order``, cut into batches of ``batch_size``;
+    ``microbatches`` groups take turns, each prefilling a whole batch in one iteration and
+    decoding it until its last request ends (requests that end early leave it), then taking the
+    next batch. No request joins a running batch."""
+    _check_policy(microbatches, 1)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"policy.batch_size: must be an integer >= 1, got {batch_size!r}")
+    f = _Former(requests, capacity_tokens)
+    seq = _assign(f.requests, order, microbatches, None)[0]
+    batches = [seq[i:i + batch_size] for i in range(0, len(seq), batch_size)]
+    live: list[list[int]] = [[] for _ in range(microbatches)]
+    while batches or any(live):
+        ran = False
+        for g in range(microbatches):
+            if not live[g] and batches:
+                nxt = batches[0]
+                if f.reserved + sum(f.requests[r].kv_tokens for r in nxt) > f.capacity:
+                    continue
+                batches.pop(0)
+                ran |= f.iterate(g, live[g], math.inf, False, list(nxt))
+                continue
+            ran |= f.iterate(g, live[g], math.inf, False, None)
+        if not ran:
+            raise f.stuck()
+    return Plan(f.requests, tuple(f.iterations), policy)
+
+
+def separated_plan(requests: Sequence[Request], microbatches: int, token_budget: float,
+                   capacity_tokens: float = math.inf, *, order: Sequence[int] | None = None,
+                   policy: str = "separated") -> Plan:
+    """Prefill and decode separated in time (after TD-Pipe, Zhang et al. 2025): a prefill
+    phase admits requests in ``order`` while the KV capacity allows and prefills them in
+    iterations of at most ``token_budget`` tokens (independent of each other, so they stream
+    through the pipeline); a decode phase spreads the admitted requests round-robin over
+    ``microbatches`` groups that take turns until all of them end; then the next phase."""
+    _check_policy(microbatches, token_budget)
+    f = _Former(requests, capacity_tokens)
+    queue = _assign(f.requests, order, microbatches, None)[0]
+    while queue:
+        admitted: list[int] = []
+        while queue:
+            live: list[int] = []
+            if not f.iterate(microbatches, live, token_budget, False, queue, decode=False):
+                break
+            admitted.extend(f.iterations[-1].first_tokens)
+        if not admitted:
+            raise f.stuck()
+        groups = [[r for r in admitted[g::microbatches]
+                   if f.state[r].generated < f.requests[r].output]
+                  for g in range(microbatches)]
+        while any(groups):
+            for g in range(microbatches):
+                f.iterate(g, groups[g], math.inf, False, None, prefill=False)
+    return Plan(f.requests, tuple(f.iterations), policy)
+
+
+# ----- the graph -----------------------------------------------------------------------------
+def task_id(plan: Plan, stages: int, iteration: int, stage: int) -> int:
+    """The task of ``iteration`` on ``stage`` in :func:`build`'s graph."""
+    del plan
+    return iteration * stages + stage
+
+
+def plan_orders(plan: Plan, stages: int) -> list[list[int]]:
+    """Per device, its tasks in the plan's iteration order (the hand-made order)."""
+    n = len(plan.iterations)
+    return [[b * stages + k for b in range(n)] for k in range(stages)]
+
+
+def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
+          bandwidth: float = math.inf) -> TaskGraph:
+    """The task graph of ``plan`` on one device per stage (see the module docstring).
+
+    ``latency`` (s) and ``bandwidth`` (bytes/s) of the links between consecutive stages and
+    from the last stage back to the first (the sampled token)."""
+    models = tuple(stages)
+    s = len(models)
+    if s < 1:
+        raise ValueError("stages: need at least one stage")
+    for k, m in enumerate(models):
+        if not isinstance(m, StageModel):
+            raise ValueError(f"stages[{k}]: expected a StageModel, got {m!r}")
+    if not (latency >= 0 and math.isfinite(latency)):
+        raise ValueError(f"latency: must be a finite number >= 0 s, got {latency!r}")
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth: must be > 0 bytes/s, got {bandwidth!r}")
+    reqs = plan.requests
+    device: list[int] = []
+    duration: list[float] = []
+    mem_start: list[float] = []
+    mem_end: list[float] = []
+    label: list[str] = []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    last_of: dict[int, int] = {}
+    for b, it in enumerate(plan.iterations):
+        written = it.kv_written
+        freed = sum(reqs[r].kv_tokens for r in it.finished)
+        tokens = it.tokens
+        for k, m in enumerate(models):
+            device.append(k)
+            duration.append(m.time(it))
+            mem_start.append(written * m.kv_bytes_per_token)
+            mem_end.append(-freed * m.kv_bytes_per_token)
+            label.append(f"i{b}.g{it.group}.s{k}")
+            if k:
+                src.append(b * s + k - 1)
+                dst.append(b * s + k)
+                size.append(tokens * models[k - 1].activation_bytes_per_token)
+        prev = {last_of[r] for r in (*(c.request for c in it.chunks),
+                                     *(d.request for d in it.decodes)) if r in last_of}
+        for a in sorted(prev):
+            src.append(a * s + s - 1)
+            dst.append(b * s)
+            size.append(0.0)  # a token id: latency only
+        for r in (*(c.request for c in it.chunks), *(d.request for d in it.decodes)):
+            last_of[r] = b
+    pairs = [(k, k + 1) for k in range(s - 1)]
+    if s > 1:
+        pairs.append((s - 1, 0))
+    return TaskGraph(
+        memory_limit=tuple(m.memory_limit for m in models),
+        static_memory=tuple(m.weight_bytes for m in models),
+        link_src=tuple(a for a, _ in pairs), link_dst=tuple(b for _, b in pairs),
+        latency=(latency,) * len(pairs), bandwidth=(bandwidth,) * len(pairs),
+        device=tuple(device), duration=tuple(duration), mem_start=tuple(mem_start),
+        mem_end=tuple(mem_end), label=tuple(label), src=tuple(src), dst=tuple(dst),
+        bytes=tuple(size), meta=(("workload", "inference"), ("policy", plan.policy)))
+
+
+# ----- metrics -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metrics:
+    """Serving figures of a timed plan (seconds; tokens/s).
+
+    ``throughput_tokens_per_s``: output tokens / makespan; ``ttft_*``: time to first token (the
+    end of the last stage of the iteration that yields it; requests arrive at 0), p50 / p99 by
+    linear interpolation between order statistics (numpy's default); ``tpot_s``: time per
+    output token after the first, ``(last - first) / (output - 1)``, averaged over requests
+    with output > 1 (0 when there is none); ``makespan_s``."""
+
+    throughput_tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_s: float
+    makespan_s: float
+    ttft_s: tuple[float, ...] = field(repr=False)
+
+    def as_dict(self) -> dict[str, float]:
+        """The headline figures (the schedule JSON's ``metrics`` keys)."""
+        return {"throughput_tokens_per_s": self.throughput_tokens_per_s,
+                "ttft_p50_s": self.ttft_p50_s, "ttft_p99_s": self.ttft_p99_s,
+                "tpot_s": self.tpot_s, "makespan_s": self.makespan_s}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation between order statistics."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile: no values")
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def metrics(plan: Plan, schedule: GraphSchedule) -> Metrics:
+    """Throughput, TTFT and TPOT of ``schedule``, a timed :func:`build` graph of ``plan``."""
+    g = schedule.graph
+    s = g.devices
+    if g.num_tasks != len(plan.iterations) * s:
+        raise ValueError(f"schedule: {g.num_tasks} tasks, the plan has "
+                         f"{len(plan.iterations)} iterations x {s} stages")
+    first = [math.nan] * len(plan.requests)
+    last = [math.nan] * len(plan.requests)
+    for b, it in enumerate(plan.iterations):
+        t = schedule.end[b * s + s - 1]
+        for r in it.first_tokens:
+            first[r] = t
+        for r in it.finished:
+            last[r] = t
+    makespan = schedule.makespan
+    tpots = [(b - a) / (r.output - 1) for a, b, r in zip(first, last, plan.requests,
+                                                         strict=True) if r.output > 1]
+    return Metrics(
+        throughput_tokens_per_s=plan.output_tokens / makespan if makespan > 0 else math.inf,
+        ttft_p50_s=percentile(first, 50), ttft_p99_s=percentile(first, 99),
+        tpot_s=sum(tpots) / len(tpots) if tpots else 0.0, makespan_s=makespan,
+        ttft_s=tuple(first))

@@ -1,0 +1,213 @@
+"""Inference: cost model (hand-computed), plans, the task graph, metrics (closed forms)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeopt.core.simulate import simulate
+from pipeopt.core.validate import check
+from pipeopt.costs import inference as ci
+from pipeopt.costs.config import PRESETS
+from pipeopt.costs.transformer import TransformerShape
+from pipeopt.workloads import inference as wi
+from pipeopt.workloads.inference import Request, StageModel
+
+
+def llama2_70b() -> TransformerShape:
+    keys = TransformerShape.__dataclass_fields__
+    d = {k: v for k, v in PRESETS["llama2-70b"].items() if k in keys}
+    return TransformerShape(**d, dtype="fp16", causal=True)
+
+
+# ----- cost model ----------------------------------------------------------------------------
+def test_kv_bytes_per_token_llama2_70b_by_hand() -> None:
+    # 2 (K and V) x 80 layers x 8 KV heads x 128 head dim x 2 bytes (fp16)
+    assert ci.kv_bytes_per_token(llama2_70b()) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert ci.kv_bytes_per_token(llama2_70b(), layers=20) == 327_680 / 4
+    # Without GQA (64 KV heads) it would be 8x as much.
+    full = TransformerShape(**{**llama2_70b().__dict__, "kv_heads": 64})
+    assert ci.kv_bytes_per_token(full) == 8 * 327_680
+
+
+def test_prefill_and_decode_flops_by_hand() -> None:
+    sh = TransformerShape(layers=2, hidden=8, heads=2, kv_heads=1, ffn_hidden=16, seq_len=4,
+                          vocab=10, activation="swiglu", causal=True)
+    # kv_dim = 1 x 4 = 4; linear per token per layer 2 (2 64 + 2 8 4 + 3 8 16) = 2 (128+64+384)
+    assert ci.linear_flops_per_token(sh) == 1152
+    # prompt 4: 2 layers (1152 x 4 + 32 x 16 / 2) + 2 x 8 x 10 = 2 (4608 + 256) + 160
+    assert ci.prefill_flops(sh, 4) == 9888
+    # decode with context 5: 2 (1152 + 32 x 5) + 160
+    assert ci.decode_flops(sh, 5) == 2784
+    # The causal attention term equals block_flops' causal count for the whole prompt.
+    from pipeopt.costs.transformer import block_flops
+    lin, att = block_flops(sh)
+    assert ci.prefill_flops(sh, 4) == 2 * (lin + att) + 160
+
+
+def test_decode_is_memory_bound_on_h100() -> None:
+    sh = llama2_70b()
+    # One request of context 1000 on one H100 (ignoring that 70B does not fit one GPU):
+    # FLOPs ~ 2 x 69e9 = 1.4e11 -> 0.14 ms; bytes ~ 138 GB -> 41 ms: memory bound.
+    t = ci.decode_step_time(sh, "H100", [1000])
+    bytes_ = ci.weight_bytes(sh) + 327_680 * 1000
+    assert t == pytest.approx(bytes_ / 3.35e12)
+    assert ci.decode_flops(sh, 1000) / 989.4e12 < t / 100
+    # Batch 1 and batch 8 take almost the same time (the weights' read dominates).
+    t8 = ci.decode_step_time(sh, "H100", [1000] * 8)
+    assert t8 / t < 1.02
+    # A huge batch turns compute bound: time grows with the batch.
+    big = ci.decode_step_time(sh, "H100", [10] * 4096)
+    assert big == pytest.approx(4096 * ci.decode_flops(sh, 10) / 989.4e12)
+
+
+def test_stage_models_split_the_model() -> None:
+    sh = llama2_70b()
+    ms = ci.stage_models(sh, "H100", 4)
+    assert sum(m.weight_bytes for m in ms) == pytest.approx(ci.weight_bytes(sh))
+    assert all(m.kv_bytes_per_token == 327_680 / 4 for m in ms)
+    assert [m.head_flops_per_logit > 0 for m in ms] == [False, False, False, True]
+    # A whole-prompt iteration on all stages sums to the model's prefill FLOPs.
+    it = wi.Iteration(0, chunks=(wi.Chunk(0, 0, 300),), first_tokens=(0,))
+    assert sum(m.flops(it) for m in ms) == pytest.approx(ci.prefill_flops(sh, 300))
+    with pytest.raises(ValueError, match="do not fit"):
+        ci.stage_models(sh, "H100", 1)
+    with pytest.raises(ValueError, match="stages"):
+        ci.stage_models(sh, "H100", [40, 30])
+    with pytest.raises(KeyError, match="did you mean"):
+        ci.hbm_bandwidth("H10O")
+    assert ci.split_layers(10, 4) == (3, 3, 2, 2)
+
+
+# ----- plans ---------------------------------------------------------------------------------
+def test_request_and_policy_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match=r"request.output: must be an integer >= 1, got 0"):
+        Request(5, 0)
+    reqs = [Request(4, 2)] * 3
+    with pytest.raises(ValueError, match="policy.microbatches"):
+        wi.continuous_plan(reqs, 0, 10)
+    with pytest.raises(ValueError, match="policy.order"):
+        wi.continuous_plan(reqs, 2, 10, order=[0, 0, 1])
+    with pytest.raises(ValueError, match=r"requests\[0\]: needs 5 KV tokens"):
+        wi.continuous_plan(reqs, 2, 10, capacity_tokens=4)
+    with pytest.raises(ValueError, match="request.prompt"):
+        wi.sample_requests(1, 0, prompt_median=0.5, output_median=1, max_prompt=0)
+
+
+def test_continuous_plan_by_hand() -> None:
+    # Two groups, budget 5 tokens: group 0 admits r0 (3 tokens), r1 (4) does not fit beside it
+    # and r2 waits behind it (first come, first served); group 1 admits r1 and r2 (4 + 1).
+    reqs = [Request(3, 3), Request(4, 1), Request(1, 2)]
+    plan = wi.continuous_plan(reqs, 2, 5)
+    its = [(it.group, [(c.request, c.cached, c.tokens) for c in it.chunks],
+            [(d.request, d.context) for d in it.decodes], it.first_tokens, it.finished)
+           for it in plan.iterations]
+    assert its == [
+        (0, [(0, 0, 3)], [], (0,), ()),
+        (1, [(1, 0, 4), (2, 0, 1)], [], (1, 2), (1,)),
+        (0, [], [(0, 4)], (), ()),
+        (1, [], [(2, 2)], (), (2,)),
+        (0, [], [(0, 5)], (), (0,)),
+    ]
+    assert plan.request_iterations == ((0, 2, 4), (1,), (1, 3))
+
+
+def test_chunked_prefill_splits_a_prompt() -> None:
+    plan = wi.continuous_plan([Request(10, 2)], 1, 4, chunked=True)
+    assert [[(c.cached, c.tokens) for c in it.chunks] for it in plan.iterations] == [
+        [(0, 4)], [(4, 4)], [(8, 2)], []]
+    # causal pairs of the chunk (4 after 4 cached): 4 x 4 + 16 / 2
+    assert plan.iterations[1].attention_keys == 24
+    assert plan.iterations[3].decodes == (wi.Decode(0, 11),)
+
+
+def test_kv_capacity_holds_requests_back() -> None:
+    reqs = [Request(4, 3)] * 3  # 6 KV tokens each
+    plan = wi.continuous_plan(reqs, 3, 100, capacity_tokens=12)
+    live = 0
+    peak = 0
+    for it in plan.iterations:
+        live += len(it.first_tokens)
+        peak = max(peak, live)
+        live -= len(it.finished)
+    assert peak == 2
+
+
+def test_static_and_separated_plans() -> None:
+    reqs = [Request(2, 1 + i) for i in range(6)]
+    static = wi.static_plan(reqs, 2, 3)
+    # Group 0 takes r0..r2 (3 tokens, 3 iterations), group 1 r3..r5 (6 iterations).
+    assert [it.group for it in static.iterations].count(1) == 6
+    assert static.iterations[0].first_tokens == (0, 1, 2)
+    sep = wi.separated_plan(reqs, 2, 4)
+    # Prefills first (two per iteration under 4 tokens), then decodes only.
+    kinds = ["p" if it.chunks else "d" for it in sep.iterations]
+    assert kinds == ["p"] * 3 + ["d"] * (len(kinds) - 3)
+    assert sep.iterations[3].decodes and sep.iterations[3].group == 0
+
+
+def test_plan_refuses_a_broken_iteration_list() -> None:
+    reqs = (Request(2, 2),)
+    ok = wi.continuous_plan(reqs, 1, 10)
+    with pytest.raises(ValueError, match="yields 1 of its 2"):
+        wi.Plan(reqs, ok.iterations[:1])
+    bad = wi.Iteration(0, decodes=(wi.Decode(0, 2),))
+    with pytest.raises(ValueError, match="out of turn"):
+        wi.Plan(reqs, (bad, *ok.iterations))
+
+
+# ----- the graph and metrics -----------------------------------------------------------------
+def flat_stage(t: float = 0.01, kv: float = 0.0, limit: float | None = None) -> StageModel:
+    """A stage whose every iteration takes ``t`` s: the weights' read dominates."""
+    return StageModel(linear_flops_per_token=1.0, attention_flops_per_key=0.0,
+                      weight_bytes=t * 1e12, kv_bytes_per_token=kv, peak_flops=1e15,
+                      hbm_bandwidth=1e12, memory_limit=limit)
+
+
+@pytest.mark.parametrize(("stages", "groups"), [(4, 4), (4, 2), (3, 1), (2, 5)])
+def test_uniform_pipeline_gives_the_textbook_throughput(stages: int, groups: int) -> None:
+    """Identical requests, every iteration t on every stage: with m groups over s stages each
+    round of m iterations takes max(m, s) t on the first stage, so I iterations per group end
+    at ((I - 1) max(m, s) + m - 1 + s) t; each iteration yields B tokens."""
+    t, b, steps = 0.01, 3, 5
+    reqs = [Request(7, steps)] * (b * groups)
+    plan = wi.static_plan(reqs, groups, b)
+    assert len(plan.iterations) == groups * steps
+    graph = wi.build(plan, [flat_stage(t)] * stages)
+    sched = simulate(graph, wi.plan_orders(plan, stages))
+    makespan = ((steps - 1) * max(groups, stages) + groups - 1 + stages) * t
+    assert sched.makespan == pytest.approx(makespan)
+    m = wi.metrics(plan, sched)
+    assert m.throughput_tokens_per_s == pytest.approx(b * groups * steps / makespan)
+    # Steady state: m B tokens per max(m, s) t, the textbook pipeline throughput.
+    steady = b * groups / (max(groups, stages) * t)
+    assert m.throughput_tokens_per_s <= steady * (1 + 1e-12)  # equal when m = 1
+    # First tokens: group g's prefill leaves the last stage at (g + s) t.
+    assert sorted(set(round(x, 9) for x in m.ttft_s)) == [
+        round((g + stages) * t, 9) for g in range(groups)]
+    assert m.tpot_s == pytest.approx(max(groups, stages) * t)
+
+
+def test_graph_memory_is_weights_plus_kv() -> None:
+    reqs = [Request(4, 3), Request(2, 2)]
+    plan = wi.continuous_plan(reqs, 1, 100)
+    kv = 10.0
+    st = flat_stage(kv=kv, limit=1e12)
+    graph = wi.build(plan, [st, st], latency=1e-3, bandwidth=1e9)
+    sched = simulate(graph, wi.plan_orders(plan, 2))
+    assert check(sched) == []
+    # All prompt tokens and both first decodes are in the KV at once: (4 + 2) + 2 = 8 entries.
+    assert sched.peak_memory == (st.weight_bytes + 8 * kv,) * 2
+    # Every byte allocated is freed: net change zero per device.
+    for d in range(2):
+        tasks = graph.device_tasks[d]
+        assert sum(graph.mem_start[i] + graph.mem_end[i] for i in tasks) == 0
+    # The token goes back: iteration 1's first stage waits for iteration 0's last stage.
+    assert sched.start[2] == pytest.approx(sched.end[1] + 1e-3)
+
+
+def test_percentile_linear() -> None:
+    assert wi.percentile([1, 2, 3, 4], 50) == 2.5
+    assert wi.percentile(range(101), 99) == 99
+    assert math.isclose(wi.percentile([0, 10], 99), 9.9)
