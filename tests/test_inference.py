@@ -85,14 +85,14 @@ def test_request_and_policy_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"request.output: must be an integer >= 1, got 0"):
         Request(5, 0)
     reqs = [Request(4, 2)] * 3
-    with pytest.raises(ValueError, match="policy.microbatches"):
+    with pytest.raises(ValueError, match=r"policy\.microbatches"):
         wi.continuous_plan(reqs, 0, 10)
-    with pytest.raises(ValueError, match="policy.order"):
+    with pytest.raises(ValueError, match=r"policy\.order"):
         wi.continuous_plan(reqs, 2, 10, order=[0, 0, 1])
     with pytest.raises(ValueError, match=r"requests\[0\]: needs 5 KV tokens"):
         wi.continuous_plan(reqs, 2, 10, capacity_tokens=4)
-    with pytest.raises(ValueError, match="request.prompt"):
-        wi.sample_requests(1, 0, prompt_median=0.5, output_median=1, max_prompt=0)
+    with pytest.raises(ValueError, match=r"requests\.prompt_median: must be > 0"):
+        wi.sample_requests(1, 0, prompt_median=0, output_median=1)
 
 
 def test_continuous_plan_by_hand() -> None:
