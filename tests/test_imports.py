@@ -180,7 +180,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.schedule",),
     ("pipeopt.simulate", "pipeopt.core.simulate", "pipeopt.core.validate"),
     ("pipeopt.schedules",),
-    ("pipeopt.solvers", "pipeopt.core.greedy", "pipeopt.core.cpsat"),
+    ("pipeopt.solvers", "pipeopt.solvers.inference", "pipeopt.core.greedy", "pipeopt.core.cpsat"),
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition"),

@@ -211,3 +211,81 @@ def test_percentile_linear() -> None:
     assert wi.percentile([1, 2, 3, 4], 50) == 2.5
     assert wi.percentile(range(101), 99) == 99
     assert math.isclose(wi.percentile([0, 10], 99), 9.9)
+
+
+# ----- baselines, search, bound --------------------------------------------------------------
+def small_stages(stages: int = 2, limit: float | None = None) -> list[StageModel]:
+    """A stage whose ridge is 4 tokens: weights 8e3 bytes at 1e6 bytes/s (8 ms), 2e3 FLOPs
+    per token at 1e6 FLOP/s (2 ms per token); KV 10 bytes per token."""
+    return [StageModel(linear_flops_per_token=2e3, attention_flops_per_key=10.0,
+                       weight_bytes=8e3, kv_bytes_per_token=10.0, peak_flops=1e6,
+                       hbm_bandwidth=1e6, memory_limit=limit)] * stages
+
+
+def test_ridge_tokens_and_balanced_groups_by_hand() -> None:
+    from pipeopt.solvers import inference as si
+
+    assert si.ridge_tokens(small_stages()) == 4  # 8 ms of weights / 2 ms per token
+    reqs = [Request(1, o) for o in (5, 9, 2, 7, 3)]
+    # LPT: 9 -> g0, 7 -> g1, 5 -> g1 (7 < 9), 3 -> g0 (9 < 12), 2 -> g0 (both 12 tokens and
+    # 2 prompt tokens: the lower group).
+    assert si.longest_output_first(reqs) == [1, 3, 0, 4, 2]
+    assert si.balanced_groups(reqs, 2) == [1, 0, 0, 1, 0]
+
+
+def test_methods_are_valid_and_below_the_bound() -> None:
+    from pipeopt.solvers import inference as si
+
+    reqs = wi.sample_requests(12, 3, prompt_median=6, output_median=4, max_prompt=20,
+                              max_output=12)
+    stages = small_stages(3, limit=8e3 + 10 * 60)  # room for 60 KV tokens beside the weights
+    link = si.Link(latency=1e-4, bandwidth=1e6)
+    bound = si.throughput_bound(reqs, stages)
+    runs = [si.round_robin(reqs, stages, 8, link), si.separated(reqs, stages, 8, link)]
+    res = si.search(reqs, stages, link=link, budgets=(4, 16))
+    runs += res.candidates
+    for run in runs:
+        assert check(run.schedule) == [], run.method
+        assert max(run.schedule.peak_memory) <= 8e3 + 600
+        assert run.metrics.throughput_tokens_per_s <= bound * (1 + 1e-9), run.method
+    assert res.best.metrics.throughput_tokens_per_s == max(
+        c.metrics.throughput_tokens_per_s for c in res.candidates)
+    # The search holds the round-robin plan's policy among its candidates (fcfs, shared queue).
+    assert res.best.metrics.throughput_tokens_per_s >= 0.999 * min(
+        c.metrics.throughput_tokens_per_s for c in res.candidates
+        if c.plan.policy.startswith("fcfs/shared"))
+
+
+def test_ttft_limit_is_a_constraint() -> None:
+    from pipeopt.solvers import inference as si
+
+    reqs = [Request(8, 1 + (i * 7) % 9) for i in range(10)]
+    stages = small_stages(2)
+    free = si.search(reqs, stages, budgets=(4, 32), greedy=False)
+    ttfts = sorted(c.metrics.ttft_p99_s for c in free.candidates)
+    limit = ttfts[len(ttfts) // 2]
+    tight = si.search(reqs, stages, budgets=(4, 32), ttft_limit=limit, greedy=False)
+    assert tight.met_limit and tight.best.metrics.ttft_p99_s <= limit
+    best_ok = max(c.metrics.throughput_tokens_per_s for c in free.candidates
+                  if c.metrics.ttft_p99_s <= limit)
+    assert tight.best.metrics.throughput_tokens_per_s == best_ok
+    never = si.search(reqs, stages, budgets=(4,), ttft_limit=1e-9, greedy=False)
+    assert not never.met_limit
+    assert never.best.metrics.ttft_p99_s == min(c.metrics.ttft_p99_s for c in never.candidates)
+    with pytest.raises(ValueError, match=r"ttft_limit: must be > 0"):
+        si.search(reqs, stages, ttft_limit=0)
+
+
+def test_cpsat_on_a_tiny_plan_is_no_worse_than_its_order() -> None:
+    from pipeopt.core.bounds import lower_bound
+    from pipeopt.solvers import inference as si
+
+    reqs = [Request(3, 2), Request(1, 3), Request(2, 1)]
+    stages = small_stages(2, limit=8e3 + 10 * 8)
+    plan = wi.continuous_plan(reqs, 2, 4, si.capacity_tokens(stages))
+    by_plan = si.time_plan(plan, stages)
+    exact = si.time_plan(plan, stages, order="cpsat", time_limit=20)
+    assert check(exact.schedule) == []
+    assert exact.schedule.makespan <= by_plan.schedule.makespan + 1e-9
+    assert exact.schedule.makespan >= lower_bound(exact.schedule.graph) - 1e-9
+    assert exact.schedule.status == "optimal"

@@ -1,0 +1,240 @@
+"""Serving a batch of requests on a pipeline: hand-made baselines, the plan search, a bound.
+
+Every method makes a :class:`~pipeopt.workloads.inference.Plan`, builds its task graph and
+times it with the core (the plan's own order through :func:`pipeopt.core.simulate.simulate`,
+or the core greedy / CP-SAT choosing the order on each device), so one simulator judges them
+all. Times in seconds, throughput in output tokens per second.
+
+* :func:`round_robin`: vLLM-like: ``stages`` micro-batch groups take turns, continuous
+  batching under a token budget, first come first served, a shared queue.
+* :func:`separated`: prefill and decode separated in time (TD-Pipe-like).
+* :func:`search`: which requests go into which group and in what order (first come first
+  served, longest output first, balanced packing of the output tokens over the groups), the
+  token budget, chunked prefill or not, and the order on each device (the plan's or the core
+  greedy's); the candidate with the highest throughput whose p99 TTFT meets the limit wins.
+* :func:`throughput_bound`: an upper bound on the throughput of any plan and order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeopt.core.greedy import Stuck, solve_greedy
+from pipeopt.core.schedule import GraphSchedule
+from pipeopt.core.simulate import simulate
+from pipeopt.workloads.inference import (
+    Chunk,
+    Decode,
+    Iteration,
+    Metrics,
+    Plan,
+    Request,
+    StageModel,
+    build,
+    check_requests,
+    continuous_plan,
+    metrics,
+    plan_orders,
+    separated_plan,
+)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The links between consecutive stages (and back from the last to the first)."""
+
+    latency: float = 0.0  # s
+    bandwidth: float = math.inf  # bytes/s
+
+
+@dataclass(frozen=True, eq=False)
+class Served:
+    """A timed plan: ``method`` names the policy and the order (``plan`` or ``greedy``)."""
+
+    method: str
+    plan: Plan
+    schedule: GraphSchedule
+    metrics: Metrics
+
+    def meets(self, ttft_limit: float | None) -> bool:
+        """Whether the p99 TTFT is within ``ttft_limit`` s (None: no limit)."""
+        return ttft_limit is None or self.metrics.ttft_p99_s <= ttft_limit * (1 + 1e-12)
+
+
+def capacity_tokens(stages: Sequence[StageModel]) -> float:
+    """KV tokens every stage holds beside its weights (the smallest over the stages)."""
+    return min(math.inf if m.memory_limit is None or m.kv_bytes_per_token == 0
+               else (m.memory_limit - m.weight_bytes) / m.kv_bytes_per_token for m in stages)
+
+
+def time_plan(plan: Plan, stages: Sequence[StageModel], link: Link = Link(), *,
+              order: str = "plan", method: str | None = None,
+              time_limit: float = 10.0) -> Served:
+    """Build ``plan``'s graph and time it: ``order`` ``plan`` (each device runs the iterations
+    in the plan's order), ``greedy`` (the core list scheduler picks) or ``cpsat`` (the core
+    CP-SAT search, for small plans; ``time_limit`` s)."""
+    graph = build(plan, stages, latency=link.latency, bandwidth=link.bandwidth)
+    if order == "plan":
+        sched = simulate(graph, plan_orders(plan, len(stages)), check=False)
+    elif order == "greedy":
+        sched = solve_greedy(graph)
+    elif order == "cpsat":
+        from pipeopt.core.cpsat import solve_cpsat
+
+        sched = solve_cpsat(graph, time_limit=time_limit, workers=1, seed=0)
+    else:
+        raise ValueError(f"order: expected 'plan', 'greedy' or 'cpsat', got {order!r}")
+    name = method or f"{plan.policy}/{order}"
+    return Served(name, plan, sched, metrics(plan, sched))
+
+
+def ridge_tokens(stages: Sequence[StageModel]) -> float:
+    """The most tokens an iteration can carry and stay memory-bound on every stage (the
+    roofline's ridge: linear FLOPs per token x tokens / peak = weight bytes / bandwidth); up to
+    it, prefill tokens beside decodes cost almost nothing (Sarathi-Serve's piggybacking, Agrawal
+    et al., OSDI 2024). At least 1."""
+    return max(1.0, min(math.floor(m.weight_bytes / m.hbm_bandwidth * m.peak_flops
+                                   / m.linear_flops_per_token) if m.linear_flops_per_token
+                        else math.inf for m in stages))
+
+
+def round_robin(requests: Sequence[Request], stages: Sequence[StageModel],
+                token_budget: float, link: Link = Link()) -> Served:
+    """vLLM-like pipelining: one group per stage, first come first served, continuous batching
+    under ``token_budget`` tokens per iteration, the plan's order on every device."""
+    plan = continuous_plan(requests, len(stages), token_budget, capacity_tokens(stages),
+                           policy="round-robin")
+    return time_plan(plan, stages, link, method="round-robin")
+
+
+def separated(requests: Sequence[Request], stages: Sequence[StageModel], token_budget: float,
+              link: Link = Link()) -> Served:
+    """TD-Pipe-like: prefill phases and decode phases (one group per stage) in turn."""
+    plan = separated_plan(requests, len(stages), token_budget, capacity_tokens(stages),
+                          policy="separated")
+    return time_plan(plan, stages, link, method="separated")
+
+
+def longest_output_first(requests: Sequence[Request]) -> list[int]:
+    """Request ids by output length, longest first (ties: the given order)."""
+    return sorted(range(len(requests)), key=lambda i: -requests[i].output)
+
+
+def balanced_groups(requests: Sequence[Request], groups: int) -> list[int]:
+    """Per request its group: longest processing time first (Graham 1969) over the output
+    lengths, each request to the group with the fewest output tokens so far (ties: fewer
+    prompt tokens, then the lower group), so the long requests spread over the groups."""
+    load = [(0, 0)] * groups
+    out = [0] * len(requests)
+    for i in longest_output_first(requests):
+        g = min(range(groups), key=lambda k: (*load[k], k))
+        out[i] = g
+        load[g] = (load[g][0] + requests[i].output, load[g][1] + requests[i].prompt)
+    return out
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best candidate (``best``) and every candidate tried, with the wall time (s)."""
+
+    best: Served
+    candidates: tuple[Served, ...]
+    met_limit: bool
+    wall_time: float
+
+
+def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
+           ttft_limit: float | None = None, budgets: Sequence[float] | None = None,
+           link: Link = Link(), greedy: bool = True, greedy_tries: int = 3) -> SearchResult:
+    """Try admission orders x groupings x token budgets x chunking (see the module docstring;
+    ``budgets`` default: :func:`ridge_tokens`, 1024 and 8192 tokens per iteration),
+    each timed in the plan's order, and with ``greedy`` the ``greedy_tries`` best of them
+    again by the core greedy (its own order on each device); return the highest
+    throughput whose p99 TTFT is within ``ttft_limit`` s (when none is, the lowest p99 TTFT,
+    with ``met_limit`` False)."""
+    t0 = time.perf_counter()
+    reqs = check_requests(requests)
+    if budgets is None:
+        budgets = (ridge_tokens(stages), 1024, 8192)
+    if not budgets or min(budgets) < 1:
+        raise ValueError(f"budgets: need token budgets >= 1, got {list(budgets)!r}")
+    if ttft_limit is not None and not ttft_limit > 0:
+        raise ValueError(f"ttft_limit: must be > 0 s, got {ttft_limit!r}")
+    groups = len(stages)
+    cap = capacity_tokens(stages)
+    longest = longest_output_first(reqs)
+    # (admission order, fixed group per request or a shared queue)
+    packings = {"fcfs/shared": (None, None), "longest/shared": (longest, None),
+                "longest/balanced": (longest, balanced_groups(reqs, groups))}
+    out: list[Served] = []
+    for budget in budgets:
+        for chunked in (False, True):
+            for pname, (order, assign) in packings.items():
+                name = f"{pname}/budget {budget:g}" + ("/chunked" if chunked else "")
+                try:
+                    plan = continuous_plan(reqs, groups, budget, cap, chunked=chunked,
+                                           order=order, assignment=assign, policy=name)
+                except ValueError:
+                    continue  # this policy cannot serve every request
+                out.append(time_plan(plan, stages, link))
+    if greedy:  # the core greedy reorders the best few plans on each device
+        ok = [c for c in out if c.meets(ttft_limit)] or out
+        for c in sorted(ok, key=lambda c: -c.metrics.throughput_tokens_per_s)[:greedy_tries]:
+            with contextlib.suppress(Stuck):
+                out.append(time_plan(c.plan, stages, link, order="greedy"))
+    if not out:
+        raise ValueError("search: no candidate serves every request within the KV capacity")
+    best, met = pick(out, ttft_limit)
+    return SearchResult(best, tuple(out), met, time.perf_counter() - t0)
+
+
+def pick(candidates: Sequence[Served], ttft_limit: float | None) -> tuple[Served, bool]:
+    """The highest throughput among ``candidates`` whose p99 TTFT is within ``ttft_limit`` s
+    and True; when none is, the lowest p99 TTFT and False."""
+    if not candidates:
+        raise ValueError("candidates: none to pick from")
+    ok = [c for c in candidates if c.meets(ttft_limit)]
+    if ok:
+        return max(ok, key=lambda c: c.metrics.throughput_tokens_per_s), True
+    return min(candidates, key=lambda c: c.metrics.ttft_p99_s), False
+
+
+def throughput_bound(requests: Sequence[Request], stages: Sequence[StageModel]) -> float:
+    """Output tokens / the least makespan any plan and order can reach (tokens/s).
+
+    The makespan is at least (a) the longest request's chain: its ``output`` iterations run
+    one after another through every stage, each at least its stage's time for that request
+    alone; and (b) per stage, the time of all its work as one roofline: every token's FLOPs
+    over the peak, or the bytes over the bandwidth: the weights read once per iteration, and
+    every stage runs at least ``max output`` iterations, plus every KV entry read by attention
+    (sum over iterations of max(f_i / P, b_i / B) >= max(sum f / P, sum b / B)). Chunking a
+    prompt only adds attention reads, so whole prompts are counted."""
+    reqs = check_requests(requests)
+    if not stages:
+        raise ValueError("stages: need at least one stage")
+    # (a) the longest chain: prefill alone, then each decode alone.
+    chain = 0.0
+    for r in reqs:
+        its = [Iteration(0, chunks=(Chunk(0, 0, r.prompt),), first_tokens=(0,))]
+        its += [Iteration(0, decodes=(Decode(0, r.prompt + j),)) for j in range(1, r.output)]
+        t = sum(m.time(it) for it in its for m in stages)
+        chain = max(chain, t)
+    # (b) per stage, all work as one roofline.
+    iters = max(r.output for r in reqs)
+    tokens = sum(r.prompt + r.output - 1 for r in reqs)
+    keys = sum(r.prompt * r.prompt / 2 + sum(r.prompt + j for j in range(1, r.output))
+               for r in reqs)
+    kv_read = sum(r.prompt + sum(r.prompt + j for j in range(1, r.output)) for r in reqs)
+    logits = sum(r.output for r in reqs)
+    work = 0.0
+    for m in stages:
+        flops = (m.linear_flops_per_token * tokens + m.attention_flops_per_key * keys
+                 + m.head_flops_per_logit * logits)
+        bytes_ = m.weight_bytes * iters + m.kv_bytes_per_token * kv_read
+        work = max(work, flops / m.peak_flops, bytes_ / m.hbm_bandwidth)
+    return sum(r.output for r in reqs) / max(chain, work)
+
