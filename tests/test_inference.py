@@ -289,3 +289,19 @@ def test_cpsat_on_a_tiny_plan_is_no_worse_than_its_order() -> None:
     assert exact.schedule.makespan <= by_plan.schedule.makespan + 1e-9
     assert exact.schedule.makespan >= lower_bound(exact.schedule.graph) - 1e-9
     assert exact.schedule.status == "optimal"
+
+
+def test_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/inference.md's example runs and prints what its comments say."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text("utf-8")
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block is not None
+    exec(compile(block.group(1), "docs/inference.md", "exec"), {"__name__": "_doc"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "327680.0"
+    assert lines[1].endswith(" True")  # the search met its TTFT limit
+    ratio, bound = lines[3].split()[:2]
+    assert float(ratio) >= 1.0 and float(bound) > 0
