@@ -240,12 +240,56 @@ def _log_to_stderr() -> None:
     log.setLevel(logging.INFO)
 
 
+def _is_inference_file(path: str) -> bool:
+    """Whether ``path`` (a YAML file, not standard input) has a ``workload:`` section."""
+    from pipeopt.config import read_yaml
+    from pipeopt.inference_config import is_inference
+    from pipeopt.io import STDIN
+
+    if str(path) == STDIN or str(path).lower().endswith(".json"):
+        return False
+    return is_inference(read_yaml(path))
+
+
+def _solve_inference(args: argparse.Namespace) -> int:
+    """``pipeopt solve`` on an inference config (docs/inference.md): print the serving
+    metrics, write the result JSON with ``-o``."""
+    from pipeopt.inference_config import load_inference, result_json, solve_inference
+    from pipeopt.io import write_atomic
+
+    for flag in ("method", "time_limit", "objective"):
+        if getattr(args, flag, None) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')}: not used with an inference config "
+                              "(give workload.method)")
+    cfg = load_inference(args.config)
+    served, met = solve_inference(cfg)
+    m = served.metrics
+    if args.json:
+        print(json.dumps({"method": served.method, "ttft_limit_met": met, **m.as_dict()}))
+    else:
+        print(f"method        {served.method}")
+        print(f"throughput    {m.throughput_tokens_per_s:.1f} tokens/s "
+              f"({served.plan.output_tokens} tokens in {m.makespan_s:.3f} s)")
+        limit = "" if cfg.ttft_limit is None else (
+            f" (limit {cfg.ttft_limit:g} s {'met' if met else 'NOT met'})")
+        print(f"TTFT          p50 {m.ttft_p50_s:.3f} s, p99 {m.ttft_p99_s:.3f} s{limit}")
+        print(f"TPOT          {m.tpot_s * 1e3:.2f} ms")
+    if args.output:
+        doc = json.dumps(result_json(served), indent=1) + "\n"
+        write_output("--output", args.output, lambda path: write_atomic(path, doc))
+        if not args.json:
+            print(f"written       {args.output}")
+    return 0
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.verbose:
         _log_to_stderr()
     refuse_overwriting_input("--output", args.output, args.config)
     if args.output:
         check_writable("--output", args.output)  # before the search, not after it
+    if _is_inference_file(args.config):
+        return _solve_inference(args)
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     sc = cfg.solver

@@ -184,7 +184,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition"),
-    ("pipeopt.config",),
+    ("pipeopt.config", "pipeopt.inference_config"),
     ("pipeopt.executor", "pipeopt.plot", "pipeopt.trace", "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
      "pipeopt.__main__"),

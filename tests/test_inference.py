@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -305,3 +306,76 @@ def test_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[1].endswith(" True")  # the search met its TTFT limit
     ratio, bound = lines[3].split()[:2]
     assert float(ratio) >= 1.0 and float(bound) > 0
+
+
+# ----- the config and `pipeopt solve` --------------------------------------------------------
+SMALL_CONFIG = """\
+workload:
+  kind: inference
+  gpu: H100
+  stages: [40, 40]
+  requests:
+    - {prompt: 100, output: 4}
+    - {prompt: 300, output: 2}
+  method: round-robin
+  token_budget: 256
+  ttft_limit: 10.0
+model: {preset: llama2-70b, dtype: fp16}
+"""
+
+
+def test_inference_config_errors_name_the_key() -> None:
+    import yaml
+
+    from pipeopt.errors import ConfigError
+    from pipeopt.inference_config import parse_inference
+
+    base = yaml.safe_load(SMALL_CONFIG)
+    cfg = parse_inference(base)
+    assert cfg.requests == (Request(100, 4), Request(300, 2))
+    assert [m.kv_bytes_per_token for m in cfg.stages] == [327_680 / 2] * 2
+    cases = [
+        ({"token_budget": 0}, r"workload\.token_budget: must be >= 1, got 0"),
+        ({"gpu": "H10O"}, r"workload\.gpu: unknown GPU 'H10O'; did you mean"),
+        ({"stages": [40, 30]}, r"workload\.stages: layers per stage \[40, 30\]"),
+        ({"stages": 1}, r"workload\.stages\[0\]: the weights of 80 layers"),
+        ({"methd": "search"}, r"workload\.methd: unknown key; did you mean 'method'"),
+        ({"requests": [{"prompt": 0, "output": 1}]}, r"workload\.requests"),
+    ]
+    for change, pattern in cases:
+        with pytest.raises(ConfigError, match=pattern):
+            parse_inference({**base, "workload": {**base["workload"], **change}})
+    with pytest.raises(ConfigError, match=r"model\.dtype"):
+        parse_inference({**base, "model": {"preset": "llama2-70b", "dtype": "fp17"}})
+    with pytest.raises(ConfigError, match=r"solver: unknown key"):
+        parse_inference({**base, "solver": {}})
+
+
+def test_pipeopt_solve_an_inference_config(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from pipeopt.cli import main
+
+    path = tmp_path / "serve.yaml"
+    path.write_text(SMALL_CONFIG)
+    out = tmp_path / "serve.json"
+    assert main(["solve", str(path), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "round-robin" in text and "limit 10 s met" in text
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pipeopt-inference/0"
+    assert set(doc["metrics"]) >= {"throughput_tokens_per_s", "ttft_p50_s", "ttft_p99_s",
+                                   "tpot_s"}
+    assert doc["metrics"]["throughput_tokens_per_s"] == pytest.approx(
+        6 / doc["metrics"]["makespan_s"])
+    assert [r["output"] for r in doc["requests"]] == [4, 2]
+    assert all(len(it["start_s"]) == 2 for it in doc["iterations"])
+    assert main(["solve", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ttft_limit_met"] is True
+    assert main(["solve", str(path), "--method", "greedy"]) != 0
+    assert "--method: not used with an inference config" in capsys.readouterr().err
+    # The output never replaces the config.
+    assert main(["solve", str(path), "-o", str(path)]) != 0
+    assert "--output" in capsys.readouterr().err
+    assert path.read_text() == SMALL_CONFIG

@@ -33,15 +33,16 @@ HBM bandwidth per GPU (vendor datasheets, peak, checked December 2026):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from pipeopt.costs.gpus import lookup
 from pipeopt.costs.transformer import DTYPE_BYTES, TransformerShape, block_params
 from pipeopt.workloads.inference import StageModel
 
 #: Peak HBM (device memory) bandwidth per catalog GPU, bytes/s (sources in the module docstring).
-HBM_BANDWIDTH: dict[str, float] = {
+HBM_BANDWIDTH: Mapping[str, float] = MappingProxyType({
     "A100-40GB": 1555e9,
     "A100-80GB": 2039e9,
     "H100-SXM": 3.35e12,
@@ -50,7 +51,7 @@ HBM_BANDWIDTH: dict[str, float] = {
     "L4": 300e9,
     "L40S": 864e9,
     "MI300X": 5.3e12,
-}
+})
 
 
 def hbm_bandwidth(gpu: str) -> float:

@@ -404,9 +404,10 @@ def continuous_plan(requests: Sequence[Request], microbatches: int, token_budget
                     assignment: Sequence[int] | None = None,
                     policy: str = "continuous") -> Plan:
     """Continuous batching over ``microbatches`` groups taking turns (round-robin, as vLLM's
-    pipeline-parallel engines do): each turn, a group decodes its live requests and admits
-    new ones from the queue while its ``token_budget`` (tokens per iteration) and the KV
-    ``capacity_tokens`` (the smallest over the stages) allow; a request leaves once done.
+    pipeline-parallel engines do): each turn, a group decodes all its live requests (decodes
+    are never held back) and admits new ones from the queue while its ``token_budget`` (tokens
+    per iteration, decodes included) and the KV ``capacity_tokens`` (the smallest over the
+    stages) allow; a request leaves once done.
 
     ``order``: the admission order (default: as given). ``assignment``: a fixed group per
     request (length-aware packing); None = a shared queue, each request joining whichever group
@@ -490,9 +491,8 @@ def separated_plan(requests: Sequence[Request], microbatches: int, token_budget:
 
 
 # ----- the graph -----------------------------------------------------------------------------
-def task_id(plan: Plan, stages: int, iteration: int, stage: int) -> int:
-    """The task of ``iteration`` on ``stage`` in :func:`build`'s graph."""
-    del plan
+def task_id(stages: int, iteration: int, stage: int) -> int:
+    """The task of ``iteration`` on ``stage`` in :func:`build`'s graph of ``stages`` stages."""
     return iteration * stages + stage
 
 

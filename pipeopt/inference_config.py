@@ -1,0 +1,201 @@
+"""The inference config (``workload: {kind: inference, ...}`` beside ``model:``) and its result.
+
+A config file with a top-level ``workload:`` section of kind ``inference`` describes serving a
+batch of requests on a pipeline (docs/inference.md):
+
+```yaml
+workload:
+  kind: inference
+  gpu: H100             # catalog name; one GPU per stage
+  stages: 4             # or the layers per stage: [20, 20, 20, 20]
+  requests:             # a list of {prompt, output} ...
+    - {prompt: 512, output: 128}
+  # requests: {count: 300, seed: 0, prompt_median: 512, output_median: 128}   # ... or this
+  method: search        # search | round-robin | separated
+  token_budget: 8192    # tokens per iteration of the baselines
+  ttft_limit: 10.0      # s, the p99 TTFT the search must meet (optional)
+model: {preset: llama2-70b, dtype: fp16}
+```
+
+:func:`load_inference` reads and checks it (a :class:`~pipeopt.errors.ConfigError` naming the
+key), :func:`solve_inference` runs the method, :func:`result_json` is the small JSON written by
+``pipeopt solve -o`` (``format: pipeopt-inference/0``: the metrics, every request's TTFT and
+end, every iteration's start and end per stage).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeopt.config import read_yaml
+from pipeopt.errors import ConfigError
+from pipeopt.schema import check_unknown_keys, pydantic_message
+from pipeopt.solvers.inference import Link, Served, round_robin, search, separated
+from pipeopt.workloads.inference import Request, StageModel, sample_requests
+
+FORMAT = "pipeopt-inference/0"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class RequestSpec(_Strict):
+    """One request (tokens)."""
+
+    prompt: int = Field(ge=1)
+    output: int = Field(ge=1)
+
+
+class Distribution(_Strict):
+    """Log-normal prompt and output lengths (tokens) drawn with ``seed``."""
+
+    count: int = Field(ge=1, le=100_000)
+    seed: int = 0
+    prompt_median: float = Field(gt=0)
+    output_median: float = Field(gt=0)
+    prompt_sigma: float = Field(1.0, ge=0)
+    output_sigma: float = Field(1.0, ge=0)
+    max_prompt: int = Field(4096, ge=1)
+    max_output: int = Field(4096, ge=1)
+
+
+class LinkSpec(_Strict):
+    """Links between stages: one-way latency (s), per-direction bandwidth (bytes/s)."""
+
+    latency: float = Field(0.0, ge=0)
+    bandwidth: float = Field(math.inf, gt=0, allow_inf_nan=True)
+
+
+class WorkloadSpec(_Strict):
+    """The ``workload:`` section."""
+
+    kind: Literal["inference"]
+    gpu: str
+    stages: int | list[int]
+    requests: list[RequestSpec] | Distribution
+    method: Literal["search", "round-robin", "separated"] = "search"
+    token_budget: float = Field(8192, ge=1)
+    ttft_limit: float | None = Field(None, gt=0)
+    link: LinkSpec = LinkSpec()
+    efficiency: float = Field(1.0, gt=0, le=1)
+    bandwidth_efficiency: float = Field(1.0, gt=0, le=1)
+    memory_fraction: float = Field(1.0, gt=0, le=1)
+
+
+class _File(_Strict):
+    workload: dict[str, Any]
+    model: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    """A checked inference config: requests, stage models, link, method and its options."""
+
+    requests: tuple[Request, ...]
+    stages: tuple[StageModel, ...]
+    link: Link
+    method: str
+    token_budget: float
+    ttft_limit: float | None
+    source: str = "<memory>"
+
+
+def is_inference(data: Any) -> bool:
+    """Whether a parsed config mapping is an inference config (has ``workload:``)."""
+    return isinstance(data, dict) and "workload" in data
+
+
+def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
+    """Check a parsed inference config and price its stages (see the module docstring)."""
+    from pipeopt.costs.build import shape_of
+    from pipeopt.costs.config import parse_model
+    from pipeopt.costs.gpus import lookup
+    from pipeopt.costs.inference import hbm_bandwidth, stage_models
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with workload: and model:")
+    check_unknown_keys(data, _File, "")
+    for key in ("workload", "model"):
+        if not isinstance(data.get(key), dict):
+            raise ConfigError(f"{key}: missing or not a mapping")
+    check_unknown_keys(data["workload"], WorkloadSpec, "workload")
+    try:
+        spec = WorkloadSpec.model_validate(data["workload"])
+    except ValidationError as exc:
+        raise ConfigError(pydantic_message(exc, "workload")) from None
+    shape = shape_of(parse_model(data["model"]))
+    try:
+        lookup(spec.gpu)
+        hbm_bandwidth(spec.gpu)
+    except KeyError as exc:
+        raise ConfigError(f"workload.gpu: {exc.args[0]}") from None
+    try:
+        models = stage_models(shape, spec.gpu, spec.stages, efficiency=spec.efficiency,
+                              bandwidth_efficiency=spec.bandwidth_efficiency,
+                              memory_fraction=spec.memory_fraction)
+    except ValueError as exc:
+        raise ConfigError(f"workload.{exc}") from None
+    if isinstance(spec.requests, Distribution):
+        d = spec.requests
+        reqs = sample_requests(d.count, d.seed, prompt_median=d.prompt_median,
+                               output_median=d.output_median, prompt_sigma=d.prompt_sigma,
+                               output_sigma=d.output_sigma, max_prompt=d.max_prompt,
+                               max_output=d.max_output)
+    else:
+        if not spec.requests:
+            raise ConfigError("workload.requests: need at least one request")
+        reqs = tuple(Request(r.prompt, r.output) for r in spec.requests)
+    return InferenceConfig(reqs, models, Link(spec.link.latency, spec.link.bandwidth),
+                           spec.method, spec.token_budget, spec.ttft_limit, source)
+
+
+def load_inference(path: str | os.PathLike[str]) -> InferenceConfig:
+    """Read and check the inference config file ``path``."""
+    return parse_inference(read_yaml(path), str(path))
+
+
+def solve_inference(cfg: InferenceConfig) -> tuple[Served, bool]:
+    """Run the config's method; returns the timed plan and whether the TTFT limit is met."""
+    try:
+        if cfg.method == "round-robin":
+            served = round_robin(cfg.requests, cfg.stages, cfg.token_budget, cfg.link)
+        elif cfg.method == "separated":
+            served = separated(cfg.requests, cfg.stages, cfg.token_budget, cfg.link)
+        else:
+            res = search(cfg.requests, cfg.stages, ttft_limit=cfg.ttft_limit, link=cfg.link)
+            return res.best, res.met_limit
+    except ValueError as exc:  # e.g. a request whose KV does not fit
+        raise ConfigError(f"workload: {exc}") from None
+    return served, served.meets(cfg.ttft_limit)
+
+
+def result_json(served: Served) -> dict[str, Any]:
+    """The result as a JSON-ready mapping (``format``: :data:`FORMAT`; seconds, tokens)."""
+    plan, sched = served.plan, served.schedule
+    s = sched.graph.devices
+    first = list(served.metrics.ttft_s)
+    end = [0.0] * len(plan.requests)
+    for b, it in enumerate(plan.iterations):
+        for r in it.finished:
+            end[r] = sched.end[b * s + s - 1]
+    return {
+        "format": FORMAT,
+        "method": served.method,
+        "metrics": served.metrics.as_dict(),
+        "requests": [{"prompt": r.prompt, "output": r.output, "ttft_s": first[i],
+                      "end_s": end[i]} for i, r in enumerate(plan.requests)],
+        "peak_memory_bytes": list(sched.peak_memory),
+        "iterations": [{
+            "group": it.group,
+            "prefill": [[c.request, c.cached, c.tokens] for c in it.chunks],
+            "decode": [[d.request, d.context] for d in it.decodes],
+            "start_s": [sched.start[b * s + k] for k in range(s)],
+            "end_s": [sched.end[b * s + k] for k in range(s)],
+        } for b, it in enumerate(plan.iterations)],
+    }
