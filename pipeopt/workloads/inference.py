@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
@@ -154,8 +155,7 @@ class StageModel:
 
 
 # ----- plans ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     """``tokens`` prompt tokens of request ``request`` after ``cached`` already in its KV."""
 
     request: int
@@ -163,8 +163,7 @@ class Chunk:
     tokens: int
 
 
-@dataclass(frozen=True)
-class Decode:
+class Decode(NamedTuple):
     """One decode step of request ``request`` whose token attends to ``context`` keys (its own
     included: prompt + tokens generated before it)."""
 
@@ -176,7 +175,9 @@ class Decode:
 class Iteration:
     """One forward pass through every stage: ``chunks`` of prefill and ``decodes``.
 
-    ``group``: the micro-batch (slot) it belongs to, for labels and hand-made orders."""
+    ``group``: the micro-batch (slot) it belongs to, for labels and hand-made orders. The
+    totals the stage models read (``tokens``, ``attention_keys``, ``kv_read_tokens``,
+    ``logits``) are derived once, when it is made."""
 
     group: int
     chunks: tuple[Chunk, ...] = ()
@@ -185,24 +186,24 @@ class Iteration:
     first_tokens: tuple[int, ...] = ()
     #: Requests that end here (their last token comes out of this iteration).
     finished: tuple[int, ...] = ()
+    #: Tokens through the stage: chunk tokens plus one per decode (= KV entries written).
+    tokens: int = field(init=False, compare=False)
+    #: (query, key) pairs of attention, causal: c p + c^2 / 2 per chunk, context per decode.
+    attention_keys: float = field(init=False, compare=False)
+    #: KV entries read: cached + new per chunk, context per decode.
+    kv_read_tokens: int = field(init=False, compare=False)
 
-    @property
-    def tokens(self) -> int:
-        """Tokens through the stage: chunk tokens plus one per decode."""
-        return sum(c.tokens for c in self.chunks) + len(self.decodes)
-
-    @property
-    def attention_keys(self) -> float:
-        """(query, key) pairs of attention, causal: c p + c^2 / 2 per chunk, context per decode.
-        """
-        return (sum(c.tokens * c.cached + c.tokens * c.tokens / 2 for c in self.chunks)
-                + sum(d.context for d in self.decodes))
-
-    @property
-    def kv_read_tokens(self) -> int:
-        """KV entries read: cached + new per chunk, context per decode."""
-        return sum(c.cached + c.tokens for c in self.chunks) + sum(d.context
-                                                                   for d in self.decodes)
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "chunks", tuple(self.chunks))
+        set_(self, "decodes", tuple(self.decodes))
+        set_(self, "first_tokens", tuple(self.first_tokens))
+        set_(self, "finished", tuple(self.finished))
+        ctx = sum(d.context for d in self.decodes)
+        set_(self, "tokens", sum(c.tokens for c in self.chunks) + len(self.decodes))
+        set_(self, "attention_keys", sum(c.tokens * c.cached + c.tokens * c.tokens / 2
+                                         for c in self.chunks) + ctx)
+        set_(self, "kv_read_tokens", sum(c.cached + c.tokens for c in self.chunks) + ctx)
 
     @property
     def logits(self) -> int:
