@@ -7,7 +7,8 @@ Model: Llama-2-70B (pipeopt's preset, fp16, causal) split evenly over 4 and 8 H1
 :mod:`pipeopt.costs.inference` at the ideal roofline (peak FLOP/s, peak HBM bandwidth); links
 between stages: pipeopt's default NVLink tier (450 GB/s, 2 us). Requests: all there at time 0,
 prompt and output lengths log-normal with a fixed seed (``chat``: medians 512 / 128 tokens,
-sigma 1; ``long-tail``: the same medians, sigma 1.5), clipped to 4096.
+sigma 1; ``long-tail``: the same medians, sigma 1.5; ``long-context``: medians 2048 / 512,
+sigma 0.7, whose KV cache outgrows 4 H100s' memory beside the weights), clipped to 4096.
 
 Per case it prints the round-robin baseline (vLLM-like: one group per stage, first come first
 served, continuous batching, 8192 tokens per iteration), the prefill/decode-separated baseline
@@ -39,7 +40,8 @@ BASELINE_BUDGET = 8192
 #: The search may be this much slower than round-robin at p99 TTFT.
 TTFT_SLACK = 1.1
 AIM = 1.3
-MIXES = {"chat": (512, 128, 1.0), "long-tail": (512, 128, 1.5)}
+MIXES = {"chat": (512, 128, 1.0), "long-tail": (512, 128, 1.5),
+         "long-context": (2048, 512, 0.7)}
 
 
 def llama2_70b() -> TransformerShape:
