@@ -379,3 +379,17 @@ def test_pipeopt_solve_an_inference_config(tmp_path: Path,
     assert main(["solve", str(path), "-o", str(path)]) != 0
     assert "--output" in capsys.readouterr().err
     assert path.read_text() == SMALL_CONFIG
+
+
+def test_docs_config_block_is_valid() -> None:
+    import re
+
+    import yaml
+
+    from pipeopt.inference_config import parse_inference
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "inference.md").read_text("utf-8")
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert block is not None
+    cfg = parse_inference(yaml.safe_load(block.group(1)))
+    assert len(cfg.stages) == 4 and len(cfg.requests) == 60 and cfg.ttft_limit == 3.0
