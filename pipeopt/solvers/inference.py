@@ -206,23 +206,28 @@ def pick(candidates: Sequence[Served], ttft_limit: float | None) -> tuple[Served
 def throughput_bound(requests: Sequence[Request], stages: Sequence[StageModel]) -> float:
     """Output tokens / the least makespan any plan and order can reach (tokens/s).
 
-    The makespan is at least (a) the longest request's chain: its ``output`` iterations run
-    one after another through every stage, each at least its stage's time for that request
-    alone; and (b) per stage, the time of all its work as one roofline: every token's FLOPs
-    over the peak, or the bytes over the bandwidth: the weights read once per iteration, and
-    every stage runs at least ``max output`` iterations, plus every KV entry read by attention
-    (sum over iterations of max(f_i / P, b_i / B) >= max(sum f / P, sum b / B)). Chunking a
-    prompt only adds attention reads, so whole prompts are counted."""
+    The makespan is at least (a) a request's chain: its prefill, in any chunks, takes on some
+    stage k at least the time of the whole prompt there (the chunks' FLOPs add up to the whole
+    prompt's and their bytes to at least its bytes; sum of max >= max of sums), after its first
+    chunk passed the stages before k and before its last chunk passes those after k (each pass
+    at least an empty iteration's time, the weights' read); then its ``output - 1`` decodes
+    run one after another through every stage, each at least its time alone; and (b) per
+    stage, all its work as one roofline: every token's FLOPs over the peak, or the bytes over
+    the bandwidth: the weights once per iteration, at least ``max output`` iterations, plus
+    every KV entry read by attention (whole prompts: chunking only adds reads)."""
     reqs = check_requests(requests)
     if not stages:
         raise ValueError("stages: need at least one stage")
-    # (a) the longest chain: prefill alone, then each decode alone.
+    # (a) the longest chain: the prefill, then each decode alone through every stage.
+    empty = [m.time(Iteration(0)) for m in stages]  # the least time of any iteration
     chain = 0.0
     for r in reqs:
-        its = [Iteration(0, chunks=(Chunk(0, 0, r.prompt),), first_tokens=(0,))]
-        its += [Iteration(0, decodes=(Decode(0, r.prompt + j),)) for j in range(1, r.output)]
-        t = sum(m.time(it) for it in its for m in stages)
-        chain = max(chain, t)
+        whole = Iteration(0, chunks=(Chunk(0, 0, r.prompt),), first_tokens=(0,))
+        prefill = max(m.time(whole) - e for m, e in zip(stages, empty, strict=True))
+        decodes = [Iteration(0, decodes=(Decode(0, r.prompt + j),))
+                   for j in range(1, r.output)]
+        chain = max(chain, sum(empty) + prefill + sum(m.time(it) for it in decodes
+                                                      for m in stages))
     # (b) per stage, all work as one roofline.
     iters = max(r.output for r in reqs)
     tokens = sum(r.prompt + r.output - 1 for r in reqs)

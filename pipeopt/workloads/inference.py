@@ -21,8 +21,10 @@ writes its KV entry and yields token ``j + 1``; the request's KV holds
 
 :func:`build` turns a plan into a :class:`TaskGraph`: task ``b * stages + k`` is iteration ``b``
 on stage ``k`` (device ``k``); ``(b, k) -> (b, k + 1)`` carries the iteration's activations
-(tokens x ``activation_bytes_per_token``); the last stage of a request's previous iteration
-precedes the first stage of its next one (the sampled token goes back, a latency-only message);
+(tokens x ``activation_bytes_per_token``); when a request's previous iteration yielded a
+token, its last stage precedes the first stage of the request's next iteration (the sampled
+token goes back, a latency-only message); after a prefill chunk that yields none, the next
+chunk follows it stage by stage (each stage extends the KV it holds: chunks pipeline);
 each task allocates the KV entries it writes at its start and frees the KV of the requests that
 end in it at its end; each device's static memory is its stage's weights.
 :func:`metrics` reads throughput, TTFT and TPOT off a timed schedule of that graph.
@@ -529,7 +531,7 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
     src: list[int] = []
     dst: list[int] = []
     size: list[float] = []
-    last_of: dict[int, int] = {}
+    last_of: dict[int, tuple[int, bool]] = {}  # request -> (last iteration, yielded a token)
     for b, it in enumerate(plan.iterations):
         written = it.kv_written
         freed = sum(reqs[r].kv_tokens for r in it.finished)
@@ -544,14 +546,26 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
                 src.append(b * s + k - 1)
                 dst.append(b * s + k)
                 size.append(tokens * models[k - 1].activation_bytes_per_token)
-        prev = {last_of[r] for r in (*(c.request for c in it.chunks),
-                                     *(d.request for d in it.decodes)) if r in last_of}
-        for a in sorted(prev):
+        after_token: set[int] = set()  # iterations whose sampled token this one feeds
+        after_chunk: set[int] = set()  # iterations whose KV this one extends, stage by stage
+        for r in (*(c.request for c in it.chunks), *(d.request for d in it.decodes)):
+            if r in last_of:
+                a, token = last_of[r]
+                (after_token if token else after_chunk).add(a)
+        for a in sorted(after_chunk - after_token):
+            for k in range(s):  # on each stage's own device: no message
+                src.append(a * s + k)
+                dst.append(b * s + k)
+                size.append(0.0)
+        for a in sorted(after_token):
             src.append(a * s + s - 1)
             dst.append(b * s)
             size.append(0.0)  # a token id: latency only
-        for r in (*(c.request for c in it.chunks), *(d.request for d in it.decodes)):
-            last_of[r] = b
+        firsts = set(it.first_tokens)
+        for c in it.chunks:
+            last_of[c.request] = (b, c.request in firsts)
+        for d in it.decodes:
+            last_of[d.request] = (b, True)
     pairs = [(k, k + 1) for k in range(s - 1)]
     if s > 1:
         pairs.append((s - 1, 0))
