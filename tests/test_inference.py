@@ -94,6 +94,12 @@ def test_request_and_policy_errors_name_the_field() -> None:
         wi.continuous_plan(reqs, 2, 10, capacity_tokens=4)
     with pytest.raises(ValueError, match=r"requests\.prompt_median: must be > 0"):
         wi.sample_requests(1, 0, prompt_median=0, output_median=1)
+    with pytest.raises(ValueError, match=r"requests\.max_output: must be an integer >= 1"):
+        wi.sample_requests(1, 0, prompt_median=1, output_median=1, max_output=0)
+    a = wi.sample_requests(50, 7, prompt_median=100, output_median=20, max_prompt=300)
+    assert a == wi.sample_requests(50, 7, prompt_median=100, output_median=20, max_prompt=300)
+    assert max(r.prompt for r in a) <= 300 and a != wi.sample_requests(
+        50, 8, prompt_median=100, output_median=20, max_prompt=300)
 
 
 def test_continuous_plan_by_hand() -> None:

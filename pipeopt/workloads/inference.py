@@ -86,6 +86,9 @@ def sample_requests(n: int, seed: int, *, prompt_median: float, output_median: f
     for name, v in (("prompt_sigma", prompt_sigma), ("output_sigma", output_sigma)):
         if not v >= 0:
             raise ValueError(f"requests.{name}: must be >= 0, got {v!r}")
+    for name, v in (("max_prompt", max_prompt), ("max_output", max_output)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"requests.{name}: must be an integer >= 1, got {v!r}")
     rng = np.random.default_rng(seed)
     p = rng.lognormal(math.log(prompt_median), prompt_sigma, n)
     o = rng.lognormal(math.log(output_median), output_sigma, n)
@@ -471,7 +474,8 @@ def separated_plan(requests: Sequence[Request], microbatches: int, token_budget:
     phase admits requests in ``order`` while the KV capacity allows and prefills them in
     iterations of at most ``token_budget`` tokens (independent of each other, so they stream
     through the pipeline); a decode phase spreads the admitted requests round-robin over
-    ``microbatches`` groups that take turns until all of them end; then the next phase."""
+    ``microbatches`` groups that take turns until all of them end; then the next phase.
+    Prefill iterations carry group number ``microbatches`` (one past the decode groups)."""
     _check_policy(microbatches, token_budget)
     f = _Former(requests, capacity_tokens)
     queue = _assign(f.requests, order, microbatches, None)[0]
