@@ -427,3 +427,23 @@ def test_bound_holds_for_cpsat_on_chunked_plans() -> None:
     exact = si.time_plan(plan, stages, order="cpsat", time_limit=20)
     assert check(exact.schedule) == []
     assert exact.metrics.throughput_tokens_per_s <= si.throughput_bound(reqs, stages) * (1 + 1e-9)
+
+
+def test_separated_plan_refills_when_half_the_phase_ended() -> None:
+    # KV for two requests at most (capacity 10 tokens: r0 needs 3, r1 7, r2 3, r3 3).
+    reqs = [Request(2, 2), Request(2, 6), Request(2, 2), Request(2, 2)]
+
+    def prefill_of(plan: wi.Plan, r: int) -> int:
+        return next(b for b, it in enumerate(plan.iterations) if r in it.first_tokens)
+
+    def end_of(plan: wi.Plan, r: int) -> int:
+        return next(b for b, it in enumerate(plan.iterations) if r in it.finished)
+
+    refill = wi.separated_plan(reqs, 2, 100, 10, refill_fraction=0.5)
+    # After one decode round r0 has ended (1 of 2 live <= 0.5 x 2) and r2 fits: prefill it.
+    assert prefill_of(refill, 2) < end_of(refill, 1)
+    assert refill.iterations[prefill_of(refill, 2)].group == 2
+    drain = wi.separated_plan(reqs, 2, 100, 10, refill_fraction=0.0)
+    assert prefill_of(drain, 2) > end_of(drain, 1)
+    with pytest.raises(ValueError, match=r"policy\.refill_fraction"):
+        wi.separated_plan(reqs, 2, 100, refill_fraction=2)

@@ -469,31 +469,40 @@ def static_plan(requests: Sequence[Request], microbatches: int, batch_size: int,
 
 def separated_plan(requests: Sequence[Request], microbatches: int, token_budget: float,
                    capacity_tokens: float = math.inf, *, order: Sequence[int] | None = None,
-                   policy: str = "separated") -> Plan:
+                   refill_fraction: float = 0.5, policy: str = "separated") -> Plan:
     """Prefill and decode separated in time (after TD-Pipe, Zhang et al. 2025): a prefill
     phase admits requests in ``order`` while the KV capacity allows and prefills them in
     iterations of at most ``token_budget`` tokens (independent of each other, so they stream
-    through the pipeline); a decode phase spreads the admitted requests round-robin over
-    ``microbatches`` groups that take turns until all of them end; then the next phase.
-    Prefill iterations carry group number ``microbatches`` (one past the decode groups)."""
+    through the pipeline); a decode phase spreads them over ``microbatches`` groups (each to
+    the group with the fewest live requests) that take turns, until the next request in line
+    fits the freed KV and at most ``refill_fraction`` of the phase's requests are still live
+    (0: decode until all end), then the next prefill phase. Prefill iterations carry group
+    number ``microbatches`` (one past the decode groups). ``refill_fraction`` is this
+    policy's knob, not a figure from the paper (TD-Pipe decides by comparing the two phases'
+    compute intensity)."""
     _check_policy(microbatches, token_budget)
+    if not 0 <= refill_fraction <= 1:
+        raise ValueError(f"policy.refill_fraction: must be in [0, 1], got {refill_fraction!r}")
     f = _Former(requests, capacity_tokens)
     queue = _assign(f.requests, order, microbatches, None)[0]
-    while queue:
+    groups: list[list[int]] = [[] for _ in range(microbatches)]
+    while queue or any(groups):
         admitted: list[int] = []
         while queue:
-            live: list[int] = []
-            if not f.iterate(microbatches, live, token_budget, False, queue, decode=False):
+            if not f.iterate(microbatches, [], token_budget, False, queue, decode=False):
                 break
-            admitted.extend(f.iterations[-1].first_tokens)
-        if not admitted:
+            admitted.extend(r for r in f.iterations[-1].first_tokens
+                            if r not in f.iterations[-1].finished)
+        if not admitted and not any(groups) and queue:
             raise f.stuck()
-        groups = [[r for r in admitted[g::microbatches]
-                   if f.state[r].generated < f.requests[r].output]
-                  for g in range(microbatches)]
+        for r in admitted:
+            min(groups, key=len).append(r)
+        phase = sum(map(len, groups))
         while any(groups):
             for g in range(microbatches):
                 f.iterate(g, groups[g], math.inf, False, None, prefill=False)
+            if queue and f.fits(queue[0]) and sum(map(len, groups)) <= refill_fraction * phase:
+                break
     return Plan(f.requests, tuple(f.iterations), policy)
 
 
