@@ -32,7 +32,6 @@ HBM bandwidth per GPU (vendor datasheets, peak, checked December 2026):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -176,10 +175,3 @@ def stage_models(shape: TransformerShape, gpu: str, stages: int | Sequence[int],
             memory_limit=usable))
     return tuple(out)
 
-
-def kv_capacity_tokens(models: Sequence[StageModel]) -> float:
-    """Tokens of KV cache every stage can hold beside its weights (the smallest over stages;
-    inf without limits or without KV)."""
-    caps = [math.inf if m.memory_limit is None or m.kv_bytes_per_token == 0
-            else (m.memory_limit - m.weight_bytes) / m.kv_bytes_per_token for m in models]
-    return min(caps)

@@ -35,6 +35,7 @@ from pipeopt.workloads.inference import (
     Request,
     StageModel,
     build,
+    capacity_tokens,
     check_requests,
     continuous_plan,
     metrics,
@@ -63,12 +64,6 @@ class Served:
     def meets(self, ttft_limit: float | None) -> bool:
         """Whether the p99 TTFT is within ``ttft_limit`` s (None: no limit)."""
         return ttft_limit is None or self.metrics.ttft_p99_s <= ttft_limit * (1 + 1e-12)
-
-
-def capacity_tokens(stages: Sequence[StageModel]) -> float:
-    """KV tokens every stage holds beside its weights (the smallest over the stages)."""
-    return min(math.inf if m.memory_limit is None or m.kv_bytes_per_token == 0
-               else (m.memory_limit - m.weight_bytes) / m.kv_bytes_per_token for m in stages)
 
 
 def time_plan(plan: Plan, stages: Sequence[StageModel], link: Link = Link(), *,

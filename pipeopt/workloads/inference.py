@@ -159,6 +159,13 @@ class StageModel:
         return max(self.flops(it) / self.peak_flops, self.bytes_read(it) / self.hbm_bandwidth)
 
 
+def capacity_tokens(stages: Sequence[StageModel]) -> float:
+    """KV tokens every stage holds beside its weights (the smallest over the stages; inf
+    without memory limits or KV)."""
+    return min(math.inf if m.memory_limit is None or m.kv_bytes_per_token == 0
+               else (m.memory_limit - m.weight_bytes) / m.kv_bytes_per_token for m in stages)
+
+
 # ----- plans ---------------------------------------------------------------------------------
 class Chunk(NamedTuple):
     """``tokens`` prompt tokens of request ``request`` after ``cached`` already in its KV."""
