@@ -6,7 +6,7 @@ batch of requests on a pipeline (docs/inference.md):
 ```yaml
 workload:
   kind: inference
-  gpu: H100             # catalog name; one GPU per stage
+  gpu: H100             # catalog name, one GPU per stage (or a list: one name per stage)
   stages: 4             # or the layers per stage: [20, 20, 20, 20]
   requests:             # a list of {prompt, output} ...
     - {prompt: 512, output: 128}
@@ -76,7 +76,7 @@ class WorkloadSpec(_Strict):
     """The ``workload:`` section."""
 
     kind: Literal["inference"]
-    gpu: str
+    gpu: str | list[str]
     stages: int | list[int]
     requests: list[RequestSpec] | Distribution
     method: Literal["search", "round-robin", "separated"] = "search"
@@ -130,11 +130,14 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
     except ValidationError as exc:
         raise ConfigError(pydantic_message(exc, "workload")) from None
     shape = shape_of(parse_model(data["model"]))
-    try:
-        lookup(spec.gpu)
-        hbm_bandwidth(spec.gpu)
-    except KeyError as exc:
-        raise ConfigError(f"workload.gpu: {exc.args[0]}") from None
+    names = [spec.gpu] if isinstance(spec.gpu, str) else spec.gpu
+    for k, name in enumerate(names):
+        try:
+            lookup(name)
+            hbm_bandwidth(name)
+        except KeyError as exc:
+            where = "" if isinstance(spec.gpu, str) else f"[{k}]"
+            raise ConfigError(f"workload.gpu{where}: {exc.args[0]}") from None
     try:
         models = stage_models(shape, spec.gpu, spec.stages, efficiency=spec.efficiency,
                               bandwidth_efficiency=spec.bandwidth_efficiency,

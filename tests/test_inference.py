@@ -79,6 +79,12 @@ def test_stage_models_split_the_model() -> None:
     with pytest.raises(KeyError, match="did you mean"):
         ci.hbm_bandwidth("H10O")
     assert ci.split_layers(10, 4) == (3, 3, 2, 2)
+    mixed = ci.stage_models(sh, ["H100", "H200"], [30, 50])
+    assert [m.hbm_bandwidth for m in mixed] == [3.35e12, 4.8e12]
+    assert mixed[1].memory_limit > mixed[0].memory_limit
+    assert mixed[1].kv_bytes_per_token == 327_680 * 50 / 80
+    with pytest.raises(ValueError, match="gpu: 1 GPUs for 2 stages"):
+        ci.stage_models(sh, ["H100"], [30, 50])
 
 
 # ----- plans ---------------------------------------------------------------------------------
@@ -343,6 +349,8 @@ def test_inference_config_errors_name_the_key() -> None:
     cases = [
         ({"token_budget": 0}, r"workload\.token_budget: must be >= 1, got 0"),
         ({"gpu": "H10O"}, r"workload\.gpu: unknown GPU 'H10O'; did you mean"),
+        ({"gpu": ["H100", "H10O"]}, r"workload\.gpu\[1\]: unknown GPU 'H10O'"),
+        ({"gpu": ["H100"]}, r"workload\.gpu: 1 GPUs for 2 stages"),
         ({"stages": [40, 30]}, r"workload\.stages: layers per stage \[40, 30\]"),
         ({"stages": 1}, r"workload\.stages\[0\]: the weights of 80 layers"),
         ({"methd": "search"}, r"workload\.methd: unknown key; did you mean 'method'"),

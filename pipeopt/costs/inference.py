@@ -128,10 +128,12 @@ def split_layers(layers: int, stages: int) -> tuple[int, ...]:
     return tuple(q + (k < r) for k in range(stages))
 
 
-def stage_models(shape: TransformerShape, gpu: str, stages: int | Sequence[int], *,
+def stage_models(shape: TransformerShape, gpu: str | Sequence[str],
+                 stages: int | Sequence[int], *,
                  efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
                  memory_fraction: float = 1.0) -> tuple[StageModel, ...]:
-    """One :class:`StageModel` per pipeline stage of ``shape`` on GPUs ``gpu``.
+    """One :class:`StageModel` per pipeline stage of ``shape`` on GPUs ``gpu`` (one catalog
+    name for every stage, or one per stage: mixed devices).
 
     ``stages``: a count (layers split by :func:`split_layers`) or the layers per stage. The
     embedding sits on the first stage, the final norm and LM head on the last. ``efficiency``
@@ -148,13 +150,16 @@ def stage_models(shape: TransformerShape, gpu: str, stages: int | Sequence[int],
                     ("memory_fraction", memory_fraction)):
         if not 0 < v <= 1:
             raise ValueError(f"{name}: must be in (0, 1], got {v!r}")
-    g = lookup(gpu)
-    peak = g.peak_flops(shape.dtype) * efficiency
-    bw = hbm_bandwidth(gpu) * bandwidth_efficiency
+    names = [gpu] * len(per) if isinstance(gpu, str) else list(gpu)
+    if len(names) != len(per):
+        raise ValueError(f"gpu: {len(names)} GPUs for {len(per)} stages")
     e = DTYPE_BYTES[shape.dtype]
     h, v = shape.hidden, shape.vocab
     out = []
     for k, n in enumerate(per):
+        g = lookup(names[k])
+        peak = g.peak_flops(shape.dtype) * efficiency
+        bw = hbm_bandwidth(names[k]) * bandwidth_efficiency
         params = n * block_params(shape)
         if k == 0:
             params += v * h
