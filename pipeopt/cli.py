@@ -241,12 +241,24 @@ def _log_to_stderr() -> None:
 
 
 def _is_inference_file(path: str) -> bool:
-    """Whether ``path`` (a YAML file, not standard input) has a ``workload:`` section."""
+    """Whether ``path`` (a YAML file, not standard input) has a top-level ``workload:`` key.
+    The text is scanned first, so a pipeline config is not parsed twice; a file that cannot be
+    read is left to :func:`load_config` to report."""
+    import re
+
     from pipeopt.config import read_yaml
+    from pipeopt.errors import MAX_CONFIG_BYTES
     from pipeopt.inference_config import is_inference
     from pipeopt.io import STDIN
 
     if str(path) == STDIN or str(path).lower().endswith(".json"):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return False
+    if not re.search(r"^workload\s*:", text, re.M):
         return False
     return is_inference(read_yaml(path))
 
