@@ -246,9 +246,7 @@ def _is_inference_file(path: str) -> bool:
     read is left to :func:`load_config` to report."""
     import re
 
-    from pipeopt.config import read_yaml
     from pipeopt.errors import MAX_CONFIG_BYTES
-    from pipeopt.inference_config import is_inference
     from pipeopt.io import STDIN
 
     if str(path) == STDIN or str(path).lower().endswith(".json"):
@@ -260,6 +258,9 @@ def _is_inference_file(path: str) -> bool:
         return False
     if not re.search(r"^workload\s*:", text, re.M):
         return False
+    from pipeopt.config import read_yaml
+    from pipeopt.inference_config import is_inference  # only for a serving config
+
     return is_inference(read_yaml(path))
 
 
