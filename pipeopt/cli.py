@@ -241,7 +241,8 @@ def _log_to_stderr() -> None:
 
 
 def _is_inference_file(path: str) -> bool:
-    """Whether ``path`` (a YAML file, not standard input) has a top-level ``workload:`` key.
+    """Whether ``path`` (a regular YAML file: not standard input, a FIFO or a device) has a
+    top-level ``workload:`` key.
     The text is scanned first, so a pipeline config is not parsed twice; a file that cannot be
     read is left to :func:`load_config` to report."""
     import re
@@ -249,9 +250,11 @@ def _is_inference_file(path: str) -> bool:
     from pipeopt.errors import MAX_CONFIG_BYTES
     from pipeopt.io import STDIN
 
-    if str(path) == STDIN or str(path).lower().endswith(".json"):
-        return False
+    if str(path) == STDIN or str(path).lower().endswith(".json") or not os.path.isfile(path):
+        return False  # a FIFO or a device is read once, by load_config
     try:
+        if os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return False  # load_config refuses it without reading it
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read(MAX_CONFIG_BYTES + 1)
     except OSError:
