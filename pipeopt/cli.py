@@ -11,6 +11,7 @@ failed or interrupted run leaves the previous file as it was.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import logging
@@ -273,11 +274,15 @@ def _solve_inference(args: argparse.Namespace) -> int:
     from pipeopt.inference_config import load_inference, result_json, solve_inference
     from pipeopt.io import write_atomic
 
-    for flag in ("method", "time_limit", "objective"):
+    for flag in ("method", "objective"):
         if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')}: not used with an inference config "
                               "(give workload.method)")
     cfg = load_inference(args.config)
+    # --time-limit (checked by its parser) overrides workload.time_limit; loading counts
+    limit = cfg.time_limit if args.time_limit is None else args.time_limit
+    spent = time.perf_counter() - args.started
+    cfg = dataclasses.replace(cfg, time_limit=max(limit - spent, 1e-3))
     served, met = solve_inference(cfg)
     m = served.metrics
     if args.json:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -82,6 +82,7 @@ class WorkloadSpec(_Strict):
     method: Literal["search", "round-robin", "separated"] = "search"
     token_budget: float = Field(8192, ge=1)
     ttft_limit: float | None = Field(None, gt=0)
+    time_limit: float = Field(60.0, gt=0)
     link: LinkSpec = LinkSpec()
     efficiency: float = Field(1.0, gt=0, le=1)
     bandwidth_efficiency: float = Field(1.0, gt=0, le=1)
@@ -104,6 +105,7 @@ class InferenceConfig:
     token_budget: float
     ttft_limit: float | None
     source: str = "<memory>"
+    time_limit: float = 60.0  # s of wall time for the search (it stops starting candidates)
 
 
 def is_inference(data: Any) -> bool:
@@ -155,7 +157,8 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
             raise ConfigError("workload.requests: need at least one request")
         reqs = tuple(Request(r.prompt, r.output) for r in spec.requests)
     return InferenceConfig(reqs, models, Link(spec.link.latency, spec.link.bandwidth),
-                           spec.method, spec.token_budget, spec.ttft_limit, source)
+                           spec.method, spec.token_budget, spec.ttft_limit, source,
+                           spec.time_limit)
 
 
 def load_inference(path: str | os.PathLike[str]) -> InferenceConfig:
@@ -164,15 +167,20 @@ def load_inference(path: str | os.PathLike[str]) -> InferenceConfig:
 
 
 def solve_inference(cfg: InferenceConfig) -> tuple[Served, bool]:
-    """Run the config's method; returns the timed plan and whether the TTFT limit is met."""
+    """Run the config's method; returns the timed plan and whether the TTFT limit is met.
+    The search stops starting candidates after ``cfg.time_limit`` s (its plan then says so in
+    its method name: ``... (time limit)``)."""
     try:
         if cfg.method == "round-robin":
             served = round_robin(cfg.requests, cfg.stages, cfg.token_budget, cfg.link)
         elif cfg.method == "separated":
             served = separated(cfg.requests, cfg.stages, cfg.token_budget, cfg.link)
         else:
-            res = search(cfg.requests, cfg.stages, ttft_limit=cfg.ttft_limit, link=cfg.link)
-            return res.best, res.met_limit
+            res = search(cfg.requests, cfg.stages, ttft_limit=cfg.ttft_limit, link=cfg.link,
+                         time_limit=cfg.time_limit)
+            best = res.best if res.complete else replace(
+                res.best, method=f"{res.best.method} (time limit)")
+            return best, res.met_limit
     except ValueError as exc:  # e.g. a request whose KV does not fit
         raise ConfigError(f"workload: {exc}") from None
     return served, served.meets(cfg.ttft_limit)

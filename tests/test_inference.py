@@ -289,6 +289,24 @@ def test_ttft_limit_is_a_constraint() -> None:
         si.search(reqs, stages, ttft_limit=0)
 
 
+def test_search_time_limit_stops_after_the_first_candidate() -> None:
+    """A limit already spent still returns a plan (the first candidate), flagged incomplete;
+    a roomy one tries every candidate."""
+    from pipeopt.solvers import inference as si
+
+    reqs = [Request(8, 1 + (i * 7) % 9) for i in range(10)]
+    stages = small_stages(2)
+    full = si.search(reqs, stages, budgets=(4, 32), greedy=True)
+    assert full.complete
+    roomy = si.search(reqs, stages, budgets=(4, 32), greedy=True, time_limit=3600)
+    assert roomy.complete and len(roomy.candidates) == len(full.candidates)
+    cut = si.search(reqs, stages, budgets=(4, 32), greedy=True, time_limit=1e-9)
+    assert not cut.complete and len(cut.candidates) == 1
+    assert cut.candidates[0].plan.policy == full.candidates[0].plan.policy
+    with pytest.raises(ValueError, match=r"time_limit: must be > 0"):
+        si.search(reqs, stages, time_limit=0)
+
+
 def test_cpsat_on_a_tiny_plan_is_no_worse_than_its_order() -> None:
     from pipeopt.core.bounds import lower_bound
     from pipeopt.solvers import inference as si
@@ -387,6 +405,16 @@ def test_pipeopt_solve_an_inference_config(tmp_path: Path,
     assert all(len(it["start_s"]) == 2 for it in doc["iterations"])
     assert main(["solve", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ttft_limit_met"] is True
+    # --time-limit is the search's wall-time budget here too; a spent one still answers
+    search_cfg = SMALL_CONFIG.replace("method: round-robin", "method: search")
+    assert search_cfg != SMALL_CONFIG
+    path2 = tmp_path / "search.yaml"
+    path2.write_text(search_cfg)
+    assert main(["solve", str(path2), "--time-limit", "1e-9"]) == 0
+    assert "(time limit)" in capsys.readouterr().out
+    path2.write_text(search_cfg.replace("kind: inference", "kind: inference\n  time_limit: 0"))
+    assert main(["solve", str(path2)]) != 0
+    assert "workload.time_limit" in capsys.readouterr().err
     assert main(["solve", str(path), "--method", "greedy"]) != 0
     assert "--method: not used with an inference config" in capsys.readouterr().err
     # The output never replaces the config.

@@ -140,18 +140,28 @@ class SearchResult:
     candidates: tuple[Served, ...]
     met_limit: bool
     wall_time: float
+    complete: bool = True  # False: the time limit stopped the search before every candidate
 
 
 def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
            ttft_limit: float | None = None, budgets: Sequence[float] | None = None,
-           link: Link = Link(), greedy: bool = True, greedy_tries: int = 3) -> SearchResult:
+           link: Link = Link(), greedy: bool = True, greedy_tries: int = 3,
+           time_limit: float | None = None) -> SearchResult:
     """Try admission orders x groupings x token budgets x chunking (see the module docstring;
     ``budgets`` default: :func:`ridge_tokens`, 1024 and 8192 tokens per iteration),
     each timed in the plan's order, and with ``greedy`` the ``greedy_tries`` best of them
     again by the core greedy (its own order on each device); return the highest
     throughput whose p99 TTFT is within ``ttft_limit`` s (when none is, the lowest p99 TTFT,
-    with ``met_limit`` False)."""
+    with ``met_limit`` False). With ``time_limit`` (s) no new candidate is started once that
+    much wall time has passed, except the first (a search always returns a plan);
+    ``complete`` says whether every candidate was tried."""
     t0 = time.perf_counter()
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit: must be > 0 s, got {time_limit!r}")
+
+    def out_of_time() -> bool:
+        return time_limit is not None and bool(out) and time.perf_counter() - t0 > time_limit
+
     reqs = check_requests(requests)
     if budgets is None:
         budgets = (ridge_tokens(stages), 1024, 8192)
@@ -166,9 +176,13 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
     packings = {"fcfs/shared": (None, None), "longest/shared": (longest, None),
                 "longest/balanced": (longest, balanced_groups(reqs, groups))}
     out: list[Served] = []
+    complete = True
     for budget in budgets:
         for chunked in (False, True):
             for pname, (order, assign) in packings.items():
+                if out_of_time():
+                    complete = False
+                    break
                 name = f"{pname}/budget {budget:g}" + ("/chunked" if chunked else "")
                 try:
                     plan = continuous_plan(reqs, groups, budget, cap, chunked=chunked,
@@ -179,12 +193,15 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
     if greedy:  # the core greedy reorders the best few plans on each device
         ok = [c for c in out if c.meets(ttft_limit)] or out
         for c in sorted(ok, key=lambda c: -c.metrics.throughput_tokens_per_s)[:greedy_tries]:
+            if out_of_time():
+                complete = False
+                break
             with contextlib.suppress(Stuck):
                 out.append(time_plan(c.plan, stages, link, order="greedy"))
     if not out:
         raise ValueError("search: no candidate serves every request within the KV capacity")
     best, met = pick(out, ttft_limit)
-    return SearchResult(best, tuple(out), met, time.perf_counter() - t0)
+    return SearchResult(best, tuple(out), met, time.perf_counter() - t0, complete)
 
 
 def pick(candidates: Sequence[Served], ttft_limit: float | None) -> tuple[Served, bool]:
