@@ -110,6 +110,29 @@ def print_summary(s: Schedule, out: Any = None) -> None:
     print(f"solve time    {s.solver.wall_time:.2f} s", file=out)
 
 
+def print_pareto(s: Schedule, front: Sequence[Sequence[Any]], out: Any = None) -> None:
+    """``auto``'s time / memory trade-off: its candidates that no other beats on both (method,
+    time in s, max peak memory), fastest first, the chosen one marked; ``+x%`` over the
+    fastest is the ``solver.time_tolerance`` from which ``auto`` prefers that row's memory."""
+    out = out or sys.stdout
+    what = "max span" if s.solver.objective == "span" else "iteration time"
+    chosen = s.solver.detail("chosen")
+    if len(front) == 1:
+        print(f"pareto        {front[0][0]} is both the fastest and the leanest candidate",
+              file=out)
+        return
+    print(f"pareto        {what} vs peak memory, the candidates no other beats on both "
+          "(> chosen; +x% = the time_tolerance that picks it):", file=out)
+    top = front[0][1]
+    rows = [(">" if m == chosen else " ", m, f"{_fmt(t)} s",
+             f"+{t / top - 1:.1%}" if top > 0 else "n/a", format_memory(mem, s.problem))
+            for m, t, mem in front]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("              " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+              .rstrip(), file=out)
+
+
 class ProgressLine:
     """One status line on a terminal's stderr, redrawn in place: elapsed wall time since the
     start, what is running, and the search's best objective, bound and gap (seconds).
@@ -345,14 +368,22 @@ def cmd_solve(args: argparse.Namespace) -> int:
                              log=args.verbose)
     logger.info("solve: search and validation took %.2f s", time.perf_counter() - t_search)
     # The summary first: if the write then fails, what was found is still on the screen.
+    front = sched.solver.detail("pareto")
     if args.json:
-        extra = {} if sched.problem.uniform_microbatches else {
+        extra: dict[str, Any] = {} if sched.problem.uniform_microbatches else {
             "microbatch_order": list(sched.microbatch_order)}
+        if front:
+            key = "max_span" if sched.solver.objective == "span" else "iteration_time"
+            extra["pareto"] = [{"method": m, key: t, "peak_memory": mem,
+                                "chosen": m == sched.solver.detail("chosen")}
+                               for m, t, mem in front]
         print(json.dumps({**sched.summary(), **extra}))
     else:
         print_summary(sched)
         if sched.solver.detail("tradeoff"):
             print(f"trade-off     {sched.solver.detail('tradeoff')}")
+        if front:
+            print_pareto(sched, front)
         if sched.solver.detail("chunks"):
             print(f"chunks        {sched.solver.detail('chunks')}")
             chosen, given = sched.problem, cfg.problem
@@ -376,6 +407,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     details = dict(sched.solver.details)
     if details.get("fallback"):
         print(f"pipeopt: note: {details['fallback']}", file=sys.stderr)
+    if details.get("validation"):
+        print(f"pipeopt: note: validation {details['validation']}", file=sys.stderr)
     if details.get("interrupted"):
         kept = f"wrote the best schedule so far to {args.output}" if args.output else (
             "the best schedule so far is above")
@@ -471,13 +504,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _print_table(rows: list[Any]) -> None:
     """The comparison as an aligned text table: the compared quantity (iteration time, or max
     span with ``objective: span``), its ratio to the best that fits ("n/a" where undefined),
-    and the makespan only when it differs from that quantity somewhere."""
+    the makespan only when it differs from that quantity somewhere, and whether each row that
+    fits is on the time / peak memory Pareto set ("-" for rows over the memory limits)."""
     key = rows[0].ratio_of if rows else "iteration_time"
     what = "max span" if key == "max_span" else "iteration time"
     extra = any(r.value is not None and not math.isclose(r.schedule.makespan, r.value,
                                                          rel_tol=1e-12) for r in rows)
     head = ["method", what, "vs best", *(["makespan"] if extra else []), "bubble",
-            "peak mem (max)", "fits", "status"]
+            "peak mem (max)", "fits", "pareto", "status"]
     table = [head]
     for r in rows:
         if r.schedule is None:
@@ -487,7 +521,7 @@ def _print_table(rows: list[Any]) -> None:
         table.append([r.method, _fmt(r.value), "n/a" if r.ratio is None else f"{r.ratio:.3f}",
                       *([_fmt(s.makespan)] if extra else []), f"{s.bubble_ratio:.1%}",
                       format_memory(max(s.peak_memory), s.problem), "yes" if r.fits else "no",
-                      s.solver.status])
+                      ("yes" if r.pareto else "no") if r.fits else "-", s.solver.status])
     widths = [max(len(str(row[i])) for row in table if i < len(row)) for i in range(len(head))]
     for i, row in enumerate(table):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())

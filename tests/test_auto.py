@@ -179,3 +179,59 @@ def test_time_tolerance_is_checked(bad):
 
     with pytest.raises(ConfigError, match=r"time_tolerance: must be a number in 0\.\.1"):
         SolveOptions(time_tolerance=bad)
+
+
+def test_pareto_is_exactly_the_non_dominated_points():
+    """Hand-built (time, memory) points; equal points do not dominate each other."""
+    from pipeopt.solvers.auto import pareto
+
+    pts = [(1, 5), (2, 3), (2, 3), (3, 3), (4, 1), (1, 6), (5, 0.5), (4, 2)]
+    # (3, 3) is beaten on time by (2, 3); (1, 6) on memory by (1, 5); (4, 2) by (4, 1).
+    assert pareto(pts) == [True, True, True, False, True, False, True, False]
+    assert pareto([]) == [] and pareto([(7, 7)]) == [True]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=12))
+def test_pareto_against_brute_force(pts):
+    """Members: no point at least as good on both and better on one; every other point has a
+    member that beats it (a dominated point is dominated by some non-dominated one)."""
+    from pipeopt.solvers.auto import pareto
+
+    on = pareto(pts)
+
+    def beats(a, b):
+        return a[0] <= b[0] and a[1] <= b[1] and a != b
+
+    for p, member in zip(pts, on, strict=True):
+        assert member == (not any(beats(q, p) for q in pts))
+        if not member:
+            assert any(beats(q, p) for q, m in zip(pts, on, strict=True) if m)
+
+
+def test_pareto_set_of_hand_made_candidates():
+    """TRADEOFF (p = 2, m = 32, F / B / W = 1 / 2 / 1): ZB-H2 129 s at 3, ZB-H1 and ZB-1P
+    130 s at 2, 1F1B 132 s at 2 (dominated by ZB-H1), GPipe 132 s at 32 (dominated)."""
+    from pipeopt.solvers.auto import pareto_set
+
+    cands = [run_classic(TRADEOFF, n) for n in ("gpipe", "1f1b", "zb-h1", "zb-h2", "zb-1p")]
+    assert [(s.iteration_time, max(s.peak_memory)) for s in cands] == [
+        (132.0, 32.0), (132.0, 2.0), (130.0, 2.0), (129.0, 3.0), (130.0, 2.0)]
+    assert pareto_set(cands) == (("zb-h2", 129.0, 3.0), ("zb-1p", 130.0, 2.0),
+                                 ("zb-h1", 130.0, 2.0))
+
+
+@pytest.mark.parametrize(("tol", "chosen"), [(0.0, 129.0), (0.005, 129.0), (0.01, 130.0),
+                                             (1.0, 130.0)])
+def test_time_tolerance_picks_the_leanest_of_the_pareto_set_within_it(no_cpsat, tol, chosen):
+    """The documented preference: auto reports its Pareto set and returns its leanest member
+    whose time is within ``time_tolerance`` of the fastest (0: the fastest)."""
+    s = solve(TRADEOFF, "auto", time_tolerance=tol)
+    front = s.solver.detail("pareto")
+    assert [t for _, t, _ in front] == sorted(t for _, t, _ in front)
+    fastest = front[0][1]
+    within = [(mem, t) for _, t, mem in front if t <= fastest * (1 + tol)]
+    assert s.iteration_time == chosen
+    if tol > 0:
+        assert (max(s.peak_memory), s.iteration_time) == min(within)
+    assert s.solver.detail("chosen") in {m for m, _, _ in front}

@@ -347,3 +347,45 @@ def test_solve_prints_the_time_memory_tradeoff(tmp_path: Path,
     cfg.write_text(TRADEOFF_YAML % ", time_tolerance: 2")
     assert main(["solve", str(cfg)]) == 2
     assert "solver.time_tolerance" in capsys.readouterr().err
+
+
+def test_solve_and_compare_show_the_pareto_set(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18 item 2: the time / peak memory trade-off in solve (text and --json) and in
+    compare (a pareto column; "pareto" in --json). TRADEOFF: ZB-H2 (and CP-SAT) 129 s at 3
+    activations, ZB-H1 / ZB-1P 130 s at 2, 1F1B 132 s at 2, GPipe 132 s at 32."""
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(TRADEOFF_YAML % "")
+    assert main(["solve", str(cfg)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("pareto"))
+    rows = [line.split() for line in out[at + 1:]]
+    # Fastest first: the 129 s ones at 3 activations (+0.0%), then the two at 130 s.
+    assert [r[-4:] for r in rows] == [["129", "s", "+0.0%", "3"]] * (len(rows) - 2) + [
+        ["130", "s", "+0.8%", "2"]] * 2
+    assert ["zb-h1", "130", "s", "+0.8%", "2"] in [r[-5:] for r in rows]
+    assert any(r[0] == ">" and r[1] == "zb-h1" for r in rows)  # the chosen one
+    assert not any("1f1b" in r or "gpipe" in r for r in rows)  # dominated
+    assert main(["solve", str(cfg), "--json"]) == 0
+    front = json.loads(capsys.readouterr().out)["pareto"]
+    assert {(r["method"], r["iteration_time"], r["peak_memory"], r["chosen"])
+            for r in front if not r["method"].startswith("cpsat")} == {
+        ("zb-h2", 129.0, 3.0, False), ("zb-1p", 130.0, 2.0, False),
+        ("zb-h1", 130.0, 2.0, True)}
+
+    assert main(["compare", str(cfg), "--methods", "gpipe,1f1b,zb-h1,zb-h2", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-3:] == ["fits", "pareto", "status"]
+    table = {line.split()[0]: line.split()[-2] for line in lines[2:]}
+    assert table == {"zb-h2": "yes", "zb-h1": "yes", "1f1b": "no", "gpipe": "no"}
+    assert main(["compare", str(cfg), "--methods", "gpipe,1f1b,zb-h1,zb-h2", "--json"]) == 0
+    assert {r["method"]: r["pareto"] for r in json.loads(capsys.readouterr().out)} == {
+        "zb-h2": True, "zb-h1": True, "1f1b": False, "gpipe": False}
+    # A row over the memory limits is no candidate: "-", never on the set.
+    cfg.write_text(TRADEOFF_YAML.replace("activation_memory: 1.0}",
+                                         "activation_memory: 1.0}\nmemory: {limit: 2.5}")
+                   % "")
+    assert main(["compare", str(cfg), "--methods", "gpipe,zb-h1,zb-h2", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = {line.split()[0]: line.split()[-2] for line in lines[2:]}
+    assert table == {"zb-h1": "yes", "zb-h2": "-", "gpipe": "-"}

@@ -91,7 +91,8 @@ def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
     sched = pipeopt.solve(pipeopt.uniform_problem(devices=64, microbatches=1024), "auto",
                           time_limit=1e-3)
     assert sched.method.startswith("auto:zb")  # the hand-made fallback
-    assert "ended before its first schedule" in sched.solver.detail("greedy")
+    # Once the hand-made schedules spent the limit, auto does not start the greedy at all.
+    assert sched.solver.detail("greedy").startswith("skipped: auto's")
 
 
 def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
@@ -130,3 +131,52 @@ def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
     assert 10 - 4.8 - 1 < given[-1] < 10 - 4.8
     log = caplog.text
     assert "kept for writing" in log and "schedule written in" in log and "in all" in log
+
+
+def test_auto_skips_validation_only_when_it_would_overrun_the_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A phase that cannot finish in the time left is skipped with a note: auto's result is
+    validated when the estimate fits the limit, and returned with the detail ``validation``
+    (and never through the validator) when it does not; other methods always validate."""
+    import pipeopt.solvers as solvers
+
+    calls: list[str] = []
+    real = solvers.validate
+
+    def spy(schedule: pipeopt.Schedule) -> pipeopt.Schedule:
+        calls.append(schedule.method)
+        return real(schedule)
+
+    monkeypatch.setattr(solvers, "validate", spy)
+    prob = pipeopt.uniform_problem(devices=4, microbatches=8)  # 96 ops
+    sched = pipeopt.solve(prob, "auto", time_limit=30)
+    assert calls == [sched.method] and sched.solver.detail("validation") is None
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 1.0)  # 96 s needed, 30 s given
+    sched = pipeopt.solve(prob, "auto", time_limit=30)
+    assert len(calls) == 1
+    assert sched.solver.detail("validation").startswith("skipped: ")
+    assert "pipeopt simulate FILE" in sched.solver.detail("validation")
+    assert pipeopt.validate(sched) is sched  # what it skipped would have passed
+    pipeopt.solve(prob, "greedy", time_limit=30)
+    assert calls[-1] == "greedy"  # a search's own times are always checked
+
+
+def test_schedule_json_is_the_generic_layout_of_the_document() -> None:
+    """The writer's fast path (printf-style records) gives the text of the generic path,
+    messages and zero times included; a time that is not a float takes the generic path."""
+    from dataclasses import replace
+
+    from pipeopt.io import format_json, schedule_json, schedule_to_dict
+    from pipeopt.problem import chain_links
+    from pipeopt.solvers import run_classic
+
+    base = pipeopt.uniform_problem(devices=3, microbatches=4, latency=0.25, f=0.1)
+    lat, bw = chain_links(3, [0.25, 0.25], [2.0, 2.0])  # messages occupy the links
+    prob = base.replace(latency=lat, bandwidth=bw, message_size=(1.0, 1.0))
+    for name in ("1f1b", "zb-h1", "gpipe"):
+        sched = run_classic(prob, name)
+        assert sched.messages
+        assert schedule_json(sched) == format_json(schedule_to_dict(sched))
+    ints = replace(sched, ops=tuple(o._replace(start=int(o.start)) for o in sched.ops[:1])
+                   + sched.ops[1:])
+    assert schedule_json(ints) == format_json(schedule_to_dict(ints))

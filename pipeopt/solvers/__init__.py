@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,6 +21,7 @@ from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import validate
+from pipeopt.solvers.auto import pareto
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
     Method,
@@ -166,13 +168,39 @@ def solve(problem: Problem | Any, method: str | None = None,
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
         # The validation below counts against the time limit too: the search gets the rest.
-        return validate(fn(problem, replace(opts, time_limit=time_left(
-            opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops))))
+        t0 = time.perf_counter()
+        sched = fn(problem, replace(opts, time_limit=time_left(
+            opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops)))
+        if method == "auto":
+            return _validate_in_time(sched, opts.time_limit - (time.perf_counter() - t0))
+        return validate(sched)
     try:
         check_method(method)
     except UnknownMethod as exc:
         raise UnknownMethod(f"method: {exc}") from None
     raise UnknownMethod(f"method: {method!r} is not available here")  # pragma: no cover
+
+
+def _validate_in_time(schedule: Schedule, left_s: float) -> Schedule:
+    """``auto``'s result, validated unless that would overrun the time limit (``left_s``
+    seconds left, less than :data:`VALIDATE_S_PER_OP` per op): then returned unvalidated with
+    the detail ``validation`` saying so.
+
+    Skipping is safe for ``auto`` only: every candidate it returns was timed by the simulator
+    from orders it checked (each op once, on its stage's device; every dependency, link and
+    device timed by the same rules the validator checks) and kept only within the memory
+    limits, or, from CP-SAT, already passed :func:`~pipeopt.simulate.check` inside ``auto``.
+    ``pipeopt simulate`` on the written file runs the full validation.
+    """
+    need = VALIDATE_S_PER_OP * schedule.problem.num_ops
+    if left_s >= need:
+        return validate(schedule)
+    note = (f"skipped: {max(left_s, 0.0):.1f} s of the time limit left, about {need:.1f} s "
+            "needed; the schedule was timed by the simulator (or checked inside auto); "
+            "`pipeopt simulate FILE` validates it in full")
+    # relabel, not replace: keeps the metrics computed so far (peak memory: seconds here).
+    return schedule.relabel(solver=replace(schedule.solver, details=(
+        *schedule.solver.details, ("validation", note))))
 
 
 @dataclass(frozen=True)
@@ -190,6 +218,9 @@ class CompareRow:
     #: (seconds: the makespan plus any gradient reduction still running after it), or
     #: ``max_span`` when the objective is ``span``.
     ratio_of: str = "iteration_time"
+    #: On the Pareto set of the rows that fit: no other such row is at least as fast (``value``)
+    #: and as lean (max peak memory over devices), and better on one of the two.
+    pareto: bool = False
 
     @property
     def value(self) -> float | None:
@@ -199,7 +230,8 @@ class CompareRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form: ``ratio`` (null where undefined) is of the field ``ratio_of``."""
         out: dict[str, Any] = {"method": self.method, "error": self.error, "fits": self.fits,
-                               "ratio": self.ratio, "ratio_of": self.ratio_of}
+                               "ratio": self.ratio, "ratio_of": self.ratio_of,
+                               "pareto": self.pareto}
         if self.schedule is not None:
             summary = self.schedule.summary()
             # The row's label (e.g. "zb-v (v=2)") names the variant that ran; keep the
@@ -234,8 +266,9 @@ def compare(problem: Problem, names: list[str] | None = None, *,
 
     Hand-made schedules ignore memory limits; ``fits`` says whether each one keeps them.
     ``ratio`` is each row's iteration time (or max span, with ``objective="span"``) over the
-    best one that fits; None where undefined (none fits, or the best is 0 s). Each name runs
-    once.
+    best one that fits; None where undefined (none fits, or the best is 0 s). ``pareto`` marks
+    the rows that fit and that no other such row beats on both that quantity and max peak
+    memory (the time / memory trade-off). Each name runs once.
     """
     names = list(dict.fromkeys(names or methods()))  # each method once
     # Micro-batches of different cost: every hand-made schedule also runs longest first.
@@ -277,11 +310,16 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     key = "max_span" if options.get("objective") == "span" else "iteration_time"
     rows = [replace(r, ratio_of=key) for r in rows]
     best = min((r.value for r in rows if r.value is not None and r.fits), default=None)
+    feasible = {i: (r.value, max(r.schedule.peak_memory, default=0.0))
+                for i, r in enumerate(rows)
+                if r.schedule is not None and r.value is not None and r.fits}
+    on_front = {i for i, on in zip(feasible, pareto(list(feasible.values())), strict=True)
+                if on}
     out = []
-    for r in rows:
+    for i, r in enumerate(rows):
         if r.value is not None and best is not None and best > 0:
             r = replace(r, ratio=r.value / best)
-        out.append(r)
+        out.append(replace(r, pareto=i in on_front))
     out.sort(key=lambda r: (r.schedule is None, not r.fits,
                             math.inf if r.value is None else r.value))
     return out

@@ -18,7 +18,7 @@ import importlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -83,6 +83,27 @@ def _lean(cands: list[Schedule], fastest: Schedule, objective: str,
     if max(lean.peak_memory, default=0.0) < max(fastest.peak_memory, default=0.0):
         return lean
     return fastest
+
+
+def pareto(points: Sequence[tuple[float, float]]) -> list[bool]:
+    """For each (time, memory) point, whether it is on the Pareto set: no other point is at
+    least as good on both and better on one (equal points do not dominate each other).
+
+    Quadratic in the number of points, which are a handful of candidates or compare rows.
+    """
+    return [not any(a <= t and b <= m and (a, b) != (t, m) for a, b in points)
+            for t, m in points]
+
+
+def pareto_set(cands: Sequence[Schedule], objective: str = "makespan"
+               ) -> tuple[tuple[str, float, float], ...]:
+    """The candidates that no other beats on both iteration time (or max span with
+    ``objective="span"``, seconds) and max peak memory over devices (the problem's memory unit:
+    bytes in the model form), as (method, time, memory), fastest first."""
+    points = [(_value(s, objective), max(s.peak_memory, default=0.0)) for s in cands]
+    front = {(s.method, *pt) for s, pt, on in zip(cands, points, pareto(points), strict=True)
+             if on}
+    return tuple(sorted(front, key=lambda x: (x[1], x[2], x[0])))
 
 
 def _tradeoff(chosen: Schedule, fastest: Schedule, objective: str) -> str:
@@ -214,7 +235,13 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     report()
 
     interrupted = False
-    greedy = _load("pipeopt.solvers.greedy", "solve_greedy")
+    # With a schedule in hand and the limit spent, the greedy would only give up (after
+    # building its tables: a second at a million ops); the hand-made schedule is the answer.
+    spent = bool(cands) and left() <= 0
+    greedy = None if spent else _load("pipeopt.solvers.greedy", "solve_greedy")
+    if spent:
+        notes.append(("greedy", f"skipped: auto's {options.time_limit:.3g} s were spent on "
+                                "the hand-made schedules"))
     if greedy is not None:
         try:
             # With a hand-made schedule in hand the greedy may give up at the time limit.
@@ -263,9 +290,13 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
 
     fastest = _pick(cands, obj, problem)
     own = [s for s in classics if s.problem.split_backward == problem.split_backward]
-    best = _lean([*cands, *own], fastest, obj, options.time_tolerance)
+    pool = list({id(s): s for s in (*cands, *own)}.values())  # the best classic is in both
+    best = _lean(pool, fastest, obj, options.time_tolerance)
     if best is not fastest:
         notes.append(("tradeoff", _tradeoff(best, fastest, obj)))
+    # Time against memory: what another solver.time_tolerance would pick (the chosen one is
+    # on it unless the tolerance is 0 and an equally fast candidate needs less memory).
+    notes.append(("pareto", pareto_set(pool, obj)))
     val = _value(best, obj)
     proven = [s.solver.lower_bound for s in cands
               if s.solver.lower_bound is not None and s.solver.objective == obj
