@@ -111,22 +111,27 @@ def print_summary(s: Schedule, out: Any = None) -> None:
 
 
 def print_pareto(s: Schedule, front: Sequence[Sequence[Any]], out: Any = None) -> None:
-    """``auto``'s time / memory trade-off: its candidates that no other beats on both (method,
-    time in s, max peak memory), fastest first, the chosen one marked; ``+x%`` over the
-    fastest is the ``solver.time_tolerance`` from which ``auto`` prefers that row's memory."""
+    """``auto``'s time / memory trade-off: its candidates that no other beats on both (time in
+    s, max peak memory), fastest first, those with equal figures on one line, the chosen one
+    marked ``>``; ``+x%`` over the fastest is the ``solver.time_tolerance`` from which ``auto``
+    prefers that line's memory."""
     out = out or sys.stdout
-    what = "max span" if s.solver.objective == "span" else "iteration time"
     chosen = s.solver.detail("chosen")
-    if len(front) == 1:
-        print(f"pareto        {front[0][0]} is both the fastest and the leanest candidate",
-              file=out)
+    groups: dict[tuple[float, float], list[str]] = {}
+    for m, t, mem in front:
+        groups.setdefault((t, mem), []).append(m)
+    if len(groups) == 1:
+        (t, mem), names = next(iter(groups.items()))
+        print(f"pareto        the fastest candidate is also the leanest ({_fmt(t)} s, "
+              f"{format_memory(mem, s.problem)}): {', '.join(names)}", file=out)
         return
-    print(f"pareto        {what} vs peak memory, the candidates no other beats on both "
+    what = "max span" if s.solver.objective == "span" else "iteration time"
+    print(f"pareto        {what} vs peak memory, candidates no other beats on both "
           "(> chosen; +x% = the time_tolerance that picks it):", file=out)
     top = front[0][1]
-    rows = [(">" if m == chosen else " ", m, f"{_fmt(t)} s",
-             f"+{t / top - 1:.1%}" if top > 0 else "n/a", format_memory(mem, s.problem))
-            for m, t, mem in front]
+    rows = [(">" if chosen in names else " ", f"{_fmt(t)} s",
+             f"+{t / top - 1:.1%}" if top > 0 else "n/a", format_memory(mem, s.problem),
+             ", ".join(names)) for (t, mem), names in groups.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("              " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))

@@ -27,6 +27,8 @@ def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Conf
 
 def describe_partition(config: Config) -> str:
     """A table of the stages of a model/cluster config: layers, times, memory ("" otherwise)."""
+    if not dict(config.problem.meta).get("stage_costs"):
+        return ""  # an explicit config: no need to import the model form's numpy / networkx
     from pipeopt.costs.build import describe_partition as describe
 
     return describe(config)

@@ -43,13 +43,15 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
     variant that cannot be built (too few layers, no partition that fits) carries the reason.
     With ``time_limit`` (seconds) each variant's partition ILP gets at most a third of it
     over the number of variants."""
-    from pipeopt.costs.build import search_partition
-
     plan = config.extra("plan")
     first = Variant(f"v={config.problem.virtual_stages} {config.problem.placement}",
                     config.problem)
     if plan is None or not config.extra("chunks_open", False) or plan.devices == 1:
         return [first]
+    # Only here: the model form's partition search imports numpy and networkx (about a
+    # second of an explicit config's time limit otherwise).
+    from pipeopt.costs.build import search_partition
+
     tc = plan.training
     if tc.stage_layers is not None or tc.partition == "joint":
         return [first]
