@@ -8,8 +8,14 @@ enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwis
 in ``details['skipped_cpsat']``). The result is the candidate with the best objective, so it is
 never worse than the best hand-made schedule under the same limits, unless another candidate
 within ``time_tolerance`` of it (relative) needs less peak memory: then the one with the lowest
-peak memory (``details['tradeoff']`` says what was traded). Its lower bound is the best
-proven one among the analytic bound and the candidates that minimised the same objective.
+peak memory (``details['tradeoff']`` says what was traded; ``details['pareto']`` lists the
+candidates no other beats on both time and peak memory, :func:`pareto_set`). Its lower bound is
+the best proven one among the analytic bound and the candidates that minimised the same
+objective.
+
+Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
+never ends without a schedule); the others only within :data:`CLASSIC_SHARE` of the limit, the
+greedy only while time is left, CP-SAT only when :func:`cpsat_skip_reason` finds none.
 """
 
 from __future__ import annotations
