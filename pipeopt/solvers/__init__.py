@@ -43,11 +43,12 @@ from pipeopt.solvers.base import (
 # The shared parts live in pipeopt.solvers.base (the searches import them from there, not from
 # this package, which names the searches in its method table); they stay importable from here.
 __all__ = [
-    "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_S_PER_OP",
-    "CompareRow", "Method", "Objective", "OutOfTime", "Progress", "SolveOptions",
-    "UnknownMethod", "check_method", "classic_methods", "compare", "fifo_orders",
-    "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods", "over_limit",
-    "relabel", "require_memory", "run_classic", "solve", "time_left", "validate_loose",
+    "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_GRACE_SHARE",
+    "VALIDATE_S_PER_OP", "CompareRow", "Method", "Objective", "OutOfTime", "Progress",
+    "SolveOptions", "UnknownMethod", "check_method", "classic_methods", "compare",
+    "fifo_orders", "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods",
+    "over_limit", "relabel", "require_memory", "run_classic", "solve", "time_left",
+    "validate_loose",
 ]
 
 #: Search methods, imported on first use (module path, function name).
@@ -105,6 +106,10 @@ def classic_methods() -> list[str]:
 VALIDATE_S_PER_OP = 10e-6
 #: The least share of a time limit left to a search whatever is reserved for later phases.
 MIN_SEARCH_SHARE = 0.1
+#: Share of its time limit by which ``auto``'s validation may run past it before it is skipped
+#: instead: issue 18 asks that a limit hold "within 10% + a fixed few seconds", and the
+#: per-op estimate is itself conservative (6-19 us per op measured, 10 us assumed).
+VALIDATE_GRACE_SHARE = 0.1
 
 
 def time_left(time_limit: float, reserved: float) -> float:
@@ -172,7 +177,8 @@ def solve(problem: Problem | Any, method: str | None = None,
         sched = fn(problem, replace(opts, time_limit=time_left(
             opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops)))
         if method == "auto":
-            return _validate_in_time(sched, opts.time_limit - (time.perf_counter() - t0))
+            return _validate_in_time(sched, opts.time_limit - (time.perf_counter() - t0),
+                                     opts.time_limit)
         return validate(sched)
     try:
         check_method(method)
@@ -181,10 +187,11 @@ def solve(problem: Problem | Any, method: str | None = None,
     raise UnknownMethod(f"method: {method!r} is not available here")  # pragma: no cover
 
 
-def _validate_in_time(schedule: Schedule, left_s: float) -> Schedule:
-    """``auto``'s result, validated unless that would overrun the time limit (``left_s``
-    seconds left, less than :data:`VALIDATE_S_PER_OP` per op): then returned unvalidated with
-    the detail ``validation`` saying so.
+def _validate_in_time(schedule: Schedule, left_s: float, limit_s: float) -> Schedule:
+    """``auto``'s result, validated unless that would overrun the time limit ``limit_s`` by
+    more than :data:`VALIDATE_GRACE_SHARE` of it (``left_s`` seconds left, against
+    :data:`VALIDATE_S_PER_OP` per op): then returned unvalidated with the detail
+    ``validation`` saying so.
 
     Skipping is safe for ``auto`` only: every candidate it returns was timed by the simulator
     from orders it checked (each op once, on its stage's device; every dependency, link and
@@ -193,7 +200,7 @@ def _validate_in_time(schedule: Schedule, left_s: float) -> Schedule:
     ``pipeopt simulate`` on the written file runs the full validation.
     """
     need = VALIDATE_S_PER_OP * schedule.problem.num_ops
-    if left_s >= need:
+    if left_s + VALIDATE_GRACE_SHARE * limit_s >= need:
         return validate(schedule)
     note = (f"skipped: {max(left_s, 0.0):.1f} s of the time limit left, about {need:.1f} s "
             "needed; the schedule was timed by the simulator (or checked inside auto); "
