@@ -124,9 +124,11 @@ def main() -> None:
           "the machine take).")
     if over:
         print("Over the aim: " + "; ".join(over) + ". The phases that cannot stop midway ran "
-              "past their share: loading, the first hand-made schedule (auto's fallback), the "
-              "validation and the writing of a schedule of this size each take seconds that "
-              "no time limit shortens.")
+              "past their share: loading, the first hand-made schedule (auto's fallback) with "
+              "its memory check, and the summary and writing of a schedule of this size each "
+              "take seconds that no time limit shortens (validation is skipped, with a note, "
+              "when it would overrun). Compare cpu with wall: on a shared machine most of the "
+              "difference is other jobs' use of the cores.")
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def _validate_in_time(schedule: Schedule, left_s: float, limit_s: float) -> Sche
     note = (f"skipped: {max(left_s, 0.0):.1f} s of the time limit left, about {need:.1f} s "
             "needed; the schedule was timed by the simulator (or checked inside auto); "
             "`pipeopt simulate FILE` validates it in full")
-    # relabel, not replace: keeps the metrics computed so far (peak memory: seconds here).
+    # relabel, not replace: keeps the metrics computed so far (peak memory: a second at 1M ops).
     return schedule.relabel(solver=replace(schedule.solver, details=(
         *schedule.solver.details, ("validation", note))))
 
