@@ -11,7 +11,6 @@ import difflib
 import errno
 import json
 import math
-import operator
 import os
 import stat
 import sys
@@ -28,6 +27,7 @@ from pipeopt.schedule import (
     Schedule,
     SolverInfo,
     TimedOp,
+    by_device_and_time,
     schedule_header,
     schedule_to_dict,
 )
@@ -222,33 +222,20 @@ def schedule_json(schedule: Schedule) -> str:
     return format_json({**schedule_header(schedule), **records})
 
 
-#: :func:`~pipeopt.schedule.by_device_and_time` as a C-level key (the same tuple; a Python
-#: key function is called once per op).
-_DEVICE_AND_TIME = operator.itemgetter(0, 4, 5)
-
-
 def _record_lines(schedule: Schedule) -> dict[str, _Lines]:
-    """The ``ops`` and ``messages`` of the document, each record as its JSON text.
-
-    Printf-style formatting (one C-level ``%`` per record, about twice as fast as an f-string
-    calling ``float.__repr__`` twice at 0.9 million ops); ``%r`` of a float is what json.dumps
-    writes for it, so every time must be a Python float (TypeError otherwise)."""
-    ops_in, msgs_in = schedule.ops, schedule.messages
-    times = {type(o.start) for o in ops_in} | {type(o.end) for o in ops_in} | {
-        type(x) for m in msgs_in for x in (m.start, m.end, m.arrival)}
-    if times - {float}:
-        raise TypeError(f"times must be floats, got {sorted(t.__name__ for t in times)}")
-    kinds = {kind: json.dumps(kind)
-             for kind in {o.kind for o in ops_in} | {m.kind for m in msgs_in}}
-    op_fmt = ('{"device": %d, "stage": %d, "microbatch": %d, "kind": %s, "start": %r, '
-              '"end": %r}')
-    ops = _Lines(op_fmt % (d, k, j, kinds[kind], t0, t1)
-                 for d, k, j, kind, t0, t1 in sorted(ops_in, key=_DEVICE_AND_TIME))
-    msg_fmt = ('{"src_device": %d, "dst_device": %d, "src_stage": %d, "dst_stage": %d, '
-               '"microbatch": %d, "kind": %s, "start": %r, "end": %r, "arrival": %r}')
-    msgs = _Lines(msg_fmt % (sd, dd, sk, dk, j, kinds[kind], t0, t1, ta)
-                  for sd, dd, sk, dk, j, kind, t0, t1, ta in sorted(msgs_in,
-                                                                    key=lambda m: m.start))
+    """The ``ops`` and ``messages`` of the document, each record as its JSON text."""
+    r = float.__repr__  # what json.dumps writes for a float; TypeError for anything else
+    kinds = {kind: json.dumps(kind) for kind in ("F", "B", "W", *schedule.problem.kinds)}
+    ops = _Lines(
+        f'{{"device": {d}, "stage": {k}, "microbatch": {j}, "kind": '
+        f'{kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, "end": {r(t1)}}}'
+        for d, k, j, kind, t0, t1 in sorted(schedule.ops, key=by_device_and_time))
+    msgs = _Lines(
+        f'{{"src_device": {sd}, "dst_device": {dd}, "src_stage": {sk}, "dst_stage": {dk}, '
+        f'"microbatch": {j}, "kind": {kinds.get(kind) or json.dumps(kind)}, "start": {r(t0)}, '
+        f'"end": {r(t1)}, "arrival": {r(ta)}}}'
+        for sd, dd, sk, dk, j, kind, t0, t1, ta in sorted(schedule.messages,
+                                                          key=lambda m: m.start))
     return {"ops": ops, "messages": msgs}
 
 

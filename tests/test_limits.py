@@ -168,8 +168,8 @@ def test_auto_skips_validation_only_when_it_would_overrun_the_limit(
 
 
 def test_schedule_json_is_the_generic_layout_of_the_document() -> None:
-    """The writer's fast path (printf-style records) gives the text of the generic path,
-    messages and zero times included; a time that is not a float takes the generic path."""
+    """The writer's fast path (records formatted straight from the tuples) gives the text of
+    the generic path, messages included; a time that is not a float takes the generic path."""
     from dataclasses import replace
 
     from pipeopt.io import format_json, schedule_json, schedule_to_dict
