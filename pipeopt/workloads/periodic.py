@@ -1,0 +1,413 @@
+"""Steady-state (periodic) pipelines: one pattern of a chain's tasks that repeats forever.
+
+Asynchronous pipelines (PipeDream, PipeDream-2BW, PipeMare) never flush: every stage runs the
+forward, backward (and weight-gradient) task of a new micro-batch once per *period* ``T``
+(seconds per micro-batch). A :class:`PeriodicSchedule` is that pattern as plain data: per
+task ``(kind, stage)`` its start ``start`` for micro-batch 0 (seconds; micro-batch ``j``'s copy
+starts ``j * T`` later), and per message that occupies a link its send time. The offset of a
+task in the period is ``start mod T`` and its iteration shift ``floor(start / T)``: how many
+micro-batches entered the pipeline between micro-batch 0's entry and this task.
+
+Weights: each stage updates its weights after every micro-batch's last backward task (or,
+with PipeDream-2BW, once every ``update_every`` micro-batches). How many copies of a stage's
+weights must be held, and how stale the weights behind a gradient are, follow from the pattern
+and the policy (:data:`POLICIES`):
+
+* ``stash`` (PipeDream, Narayanan et al., SOSP'19, section 3.3): every micro-batch in flight
+  keeps the version its forward used, so its backward uses the same one: versions = micro-batches
+  in flight on the stage; a gradient is applied ``in_flight - 1`` updates after its weights;
+* ``2bw`` (PipeDream-2BW, Narayanan et al., ICML'21, section 3.1): updates once every
+  ``update_every >= in flight`` micro-batches, so two versions suffice (double buffering); a
+  gradient is applied one update after its weights (staleness 1);
+* ``pipemare`` (Yang et al., MLSys'21): no stash, one version; the forward's weights are
+  ``in_flight - 1`` updates older than the backward's (the delay grows toward the first stage).
+
+Memory of a device in steady state (bytes): its static memory (which holds one version of its
+weights) + ``(versions - 1) * weight_bytes[k]`` per stage + the peak of the activations of the
+micro-batches in flight (:meth:`PeriodicSchedule.peak_memory`).
+
+:func:`unroll` turns a pattern into a finite :class:`GraphSchedule` of the chain's task graph,
+which the core validator judges (:mod:`pipeopt.schedules.periodic` does so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any, Literal, NamedTuple
+
+from pipeopt.core.schedule import GraphSchedule, MessageTime
+from pipeopt.problem import Op, Problem
+from pipeopt.workloads import training
+
+Policy = Literal["stash", "2bw", "pipemare"]
+#: Weight-version policies, see the module docstring.
+POLICIES: tuple[str, ...] = ("stash", "2bw", "pipemare")
+#: Relative tolerance on times (s) when counting copies of a repeating interval: floating
+#: point sums of durations must not turn an exact fit into one more micro-batch in flight.
+_REL_TOL = 1e-9
+
+
+class PeriodicError(ValueError):
+    """A periodic schedule that cannot exist; the message names the field and the reason."""
+
+
+class PatternTask(NamedTuple):
+    """Task ``kind`` of ``stage`` in the pattern: micro-batch 0's copy starts at ``start`` (s)."""
+
+    kind: str
+    stage: int
+    start: float
+
+
+class PatternMessage(NamedTuple):
+    """The message ``kind`` (``F``: activation, ``B``: gradient) from ``src_stage`` to
+    ``dst_stage``: micro-batch 0's copy is sent at ``start`` (s)."""
+
+    kind: str
+    src_stage: int
+    dst_stage: int
+    start: float
+
+
+def pattern_edges(problem: Problem) -> list[tuple[Op, Op]]:
+    """The chain's dependencies of one micro-batch, as (producer, consumer) op pairs."""
+    out = []
+    for kind in problem.kinds:
+        for k in range(problem.stages):
+            dst = Op(kind, k, 0)
+            out.extend((src, dst) for src in problem.inputs(dst))
+    return out
+
+
+def link_edges(problem: Problem) -> list[tuple[Op, Op]]:
+    """The dependencies whose message occupies a link (positive transmission)."""
+    return [(a, b) for a, b in pattern_edges(problem)
+            if problem.transfer(a.stage, b.stage)[0] > 0]
+
+
+def check_async_problem(problem: Problem) -> None:
+    """Raise :class:`PeriodicError` unless a steady state of ``problem`` can be described
+    by one pattern: every micro-batch must cost the same."""
+    if not problem.uniform_microbatches:
+        raise PeriodicError("pipeline.microbatch_scale: a periodic schedule repeats one "
+                            "micro-batch's pattern, so every micro-batch must cost the same")
+
+
+def period_lower_bound(problem: Problem) -> float:
+    """A lower bound on the period of every periodic schedule of ``problem`` (s per
+    micro-batch): the largest work per micro-batch of one resource, i.e. of a device (the
+    durations of its stages' tasks) or of a directed link (the transmissions it carries).
+
+    Proof: a device runs one task at a time and each period adds one copy of each of its
+    tasks, so over ``N`` micro-batches it is busy ``N * work`` within ``(N - 1) * T + L`` (``L``
+    the span of one micro-batch's pattern); ``T >= work - (L - work) / (N - 1)`` for every
+    ``N``, hence ``T >= work``. A link carries one message at a time: the same argument."""
+    check_async_problem(problem)
+    dev = [0.0] * problem.devices
+    for k in range(problem.stages):
+        for kind in problem.kinds:
+            dev[problem.stage_device[k]] += problem.duration(Op(kind, k, 0))
+    link: dict[tuple[int, int], float] = {}
+    for a, b in link_edges(problem):
+        pair = (problem.stage_device[a.stage], problem.stage_device[b.stage])
+        link[pair] = link.get(pair, 0.0) + problem.transfer(a.stage, b.stage)[0]
+    return max([*dev, *link.values()])
+
+
+def _copies(length: float, period: float) -> int:
+    """Most copies of a half-open interval of ``length`` s, repeated every ``period`` s, that
+    overlap at one instant: ``ceil(length / period)`` (0 for an empty interval)."""
+    if length <= 0:
+        return 0
+    return max(1, math.ceil(length / period - _REL_TOL))
+
+
+@dataclass(frozen=True)
+class PeriodicSchedule:
+    """A steady-state pattern of ``problem``'s chain repeating every ``period`` seconds.
+
+    ``tasks``: one :class:`PatternTask` per (kind, stage), in ``problem.kinds`` then stage
+    order; ``messages``: one :class:`PatternMessage` per dependency whose message occupies a
+    link (:func:`link_edges`), in that order; ``policy``: weight versions (:data:`POLICIES`);
+    ``weight_bytes[k]``: bytes of one copy of stage k's weights (one copy is part of the
+    device's static memory); ``update_every``: micro-batches per weight update (1 for
+    ``stash`` and ``pipemare``; ``2bw``: default, the most micro-batches in flight on a stage).
+    ``lower_bound``: a proven lower bound on the period (s) or None.
+    """
+
+    problem: Problem
+    period: float
+    tasks: tuple[PatternTask, ...]
+    messages: tuple[PatternMessage, ...] = ()
+    policy: str = "stash"
+    weight_bytes: tuple[float, ...] = ()
+    update_every: int = 0
+    method: str = ""
+    lower_bound: float | None = None
+    meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        p = self.problem
+        check_async_problem(p)
+        set_ = object.__setattr__
+        if not (isinstance(self.period, int | float) and math.isfinite(self.period)
+                and self.period > 0):
+            raise PeriodicError(f"period: must be a finite number > 0 s, got {self.period!r}")
+        set_(self, "period", float(self.period))
+        if self.policy not in POLICIES:
+            raise PeriodicError(f"policy: must be one of {', '.join(POLICIES)}, got "
+                                f"{self.policy!r}")
+        want = [(kind, k) for kind in p.kinds for k in range(p.stages)]
+        tasks = tuple(PatternTask(*t) for t in self.tasks)
+        got = [(t.kind, t.stage) for t in tasks]
+        if got != want:
+            raise PeriodicError(f"tasks: expected one task per (kind, stage) in the order "
+                                f"{want[:4]}..., got {got[:4]}...")
+        for i, t in enumerate(tasks):
+            if not (math.isfinite(t.start) and t.start >= 0):
+                raise PeriodicError(f"tasks[{i}] ({t.stage}{t.kind}): start must be a finite "
+                                    f"number >= 0 s, got {t.start}")
+        set_(self, "tasks", tasks)
+        want_m = [(a.kind, a.stage, b.stage) for a, b in link_edges(p)]
+        msgs = tuple(PatternMessage(*x) for x in self.messages)
+        if [(x.kind, x.src_stage, x.dst_stage) for x in msgs] != want_m:
+            raise PeriodicError(f"messages: expected one per dependency that occupies a link "
+                                f"(kind, from, to) = {want_m}, got "
+                                f"{[(x.kind, x.src_stage, x.dst_stage) for x in msgs]}")
+        for i, x in enumerate(msgs):
+            if not math.isfinite(x.start):
+                raise PeriodicError(f"messages[{i}]: start must be a finite number, got "
+                                    f"{x.start}")
+        set_(self, "messages", msgs)
+        wb = tuple(float(x) for x in (self.weight_bytes or (0.0,) * p.stages))
+        if len(wb) != p.stages:
+            raise PeriodicError(f"weight_bytes: expected {p.stages} values (one per stage), "
+                                f"got {len(wb)}")
+        for k, x in enumerate(wb):
+            if not (math.isfinite(x) and x >= 0):
+                raise PeriodicError(f"weight_bytes[{k}]: must be a finite number >= 0 bytes, "
+                                    f"got {x}")
+        set_(self, "weight_bytes", wb)
+        every = self.update_every
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise PeriodicError(f"update_every: must be an integer >= 1, got {every!r}")
+        if self.policy == "2bw":
+            need = max(self.in_flight)
+            if every == 0:
+                every = need
+            elif every < need:
+                raise PeriodicError(f"update_every: 2BW needs >= {need} (the most micro-batches "
+                                    f"in flight on a stage) for two weight versions, got {every}")
+        elif every not in (0, 1):
+            raise PeriodicError(f"update_every: {self.policy} updates after every micro-batch, "
+                                f"got {every}")
+        set_(self, "update_every", every or 1)
+        if not isinstance(self.meta, tuple):
+            set_(self, "meta", tuple(dict(self.meta).items()))
+
+    # ----- the pattern -----------------------------------------------------------------------
+    def task(self, kind: str, stage: int) -> PatternTask:
+        """The pattern task (kind, stage)."""
+        return self.tasks[self.problem.kinds.index(kind) * self.problem.stages + stage]
+
+    def duration(self, kind: str, stage: int) -> float:
+        """Duration of task (kind, stage) in seconds."""
+        return self.problem.duration(Op(kind, stage, 0))
+
+    def offset(self, kind: str, stage: int) -> float:
+        """The task's start within the period, ``start mod T`` (s)."""
+        return self.task(kind, stage).start - self.shift(kind, stage) * self.period
+
+    def shift(self, kind: str, stage: int) -> int:
+        """The task's iteration shift ``floor(start / T)``: the copy that runs in period ``q``
+        belongs to micro-batch ``q - shift``."""
+        return math.floor(self.task(kind, stage).start / self.period + _REL_TOL)
+
+    @cached_property
+    def span(self) -> float:
+        """Seconds from micro-batch 0's first task start to its last task end (its latency)."""
+        ends = [t.start + self.duration(t.kind, t.stage) for t in self.tasks]
+        return max(ends) - min(t.start for t in self.tasks)
+
+    @property
+    def warmup(self) -> float:
+        """Seconds from the first task until the pattern runs in full (every task of the period
+        busy): the span less one period, and as long again to drain at the end."""
+        return max(0.0, self.span - self.period)
+
+    @property
+    def throughput(self) -> float:
+        """Micro-batches per second in steady state (``1 / period``); times the micro-batch's
+        samples for samples per second."""
+        return 1.0 / self.period
+
+    # ----- weights -----------------------------------------------------------------------
+    def _holds(self, stage: int) -> float:
+        """Seconds from the stage's forward start to its last backward task's end (its update
+        of that micro-batch)."""
+        f = self.task("F", stage)
+        last = self.problem.kinds[-1]
+        w = self.task(last, stage)
+        return w.start + self.duration(last, stage) - f.start
+
+    @cached_property
+    def in_flight(self) -> tuple[int, ...]:
+        """Per stage, the most micro-batches between their forward's start and their last
+        backward task's end at one instant (``ceil(holds / T)``)."""
+        return tuple(_copies(self._holds(k), self.period) for k in range(self.problem.stages))
+
+    @cached_property
+    def weight_versions(self) -> tuple[int, ...]:
+        """Per stage, copies of its weights held at once (see the module docstring)."""
+        if self.policy == "stash":
+            return self.in_flight
+        n = 2 if self.policy == "2bw" else 1
+        return (n,) * self.problem.stages
+
+    @cached_property
+    def staleness(self) -> tuple[int, ...]:
+        """Per stage, how many weight updates of the stage lie between the weights a
+        micro-batch's forward reads and the update its own gradient makes (``stash``,
+        ``pipemare``: ``in_flight - 1``; ``2bw``: 1, counted in updates of ``update_every``
+        micro-batches; 0 where one micro-batch is in flight, as in a synchronous pipeline)."""
+        if self.policy == "2bw":
+            return tuple(1 if n > 1 else 0 for n in self.in_flight)
+        return tuple(n - 1 for n in self.in_flight)
+
+    @cached_property
+    def weight_memory(self) -> tuple[float, ...]:
+        """Per device, bytes of the weight versions beyond the one in its static memory."""
+        out = [0.0] * self.problem.devices
+        for k, (v, b) in enumerate(zip(self.weight_versions, self.weight_bytes, strict=True)):
+            out[self.problem.stage_device[k]] += (v - 1) * b
+        return tuple(out)
+
+    @cached_property
+    def activation_memory(self) -> tuple[float, ...]:
+        """Per device, the steady-state peak of the activations in flight (bytes): the level
+        after every change at an instant (decreases and increases at one time count together,
+        as the validator counts them), over one period once the pattern runs in full."""
+        p, T = self.problem, self.period
+        events: list[list[tuple[float, float]]] = [[] for _ in range(p.devices)]
+        for t in self.tasks:
+            alloc, free = p.memory_delta(Op(t.kind, t.stage, 0))
+            d = p.stage_device[t.stage]
+            if alloc:
+                events[d].append((t.start, alloc))
+            if free:
+                events[d].append((t.start + self.duration(t.kind, t.stage), -free))
+        out = []
+        for ev in events:
+            if not ev:
+                out.append(0.0)
+                continue
+            # At time x the copies of an event at e that happened are floor((x - e) / T) + 1
+            # (x past every event); the sum of all changes of one micro-batch is 0, so the
+            # level depends only on the phase of x. Evaluate at each event's own phase.
+            late = (math.ceil(self.span / T) + 2) * T + max(e for e, _ in ev)
+            peak = 0.0
+            for e0, _ in ev:
+                x = e0 + late
+                level = sum(delta * (math.floor((x - e) / T + _REL_TOL) + 1) for e, delta in ev)
+                peak = max(peak, level)
+            out.append(peak)
+        return tuple(out)
+
+    @cached_property
+    def peak_memory(self) -> tuple[float, ...]:
+        """Per device, steady-state peak memory (bytes): static + extra weight versions +
+        activations in flight."""
+        return tuple(s + w + a for s, w, a in zip(self.problem.static_memory, self.weight_memory,
+                                                 self.activation_memory, strict=True))
+
+    def over_memory(self) -> list[int]:
+        """Devices whose steady-state peak exceeds their limit."""
+        return [d for d, (m, lim) in enumerate(zip(self.peak_memory, self.problem.memory_limit,
+                                                   strict=True))
+                if lim is not None and m > lim * (1 + _REL_TOL)]
+
+    # ----- output ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of the pattern (format ``pipeopt-periodic``, version 1)."""
+        p = self.problem
+        return {
+            "format": "pipeopt-periodic", "version": 1, "method": self.method,
+            "period": self.period, "throughput": self.throughput,
+            "lower_bound": self.lower_bound, "policy": self.policy,
+            "update_every": self.update_every, "span": self.span, "warmup": self.warmup,
+            "stages": [{"stage": k, "device": p.stage_device[k],
+                        "in_flight": self.in_flight[k],
+                        "weight_versions": self.weight_versions[k],
+                        "staleness": self.staleness[k],
+                        "weight_bytes": self.weight_bytes[k]} for k in range(p.stages)],
+            "peak_memory": list(self.peak_memory),
+            "weight_memory": list(self.weight_memory),
+            "activation_memory": list(self.activation_memory),
+            "tasks": [{"kind": t.kind, "stage": t.stage, "device": p.stage_device[t.stage],
+                       "start": t.start, "offset": self.offset(t.kind, t.stage),
+                       "shift": self.shift(t.kind, t.stage),
+                       "duration": self.duration(t.kind, t.stage)} for t in self.tasks],
+            "messages": [x._asdict() for x in self.messages],
+            "problem": p.to_dict(),
+        }
+
+    def replace(self, **changes: Any) -> PeriodicSchedule:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+
+def unroll_length(schedule: PeriodicSchedule) -> int:
+    """Micro-batches :func:`unroll` needs so that one micro-batch meets every other copy it can
+    overlap with on both sides, and the steady state is reached: ``2 * ceil(span / T) + 2``."""
+    msg_end = max((x.start + schedule.problem.transfer(x.src_stage, x.dst_stage)[0]
+                   for x in schedule.messages), default=0.0)
+    span = max(schedule.span, msg_end)
+    return 2 * math.ceil(span / schedule.period) + 2
+
+
+def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> GraphSchedule:
+    """``microbatches`` (default :func:`unroll_length`) copies of the pattern as a schedule of
+    the chain's task graph, micro-batch ``j`` shifted by ``j * period``; each device's static
+    memory includes its extra weight versions (:attr:`PeriodicSchedule.weight_memory`)."""
+    p = schedule.problem
+    n = unroll_length(schedule) if microbatches is None else microbatches
+    if not isinstance(n, int) or n < 1:
+        raise PeriodicError(f"microbatches: must be an integer >= 1, got {n!r}")
+    static = tuple(s + w for s, w in zip(p.static_memory, schedule.weight_memory, strict=True))
+    prob = p.replace(microbatches=n, static_memory=static, microbatch_scale=(),
+                     microbatch_memory_scale=(), microbatch_message_scale=())
+    graph = training.build(prob)
+    T = schedule.period
+    start = [0.0] * graph.num_tasks
+    for t in schedule.tasks:
+        base = training.task_id(prob, Op(t.kind, t.stage, 0))
+        for j in range(n):
+            start[base + j] = t.start + j * T
+    end = [s + d for s, d in zip(start, graph.duration, strict=True)]
+    edge_of = {(a, b): e for e, (a, b) in enumerate(zip(graph.src, graph.dst, strict=True))}
+    msgs = []
+    for x in schedule.messages:
+        dst_kind = "F" if x.kind == "F" else "B"
+        tx, lat = p.transfer(x.src_stage, x.dst_stage)
+        a0 = training.task_id(prob, Op(x.kind, x.src_stage, 0))
+        b0 = training.task_id(prob, Op(dst_kind, x.dst_stage, 0))
+        for j in range(n):
+            t0 = x.start + j * T
+            msgs.append(MessageTime(edge_of[(a0 + j, b0 + j)], t0, t0 + tx, t0 + tx + lat))
+    msgs.sort(key=lambda mm: mm.edge)
+    return GraphSchedule(graph, tuple(start), tuple(end), tuple(msgs), method=schedule.method,
+                         status="heuristic")
+
+
+def message_starts(problem: Problem, task_starts: Sequence[float]) -> tuple[PatternMessage, ...]:
+    """Messages sent as soon as their producer ends (``task_starts`` in pattern task order)."""
+    index = {(kind, k): i for i, (kind, k) in
+             enumerate((kind, k) for kind in problem.kinds for k in range(problem.stages))}
+    out = []
+    for a, b in link_edges(problem):
+        s = task_starts[index[(a.kind, a.stage)]]
+        out.append(PatternMessage(a.kind, a.stage, b.stage, s + problem.duration(a)))
+    return tuple(out)
