@@ -117,6 +117,63 @@ def period_lower_bound(problem: Problem) -> float:
     return max([*dev, *link.values()])
 
 
+def max_in_flight(problem: Problem, weight_bytes: Sequence[float], policy: str
+                  ) -> tuple[int | None, ...]:
+    """Per stage (one stage per device), the most micro-batches that may be in flight on it
+    within its device's memory limit (None: no limit), each holding the stage's activation
+    memory ``a`` from its forward's start: ``S + n a + (v(n) - 1) w <= limit``, with ``S`` the
+    static memory, ``w`` the weight bytes and ``v(n)`` the versions (``stash``: n; ``2bw``: 2;
+    ``pipemare``: 1). Below 1 when even one micro-batch does not fit."""
+    out: list[int | None] = []
+    for k in range(problem.stages):
+        d = problem.stage_device[k]
+        lim = problem.memory_limit[d]
+        a, w = problem.activation_memory[k], float(weight_bytes[k]) if weight_bytes else 0.0
+        if lim is None or problem.virtual_stages != 1:
+            out.append(None)
+            continue
+        room = lim * (1 + _REL_TOL) - problem.static_memory[d]
+        if policy == "stash":
+            room, a = room + w, a + w
+        elif policy == "2bw":
+            room -= w
+        if a <= 0:
+            out.append(None if room >= 0 else 0)
+        else:
+            out.append(max(0, math.floor(room / a)))
+    return tuple(out)
+
+
+def round_trip(problem: Problem, stage: int) -> float:
+    """The least seconds from a micro-batch's forward start on ``stage`` to its backward (B)
+    end there: the forwards from ``stage`` on, the backwards back to it, and every message's
+    transmission and latency between them (each on an idle link)."""
+    s = problem.stages
+    t = sum(problem.duration(Op("F", i, 0)) for i in range(stage, s))
+    t += sum(problem.duration(Op("B", i, 0)) for i in range(stage, s))
+    t += sum(problem.delay(i, i + 1) + problem.delay(i + 1, i) for i in range(stage, s - 1))
+    return t
+
+
+def memory_period_bound(problem: Problem, weight_bytes: Sequence[float], policy: str) -> float:
+    """A lower bound on the period (s) from memory (Little's law), for one stage per device.
+
+    Proof: each micro-batch stays at least ``R = round_trip(k)`` seconds between its forward's
+    start and its backward's end on stage k, holding the stage's activations (and, with
+    ``stash``, its own weight version) all that time; at most ``n = max_in_flight[k]`` may do
+    so at once. Over ``N`` micro-batches, the ``N R`` seconds of holding fit within
+    ``(N - 1) T + L`` seconds with at most ``n`` at a time: ``N R <= n ((N - 1) T + L)`` for
+    every N, so ``T >= R / n``. 0 without limits; inf when one micro-batch does not fit."""
+    best = 0.0
+    for k, n in enumerate(max_in_flight(problem, weight_bytes, policy)):
+        if n is None:
+            continue
+        if n < 1:
+            return math.inf
+        best = max(best, round_trip(problem, k) / n)
+    return best
+
+
 def _copies(length: float, period: float) -> int:
     """Most copies of a half-open interval of ``length`` s, repeated every ``period`` s, that
     overlap at one instant: ``ceil(length / period)`` (0 for an empty interval)."""
