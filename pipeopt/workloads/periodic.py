@@ -48,6 +48,9 @@ POLICIES: tuple[str, ...] = ("stash", "2bw", "pipemare")
 #: Relative tolerance on times (s) when counting copies of a repeating interval: floating
 #: point sums of durations must not turn an exact fit into one more micro-batch in flight.
 _REL_TOL = 1e-9
+#: Bits of the unrolled horizon that :func:`unroll` keeps (its time grid is 2**-40 of it, far
+#: below the validator's relative tolerance of 1e-9, about 2**-30).
+_GRID_BITS = 40
 
 
 class PeriodicError(ValueError):
@@ -438,12 +441,22 @@ def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> Graph
                      microbatch_memory_scale=(), microbatch_message_scale=())
     graph = training.build(prob)
     T = schedule.period
+    # Times on a grid of 2**-40 of the horizon (powers of two: exact in binary), so that events
+    # which coincide in the pattern (a task starting as another ends, one period later)
+    # coincide when unrolled too, whatever the rounding of ``start + j * T``.
+    grid = 2.0 ** (math.frexp(schedule.span + n * T)[1] - _GRID_BITS)
+
+    def snap(x: float) -> float:
+        return round(x / grid) * grid
+
     start = [0.0] * graph.num_tasks
+    end = [0.0] * graph.num_tasks
     for t in schedule.tasks:
         base = training.task_id(prob, Op(t.kind, t.stage, 0))
+        d = schedule.duration(t.kind, t.stage)
         for j in range(n):
-            start[base + j] = t.start + j * T
-    end = [s + d for s, d in zip(start, graph.duration, strict=True)]
+            start[base + j] = snap(t.start + j * T)
+            end[base + j] = snap(t.start + d + j * T)
     edge_of = {(a, b): e for e, (a, b) in enumerate(zip(graph.src, graph.dst, strict=True))}
     msgs = []
     for x in schedule.messages:
@@ -453,7 +466,8 @@ def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> Graph
         b0 = training.task_id(prob, Op(dst_kind, x.dst_stage, 0))
         for j in range(n):
             t0 = x.start + j * T
-            msgs.append(MessageTime(edge_of[(a0 + j, b0 + j)], t0, t0 + tx, t0 + tx + lat))
+            msgs.append(MessageTime(edge_of[(a0 + j, b0 + j)], snap(t0), snap(t0 + tx),
+                                    snap(t0 + tx + lat)))
     msgs.sort(key=lambda mm: mm.edge)
     return GraphSchedule(graph, tuple(start), tuple(end), tuple(msgs), method=schedule.method,
                          status="heuristic")
