@@ -13,8 +13,8 @@ trade memory for period:
 
 Method: counts ``min(cap_k, c + g (s - 1 - k))`` (made non-increasing in k) for gaps g = 1..3
 and base c = 1, 2, ... (1F1B-async is c = g = 1), then steps of +-1 on one stage or on every
-stage up to one while the period drops, stopping at the lower bound (resources and memory) or
-the time limit.
+stage up to one while the period drops or, at the same period, the memory does (fewer in
+flight: less staleness too), until no step helps or the time limit.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
     if best is None:  # pragma: no cover - counts of 1 everywhere never deadlock
         raise NotApplicable("in_flight: no cyclic order found")
     improved = True
-    while improved and best.period > bound * (1 + _AT_BOUND) and time.monotonic() < deadline:
+    # Also once at the bound: fewer in flight at the same period is less memory and staleness.
+    while improved and time.monotonic() < deadline:
         improved = False
         counts = list(best.in_flight)
         # One stage +-1, or every stage up to k +-1 (which widens or narrows only the gap
