@@ -1,0 +1,120 @@
+"""pipeline.mode: async through the config, the Python API and the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeopt.cli import main
+from pipeopt.config import ConfigError, load_config, parse_config
+from pipeopt.problem import uniform_problem
+from pipeopt.schedules import NotApplicable
+from pipeopt.schedules.periodic import async_pattern, check_periodic
+from pipeopt.solvers import UnknownMethod, compare_async, solve, solve_async
+
+ROOT = Path(__file__).resolve().parents[1]
+ASYNC = str(ROOT / "examples" / "async.yaml")
+
+
+def config(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "pipeline": {"devices": 3, "microbatches": 6, "mode": "async"},
+        "stages": {"forward": 1.0, "backward_input": 2.0, "backward_weight": 0.5,
+                   "activation_memory": 1.0},
+        "memory": {"weight_bytes": [3.0, 2.0, 1.0]},
+    }
+    for key, val in changes.items():
+        section, name = key.split("__")
+        if val is None:
+            doc[section].pop(name, None)
+        else:
+            doc[section][name] = val
+    return doc
+
+
+def test_async_mode_and_weight_bytes_reach_the_config() -> None:
+    cfg = parse_config(config())
+    assert cfg.extra("mode") == "async"
+    assert cfg.extra("weight_bytes") == (3.0, 2.0, 1.0)
+    assert parse_config(config(memory__weight_bytes=4.0)).extra("weight_bytes") == (4.0,) * 3
+    sync = parse_config(config(pipeline__mode=None, memory__weight_bytes=None))
+    assert sync.extra("mode") is None  # synchronous stays the default
+
+
+@pytest.mark.parametrize(("changes", "phrase"), [
+    ({"memory__weight_bytes": None}, "memory.weight_bytes: pipeline.mode: async needs"),
+    ({"pipeline__mode": "sync"}, "memory.weight_bytes: used only with pipeline.mode: async"),
+    ({"memory__weight_bytes": [1.0, 2.0]}, "memory.weight_bytes: expected 3 values"),
+    ({"memory__weight_bytes": -1.0}, "memory.weight_bytes: must be a finite number >= 0"),
+    ({"pipeline__virtual_stages": 2}, "pipeline.virtual_stages: pipeline.mode: async runs one"),
+    ({"pipeline__microbatch_scale": [1, 2, 1, 1, 1, 1]}, "pipeline.microbatch_scale"),
+    ({"pipeline__mode": "asynchronous"}, "pipeline.mode"),
+])
+def test_bad_async_configs_name_the_key(changes: dict[str, Any], phrase: str) -> None:
+    with pytest.raises(ConfigError, match=phrase.replace(".", r"\.").replace("(", r"\(")):
+        parse_config(config(**changes))
+
+
+def test_solve_async_matches_the_hand_made_pattern_and_checks_memory() -> None:
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5)
+    s = solve_async(prob, "pipedream", (3.0, 2.0, 1.0))
+    assert s.period == pytest.approx(3.5)
+    assert s.weight_versions == (3, 2, 1)
+    assert s == async_pattern(prob, "pipedream", (3.0, 2.0, 1.0))
+    # Stage 0 of PipeDream holds 3 activations and 2 extra versions of 3 bytes: 9 > 8.
+    tight = prob.replace(memory_limit=(8.0, None, None))
+    with pytest.raises(NotApplicable, match=r"memory\.limit\[0\]: pipedream needs 9"):
+        solve_async(tight, "pipedream", (3.0, 2.0, 1.0))
+    found = solve_async(tight, "auto", (3.0, 2.0, 1.0))  # auto: the periodic search
+    assert found.method == "periodic" and found.over_memory() == []
+    assert check_periodic(found) == []
+    with pytest.raises(UnknownMethod, match=r"set pipeline\.mode: async"):
+        solve(prob, "pipedream")
+    with pytest.raises(UnknownMethod, match="synchronous method"):
+        solve_async(prob, "1f1b")
+    with pytest.raises(UnknownMethod, match="did you mean 'pipemare'"):
+        solve_async(prob, "pipemar")
+
+
+def test_compare_async_ranks_by_period_with_sync_rows() -> None:
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5)
+    rows = compare_async(prob, (1.0,) * 3, ["pipedream", "periodic"], ["1f1b"])
+    by = {r.method: r for r in rows}
+    assert by["pipedream"].period == pytest.approx(3.5)
+    assert by["pipedream"].staleness == 2 and by["pipedream"].weight_versions == 3
+    # 1F1B (fused backward) of m = 6 on p = 3: (m + p - 1) (F + B + W) = 8 x 3.5 = 28 s.
+    assert by["1f1b"].period == pytest.approx(28.0 / 6)
+    assert by["1f1b"].ratio == pytest.approx((28.0 / 6) / 3.5)
+    assert rows[-1].method == "1f1b"
+
+
+def test_cli_solve_writes_the_periodic_json(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "period" in printed and "weight versions" in printed
+    doc = json.loads(out.read_text())
+    cfg = load_config(ASYNC)
+    s = solve_async(cfg.problem, "periodic", cfg.extra("weight_bytes"))
+    assert doc["format"] == "pipeopt-periodic" and doc["period"] == pytest.approx(s.period)
+    assert [st["weight_versions"] for st in doc["stages"]] == list(s.weight_versions)
+    assert [st["staleness"] for st in doc["stages"]] == list(s.staleness)
+    assert len(doc["tasks"]) == 12 and all(0 <= t["offset"] < doc["period"] for t in doc["tasks"])
+    assert doc["period"] >= doc["lower_bound"] - 1e-12
+    assert main(["solve", ASYNC, "--method", "pipedream", "--json", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "pipedream" and summary["period"] > doc["period"]
+    assert main(["solve", ASYNC, "--method", "1f1b", "-q"]) == 2
+    assert "--method: '1f1b' is a synchronous method" in capsys.readouterr().err
+
+
+def test_cli_compare_async_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", ASYNC, "--methods", "pipedream,periodic,1f1b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["periodic", "pipedream", "1f1b"]
+    assert rows[0]["ratio"] == 1.0 and rows[0]["throughput"] == pytest.approx(
+        1 / rows[0]["period"])
