@@ -118,3 +118,12 @@ def test_cli_compare_async_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["method"] for r in rows] == ["periodic", "pipedream", "1f1b"]
     assert rows[0]["ratio"] == 1.0 and rows[0]["throughput"] == pytest.approx(
         1 / rows[0]["period"])
+
+
+def test_the_python_example_of_docs_async_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "async.md").read_text(encoding="utf-8")
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/async.md", "exec"), {"__name__": "_doc"})
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("4.175 (4, 3, 2, 1) (4, 3, 2, 1) (3, 2, 1, 0)")
+    assert second == "3.5 3.5 (7, 5, 3, 1)"
