@@ -343,7 +343,7 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
     _async_method(args, cfg.solver.method)
     try:
         s = solve_async(cfg.problem, cfg.solver.method, cfg.extra("weight_bytes"),
-                        time_limit=cfg.solver.time_limit)
+                        time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
     except PeriodicError as exc:
         raise ConfigError(str(exc)) from None
     doc = s.to_dict()
@@ -373,11 +373,14 @@ def print_async_summary(s: Any, out: Any = None) -> None:
     print(f"period        {_fmt(s.period)} s per micro-batch{gap}", file=out)
     print(f"throughput    {_fmt(s.throughput)} micro-batches/s", file=out)
     print(f"warm-up       {_fmt(s.warmup)} s (as long again to drain)", file=out)
-    print("stage  device  in flight  weight versions  staleness  peak memory", file=out)
+    print(f"devices       {sum(s.replicas)}" + (" (replicated stages: in flight, versions, "
+          "staleness and memory per replica)" if max(s.replicas) > 1 else ""), file=out)
+    print("stage  replicas  in flight  weight versions  staleness  peak memory", file=out)
     for k in range(prob.stages):
         d = prob.stage_device[k]
-        print(f"{k:>5}  {d:>6}  {s.in_flight[k]:>9}  {s.weight_versions[k]:>15}  "
-              f"{s.staleness[k]:>9}  {format_memory(s.peak_memory[d], prob)}", file=out)
+        print(f"{k:>5}  {s.replicas[k]:>8}  {s.replica_in_flight[k]:>9}  "
+              f"{s.weight_versions[k]:>15}  {s.staleness[k]:>9}  "
+              f"{format_memory(s.peak_memory[d], prob)}", file=out)
 
 
 def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
@@ -396,7 +399,7 @@ def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
         sync_names = _method_list(",".join(n for n in names if n not in async_names)) if [
             n for n in names if n not in async_names] else []
     rows = compare_async(cfg.problem, cfg.extra("weight_bytes"), async_names, sync_names,
-                         time_limit=cfg.solver.time_limit)
+                         time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
         return 0

@@ -46,6 +46,8 @@ class PipelineConfig(_Strict):
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: flush every iteration; async: a steady state that never "
                             "flushes (PipeDream), solved for its period")
+    replicas: int | list[int] | None = Field(
+        None, description="async: devices that run each stage round-robin (default 1)")
 
 
 class StagesConfig(_Strict):
@@ -386,6 +388,8 @@ def async_extras(cfg: ConfigFile, problem: Problem) -> tuple[tuple[str, Any], ..
         if raw is not None:
             raise ConfigError("memory.weight_bytes: used only with pipeline.mode: async (the "
                               "extra weight versions of an asynchronous pipeline)")
+        if cfg.pipeline.replicas is not None:
+            raise ConfigError("pipeline.replicas: used only with pipeline.mode: async")
         return ()
     if problem.virtual_stages != 1:
         raise ConfigError(f"pipeline.virtual_stages: pipeline.mode: async runs one stage per "
@@ -403,4 +407,9 @@ def async_extras(cfg: ConfigFile, problem: Problem) -> tuple[tuple[str, Any], ..
     else:
         wb = [float(x) for x in _expand("memory.weight_bytes", raw, s, "stage")]
         _check_values("memory.weight_bytes", raw, wb, "bytes")
-    return (("mode", "async"), ("weight_bytes", tuple(wb)))
+    reps = _expand("pipeline.replicas", cfg.pipeline.replicas or 1, s, "stage")
+    for i, r in enumerate(reps):
+        if r < 1:
+            raise ConfigError(f"{_at('pipeline.replicas', cfg.pipeline.replicas, i)}: must be an "
+                              f"integer >= 1 (devices running the stage), got {r}")
+    return (("mode", "async"), ("weight_bytes", tuple(wb)), ("replicas", tuple(reps)))

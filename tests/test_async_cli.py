@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ def test_async_mode_and_weight_bytes_reach_the_config() -> None:
     assert cfg.extra("mode") == "async"
     assert cfg.extra("weight_bytes") == (3.0, 2.0, 1.0)
     assert parse_config(config(memory__weight_bytes=4.0)).extra("weight_bytes") == (4.0,) * 3
+    assert cfg.extra("replicas") == (1, 1, 1)
+    assert parse_config(config(pipeline__replicas=[1, 3, 1])).extra("replicas") == (1, 3, 1)
     sync = parse_config(config(pipeline__mode=None, memory__weight_bytes=None))
     assert sync.extra("mode") is None  # synchronous stays the default
 
@@ -52,9 +55,13 @@ def test_async_mode_and_weight_bytes_reach_the_config() -> None:
     ({"pipeline__virtual_stages": 2}, "pipeline.virtual_stages: pipeline.mode: async runs one"),
     ({"pipeline__microbatch_scale": [1, 2, 1, 1, 1, 1]}, "pipeline.microbatch_scale"),
     ({"pipeline__mode": "asynchronous"}, "pipeline.mode"),
+    ({"pipeline__replicas": [1, 0, 1]}, "pipeline.replicas[1]: must be an integer >= 1"),
+    ({"pipeline__replicas": [1, 2]}, "pipeline.replicas: expected 3 values"),
+    ({"pipeline__mode": "sync", "memory__weight_bytes": None, "pipeline__replicas": 2},
+     "pipeline.replicas: used only with pipeline.mode: async"),
 ])
 def test_bad_async_configs_name_the_key(changes: dict[str, Any], phrase: str) -> None:
-    with pytest.raises(ConfigError, match=phrase.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(phrase)):
         parse_config(config(**changes))
 
 

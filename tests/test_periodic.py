@@ -162,8 +162,14 @@ def test_steady_state_memory_matches_the_unrolled_schedule(method: str) -> None:
                      [rng.uniform(0.5, 2) for _ in range(p)],
                      [rng.uniform(0.1, 1) for _ in range(p)], latency=rng.uniform(0, 1))
         prob = prob.replace(weight_grad_memory=(0.25,) * p, static_memory=(3.0,) * p)
-        s = async_pattern(prob, method, weight_bytes=[rng.uniform(0, 4) for _ in range(p)])
+        wb = [rng.uniform(0, 4) for _ in range(p)]
+        s = async_pattern(prob, method, weight_bytes=wb)
         assert unroll(s).peak_memory == pytest.approx(s.peak_memory)
+        # The search's patterns and replicated stages (devices of one stage alike).
+        reps = tuple(rng.randint(1, 3) for _ in range(p))
+        found = solve_periodic(prob, wb, ASYNC_METHODS[method], replicas=reps)
+        per_device = [found.peak_memory[k] for k in range(p) for _ in range(reps[k])]
+        assert unroll(found).peak_memory == pytest.approx(per_device)
 
 
 def test_memory_caps_in_flight_and_the_search_stays_within_it() -> None:
@@ -234,3 +240,55 @@ def test_json_document_carries_period_versions_staleness_and_offsets() -> None:
     b0 = next(t for t in doc["tasks"] if t["kind"] == "B" and t["stage"] == 0)
     assert b0["start"] == pytest.approx(b0["offset"] + b0["shift"] * 3.5)
     assert 0 <= b0["offset"] < 3.5
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 4, 5])
+def test_replicating_a_slow_stage_divides_its_contribution(r: int) -> None:
+    # Stages of 3, 12 and 3 s (F + B + W); the middle one on r devices round-robin.
+    prob = chain([1, 4, 1], [1, 4, 1], [1, 4, 1])
+    reps = (1, r, 1)
+    assert period_lower_bound(prob, reps) == pytest.approx(max(3.0, 12.0 / r))
+    found = solve_periodic(prob, replicas=reps)
+    assert found.period == pytest.approx(max(3.0, 12.0 / r))
+    assert check_periodic(found) == []
+    assert unroll(found).graph.devices == 2 + r
+    assert unroll(found).peak_memory[:2] == pytest.approx(found.peak_memory[:2])
+
+
+def test_pipedream_with_a_replicated_stage_by_hand() -> None:
+    # NOAM of stage k: ceil(devices from stage k on / replicas[k]). Stage 1 on 2 devices:
+    # ceil(4 / 1) = 4 in flight on stage 0, ceil(3 / 2) = 2 per replica of stage 1, 1 on
+    # stage 2. The slow stage's 12 s over 2 replicas: 6 s per micro-batch.
+    prob = chain([1, 4, 1], [1, 4, 1], [1, 4, 1])
+    s = async_pattern(prob, "pipedream", (1.0,) * 3, replicas=(1, 2, 1))
+    assert s.replica_in_flight == (4, 2, 1)
+    assert s.weight_versions == (4, 2, 1)  # stashes per device of the stage
+    assert s.period == pytest.approx(6.0)
+    assert check_periodic(s) == []
+    g = unroll(s)
+    # Devices: stage 0, stage 1's two replicas, stage 2; both replicas hold 2 activations and
+    # one extra weight copy at their peak.
+    assert g.peak_memory == pytest.approx((4.0 + 3.0, 2.0 + 1.0, 2.0 + 1.0, 1.0))
+    assert s.peak_memory == pytest.approx((7.0, 3.0, 1.0))
+
+
+def test_replicated_graph_with_one_replica_is_the_training_graph() -> None:
+    from pipeopt.workloads import training
+    from pipeopt.workloads.periodic import replicated_graph
+
+    prob = chain([1, 2, 1], [1, 1, 1], [0.5, 0.5, 0.5], latency=0.3).replace(
+        message_size=(5.0, 7.0), bandwidth=tuple(tuple(10.0 if a != b else math.inf
+                                                       for b in range(3)) for a in range(3)))
+    a, b = replicated_graph(prob, (1, 1, 1)), training.build(prob)
+    for col in ("device", "duration", "mem_start", "mem_end", "label", "src", "dst", "bytes",
+                "link_src", "link_dst", "latency", "bandwidth", "memory_limit",
+                "static_memory"):
+        assert getattr(a, col) == getattr(b, col), col
+
+
+def test_bad_replicas_are_named() -> None:
+    prob = uniform_problem(3, 4)
+    with pytest.raises(PeriodicError, match="replicas: expected 3"):
+        async_pattern(prob, "pipedream", replicas=(1, 2))
+    with pytest.raises(PeriodicError, match=r"replicas\[1\]: must be an integer >= 1"):
+        async_pattern(prob, "pipedream", replicas=(1, 0, 1))

@@ -24,6 +24,7 @@ graph and hands it to the core validator, the one judge of timings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -35,6 +36,7 @@ from pipeopt.workloads.periodic import (
     PatternTask,
     PeriodicSchedule,
     check_async_problem,
+    check_replicas,
     link_edges,
     pattern_edges,
     period_lower_bound,
@@ -71,9 +73,13 @@ def one_stage_per_device(problem: Problem) -> None:
                             f"device, got {problem.virtual_stages}")
 
 
-def _arcs(problem: Problem, in_flight: Sequence[int]) -> tuple[int, list[Arc]]:
-    """(node count, arcs) of the 1F1B-async cyclic order with ``in_flight[k]`` on stage k.
-    Nodes: the pattern tasks in (kind, stage) order, then one per message on a link."""
+def _arcs(problem: Problem, in_flight: Sequence[int], replicas: Sequence[int] = ()
+          ) -> tuple[int, list[Arc]]:
+    """(node count, arcs) of the 1F1B-async cyclic order with ``in_flight[k]`` on each device
+    of stage k. Nodes: the pattern tasks in (kind, stage) order, then one per message on a
+    link. A stage on r replicas gets every r-th micro-batch: its device arcs span r times the
+    micro-batches, and a link between replicas carries every lcm(r_a, r_b)-th message."""
+    reps = check_replicas(problem, replicas)
     s = problem.stages
     kinds = problem.kinds
     node = {(kind, k): i for i, (kind, k) in
@@ -89,17 +95,18 @@ def _arcs(problem: Problem, in_flight: Sequence[int]) -> tuple[int, list[Arc]]:
         if mq is None:
             arcs.append(Arc(ia, ib, da + tx + lat, 0))
         else:  # producer -> message on the link -> consumer
+            every = math.lcm(reps[a.stage], reps[b.stage])
             arcs += [Arc(ia, mq, da, 0), Arc(mq, ib, tx + lat, 0),
-                     Arc(mq, mq, tx, 1)]  # the link carries one copy at a time, in order
+                     Arc(mq, mq, tx, every)]  # one copy at a time on a link, in order
     last = kinds[-1]
     for k in range(s):
-        n = in_flight[k]
+        n, r = in_flight[k], reps[k]
         f, b = node[("F", k)], node[("B", k)]
-        # Device order F(j + n - 1), B(j), [W(j),] F(j + n).
-        arcs.append(Arc(f, b, problem.duration(Op("F", k, 0)), -(n - 1)))
+        # Device order F(j + r (n - 1)), B(j), [W(j),] F(j + r n): the replica's micro-batches.
+        arcs.append(Arc(f, b, problem.duration(Op("F", k, 0)), -r * (n - 1)))
         if last == "W":
             arcs.append(Arc(b, node[("W", k)], problem.duration(Op("B", k, 0)), 0))
-        arcs.append(Arc(node[(last, k)], f, problem.duration(Op(last, k, 0)), n))
+        arcs.append(Arc(node[(last, k)], f, problem.duration(Op(last, k, 0)), r * n))
     return len(node) + len(msg_node), arcs
 
 
@@ -154,17 +161,19 @@ def cyclic_period(n: int, arcs: Sequence[Arc], start: float) -> tuple[float, lis
 
 def cyclic_schedule(problem: Problem, in_flight: Sequence[int], *, policy: str = "stash",
                     weight_bytes: Sequence[float] = (), method: str = "cyclic",
-                    update_every: int = 0) -> PeriodicSchedule:
+                    update_every: int = 0, replicas: Sequence[int] = ()) -> PeriodicSchedule:
     """The earliest periodic schedule of the 1F1B-async cyclic order with ``in_flight[k]``
-    micro-batches in flight on stage k (module docstring), at its least period."""
+    micro-batches in flight on each device of stage k (module docstring), at its least
+    period; ``replicas[k]`` devices run stage k round-robin."""
     one_stage_per_device(problem)
+    reps = check_replicas(problem, replicas)
     s = problem.stages
     counts = [int(c) for c in in_flight]
     if len(counts) != s or min(counts) < 1:
         raise NotApplicable(f"in_flight: expected {s} integers >= 1 (one per stage), got "
                             f"{list(in_flight)}")
-    n, arcs = _arcs(problem, counts)
-    lb = period_lower_bound(problem)
+    n, arcs = _arcs(problem, counts, reps)
+    lb = period_lower_bound(problem, reps)
     period, x = cyclic_period(n, arcs, lb)
     nt = len(problem.kinds) * s
     origin = x[0]  # F of stage 0: every other node follows it within one micro-batch
@@ -175,24 +184,28 @@ def cyclic_schedule(problem: Problem, in_flight: Sequence[int], *, policy: str =
                  for q, (a, b) in enumerate(link_edges(problem)))
     return PeriodicSchedule(problem, period, tasks, msgs, policy=policy,
                             weight_bytes=tuple(weight_bytes), method=method,
-                            lower_bound=lb, update_every=update_every)
+                            lower_bound=lb, update_every=update_every, replicas=reps)
 
 
-def one_f_one_b_async(problem: Problem) -> list[int]:
-    """1F1B-async's in-flight counts: ``p - k`` on stage k (PipeDream's NOAM for one replica
-    per stage: stage k admits a new micro-batch once the one ``p - k`` before it is done)."""
-    return [problem.stages - k for k in range(problem.stages)]
+def one_f_one_b_async(problem: Problem, replicas: Sequence[int] = ()) -> list[int]:
+    """1F1B-async's in-flight counts per device of each stage: ``p - k`` on stage k, and with
+    replicated stages ``ceil(devices from stage k on / replicas[k])`` (PipeDream's NOAM,
+    "number of optimal active mini-batches", SOSP'19 section 3.2: ceil(workers / replicas
+    of the input stage), here for every stage)."""
+    reps = check_replicas(problem, replicas)
+    return [math.ceil(sum(reps[k:]) / reps[k]) for k in range(problem.stages)]
 
 
-def async_pattern(problem: Problem, method: str, weight_bytes: Sequence[float] = ()
-                  ) -> PeriodicSchedule:
+def async_pattern(problem: Problem, method: str, weight_bytes: Sequence[float] = (),
+                  replicas: Sequence[int] = ()) -> PeriodicSchedule:
     """The hand-made pattern ``method`` (:data:`ASYNC_METHODS`): 1F1B-async with its weight
-    policy."""
+    policy, on ``replicas[k]`` devices per stage."""
     if method not in ASYNC_METHODS:
         raise NotApplicable(f"method: {method!r} is not an asynchronous pattern; choose one of "
                             f"{', '.join(ASYNC_METHODS)}")
-    return cyclic_schedule(problem, one_f_one_b_async(problem), policy=ASYNC_METHODS[method],
-                           weight_bytes=weight_bytes, method=method)
+    return cyclic_schedule(problem, one_f_one_b_async(problem, replicas),
+                           policy=ASYNC_METHODS[method], weight_bytes=weight_bytes,
+                           method=method, replicas=replicas)
 
 
 def check_periodic(schedule: PeriodicSchedule) -> list[str]:

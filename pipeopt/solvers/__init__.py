@@ -332,12 +332,13 @@ def check_async_method(name: str) -> None:
 
 
 def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), *,
-                time_limit: float = 10.0) -> Any:
+                time_limit: float = 10.0, replicas: Any = ()) -> Any:
     """The :class:`~pipeopt.workloads.periodic.PeriodicSchedule` of ``method`` on
     ``problem``'s steady state, checked by unrolling it through the core validator.
     ``weight_bytes``: bytes of one copy of each stage's weights; ``time_limit`` in seconds
-    (searches only). A hand-made pattern over a memory limit raises
-    :class:`~pipeopt.schedules.NotApplicable`, as hand-made synchronous schedules do."""
+    (searches only); ``replicas[k]``: devices that run stage k round-robin (default one).
+    A hand-made pattern over a memory limit raises :class:`~pipeopt.schedules.NotApplicable`,
+    as hand-made synchronous schedules do."""
     from pipeopt.schedules.periodic import async_pattern, validate_periodic
     from pipeopt.solvers.periodic import solve_periodic
 
@@ -345,10 +346,11 @@ def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), 
     method = "periodic" if method == "auto" else method
     policy, search = ASYNC_METHODS[method]
     if search:
-        sched = solve_periodic(problem, weight_bytes, policy, time_limit=time_limit)
+        sched = solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
+                               replicas=replicas)
         sched = sched.replace(method=method)
     else:
-        sched = async_pattern(problem, method, weight_bytes)
+        sched = async_pattern(problem, method, weight_bytes, replicas)
         over = sched.over_memory()
         if over:
             d = over[0]
@@ -392,11 +394,12 @@ class AsyncRow:
 
 
 def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | None = None,
-                  sync_names: list[str] | None = None, *, time_limit: float = 10.0
-                  ) -> list[AsyncRow]:
+                  sync_names: list[str] | None = None, *, time_limit: float = 10.0,
+                  replicas: Any = ()) -> list[AsyncRow]:
     """Rank asynchronous methods ``names`` (default: all) beside synchronous ones
     ``sync_names`` (default: the hand-made schedules and ``greedy``) by period per micro-batch,
-    those within memory first; ``time_limit`` per search (s)."""
+    those within memory first; ``time_limit`` per search (s). ``replicas`` apply to the
+    asynchronous methods only (the synchronous ones run one device per stage)."""
     from pipeopt.schedules.periodic import async_pattern, check_periodic
     from pipeopt.solvers.periodic import solve_periodic
 
@@ -405,8 +408,9 @@ def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | N
         check_async_method(name)
         policy, search = ASYNC_METHODS["periodic" if name == "auto" else name]
         try:
-            s = (solve_periodic(problem, weight_bytes, policy, time_limit=time_limit)
-                 if search else async_pattern(problem, name, weight_bytes))
+            s = (solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
+                                replicas=replicas)
+                 if search else async_pattern(problem, name, weight_bytes, replicas))
         except NotApplicable as exc:
             rows.append(AsyncRow(name, "async", error=str(exc)))
             continue

@@ -29,6 +29,7 @@ from pipeopt.schedules.periodic import Deadlock, cyclic_schedule, one_stage_per_
 from pipeopt.workloads.periodic import (
     POLICIES,
     PeriodicSchedule,
+    check_replicas,
     max_in_flight,
     memory_period_bound,
     period_lower_bound,
@@ -48,11 +49,14 @@ def _key(s: PeriodicSchedule) -> tuple[float, float]:
 
 
 def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy: str = "stash",
-                   *, time_limit: float = 10.0) -> PeriodicSchedule:
+                   *, time_limit: float = 10.0, replicas: Sequence[int] = ()
+                   ) -> PeriodicSchedule:
     """The shortest-period pattern found within every device's memory (module docstring),
-    with ``lower_bound`` = max(resource bound, memory bound). ``time_limit`` in seconds.
-    Raises :class:`NotApplicable` when even one micro-batch in flight does not fit."""
+    with ``lower_bound`` = max(resource bound, memory bound); ``replicas[k]`` devices run
+    stage k round-robin. ``time_limit`` in seconds. Raises :class:`NotApplicable` when even
+    one micro-batch in flight does not fit."""
     one_stage_per_device(problem)
+    reps = check_replicas(problem, replicas)
     if policy not in POLICIES:
         raise NotApplicable(f"policy: must be one of {', '.join(POLICIES)}, got {policy!r}")
     if not (isinstance(time_limit, int | float) and time_limit > 0):
@@ -69,16 +73,17 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
             raise NotApplicable(f"memory.limit[{d}]: one micro-batch in flight on stage {k} "
                                 f"needs {need:g} bytes ({policy} weights), over the limit "
                                 f"{problem.memory_limit[d]:g}")
-    bound = max(period_lower_bound(problem), memory_period_bound(problem, wb, policy))
-    # Enough in flight to hide the longest round trip behind the resource bound.
-    most = max(1, math.ceil(max(round_trip(problem, k) for k in range(s))
-                            / period_lower_bound(problem)) + 1)
-    limit = [most + s if c is None else min(c, most + s) for c in caps]
+    resource = period_lower_bound(problem, reps)
+    bound = max(resource, memory_period_bound(problem, wb, policy, reps))
+    # Enough in flight (in all, over a stage's replicas) to hide the longest round trip
+    # behind the resource bound.
+    most = max(1, math.ceil(max(round_trip(problem, k) for k in range(s)) / resource) + 1)
+    limit = [most + s if c is None else min(c, most + s) for c in caps]  # per replica
 
     def run(counts: Sequence[int]) -> PeriodicSchedule | None:
         try:
             return cyclic_schedule(problem, counts, policy=policy, weight_bytes=wb,
-                                   method="periodic")
+                                   method="periodic", replicas=reps)
         except Deadlock:
             return None
 
@@ -93,7 +98,9 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
     best: PeriodicSchedule | None = None
     for g in _GAPS:
         for c in range(1, most + 1):
-            counts = _monotone([min(limit[k], c + g * (s - 1 - k)) for k in range(s)])
+            total = _monotone([c + g * (s - 1 - k) for k in range(s)])
+            counts = [min(limit[k], max(1, math.ceil(n / reps[k]))) for k, n in
+                      enumerate(total)]
             cand = evaluate(counts)
             if cand is not None and (best is None or _key(cand) < _key(best)):
                 best = cand
@@ -107,15 +114,14 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
     # Also once at the bound: fewer in flight at the same period is less memory and staleness.
     while improved and time.monotonic() < deadline:
         improved = False
-        counts = list(best.in_flight)
+        counts = list(best.replica_in_flight)
         # One stage +-1, or every stage up to k +-1 (which widens or narrows only the gap
         # between k and k + 1, the move a slow link between them needs).
         for k in range(s):
             for step, first in ((1, k), (-1, k), (1, 0), (-1, 0)):
                 trial = [c + step if first <= i <= k else c for i, c in enumerate(counts)]
-                if (not all(1 <= c <= m for c, m in zip(trial, limit, strict=True))
-                        or trial != _monotone(trial)):
-                    continue
+                if not all(1 <= c <= m for c, m in zip(trial, limit, strict=True)):
+                    continue  # a deadlocking trial is refused by evaluate
                 cand = evaluate(trial)
                 if cand is not None and _key(cand) < _key(best):
                     best, improved = cand, True

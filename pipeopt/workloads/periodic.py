@@ -22,6 +22,12 @@ and the policy (:data:`POLICIES`):
 * ``pipemare`` (Yang et al., MLSys'21): no stash, one version; the forward's weights are
   ``in_flight - 1`` updates older than the backward's (the delay grows toward the first stage).
 
+Replicated stages (PipeDream's data-parallel stages, section 3.1 of the SOSP'19 paper):
+``replicas[k]`` devices run stage k round-robin, micro-batch j on replica ``j mod replicas[k]``,
+so each replica runs one copy of the stage's tasks every ``replicas[k]`` periods; the unrolled
+graph has one device per replica (with its stage's device memory and links). The replicas'
+gradient synchronisation is not modelled. Per-stage figures below are per replica.
+
 Memory of a device in steady state (bytes): its static memory (which holds one version of its
 weights) + ``(versions - 1) * weight_bytes[k]`` per stage + the peak of the activations of the
 micro-batches in flight (:meth:`PeriodicSchedule.peak_memory`).
@@ -38,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
+from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule, MessageTime
 from pipeopt.problem import Op, Problem
 from pipeopt.workloads import training
@@ -99,34 +106,59 @@ def check_async_problem(problem: Problem) -> None:
                             "micro-batch's pattern, so every micro-batch must cost the same")
 
 
-def period_lower_bound(problem: Problem) -> float:
+def check_replicas(problem: Problem, replicas: Sequence[int]) -> tuple[int, ...]:
+    """``replicas`` per stage (``()``: one each), checked: integers >= 1, and more than one
+    only with one stage per device. Raises :class:`PeriodicError`."""
+    if not replicas:
+        return (1,) * problem.stages
+    reps = tuple(replicas)
+    if len(reps) != problem.stages:
+        raise PeriodicError(f"replicas: expected {problem.stages} values (one per stage), got "
+                            f"{len(reps)}")
+    for k, r in enumerate(reps):
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise PeriodicError(f"replicas[{k}]: must be an integer >= 1, got {r!r}")
+    if max(reps) > 1 and problem.virtual_stages != 1:
+        raise PeriodicError("replicas: replicated stages need one stage per device (pipeline."
+                            f"virtual_stages 1, got {problem.virtual_stages})")
+    return reps
+
+
+def period_lower_bound(problem: Problem, replicas: Sequence[int] = ()) -> float:
     """A lower bound on the period of every periodic schedule of ``problem`` (s per
     micro-batch): the largest work per micro-batch of one resource, i.e. of a device (the
-    durations of its stages' tasks) or of a directed link (the transmissions it carries).
+    durations of its stages' tasks, over the stage's ``replicas``) or of a directed link (the
+    transmissions it carries; between replicated stages a link carries one micro-batch of
+    every ``lcm(r_a, r_b)``).
 
     Proof: a device runs one task at a time and each period adds one copy of each of its
     tasks, so over ``N`` micro-batches it is busy ``N * work`` within ``(N - 1) * T + L`` (``L``
     the span of one micro-batch's pattern); ``T >= work - (L - work) / (N - 1)`` for every
-    ``N``, hence ``T >= work``. A link carries one message at a time: the same argument."""
+    ``N``, hence ``T >= work``. A replica of a stage with r replicas gets every r-th
+    micro-batch: ``N / r`` copies in that time, hence ``T >= work / r``. A link carries one
+    message at a time: the same argument, with the pairs of replicas that micro-batch j joins
+    (``j mod r_a``, ``j mod r_b``) repeating every ``lcm(r_a, r_b)`` micro-batches."""
     check_async_problem(problem)
+    reps = check_replicas(problem, replicas)
     dev = [0.0] * problem.devices
     for k in range(problem.stages):
         for kind in problem.kinds:
-            dev[problem.stage_device[k]] += problem.duration(Op(kind, k, 0))
+            dev[problem.stage_device[k]] += problem.duration(Op(kind, k, 0)) / reps[k]
     link: dict[tuple[int, int], float] = {}
     for a, b in link_edges(problem):
         pair = (problem.stage_device[a.stage], problem.stage_device[b.stage])
-        link[pair] = link.get(pair, 0.0) + problem.transfer(a.stage, b.stage)[0]
+        link[pair] = link.get(pair, 0.0) + (problem.transfer(a.stage, b.stage)[0]
+                                            / math.lcm(reps[a.stage], reps[b.stage]))
     return max([*dev, *link.values()])
 
 
 def max_in_flight(problem: Problem, weight_bytes: Sequence[float], policy: str
                   ) -> tuple[int | None, ...]:
-    """Per stage (one stage per device), the most micro-batches that may be in flight on it
-    within its device's memory limit (None: no limit), each holding the stage's activation
-    memory ``a`` from its forward's start: ``S + n a + (v(n) - 1) w <= limit``, with ``S`` the
-    static memory, ``w`` the weight bytes and ``v(n)`` the versions (``stash``: n; ``2bw``: 2;
-    ``pipemare``: 1). Below 1 when even one micro-batch does not fit."""
+    """Per stage (one stage per device), the most micro-batches that may be in flight on one
+    device of it within the device's memory limit (None: no limit), each holding the stage's
+    activation memory ``a`` from its forward's start: ``S + n a + (v(n) - 1) w <= limit``, with
+    ``S`` the static memory, ``w`` the weight bytes and ``v(n)`` the versions (``stash``: n;
+    ``2bw``: 2; ``pipemare``: 1). Below 1 when even one micro-batch does not fit."""
     out: list[int | None] = []
     for k in range(problem.stages):
         d = problem.stage_device[k]
@@ -158,7 +190,8 @@ def round_trip(problem: Problem, stage: int) -> float:
     return t
 
 
-def memory_period_bound(problem: Problem, weight_bytes: Sequence[float], policy: str) -> float:
+def memory_period_bound(problem: Problem, weight_bytes: Sequence[float], policy: str,
+                        replicas: Sequence[int] = ()) -> float:
     """A lower bound on the period (s) from memory (Little's law), for one stage per device.
 
     Proof: each micro-batch stays at least ``R = round_trip(k)`` seconds between its forward's
@@ -166,14 +199,16 @@ def memory_period_bound(problem: Problem, weight_bytes: Sequence[float], policy:
     ``stash``, its own weight version) all that time; at most ``n = max_in_flight[k]`` may do
     so at once. Over ``N`` micro-batches, the ``N R`` seconds of holding fit within
     ``(N - 1) T + L`` seconds with at most ``n`` at a time: ``N R <= n ((N - 1) T + L)`` for
-    every N, so ``T >= R / n``. 0 without limits; inf when one micro-batch does not fit."""
+    every N, so ``T >= R / n``; with r replicas, ``r n`` at once, so ``T >= R / (r n)``.
+    0 without limits; inf when one micro-batch does not fit."""
+    reps = check_replicas(problem, replicas)
     best = 0.0
     for k, n in enumerate(max_in_flight(problem, weight_bytes, policy)):
         if n is None:
             continue
         if n < 1:
             return math.inf
-        best = max(best, round_trip(problem, k) / n)
+        best = max(best, round_trip(problem, k) / (n * reps[k]))
     return best
 
 
@@ -195,7 +230,8 @@ class PeriodicSchedule:
     ``weight_bytes[k]``: bytes of one copy of stage k's weights (one copy is part of the
     device's static memory); ``update_every``: micro-batches per weight update (1 for
     ``stash`` and ``pipemare``; ``2bw``: default, the most micro-batches in flight on a stage).
-    ``lower_bound``: a proven lower bound on the period (s) or None.
+    ``lower_bound``: a proven lower bound on the period (s) or None; ``replicas[k]``: devices
+    that run stage k round-robin (``()``: one each).
     """
 
     problem: Problem
@@ -207,6 +243,7 @@ class PeriodicSchedule:
     update_every: int = 0
     method: str = ""
     lower_bound: float | None = None
+    replicas: tuple[int, ...] = ()
     meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -251,11 +288,12 @@ class PeriodicSchedule:
                 raise PeriodicError(f"weight_bytes[{k}]: must be a finite number >= 0 bytes, "
                                     f"got {x}")
         set_(self, "weight_bytes", wb)
+        set_(self, "replicas", check_replicas(p, self.replicas))
         every = self.update_every
         if not isinstance(every, int) or isinstance(every, bool) or every < 0:
             raise PeriodicError(f"update_every: must be an integer >= 1, got {every!r}")
         if self.policy == "2bw":
-            need = max(self.in_flight)
+            need = max(self.replica_in_flight)
             if every == 0:
                 every = need
             elif every < need:
@@ -320,26 +358,36 @@ class PeriodicSchedule:
         return tuple(_copies(self._holds(k), self.period) for k in range(self.problem.stages))
 
     @cached_property
+    def replica_in_flight(self) -> tuple[int, ...]:
+        """Per stage, the most micro-batches in flight on one of its replicas at one instant
+        (``ceil(holds / (replicas * T))``; :attr:`in_flight` without replicas)."""
+        return tuple(_copies(self._holds(k), r * self.period)
+                     for k, r in enumerate(self.replicas))
+
+    @cached_property
     def weight_versions(self) -> tuple[int, ...]:
-        """Per stage, copies of its weights held at once (see the module docstring)."""
+        """Per stage, copies of its weights held at once on one device of it (module
+        docstring)."""
         if self.policy == "stash":
-            return self.in_flight
+            return self.replica_in_flight
         n = 2 if self.policy == "2bw" else 1
         return (n,) * self.problem.stages
 
     @cached_property
     def staleness(self) -> tuple[int, ...]:
         """Per stage, how many weight updates of the stage lie between the weights a
-        micro-batch's forward reads and the update its own gradient makes (``stash``,
-        ``pipemare``: ``in_flight - 1``; ``2bw``: 1, counted in updates of ``update_every``
-        micro-batches; 0 where one micro-batch is in flight, as in a synchronous pipeline)."""
+        micro-batch's forward reads and the update its own gradient makes, on its replica
+        (``stash``, ``pipemare``: ``replica_in_flight - 1``; ``2bw``: 1, counted in updates of
+        ``update_every`` micro-batches; 0 where one micro-batch is in flight, as in a
+        synchronous pipeline)."""
         if self.policy == "2bw":
-            return tuple(1 if n > 1 else 0 for n in self.in_flight)
-        return tuple(n - 1 for n in self.in_flight)
+            return tuple(1 if n > 1 else 0 for n in self.replica_in_flight)
+        return tuple(n - 1 for n in self.replica_in_flight)
 
     @cached_property
     def weight_memory(self) -> tuple[float, ...]:
-        """Per device, bytes of the weight versions beyond the one in its static memory."""
+        """Per device (of each replica), bytes of the weight versions beyond the one in its
+        static memory."""
         out = [0.0] * self.problem.devices
         for k, (v, b) in enumerate(zip(self.weight_versions, self.weight_bytes, strict=True)):
             out[self.problem.stage_device[k]] += (v - 1) * b
@@ -347,10 +395,14 @@ class PeriodicSchedule:
 
     @cached_property
     def activation_memory(self) -> tuple[float, ...]:
-        """Per device, the steady-state peak of the activations in flight (bytes): the level
-        after every change at an instant (decreases and increases at one time count together,
-        as the validator counts them), over one period once the pattern runs in full."""
-        p, T = self.problem, self.period
+        """Per device (of each replica), the steady-state peak of the activations in flight
+        (bytes): the level after every change at an instant (decreases and increases at one
+        time count together, as the validator counts them), over one period once the pattern
+        runs in full (a replica of r repeats every r periods)."""
+        p = self.problem
+        rep_of = [1] * p.devices
+        for k, r in enumerate(self.replicas):
+            rep_of[p.stage_device[k]] = r
         events: list[list[tuple[float, float]]] = [[] for _ in range(p.devices)]
         for t in self.tasks:
             alloc, free = p.memory_delta(Op(t.kind, t.stage, 0))
@@ -360,14 +412,16 @@ class PeriodicSchedule:
             if free:
                 events[d].append((t.start + self.duration(t.kind, t.stage), -free))
         out = []
-        for ev in events:
+        for d, ev in enumerate(events):
             if not ev:
                 out.append(0.0)
                 continue
+            T = rep_of[d] * self.period
             # At time x the copies of an event at e that happened are floor((x - e) / T) + 1
             # (x past every event); the sum of all changes of one micro-batch is 0, so the
             # level depends only on the phase of x. Evaluate at each event's own phase.
-            late = (math.ceil(self.span / T) + 2) * T + max(e for e, _ in ev)
+            # A whole number of periods past every event: the same phase as each event.
+            late = (math.ceil(max(e for e, _ in ev) / T) + 2) * T
             peak = 0.0
             for e0, _ in ev:
                 x = e0 + late
@@ -399,7 +453,8 @@ class PeriodicSchedule:
             "lower_bound": self.lower_bound, "policy": self.policy,
             "update_every": self.update_every, "span": self.span, "warmup": self.warmup,
             "stages": [{"stage": k, "device": p.stage_device[k],
-                        "in_flight": self.in_flight[k],
+                        "replicas": self.replicas[k], "in_flight": self.in_flight[k],
+                        "replica_in_flight": self.replica_in_flight[k],
                         "weight_versions": self.weight_versions[k],
                         "staleness": self.staleness[k],
                         "weight_bytes": self.weight_bytes[k]} for k in range(p.stages)],
@@ -431,7 +486,8 @@ def unroll_length(schedule: PeriodicSchedule) -> int:
 def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> GraphSchedule:
     """``microbatches`` (default :func:`unroll_length`) copies of the pattern as a schedule of
     the chain's task graph, micro-batch ``j`` shifted by ``j * period``; each device's static
-    memory includes its extra weight versions (:attr:`PeriodicSchedule.weight_memory`)."""
+    memory includes its extra weight versions (:attr:`PeriodicSchedule.weight_memory`). With
+    replicated stages the graph has one device per replica (:func:`replicated_graph`)."""
     p = schedule.problem
     n = unroll_length(schedule) if microbatches is None else microbatches
     if not isinstance(n, int) or n < 1:
@@ -439,7 +495,10 @@ def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> Graph
     static = tuple(s + w for s, w in zip(p.static_memory, schedule.weight_memory, strict=True))
     prob = p.replace(microbatches=n, static_memory=static, microbatch_scale=(),
                      microbatch_memory_scale=(), microbatch_message_scale=())
-    graph = training.build(prob)
+    if max(schedule.replicas) == 1:
+        graph = training.build(prob)
+    else:
+        graph = replicated_graph(prob, schedule.replicas)
     T = schedule.period
     # Times on a grid of 2**-40 of the horizon (powers of two: exact in binary), so that events
     # which coincide in the pattern (a task starting as another ends, one period later)
@@ -471,6 +530,68 @@ def unroll(schedule: PeriodicSchedule, microbatches: int | None = None) -> Graph
     msgs.sort(key=lambda mm: mm.edge)
     return GraphSchedule(graph, tuple(start), tuple(end), tuple(msgs), method=schedule.method,
                          status="heuristic")
+
+
+def replicated_graph(problem: Problem, replicas: Sequence[int]) -> TaskGraph:
+    """The chain's task graph (task ids as :func:`pipeopt.workloads.training.build`'s) with
+    stage k on ``replicas[k]`` devices, micro-batch j on replica ``j mod replicas[k]``.
+
+    Devices are numbered stage by stage (stage k's replica c is device ``sum(replicas[:k]) +
+    c``); each has its stage's device memory limit and static memory; a message between
+    replicas of neighbouring stages crosses a directed link with the latency and bandwidth
+    between the two stages' devices in ``problem``. One stage per device only."""
+    reps = check_replicas(problem, replicas)
+    if problem.virtual_stages != 1:
+        raise PeriodicError("replicas: replicated stages need one stage per device")
+    s, m = problem.stages, problem.microbatches
+    first = [sum(reps[:k]) for k in range(s)]
+    sd = problem.stage_device
+    device: list[int] = []
+    duration: list[float] = []
+    alloc: list[float] = []
+    free: list[float] = []
+    label: list[str] = []
+    src: list[int] = []
+    dst: list[int] = []
+    size: list[float] = []
+    links: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def dev(k: int, j: int) -> int:
+        return first[k] + j % reps[k]
+
+    for kind in problem.kinds:
+        for k in range(s):
+            for j in range(m):
+                op = Op(kind, k, j)
+                device.append(dev(k, j))
+                duration.append(problem.duration(op))
+                a, f = problem.memory_delta(op)
+                alloc.append(a)
+                free.append(-f)
+                label.append(f"{k}{kind}{j}")
+    for kind in problem.kinds:
+        for k in range(s):
+            for x in problem.inputs(Op(kind, k, 0)):
+                nbytes = training.message_bytes(problem, x.stage, k)
+                for j in range(m):
+                    src.append(training.task_id(problem, Op(x.kind, x.stage, j)))
+                    dst.append(training.task_id(problem, Op(kind, k, j)))
+                    size.append(nbytes)
+                    a, b = dev(x.stage, j), dev(k, j)
+                    if a != b:
+                        links[(a, b)] = (problem.latency[sd[x.stage]][sd[k]],
+                                         problem.bandwidth[sd[x.stage]][sd[k]])
+    pairs = sorted(links)
+    return TaskGraph(
+        memory_limit=tuple(problem.memory_limit[sd[k]] for k in range(s) for _ in range(reps[k])),
+        static_memory=tuple(problem.static_memory[sd[k]] for k in range(s)
+                            for _ in range(reps[k])),
+        link_src=tuple(a for a, _ in pairs), link_dst=tuple(b for _, b in pairs),
+        latency=tuple(links[ab][0] for ab in pairs),
+        bandwidth=tuple(links[ab][1] for ab in pairs),
+        device=tuple(device), duration=tuple(duration), mem_start=tuple(alloc),
+        mem_end=tuple(free), label=tuple(label), src=tuple(src), dst=tuple(dst),
+        bytes=tuple(size), meta=(("workload", "periodic-replicated"),))
 
 
 def message_starts(problem: Problem, task_starts: Sequence[float]) -> tuple[PatternMessage, ...]:
