@@ -292,3 +292,80 @@ def test_bad_replicas_are_named() -> None:
         async_pattern(prob, "pipedream", replicas=(1, 2))
     with pytest.raises(PeriodicError, match=r"replicas\[1\]: must be an integer >= 1"):
         async_pattern(prob, "pipedream", replicas=(1, 0, 1))
+
+
+def _brute_force_period(prob: Problem, t_max: int) -> int | None:
+    """The least integer period of any pattern with integer starts (durations and delays are
+    integers): every task's start tried from its earliest to one period later (a later start
+    of the same offset only delays what follows), device offsets disjoint on the circle, and
+    each stage's hold within its in-flight cap times T."""
+    from pipeopt.problem import Op
+    from pipeopt.workloads.periodic import pattern_edges
+
+    s, last = prob.stages, prob.kinds[-1]
+    caps = max_in_flight(prob, (0.0,) * s, "stash")
+    dur = {(kd, k): prob.duration(Op(kd, k, 0)) for kd in prob.kinds for k in range(s)}
+    deps: dict[tuple[str, int], list[tuple[tuple[str, int], float]]] = {t: [] for t in dur}
+    for a, b in pattern_edges(prob):
+        deps[(b.kind, b.stage)].append(((a.kind, a.stage), prob.delay(a.stage, b.stage)))
+    order = [("F", k) for k in range(s)]
+    for k in reversed(range(s)):
+        order += [(kd, k) for kd in prob.kinds[1:]]
+    for period in range(math.ceil(period_lower_bound(prob) - 1e-9), t_max + 1):
+        def free(st: dict[tuple[str, int], int], t: tuple[str, int], per: int = period) -> bool:
+            b0, db = st[t] % per, dur[t]
+            return not any(u[1] == t[1] and u != t and any(
+                a0 + sh < b0 + db and b0 < a0 + sh + dur[u]
+                for a0 in (st[u] % per,) for sh in (-per, 0, per)) for u in st)
+
+        def dfs(i: int, st: dict[tuple[str, int], int], per: int = period) -> bool:
+            if i == len(order):
+                return all(caps[k] is None or st[(last, k)] + dur[(last, k)] - st[("F", k)]
+                           <= caps[k] * per for k in range(s))
+            t = order[i]
+            lo = 0 if i == 0 else int(max(st[u] + dur[u] + d for u, d in deps[t]))
+            cap = caps[t[1]]
+            for x in range(lo, lo + (1 if i == 0 else per)):
+                if cap is not None and x + dur[t] - st.get(("F", t[1]), x) > cap * per:
+                    break  # the stage's hold only grows with x
+                st[t] = x
+                if free(st, t) and dfs(i + 1, st):
+                    return True
+                del st[t]
+            return False
+
+        if dfs(0, {}):
+            return period
+    return None
+
+
+def test_cyclic_cpsat_finds_the_least_grid_period_by_brute_force() -> None:
+    from pipeopt.solvers.periodic_cpsat import solve_periodic_cpsat
+
+    # A case where a free order on each device beats every 1F1B-async-like order (7 < 7.5).
+    lat, bw = chain_links(3, [2.0, 2.0], [math.inf] * 2)
+    known = Problem(devices=3, microbatches=4, forward=(3.0, 2.0, 1.0),
+                    backward_input=(1.0, 1.0, 4.0), backward_weight=(0.0, 3.0, 2.0),
+                    activation_memory=(1.0,) * 3, weight_grad_memory=(0.5,) * 3,
+                    latency=lat, bandwidth=bw, memory_limit=(3.0,) * 3)
+    cases = [known]
+    rng = random.Random(2)
+    while len(cases) < 10:
+        p = rng.choice([2, 3])
+        lat, bw = chain_links(p, [float(rng.randint(0, 4))] * (p - 1), [math.inf] * (p - 1))
+        cases.append(Problem(
+            devices=p, microbatches=4, forward=tuple(float(rng.randint(1, 3)) for _ in range(p)),
+            backward_input=tuple(float(rng.randint(1, 4)) for _ in range(p)),
+            backward_weight=tuple(float(rng.randint(0, 3)) for _ in range(p)),
+            activation_memory=(1.0,) * p, weight_grad_memory=(0.5,) * p, latency=lat,
+            bandwidth=bw, memory_limit=(rng.choice([2.0, 3.0, 4.0]),) * p))
+    for prob in cases:
+        search = solve_periodic(prob)
+        found = solve_periodic_cpsat(prob, resolution=1.0, time_limit=3, workers=1)
+        brute = _brute_force_period(prob, math.ceil(search.period))
+        assert found.period == pytest.approx(min(search.period, brute or math.inf))
+        assert found.period >= found.lower_bound - 1e-9
+        assert check_periodic(found) == [] and found.over_memory() == []
+    assert solve_periodic(known).period == pytest.approx(7.5)
+    assert solve_periodic_cpsat(known, resolution=1.0, time_limit=3,
+                                workers=1).period == pytest.approx(7)

@@ -301,13 +301,16 @@ def validate_loose(schedule: Schedule) -> Schedule:
 __all__ += ["ASYNC_METHODS", "AsyncRow", "async_methods", "check_async_method", "compare_async",
             "solve_async"]
 
-#: Asynchronous methods by name: (weight policy, search?). The hand-made ones run 1F1B-async
-#: (:mod:`pipeopt.schedules.periodic`); ``periodic*`` search the in-flight counts for the
-#: shortest period within memory (:mod:`pipeopt.solvers.periodic`), ``auto`` is ``periodic``.
-ASYNC_METHODS: dict[str, tuple[str, bool]] = {
-    "pipedream": ("stash", False), "pipedream-2bw": ("2bw", False),
-    "pipemare": ("pipemare", False), "periodic": ("stash", True),
-    "periodic-2bw": ("2bw", True), "periodic-pipemare": ("pipemare", True),
+#: Asynchronous methods by name: (weight policy, how). ``pattern``: the hand-made 1F1B-async
+#: (:mod:`pipeopt.schedules.periodic`); ``search``: the in-flight counts searched for the
+#: shortest period within memory (:mod:`pipeopt.solvers.periodic`); ``cpsat``: the cyclic
+#: CP-SAT model from the search's answer (:mod:`pipeopt.solvers.periodic_cpsat`). ``auto`` is
+#: ``periodic``.
+ASYNC_METHODS: dict[str, tuple[str, str]] = {
+    "pipedream": ("stash", "pattern"), "pipedream-2bw": ("2bw", "pattern"),
+    "pipemare": ("pipemare", "pattern"), "periodic": ("stash", "search"),
+    "periodic-2bw": ("2bw", "search"), "periodic-pipemare": ("pipemare", "search"),
+    "periodic-cpsat": ("stash", "cpsat"),
 }
 
 
@@ -339,26 +342,38 @@ def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), 
     (searches only); ``replicas[k]``: devices that run stage k round-robin (default one).
     A hand-made pattern over a memory limit raises :class:`~pipeopt.schedules.NotApplicable`,
     as hand-made synchronous schedules do."""
-    from pipeopt.schedules.periodic import async_pattern, validate_periodic
-    from pipeopt.solvers.periodic import solve_periodic
+    from pipeopt.schedules.periodic import validate_periodic
 
     check_async_method(method)
     method = "periodic" if method == "auto" else method
-    policy, search = ASYNC_METHODS[method]
-    if search:
-        sched = solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
-                               replicas=replicas)
-        sched = sched.replace(method=method)
-    else:
-        sched = async_pattern(problem, method, weight_bytes, replicas)
+    sched = _run_async(problem, method, weight_bytes, time_limit, replicas)
+    if ASYNC_METHODS[method][1] == "pattern":
         over = sched.over_memory()
-        if over:
+        if over:  # hand-made: no memory awareness
             d = over[0]
             raise NotApplicable(
                 f"memory.limit[{d}]: {method} needs {sched.peak_memory[d]:g} on device {d} in "
                 f"steady state, over its limit {problem.memory_limit[d]:g}; hand-made patterns "
                 f"do not adapt to memory: use periodic, or raise memory.limit")
     return validate_periodic(sched)
+
+
+def _run_async(problem: Problem, method: str, weight_bytes: Any, time_limit: float,
+               replicas: Any) -> Any:
+    """The PeriodicSchedule of one asynchronous method (not yet validated)."""
+    from pipeopt.schedules.periodic import async_pattern
+    from pipeopt.solvers.periodic import solve_periodic
+
+    policy, how = ASYNC_METHODS[method]
+    if how == "pattern":
+        return async_pattern(problem, method, weight_bytes, replicas)
+    if how == "search":
+        return solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
+                              replicas=replicas).replace(method=method)
+    from pipeopt.solvers.periodic_cpsat import solve_periodic_cpsat
+
+    return solve_periodic_cpsat(problem, weight_bytes, policy, time_limit=time_limit,
+                                replicas=replicas)
 
 
 @dataclass(frozen=True)
@@ -400,17 +415,14 @@ def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | N
     ``sync_names`` (default: the hand-made schedules and ``greedy``) by period per micro-batch,
     those within memory first; ``time_limit`` per search (s). ``replicas`` apply to the
     asynchronous methods only (the synchronous ones run one device per stage)."""
-    from pipeopt.schedules.periodic import async_pattern, check_periodic
-    from pipeopt.solvers.periodic import solve_periodic
+    from pipeopt.schedules.periodic import check_periodic
 
     rows: list[AsyncRow] = []
     for name in list(dict.fromkeys(names or list(ASYNC_METHODS))):
         check_async_method(name)
-        policy, search = ASYNC_METHODS["periodic" if name == "auto" else name]
         try:
-            s = (solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
-                                replicas=replicas)
-                 if search else async_pattern(problem, name, weight_bytes, replicas))
+            s = _run_async(problem, "periodic" if name == "auto" else name, weight_bytes,
+                           time_limit, replicas)
         except NotApplicable as exc:
             rows.append(AsyncRow(name, "async", error=str(exc)))
             continue
