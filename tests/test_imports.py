@@ -185,7 +185,7 @@ LAYERS: list[tuple[str, ...]] = [
      "pipeopt.solvers.periodic_cpsat"),
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
-    ("pipeopt.topology", "pipeopt.costs", "pipeopt.partition"),
+    ("pipeopt.topology", "pipeopt.costs", "pipeopt.partition", "pipeopt.partition.pipedream"),
     ("pipeopt.config",),
     ("pipeopt.executor", "pipeopt.plot", "pipeopt.trace", "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
