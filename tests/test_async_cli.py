@@ -134,3 +134,35 @@ def test_the_python_example_of_docs_async_runs(capsys: pytest.CaptureFixture[str
     first, second = capsys.readouterr().out.splitlines()
     assert first.startswith("4.175 (4, 3, 2, 1) (4, 3, 2, 1) (3, 2, 1, 0)")
     assert second == "3.5 3.5 (7, 5, 3, 1)"
+
+
+def test_periodic_json_round_trips_and_is_checked(tmp_path: Path) -> None:
+    from pipeopt.workloads.periodic import PeriodicError, PeriodicSchedule
+
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5).replace(memory_limit=(9.0, None, None))
+    s = solve_async(prob, "periodic", (1.0, 2.0, 3.0), replicas=(1, 2, 1))
+    doc = json.loads(json.dumps(s.to_dict()))
+    back = PeriodicSchedule.from_dict(doc)
+    assert back == s and back.replicas == (1, 2, 1) and back.weight_bytes == (1.0, 2.0, 3.0)
+    bad = dict(doc, period="fast")
+    with pytest.raises(PeriodicError, match="period: expected"):
+        PeriodicSchedule.from_dict(bad)
+    with pytest.raises(PeriodicError, match=r"tasks\[0\]\.start: missing"):
+        PeriodicSchedule.from_dict(dict(doc, tasks=[{"kind": "F", "stage": 0}]))
+    with pytest.raises(PeriodicError, match="format"):
+        PeriodicSchedule.from_dict(dict(doc, format="pipeopt.schedule"))
+
+
+def test_cli_plots_a_periodic_schedule_and_refuses_a_broken_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    png = tmp_path / "async.png"
+    assert main(["plot", str(out), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(out.read_text())
+    doc["period"] = doc["period"] / 2  # the unrolled copies now overlap
+    out.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["plot", str(out), "-o", str(tmp_path / "b.png")]) == 2
+    assert "invalid periodic schedule" in capsys.readouterr().err

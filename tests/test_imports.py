@@ -187,7 +187,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.partition", "pipeopt.partition.pipedream"),
     ("pipeopt.config",),
-    ("pipeopt.executor", "pipeopt.plot", "pipeopt.trace", "pipeopt.costs.profiler",
+    ("pipeopt.executor", "pipeopt.plot", "pipeopt.plot_periodic", "pipeopt.trace",
+     "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
      "pipeopt.__main__"),
 ]

@@ -473,6 +473,62 @@ class PeriodicSchedule:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
 
+    @classmethod
+    def from_dict(cls, doc: Any) -> PeriodicSchedule:
+        """The schedule of a :meth:`to_dict` document, every field checked (a
+        :class:`PeriodicError` names the key); derived figures are recomputed, not read."""
+        from pipeopt.problem import ProblemError
+
+        if not isinstance(doc, dict):
+            raise PeriodicError(f"expected a JSON object, got {type(doc).__name__}")
+        if doc.get("format") != "pipeopt-periodic" or doc.get("version") != 1:
+            raise PeriodicError(f"format: expected pipeopt-periodic version 1, got "
+                                f"{doc.get('format')!r} version {doc.get('version')!r}")
+        try:
+            prob = Problem.from_dict(_get(doc, "problem", dict))
+        except ProblemError as exc:
+            raise PeriodicError(f"problem: {exc}") from None
+        stages = _get(doc, "stages", list)
+        if len(stages) != prob.stages or not all(isinstance(st, dict) for st in stages):
+            raise PeriodicError(f"stages: expected {prob.stages} objects (one per stage)")
+        tasks = []
+        for i, t in enumerate(_get(doc, "tasks", list)):
+            if not isinstance(t, dict):
+                raise PeriodicError(f"tasks[{i}]: expected an object")
+            tasks.append(PatternTask(_get(t, "kind", str, f"tasks[{i}]."),
+                                     _get(t, "stage", int, f"tasks[{i}]."),
+                                     float(_get(t, "start", (int, float), f"tasks[{i}]."))))
+        msgs = []
+        for i, x in enumerate(_get(doc, "messages", list)):
+            if not isinstance(x, dict):
+                raise PeriodicError(f"messages[{i}]: expected an object")
+            w = f"messages[{i}]."
+            msgs.append(PatternMessage(_get(x, "kind", str, w), _get(x, "src_stage", int, w),
+                                       _get(x, "dst_stage", int, w),
+                                       float(_get(x, "start", (int, float), w))))
+        return cls(prob, float(_get(doc, "period", (int, float))), tuple(tasks), tuple(msgs),
+                   policy=_get(doc, "policy", str),
+                   weight_bytes=tuple(float(_get(st, "weight_bytes", (int, float),
+                                                 f"stages[{k}].")) for k, st in
+                                      enumerate(stages)),
+                   update_every=_get(doc, "update_every", int),
+                   method=str(doc.get("method", "")),
+                   lower_bound=doc.get("lower_bound") if isinstance(
+                       doc.get("lower_bound"), int | float) else None,
+                   replicas=tuple(int(_get(st, "replicas", int, f"stages[{k}].")) for k, st in
+                                  enumerate(stages)))
+
+
+def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    """``doc[key]`` of type ``kind`` (a bool is no number), or a PeriodicError naming it."""
+    if key not in doc:
+        raise PeriodicError(f"{where}{key}: missing")
+    val = doc[key]
+    if isinstance(val, bool) or not isinstance(val, kind):
+        raise PeriodicError(f"{where}{key}: expected {getattr(kind, '__name__', 'a number')}, "
+                            f"got {val!r}")
+    return val
+
 
 def unroll_length(schedule: PeriodicSchedule) -> int:
     """Micro-batches :func:`unroll` needs so that one micro-batch meets every other copy it can
