@@ -422,6 +422,23 @@ def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pipeopt.graphio import load_any
+    from pipeopt.views_cli import load_periodic
+
+    try:
+        periodic = load_periodic(args.schedule)  # pipeline.mode: async's own document
+    except USER_ERRORS as exc:
+        if args.json:
+            print(json.dumps({"valid": False, "error": one_line(str(exc))}))
+        raise
+    if periodic is not None:  # checked by unrolling it through the core validator
+        if args.json:
+            print(json.dumps({"valid": True, "method": periodic.method,
+                              "period": periodic.period, "lower_bound": periodic.lower_bound,
+                              "peak_memory": list(periodic.peak_memory)}))
+        else:
+            print(f"{input_name(args.schedule)}: valid")
+            print_async_summary(periodic)
+        return 0
 
     try:
         sched = load_any(args.schedule)

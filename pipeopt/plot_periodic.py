@@ -45,7 +45,7 @@ def plot_periodic(schedule: PeriodicSchedule, path: str | os.PathLike[str], *,
     check_dpi(size, dpi)
     fig, (gantt, mem) = plt.subplots(2, 1, figsize=size, height_ratios=[rows, max(2, rows)])
     gantt.axvspan(h0, h1, color="#fff3b0", zorder=0, label="one steady-state period")
-    owner = _row_names(schedule)
+    owner = row_names(schedule)
     for i in range(graph.num_tasks):
         s, e = g.start[i], g.end[i]
         if s >= end or e <= s:
@@ -82,7 +82,7 @@ def schedule_length(schedule: PeriodicSchedule) -> int:
     return math.ceil(end / schedule.period) + 1
 
 
-def _row_names(schedule: PeriodicSchedule) -> list[str]:
+def row_names(schedule: PeriodicSchedule) -> list[str]:
     """One name per device of the unrolled graph: ``stage k`` or ``stage k.c`` (replica c)."""
     out = []
     for k, r in enumerate(schedule.replicas):

@@ -44,7 +44,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--output", out, args.schedule)
     image_format(out, "--output")  # a suffix it cannot write is refused before any work
     check_writable("--output", out)
-    periodic = _periodic(args.schedule)
+    periodic = load_periodic(args.schedule)
     if periodic is not None:  # pipeline.mode: async writes a document of its own
         from pipeopt.plot_periodic import plot_periodic
 
@@ -59,7 +59,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _periodic(path: str) -> Any:
+def load_periodic(path: str) -> Any:
     """The checked PeriodicSchedule of a ``pipeopt-periodic`` JSON file, or None for any
     other file (the schedule reader then reads it, with its own messages)."""
     import json
@@ -91,6 +91,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
     refuse_overwriting_input("--output", out, args.schedule)
     check_writable("--output", out)
+    periodic = load_periodic(args.schedule)
+    if periodic is not None:  # pipeline.mode: async writes a document of its own
+        from pipeopt.trace_periodic import write_periodic_trace
+
+        write_output("--output", out, lambda path: write_periodic_trace(periodic, path))
+        print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
+        return 0
     sched = load_any(args.schedule)
     try:
         write_output("--output", out, lambda path: write_trace(

@@ -166,3 +166,33 @@ def test_cli_plots_a_periodic_schedule_and_refuses_a_broken_one(
     capsys.readouterr()
     assert main(["plot", str(out), "-o", str(tmp_path / "b.png")]) == 2
     assert "invalid periodic schedule" in capsys.readouterr().err
+
+
+def test_cli_traces_and_simulates_a_periodic_schedule(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    cfg = load_config(ASYNC)
+    s = solve_async(cfg.problem, "periodic", cfg.extra("weight_bytes"))
+    trace = tmp_path / "async.trace.json"
+    assert main(["trace", str(out), "-o", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    one = [e for e in events if e["name"] == "one period"]
+    assert len(one) == 1 and one[0]["dur"] == pytest.approx(s.period * 1e6)
+    # The activations counter of each stage reaches the steady-state peak and never more.
+    for k in range(4):
+        acts = [e["args"]["activations"] for e in events
+                if e["ph"] == "C" and e["name"] == f"memory stage {k}"]
+        assert max(acts) == pytest.approx(s.activation_memory[k])
+        assert {e["args"]["weight versions"] for e in events
+                if e["ph"] == "C" and e["name"] == f"memory stage {k}"} == {s.weight_memory[k]}
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["valid"] is True and verdict["period"] == pytest.approx(s.period)
+    doc = json.loads(out.read_text())
+    doc["tasks"][4]["start"] = 0.0  # B of stage 0 before its inputs
+    out.write_text(json.dumps(doc))
+    assert main(["simulate", str(out), "--json"]) == 2
+    bad = json.loads(capsys.readouterr().out)
+    assert bad["valid"] is False and "before its input" in bad["error"]

@@ -188,6 +188,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.partition", "pipeopt.partition.pipedream"),
     ("pipeopt.config",),
     ("pipeopt.executor", "pipeopt.plot", "pipeopt.plot_periodic", "pipeopt.trace",
+     "pipeopt.trace_periodic",
      "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
      "pipeopt.__main__"),
