@@ -369,3 +369,16 @@ def test_cyclic_cpsat_finds_the_least_grid_period_by_brute_force() -> None:
     assert solve_periodic(known).period == pytest.approx(7.5)
     assert solve_periodic_cpsat(known, resolution=1.0, time_limit=3,
                                 workers=1).period == pytest.approx(7)
+
+
+def test_search_with_a_tight_first_stage_and_replicas_stays_valid() -> None:
+    # Stage 0 fits one micro-batch (limit 1 = its activation): its round trip F0..B0 of
+    # 4 x 1 + 4 x 2 + 6 x 0.5 = 15 s bounds the period; W0 after it makes the cycle 15.5 s.
+    prob = uniform_problem(4, 8, 1, 2, 0.5, latency=0.5).replace(
+        memory_limit=(1.0, 3.0, None, None))
+    for reps in [(1, 1, 1, 1), (1, 3, 1, 2)]:
+        s = solve_periodic(prob, replicas=reps)
+        assert s.lower_bound == pytest.approx(15.0)
+        assert s.period == pytest.approx(15.5)
+        assert s.replica_in_flight[0] == 1
+        assert check_periodic(s) == [] and s.over_memory() == []

@@ -95,21 +95,21 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
             seen[key] = run(key)
         return seen[key]
 
-    best: PeriodicSchedule | None = None
+    # One in flight everywhere first: it never deadlocks (every cycle through a device's
+    # F -> B arc returns through that device's W -> F arc of height r_k >= 1).
+    best = evaluate([1] * s)
+    if best is None:  # pragma: no cover - see above
+        raise NotApplicable("in_flight: no cyclic order found")
     for g in _GAPS:
         for c in range(1, most + 1):
+            if best.period <= bound * (1 + _AT_BOUND) or time.monotonic() > deadline:
+                break
             total = _monotone([c + g * (s - 1 - k) for k in range(s)])
-            counts = [min(limit[k], max(1, math.ceil(n / reps[k]))) for k, n in
-                      enumerate(total)]
+            counts = _after_caps([min(limit[k], max(1, math.ceil(n / reps[k]))) for k, n in
+                                  enumerate(total)], reps)
             cand = evaluate(counts)
-            if cand is not None and (best is None or _key(cand) < _key(best)):
+            if cand is not None and _key(cand) < _key(best):
                 best = cand
-            if best is not None and best.period <= bound * (1 + _AT_BOUND):
-                break
-            if time.monotonic() > deadline:
-                break
-    if best is None:  # pragma: no cover - counts of 1 everywhere never deadlock
-        raise NotApplicable("in_flight: no cyclic order found")
     improved = True
     # Also once at the bound: fewer in flight at the same period is less memory and staleness.
     while improved and time.monotonic() < deadline:
@@ -126,6 +126,16 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
                 if cand is not None and _key(cand) < _key(best):
                     best, improved = cand, True
     return best.replace(lower_bound=bound, method="periodic")
+
+
+def _after_caps(counts: list[int], reps: Sequence[int]) -> list[int]:
+    """The per-replica counts lowered where a memory cap upstream would make a later stage
+    hold more than it can feed: ``r_k (n_k - 1) <= r_{k-1} n_{k-1} - 1``, the height of the
+    cycle through neighbours k - 1 and k staying positive (for one replica: non-increasing)."""
+    out = list(counts)
+    for k in range(1, len(out)):
+        out[k] = max(1, min(out[k], (reps[k - 1] * out[k - 1] - 1) // reps[k] + 1))
+    return out
 
 
 def _monotone(counts: list[int]) -> list[int]:
