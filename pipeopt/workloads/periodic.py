@@ -648,14 +648,3 @@ def replicated_graph(problem: Problem, replicas: Sequence[int]) -> TaskGraph:
         device=tuple(device), duration=tuple(duration), mem_start=tuple(alloc),
         mem_end=tuple(free), label=tuple(label), src=tuple(src), dst=tuple(dst),
         bytes=tuple(size), meta=(("workload", "periodic-replicated"),))
-
-
-def message_starts(problem: Problem, task_starts: Sequence[float]) -> tuple[PatternMessage, ...]:
-    """Messages sent as soon as their producer ends (``task_starts`` in pattern task order)."""
-    index = {(kind, k): i for i, (kind, k) in
-             enumerate((kind, k) for kind in problem.kinds for k in range(problem.stages))}
-    out = []
-    for a, b in link_edges(problem):
-        s = task_starts[index[(a.kind, a.stage)]]
-        out.append(PatternMessage(a.kind, a.stage, b.stage, s + problem.duration(a)))
-    return tuple(out)
