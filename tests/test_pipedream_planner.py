@@ -119,3 +119,14 @@ def test_bad_planner_inputs_are_named() -> None:
     bad = Layer("x", -1.0, 0.0, 0.0, 0.0, 0.0)
     with pytest.raises(ConfigError, match=r"layers\[0\]\.forward_s"):
         plan([bad], [Level(1, 1e9)])
+
+
+def test_the_planner_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "pipedream_planner.py"
+    runpy.run_path(str(path), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.startswith("plan 4-3-1:")  # convolutions on 4 and 3 GPUs, the classifier on 1
+    assert "periodic: period 12.90 ms (bound 12.90 ms)" in out
