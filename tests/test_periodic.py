@@ -382,3 +382,11 @@ def test_search_with_a_tight_first_stage_and_replicas_stays_valid() -> None:
         assert s.period == pytest.approx(15.5)
         assert s.replica_in_flight[0] == 1
         assert check_periodic(s) == [] and s.over_memory() == []
+
+
+def test_malformed_pattern_records_are_named() -> None:
+    good = async_pattern(uniform_problem(2, 4), "pipedream")
+    with pytest.raises(PeriodicError, match=r"tasks\[1\]: expected \(kind, stage, start\)"):
+        good.replace(tasks=(good.tasks[0], ("F", 1, "soon"), *good.tasks[2:]))
+    with pytest.raises(PeriodicError, match=r"tasks\[0\]: expected"):
+        good.replace(tasks=(("F",), *good.tasks[1:]))

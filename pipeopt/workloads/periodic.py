@@ -212,6 +212,18 @@ def memory_period_bound(problem: Problem, weight_bytes: Sequence[float], policy:
     return best
 
 
+def _record(kind: Any, value: Any, where: str) -> Any:
+    """``value`` as a :class:`PatternTask` / :class:`PatternMessage` (``kind``): its fields
+    in order, the start a number; a PeriodicError naming ``where`` otherwise."""
+    try:
+        *head, start = tuple(value)
+        rec = kind(*head, float(start))
+    except (TypeError, ValueError):
+        raise PeriodicError(f"{where}: expected ({', '.join(kind._fields)}) with a numeric "
+                            f"start, got {value!r}") from None
+    return rec
+
+
 def _copies(length: float, period: float) -> int:
     """Most copies of a half-open interval of ``length`` s, repeated every ``period`` s, that
     overlap at one instant: ``ceil(length / period)`` (0 for an empty interval)."""
@@ -258,7 +270,8 @@ class PeriodicSchedule:
             raise PeriodicError(f"policy: must be one of {', '.join(POLICIES)}, got "
                                 f"{self.policy!r}")
         want = [(kind, k) for kind in p.kinds for k in range(p.stages)]
-        tasks = tuple(PatternTask(*t) for t in self.tasks)
+        tasks = tuple(_record(PatternTask, t, f"tasks[{i}]")
+                      for i, t in enumerate(self.tasks))
         got = [(t.kind, t.stage) for t in tasks]
         if got != want:
             raise PeriodicError(f"tasks: expected one task per (kind, stage) in the order "
@@ -269,7 +282,8 @@ class PeriodicSchedule:
                                     f"number >= 0 s, got {t.start}")
         set_(self, "tasks", tasks)
         want_m = [(a.kind, a.stage, b.stage) for a, b in link_edges(p)]
-        msgs = tuple(PatternMessage(*x) for x in self.messages)
+        msgs = tuple(_record(PatternMessage, x, f"messages[{i}]")
+                     for i, x in enumerate(self.messages))
         if [(x.kind, x.src_stage, x.dst_stage) for x in msgs] != want_m:
             raise PeriodicError(f"messages: expected one per dependency that occupies a link "
                                 f"(kind, from, to) = {want_m}, got "
@@ -317,7 +331,7 @@ class PeriodicSchedule:
 
     def offset(self, kind: str, stage: int) -> float:
         """The task's start within the period, ``start mod T`` (s)."""
-        return self.task(kind, stage).start - self.shift(kind, stage) * self.period
+        return max(0.0, self.task(kind, stage).start - self.shift(kind, stage) * self.period)
 
     def shift(self, kind: str, stage: int) -> int:
         """The task's iteration shift ``floor(start / T)``: the copy that runs in period ``q``
