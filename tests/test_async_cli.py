@@ -196,3 +196,16 @@ def test_cli_traces_and_simulates_a_periodic_schedule(
     assert main(["simulate", str(out), "--json"]) == 2
     bad = json.loads(capsys.readouterr().out)
     assert bad["valid"] is False and "before its input" in bad["error"]
+
+
+def test_cpsat_with_2bw_and_pipemare_weights_keeps_memory() -> None:
+    # Limit 4 with static 1, activations 1 and weight copies 1: 2BW fits 2 in flight
+    # (1 + 2 + 1), PipeMare 3 (1 + 3); both below PipeDream's 3 on stage 0.
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5, latency=0.5).replace(
+        memory_limit=(4.0,) * 3, static_memory=(1.0,) * 3)
+    for method in ("periodic-cpsat-2bw", "periodic-cpsat-pipemare"):
+        s = solve_async(prob, method, (1.0,) * 3, time_limit=5)
+        assert s.over_memory() == [] and check_periodic(s) == []
+        assert s.period >= s.lower_bound - 1e-9
+        search = solve_async(prob, method.replace("-cpsat", ""), (1.0,) * 3)
+        assert s.period <= search.period + 1e-9

@@ -310,7 +310,8 @@ ASYNC_METHODS: dict[str, tuple[str, str]] = {
     "pipedream": ("stash", "pattern"), "pipedream-2bw": ("2bw", "pattern"),
     "pipemare": ("pipemare", "pattern"), "periodic": ("stash", "search"),
     "periodic-2bw": ("2bw", "search"), "periodic-pipemare": ("pipemare", "search"),
-    "periodic-cpsat": ("stash", "cpsat"),
+    "periodic-cpsat": ("stash", "cpsat"), "periodic-cpsat-2bw": ("2bw", "cpsat"),
+    "periodic-cpsat-pipemare": ("pipemare", "cpsat"),
 }
 
 
