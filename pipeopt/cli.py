@@ -341,6 +341,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         return _solve_inference(args)
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
+    if cfg.extra("mode") == "async":
+        return _solve_async(args, cfg)
     sc = cfg.solver
     # The time limit covers the whole command: loading (done), the search, its validation
     # (solve() keeps time for it) and writing the result (kept here).
@@ -424,8 +426,122 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _async_method(args: argparse.Namespace, name: str) -> None:
+    """``name`` as an asynchronous method, or a ConfigError naming the key that gave it."""
+    from pipeopt.solvers import check_async_method
+
+    try:
+        check_async_method(name)
+    except UnknownMethod as exc:
+        key = "--method" if args.method is not None else "solver.method"
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
+    """``solve`` with ``pipeline.mode: async``: a periodic schedule, its summary, its JSON."""
+    from pipeopt.io import format_json, write_atomic
+    from pipeopt.solvers import solve_async
+    from pipeopt.workloads.periodic import PeriodicError
+
+    _async_method(args, cfg.solver.method)
+    try:
+        s = solve_async(cfg.problem, cfg.solver.method, cfg.extra("weight_bytes"),
+                        time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
+    except PeriodicError as exc:
+        raise ConfigError(str(exc)) from None
+    doc = s.to_dict()
+    if args.json:
+        print(json.dumps({k: v for k, v in doc.items() if k not in ("tasks", "messages",
+                                                                    "problem")}))
+    else:
+        print_async_summary(s)
+    if args.output:
+        sys.stdout.flush()
+        write_output("--output", args.output,
+                     lambda path: write_atomic(path, format_json(doc)))
+        if not args.json:
+            print(f"written       {args.output}")
+    return 0
+
+
+def print_async_summary(s: Any, out: Any = None) -> None:
+    """A short human summary of one periodic schedule, with a row per stage."""
+    out = out or sys.stdout
+    prob = s.problem
+    lb = s.lower_bound
+    gap = "" if not lb else f" (lower bound {_fmt(lb)} s, gap {(s.period - lb) / s.period:.2%})"
+    print(f"method        {s.method}", file=out)
+    print(f"mode          async (steady state; weights: {s.policy}, updated every "
+          f"{s.update_every} micro-batch{'es' if s.update_every > 1 else ''})", file=out)
+    print(f"period        {_fmt(s.period)} s per micro-batch{gap}", file=out)
+    print(f"throughput    {_fmt(s.throughput)} micro-batches/s", file=out)
+    print(f"warm-up       {_fmt(s.warmup)} s (as long again to drain)", file=out)
+    print(f"devices       {sum(s.replicas)}" + (" (replicated stages: in flight, versions, "
+          "staleness and memory per replica)" if max(s.replicas) > 1 else ""), file=out)
+    print("stage  replicas  in flight  weight versions  staleness  peak memory", file=out)
+    for k in range(prob.stages):
+        d = prob.stage_device[k]
+        print(f"{k:>5}  {s.replicas[k]:>8}  {s.replica_in_flight[k]:>9}  "
+              f"{s.weight_versions[k]:>15}  {s.staleness[k]:>9}  "
+              f"{format_memory(s.peak_memory[d], prob)}", file=out)
+
+
+def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
+    """``compare`` with ``pipeline.mode: async``: the asynchronous methods beside the
+    hand-made synchronous schedules and greedy (or ``--methods``, of either kind), by period
+    per micro-batch."""
+    from pipeopt.solvers import ASYNC_METHODS, async_methods, compare_async
+
+    if args.plot:
+        raise ConfigError("--plot: not yet drawn for pipeline.mode: async")
+    async_names: list[str] = list(ASYNC_METHODS)
+    sync_names: list[str] | None = None
+    if args.methods is not None:
+        names = [n.strip() for n in args.methods.split(",")]
+        async_names = [n for n in names if n in async_methods()]
+        sync_names = _method_list(",".join(n for n in names if n not in async_names)) if [
+            n for n in names if n not in async_names] else []
+    rows = compare_async(cfg.problem, cfg.extra("weight_bytes"), async_names, sync_names,
+                         time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows]))
+        return 0
+    table = [["method", "mode", "s/micro-batch", "micro-batches/s", "vs best", "peak memory",
+              "staleness", "versions"]]
+    for r in rows:
+        if r.period is None:
+            table.append([r.method, r.mode, "-", "-", "-", "-", "-", f"n/a: {r.error}"])
+            continue
+        mem = format_memory(r.peak_memory or 0.0, cfg.problem)
+        table.append([r.method, r.mode, _fmt(r.period), _fmt(r.throughput),
+                      "n/a" if r.ratio is None else f"{r.ratio:.3f}",
+                      mem + ("" if r.fits else " (over)"), str(r.staleness),
+                      str(r.weight_versions)])
+    widths = [max(len(row[i]) for row in table if len(row) > i) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from pipeopt.graphio import load_any
+    from pipeopt.views_cli import load_periodic
+
+    try:
+        periodic = load_periodic(args.schedule)  # pipeline.mode: async's own document
+    except USER_ERRORS as exc:
+        if args.json:
+            print(json.dumps({"valid": False, "error": one_line(str(exc))}))
+        raise
+    if periodic is not None:  # checked by unrolling it through the core validator
+        if args.json:
+            print(json.dumps({"valid": True, "method": periodic.method,
+                              "period": periodic.period, "lower_bound": periodic.lower_bound,
+                              "peak_memory": list(periodic.peak_memory)}))
+        else:
+            print(f"{input_name(args.schedule)}: valid")
+            print_async_summary(periodic)
+        return 0
 
     try:
         sched = load_any(args.schedule)
@@ -481,8 +597,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         image_format(args.plot, "--plot")  # a bad suffix before any method runs
         check_writable("--plot", args.plot)
-    names = _method_list(args.methods) if args.methods is not None else None
     cfg = load_config(args.config, time_limit=args.time_limit)
+    if cfg.extra("mode") == "async":
+        return _compare_async(args, cfg)
+    names = _method_list(args.methods) if args.methods is not None else None
     with _progress_line(args.quiet or args.json) as line:
         sc = cfg.solver
         rows = compare(cfg.problem, names, time_limit=sc.time_limit, seed=sc.seed,

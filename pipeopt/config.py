@@ -7,6 +7,7 @@ The only module that reads YAML. The explicit problem form is SPEC section 1; th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from pipeopt.schema import (
     _at,
     _check_values,
     _expand,
+    async_extras,
     check_totals,
     check_unknown_keys,
     error_message,
@@ -109,7 +111,8 @@ def parse_config(data: Any, source: str = "<memory>",
                           "model:/cluster: (the explicit form gives per-stage costs already)")
     problem = build_problem(cfg)
     check_totals(problem, "stages")
-    return Config(problem=problem, solver=cfg.solver, source=source)
+    return Config(problem=problem, solver=cfg.solver, source=source,
+                  extras=async_extras(cfg, problem))
 
 
 def _yaml_type(data: Any) -> str:
@@ -142,7 +145,9 @@ def _from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:
     except ImportError:
         raise ConfigError("model: the model/cluster form is not available in this version; "
                           "give per-stage costs under stages:") from None
-    return build_from_model(cfg, data, source)
+    built = build_from_model(cfg, data, source)
+    extras = async_extras(cfg, built.problem)
+    return dataclasses.replace(built, extras=built.extras + extras) if extras else built
 
 
 def build_problem(cfg: ConfigFile) -> Problem:

@@ -48,6 +48,11 @@ class PipelineConfig(_Strict):
     microbatch_message_scale: ScaleTable | None = Field(
         None, description="per micro-batch factor on its message bytes; or a table, one row "
         "per stage boundary")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: flush every iteration; async: a steady state that never "
+                            "flushes (PipeDream), solved for its period")
+    replicas: int | list[int] | None = Field(
+        None, description="async: devices that run each stage round-robin (default 1)")
 
     @field_validator(*("microbatch_scale", "microbatch_memory_scale",
                        "microbatch_message_scale"), mode="before")
@@ -85,6 +90,8 @@ class MemoryConfig(_Strict):
 
     limit: float | list[float | None] | None = None
     static: Scalars = 0.0
+    weight_bytes: Scalars | None = Field(
+        None, description="bytes of one copy of a stage's weights (pipeline.mode: async)")
 
 
 class SolverConfig(_Strict):
@@ -391,3 +398,49 @@ def memory_values(mem: MemoryConfig, p: int) -> tuple[list[float | None], list[f
     static = _expand("memory.static", mem.static, p, "device")
     _check_values("memory.static", mem.static, static, "bytes")
     return limit, [float(x) for x in static]
+
+
+#: Bytes of one weight copy per parameter when a model config gives parameter counts: the
+#: 16-bit copy that mixed-precision training runs the forward and backward with (Micikevicius
+#: et al., "Mixed Precision Training", ICLR'18), which is what a stash keeps per version.
+WEIGHT_COPY_BYTES_PER_PARAM = 2.0
+
+
+def async_extras(cfg: ConfigFile, problem: Problem) -> tuple[tuple[str, Any], ...]:
+    """``pipeline.mode`` and, in async mode, the weight bytes of each stage as
+    :class:`Config` extras (``mode``, ``weight_bytes``); () in sync mode.
+
+    ``memory.weight_bytes`` (one value, or one per stage) is required by the explicit form in
+    async mode; the model form defaults it to each stage's parameters times
+    :data:`WEIGHT_COPY_BYTES_PER_PARAM`. It is refused in sync mode, where it would do
+    nothing."""
+    raw = cfg.memory.weight_bytes
+    if cfg.pipeline.mode == "sync":
+        if raw is not None:
+            raise ConfigError("memory.weight_bytes: used only with pipeline.mode: async (the "
+                              "extra weight versions of an asynchronous pipeline)")
+        if cfg.pipeline.replicas is not None:
+            raise ConfigError("pipeline.replicas: used only with pipeline.mode: async")
+        return ()
+    if problem.virtual_stages != 1:
+        raise ConfigError(f"pipeline.virtual_stages: pipeline.mode: async runs one stage per "
+                          f"device, got {problem.virtual_stages}")
+    if not problem.uniform_microbatches:
+        raise ConfigError("pipeline.microbatch_scale: pipeline.mode: async repeats one "
+                          "micro-batch's pattern, so every micro-batch must cost the same")
+    s = problem.stages
+    if raw is None:
+        rows = dict(problem.meta).get("stage_costs")
+        if not rows:
+            raise ConfigError("memory.weight_bytes: pipeline.mode: async needs the bytes of one "
+                              "copy of each stage's weights (one value, or one per stage)")
+        wb = [float(r["params"]) * WEIGHT_COPY_BYTES_PER_PARAM for r in rows]
+    else:
+        wb = [float(x) for x in _expand("memory.weight_bytes", raw, s, "stage")]
+        _check_values("memory.weight_bytes", raw, wb, "bytes")
+    reps = _expand("pipeline.replicas", cfg.pipeline.replicas or 1, s, "stage")
+    for i, r in enumerate(reps):
+        if r < 1:
+            raise ConfigError(f"{_at('pipeline.replicas', cfg.pipeline.replicas, i)}: must be an "
+                              f"integer >= 1 (devices running the stage), got {r}")
+    return (("mode", "async"), ("weight_bytes", tuple(wb)), ("replicas", tuple(reps)))

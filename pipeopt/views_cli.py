@@ -44,11 +44,43 @@ def cmd_plot(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--output", out, args.schedule)
     image_format(out, "--output")  # a suffix it cannot write is refused before any work
     check_writable("--output", out)
+    periodic = load_periodic(args.schedule)
+    if periodic is not None:  # pipeline.mode: async writes a document of its own
+        from pipeopt.plot_periodic import plot_periodic
+
+        write_output("--output", out, lambda path: plot_periodic(
+            periodic, path, title=args.title, dpi=args.dpi))
+        print(f"written {out}")
+        return 0
     sched = load_any(args.schedule)
     write_output("--output", out, lambda path: plot_any(
         sched, path, title=args.title, show_memory=not args.no_memory, dpi=args.dpi))
     print(f"written {out}")
     return 0
+
+
+def load_periodic(path: str) -> Any:
+    """The checked PeriodicSchedule of a ``pipeopt-periodic`` JSON file, or None for any
+    other file (the schedule reader then reads it, with its own messages)."""
+    import json
+
+    from pipeopt.config import ConfigError
+    from pipeopt.io import MAX_SCHEDULE_BYTES, read_input
+    from pipeopt.schedules.periodic import InvalidPeriodic, validate_periodic
+    from pipeopt.workloads.periodic import PeriodicError, PeriodicSchedule
+
+    if not str(path).lower().endswith(".json"):
+        return None
+    try:
+        doc = json.loads(read_input(path, MAX_SCHEDULE_BYTES, "a schedule JSON"))
+    except Exception:  # unreadable or not JSON: the schedule reader says why
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == "pipeopt-periodic"):
+        return None
+    try:
+        return validate_periodic(PeriodicSchedule.from_dict(doc))
+    except (PeriodicError, InvalidPeriodic) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -59,6 +91,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     out = args.output or str(Path(args.schedule).with_suffix(".trace.json"))
     refuse_overwriting_input("--output", out, args.schedule)
     check_writable("--output", out)
+    periodic = load_periodic(args.schedule)
+    if periodic is not None:  # pipeline.mode: async writes a document of its own
+        from pipeopt.trace_periodic import write_periodic_trace
+
+        write_output("--output", out, lambda path: write_periodic_trace(periodic, path))
+        print(f"written {out} (open it in ui.perfetto.dev or chrome://tracing)")
+        return 0
     sched = load_any(args.schedule)
     try:
         write_output("--output", out, lambda path: write_trace(

@@ -73,6 +73,16 @@ def test_every_bundled_example_solves(example: str, tmp_path: Path) -> None:
         assert main(["solve", str(ROOT / "examples" / example), "-q", "-o", str(out)]) == 0
         assert json.loads(out.read_text())["metrics"]["throughput_tokens_per_s"] > 0
         return
+    if "mode: async" in (ROOT / "examples" / example).read_text(encoding="utf-8"):
+        # An asynchronous pipeline: its periodic search, and its own document checked again.
+        from pipeopt.schedules.periodic import check_periodic
+        from pipeopt.workloads.periodic import PeriodicSchedule
+
+        assert main(["solve", str(ROOT / "examples" / example), "--method", "periodic", "-q",
+                     "-o", str(out)]) == 0
+        periodic = PeriodicSchedule.from_dict(json.loads(out.read_text()))
+        assert periodic.period > 0 and check_periodic(periodic) == []
+        return
     assert main(["solve", str(ROOT / "examples" / example), "--method", "greedy", "-q",
                  "-o", str(out)]) == 0
     assert load_schedule(out).makespan > 0  # load_schedule validates it again

@@ -79,6 +79,9 @@ def check_method(name: str) -> None:
     known = methods()
     if name in known:
         return
+    if name in ASYNC_METHODS:
+        raise UnknownMethod(f"{name!r} is an asynchronous method: set pipeline.mode: async "
+                            f"(or call pipeopt.solvers.solve_async)")
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UnknownMethod(f"unknown method {name!r}; {hint}choose one of {', '.join(known)}")
@@ -337,3 +340,154 @@ def validate_loose(schedule: Schedule) -> Schedule:
     unlimited = schedule.problem.replace(memory_limit=())
     validate(replace(schedule, problem=unlimited))
     return schedule
+
+
+# ----- asynchronous (periodic) pipelines: pipeline.mode: async ---------------------------------
+__all__ += ["ASYNC_METHODS", "AsyncRow", "async_methods", "check_async_method", "compare_async",
+            "solve_async"]
+
+#: Asynchronous methods by name: (weight policy, how). ``pattern``: the hand-made 1F1B-async
+#: (:mod:`pipeopt.schedules.periodic`); ``search``: the in-flight counts searched for the
+#: shortest period within memory (:mod:`pipeopt.solvers.periodic`); ``cpsat``: the cyclic
+#: CP-SAT model from the search's answer (:mod:`pipeopt.solvers.periodic_cpsat`). ``auto`` is
+#: ``periodic``.
+ASYNC_METHODS: dict[str, tuple[str, str]] = {
+    "pipedream": ("stash", "pattern"), "pipedream-2bw": ("2bw", "pattern"),
+    "pipemare": ("pipemare", "pattern"), "periodic": ("stash", "search"),
+    "periodic-2bw": ("2bw", "search"), "periodic-pipemare": ("pipemare", "search"),
+    "periodic-cpsat": ("stash", "cpsat"), "periodic-cpsat-2bw": ("2bw", "cpsat"),
+    "periodic-cpsat-pipemare": ("pipemare", "cpsat"),
+}
+
+
+def async_methods() -> list[str]:
+    """Names of every method :func:`solve_async` accepts (``auto`` is ``periodic``)."""
+    return ["auto", *ASYNC_METHODS]
+
+
+def check_async_method(name: str) -> None:
+    """Raise :class:`UnknownMethod` (with a "did you mean") unless :func:`solve_async` knows
+    ``name``."""
+    known = async_methods()
+    if isinstance(name, str) and name in known:
+        return
+    if isinstance(name, str) and name in methods():
+        raise UnknownMethod(f"{name!r} is a synchronous method; pipeline.mode: async takes "
+                            f"{', '.join(known)}")
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownMethod(f"unknown asynchronous method {name!r}; {hint}choose one of "
+                        f"{', '.join(known)}")
+
+
+def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), *,
+                time_limit: float = 10.0, replicas: Any = ()) -> Any:
+    """The :class:`~pipeopt.workloads.periodic.PeriodicSchedule` of ``method`` on
+    ``problem``'s steady state, checked by unrolling it through the core validator.
+    ``weight_bytes``: bytes of one copy of each stage's weights; ``time_limit`` in seconds
+    (searches only); ``replicas[k]``: devices that run stage k round-robin (default one).
+    A hand-made pattern over a memory limit raises :class:`~pipeopt.schedules.NotApplicable`,
+    as hand-made synchronous schedules do."""
+    from pipeopt.schedules.periodic import validate_periodic
+
+    check_async_method(method)
+    method = "periodic" if method == "auto" else method
+    sched = _run_async(problem, method, weight_bytes, time_limit, replicas)
+    if ASYNC_METHODS[method][1] == "pattern":
+        over = sched.over_memory()
+        if over:  # hand-made: no memory awareness
+            d = over[0]
+            raise NotApplicable(
+                f"memory.limit[{d}]: {method} needs {sched.peak_memory[d]:g} on device {d} in "
+                f"steady state, over its limit {problem.memory_limit[d]:g}; hand-made patterns "
+                f"do not adapt to memory: use periodic, or raise memory.limit")
+    return validate_periodic(sched)
+
+
+def _run_async(problem: Problem, method: str, weight_bytes: Any, time_limit: float,
+               replicas: Any) -> Any:
+    """The PeriodicSchedule of one asynchronous method (not yet validated)."""
+    from pipeopt.schedules.periodic import async_pattern
+    from pipeopt.solvers.periodic import solve_periodic
+
+    policy, how = ASYNC_METHODS[method]
+    if how == "pattern":
+        return async_pattern(problem, method, weight_bytes, replicas)
+    if how == "search":
+        return solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
+                              replicas=replicas).replace(method=method)
+    from pipeopt.solvers.periodic_cpsat import solve_periodic_cpsat
+
+    return solve_periodic_cpsat(problem, weight_bytes, policy, time_limit=time_limit,
+                                replicas=replicas)
+
+
+@dataclass(frozen=True)
+class AsyncRow:
+    """One method's steady state: ``period`` (s per micro-batch; a synchronous schedule's
+    iteration time / micro-batches), the largest peak memory (bytes), staleness (updates) and
+    weight versions of the worst stage, whether it fits, and ``ratio`` = period / the best
+    period that fits. ``schedule``: the PeriodicSchedule or the synchronous Schedule."""
+
+    method: str
+    mode: str
+    schedule: Any = None
+    error: str | None = None
+    period: float | None = None
+    peak_memory: float | None = None
+    staleness: int = 0
+    weight_versions: int = 1
+    fits: bool = False
+    ratio: float | None = None
+
+    @property
+    def throughput(self) -> float | None:
+        """Micro-batches per second (samples per second = this x samples per micro-batch)."""
+        return None if not self.period else 1.0 / self.period
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (no schedule)."""
+        return {"method": self.method, "mode": self.mode, "error": self.error,
+                "period": self.period, "throughput": self.throughput,
+                "peak_memory": self.peak_memory, "staleness": self.staleness,
+                "weight_versions": self.weight_versions, "fits": self.fits,
+                "ratio": self.ratio}
+
+
+def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | None = None,
+                  sync_names: list[str] | None = None, *, time_limit: float = 10.0,
+                  replicas: Any = ()) -> list[AsyncRow]:
+    """Rank asynchronous methods ``names`` (default: all) beside synchronous ones
+    ``sync_names`` (default: the hand-made schedules and ``greedy``) by period per micro-batch,
+    those within memory first; ``time_limit`` per search (s). ``replicas`` apply to the
+    asynchronous methods only (the synchronous ones run one device per stage)."""
+    from pipeopt.schedules.periodic import validate_periodic
+
+    rows: list[AsyncRow] = []
+    for name in list(dict.fromkeys(names or list(ASYNC_METHODS))):
+        check_async_method(name)
+        try:
+            s = _run_async(problem, "periodic" if name == "auto" else name, weight_bytes,
+                           time_limit, replicas)
+        except NotApplicable as exc:
+            rows.append(AsyncRow(name, "async", error=str(exc)))
+            continue
+        # Judged without the memory limits (hand-made patterns ignore them; ``fits`` says).
+        validate_periodic(s.replace(problem=s.problem.replace(memory_limit=())))
+        rows.append(AsyncRow(name, "async", s, period=s.period,
+                             peak_memory=max(s.peak_memory), staleness=max(s.staleness),
+                             weight_versions=max(s.weight_versions), fits=not s.over_memory()))
+    sync = sync_names if sync_names is not None else [*GENERATORS, "greedy"]
+    m = problem.microbatches
+    for r in compare(problem, sync, time_limit=time_limit) if sync else []:
+        if r.schedule is None:
+            rows.append(AsyncRow(r.method, "sync", error=r.error))
+            continue
+        rows.append(AsyncRow(r.method, "sync", r.schedule, period=r.schedule.iteration_time / m,
+                             peak_memory=max(r.schedule.peak_memory), fits=r.fits))
+    best = min((r.period for r in rows if r.period is not None and r.fits), default=None)
+    rows = [replace(r, ratio=r.period / best) if r.period is not None and best else r
+            for r in rows]
+    rows.sort(key=lambda r: (r.period is None, not r.fits,
+                             math.inf if r.period is None else r.period))
+    return rows

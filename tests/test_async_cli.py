@@ -1,0 +1,211 @@
+"""pipeline.mode: async through the config, the Python API and the command line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeopt.cli import main
+from pipeopt.config import ConfigError, load_config, parse_config
+from pipeopt.problem import uniform_problem
+from pipeopt.schedules import NotApplicable
+from pipeopt.schedules.periodic import async_pattern, check_periodic
+from pipeopt.solvers import UnknownMethod, compare_async, solve, solve_async
+
+ROOT = Path(__file__).resolve().parents[1]
+ASYNC = str(ROOT / "examples" / "async.yaml")
+
+
+def config(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "pipeline": {"devices": 3, "microbatches": 6, "mode": "async"},
+        "stages": {"forward": 1.0, "backward_input": 2.0, "backward_weight": 0.5,
+                   "activation_memory": 1.0},
+        "memory": {"weight_bytes": [3.0, 2.0, 1.0]},
+    }
+    for key, val in changes.items():
+        section, name = key.split("__")
+        if val is None:
+            doc[section].pop(name, None)
+        else:
+            doc[section][name] = val
+    return doc
+
+
+def test_async_mode_and_weight_bytes_reach_the_config() -> None:
+    cfg = parse_config(config())
+    assert cfg.extra("mode") == "async"
+    assert cfg.extra("weight_bytes") == (3.0, 2.0, 1.0)
+    assert parse_config(config(memory__weight_bytes=4.0)).extra("weight_bytes") == (4.0,) * 3
+    assert cfg.extra("replicas") == (1, 1, 1)
+    assert parse_config(config(pipeline__replicas=[1, 3, 1])).extra("replicas") == (1, 3, 1)
+    sync = parse_config(config(pipeline__mode=None, memory__weight_bytes=None))
+    assert sync.extra("mode") is None  # synchronous stays the default
+
+
+@pytest.mark.parametrize(("changes", "phrase"), [
+    ({"memory__weight_bytes": None}, "memory.weight_bytes: pipeline.mode: async needs"),
+    ({"pipeline__mode": "sync"}, "memory.weight_bytes: used only with pipeline.mode: async"),
+    ({"memory__weight_bytes": [1.0, 2.0]}, "memory.weight_bytes: expected 3 values"),
+    ({"memory__weight_bytes": -1.0}, "memory.weight_bytes: must be a finite number >= 0"),
+    ({"pipeline__virtual_stages": 2}, "pipeline.virtual_stages: pipeline.mode: async runs one"),
+    ({"pipeline__microbatch_scale": [1, 2, 1, 1, 1, 1]}, "pipeline.microbatch_scale"),
+    ({"pipeline__mode": "asynchronous"}, "pipeline.mode"),
+    ({"pipeline__replicas": [1, 0, 1]}, "pipeline.replicas[1]: must be an integer >= 1"),
+    ({"pipeline__replicas": [1, 2]}, "pipeline.replicas: expected 3 values"),
+    ({"pipeline__mode": "sync", "memory__weight_bytes": None, "pipeline__replicas": 2},
+     "pipeline.replicas: used only with pipeline.mode: async"),
+])
+def test_bad_async_configs_name_the_key(changes: dict[str, Any], phrase: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(phrase)):
+        parse_config(config(**changes))
+
+
+def test_solve_async_matches_the_hand_made_pattern_and_checks_memory() -> None:
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5)
+    s = solve_async(prob, "pipedream", (3.0, 2.0, 1.0))
+    assert s.period == pytest.approx(3.5)
+    assert s.weight_versions == (3, 2, 1)
+    assert s == async_pattern(prob, "pipedream", (3.0, 2.0, 1.0))
+    # Stage 0 of PipeDream holds 3 activations and 2 extra versions of 3 bytes: 9 > 8.
+    tight = prob.replace(memory_limit=(8.0, None, None))
+    with pytest.raises(NotApplicable, match=r"memory\.limit\[0\]: pipedream needs 9"):
+        solve_async(tight, "pipedream", (3.0, 2.0, 1.0))
+    found = solve_async(tight, "auto", (3.0, 2.0, 1.0))  # auto: the periodic search
+    assert found.method == "periodic" and found.over_memory() == []
+    assert check_periodic(found) == []
+    with pytest.raises(UnknownMethod, match=r"set pipeline\.mode: async"):
+        solve(prob, "pipedream")
+    with pytest.raises(UnknownMethod, match="synchronous method"):
+        solve_async(prob, "1f1b")
+    with pytest.raises(UnknownMethod, match="did you mean 'pipemare'"):
+        solve_async(prob, "pipemar")
+
+
+def test_compare_async_ranks_by_period_with_sync_rows() -> None:
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5)
+    rows = compare_async(prob, (1.0,) * 3, ["pipedream", "periodic"], ["1f1b"])
+    by = {r.method: r for r in rows}
+    assert by["pipedream"].period == pytest.approx(3.5)
+    assert by["pipedream"].staleness == 2 and by["pipedream"].weight_versions == 3
+    # 1F1B (fused backward) of m = 6 on p = 3: (m + p - 1) (F + B + W) = 8 x 3.5 = 28 s.
+    assert by["1f1b"].period == pytest.approx(28.0 / 6)
+    assert by["1f1b"].ratio == pytest.approx((28.0 / 6) / 3.5)
+    assert rows[-1].method == "1f1b"
+
+
+def test_cli_solve_writes_the_periodic_json(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    printed = capsys.readouterr().out
+    assert "period" in printed and "weight versions" in printed
+    doc = json.loads(out.read_text())
+    cfg = load_config(ASYNC)
+    s = solve_async(cfg.problem, "periodic", cfg.extra("weight_bytes"))
+    assert doc["format"] == "pipeopt-periodic" and doc["period"] == pytest.approx(s.period)
+    assert [st["weight_versions"] for st in doc["stages"]] == list(s.weight_versions)
+    assert [st["staleness"] for st in doc["stages"]] == list(s.staleness)
+    assert len(doc["tasks"]) == 12 and all(0 <= t["offset"] < doc["period"] for t in doc["tasks"])
+    assert doc["period"] >= doc["lower_bound"] - 1e-12
+    assert main(["solve", ASYNC, "--method", "pipedream", "--json", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "pipedream" and summary["period"] > doc["period"]
+    assert main(["solve", ASYNC, "--method", "1f1b", "-q"]) == 2
+    assert "--method: '1f1b' is a synchronous method" in capsys.readouterr().err
+
+
+def test_cli_compare_async_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", ASYNC, "--methods", "pipedream,periodic,1f1b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["periodic", "pipedream", "1f1b"]
+    assert rows[0]["ratio"] == 1.0 and rows[0]["throughput"] == pytest.approx(
+        1 / rows[0]["period"])
+
+
+def test_the_python_example_of_docs_async_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "async.md").read_text(encoding="utf-8")
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "docs/async.md", "exec"), {"__name__": "_doc"})
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("4.175 (4, 3, 2, 1) (4, 3, 2, 1) (3, 2, 1, 0)")
+    assert second == "3.5 3.5 (7, 5, 3, 1)"
+
+
+def test_periodic_json_round_trips_and_is_checked(tmp_path: Path) -> None:
+    from pipeopt.workloads.periodic import PeriodicError, PeriodicSchedule
+
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5).replace(memory_limit=(9.0, None, None))
+    s = solve_async(prob, "periodic", (1.0, 2.0, 3.0), replicas=(1, 2, 1))
+    doc = json.loads(json.dumps(s.to_dict()))
+    back = PeriodicSchedule.from_dict(doc)
+    assert back == s and back.replicas == (1, 2, 1) and back.weight_bytes == (1.0, 2.0, 3.0)
+    bad = dict(doc, period="fast")
+    with pytest.raises(PeriodicError, match="period: expected"):
+        PeriodicSchedule.from_dict(bad)
+    with pytest.raises(PeriodicError, match=r"tasks\[0\]\.start: missing"):
+        PeriodicSchedule.from_dict(dict(doc, tasks=[{"kind": "F", "stage": 0}]))
+    with pytest.raises(PeriodicError, match="format"):
+        PeriodicSchedule.from_dict(dict(doc, format="pipeopt.schedule"))
+
+
+def test_cli_plots_a_periodic_schedule_and_refuses_a_broken_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    png = tmp_path / "async.png"
+    assert main(["plot", str(out), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(out.read_text())
+    doc["period"] = doc["period"] / 2  # the unrolled copies now overlap
+    out.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["plot", str(out), "-o", str(tmp_path / "b.png")]) == 2
+    assert "invalid periodic schedule" in capsys.readouterr().err
+
+
+def test_cli_traces_and_simulates_a_periodic_schedule(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "async.json"
+    assert main(["solve", ASYNC, "-o", str(out), "-q"]) == 0
+    cfg = load_config(ASYNC)
+    s = solve_async(cfg.problem, "periodic", cfg.extra("weight_bytes"))
+    trace = tmp_path / "async.trace.json"
+    assert main(["trace", str(out), "-o", str(trace)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    one = [e for e in events if e["name"] == "one period"]
+    assert len(one) == 1 and one[0]["dur"] == pytest.approx(s.period * 1e6)
+    # The activations counter of each stage reaches the steady-state peak and never more.
+    for k in range(4):
+        acts = [e["args"]["activations"] for e in events
+                if e["ph"] == "C" and e["name"] == f"memory stage {k}"]
+        assert max(acts) == pytest.approx(s.activation_memory[k])
+        assert {e["args"]["weight versions"] for e in events
+                if e["ph"] == "C" and e["name"] == f"memory stage {k}"} == {s.weight_memory[k]}
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["valid"] is True and verdict["period"] == pytest.approx(s.period)
+    doc = json.loads(out.read_text())
+    doc["tasks"][4]["start"] = 0.0  # B of stage 0 before its inputs
+    out.write_text(json.dumps(doc))
+    assert main(["simulate", str(out), "--json"]) == 2
+    bad = json.loads(capsys.readouterr().out)
+    assert bad["valid"] is False and "before its input" in bad["error"]
+
+
+def test_cpsat_with_2bw_and_pipemare_weights_keeps_memory() -> None:
+    # Limit 4 with static 1, activations 1 and weight copies 1: 2BW fits 2 in flight
+    # (1 + 2 + 1), PipeMare 3 (1 + 3); both below PipeDream's 3 on stage 0.
+    prob = uniform_problem(3, 6, 1.0, 2.0, 0.5, latency=0.5).replace(
+        memory_limit=(4.0,) * 3, static_memory=(1.0,) * 3)
+    for method in ("periodic-cpsat-2bw", "periodic-cpsat-pipemare"):
+        s = solve_async(prob, method, (1.0,) * 3, time_limit=5)
+        assert s.over_memory() == [] and check_periodic(s) == []
+        assert s.period >= s.lower_bound - 1e-9
+        search = solve_async(prob, method.replace("-cpsat", ""), (1.0,) * 3)
+        assert s.period <= search.period + 1e-9
