@@ -291,7 +291,8 @@ def check_totals(problem: Problem, where: str) -> None:
     work = math.fsum(problem.device_work(d) for d in range(problem.devices))
     unit_hops = sum(problem.delay(k, k + 1) + problem.delay(k + 1, k)
                     for k in range(problem.stages - 1))
-    m_hops = problem.microbatches * unit_hops * max(1.0, *map(max, problem.message_table))
+    m_hops = problem.microbatches * unit_hops * max(
+        [1.0, *(x for row in problem.message_table for x in row)])  # no rows: one stage
     total = work + m_hops + sum(problem.grad_reduce)
     if not math.isfinite(total):
         # Name what overflows: the micro-batch factors, the link delays alone, or the op times.

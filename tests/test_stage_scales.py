@@ -292,3 +292,14 @@ def test_schedule_file_carries_the_tables() -> None:
     doc["problem"]["microbatch_scale"] = [[1, 2, 3], ["x", 2, 1]]
     with pytest.raises(ValueError, match=r"problem.microbatch_scale\[1\]\[0\]: expected a number"):
         schedule_from_dict(doc)
+
+
+def test_one_stage_config_has_no_message_rows() -> None:
+    """A single-stage pipeline has no stage boundary, so no message table rows: the config's
+    overflow check must not trip on the empty table (found by tests/test_fuzz.py)."""
+    from pipeopt.config import parse_config
+
+    cfg = parse_config({"pipeline": {"devices": 1, "microbatches": 8},
+                        "stages": {"forward": 1.0, "backward_input": 1.0,
+                                   "backward_weight": 1.0}})
+    assert cfg.problem.stages == 1 and cfg.problem.message_table == ()
