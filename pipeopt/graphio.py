@@ -6,13 +6,16 @@ is one JSON list indexed by id (a 200,000-task schedule is a few lists of 200,00
 200,000 objects). docs/schedule_format.md describes every field. Chain schedules
 (:class:`~pipeopt.schedule.Schedule`) keep the v1 document of :mod:`pipeopt.io`;
 :func:`dump_any` and :func:`load_any` pick the format by the schedule's type or the file's
-``format`` field. Times in seconds, memory and message sizes in bytes.
+``format`` field. Times in seconds, memory and message sizes in bytes. Communication tasks
+(device -1, issue 13) are written with two optional sections: ``graph.networks`` (the named
+resources after the links) and ``graph.holds`` (a (task, resource) pair per resource held).
 
 Reading checks, in order, each failure a :class:`~pipeopt.simulate.ScheduleError` naming the
 field path and the reason: the format, the shape and type of every field (sizes capped before
 anything is built, numbers finite, indexes in range), the graph's own rules
-(:class:`~pipeopt.core.graph.TaskGraph` validation: links, cycles), the schedule's rules
-(:func:`pipeopt.core.validate.check`: every edge, device, link and memory limit), then the
+(:class:`~pipeopt.core.graph.TaskGraph` validation: links, cycles, what a communication task
+may hold), the schedule's rules (:func:`pipeopt.core.validate.check`: every edge, device,
+link, network resource and memory limit), then the
 recorded metrics, bound, gap and status against the times.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -59,13 +63,22 @@ MAX_TASKS = MAX_OPS
 #: Most edges a v2 file may hold: four inputs per task on average (a chain task has at most
 #: two: its stage's previous op and the neighbouring stage's message).
 MAX_EDGES = 4 * MAX_TASKS
+#: Most named network resources (``graph.networks``): as many as there may be links.
+MAX_NETWORKS = MAX_DEVICES * (MAX_DEVICES - 1)
+#: Most (task, resource) pairs in ``graph.holds``: as many as edges (a collective over a ring
+#: of d devices holds d links, once per stage and iteration).
+MAX_HOLDS = MAX_EDGES
 #: Relative tolerance of the recorded metrics against those of the times (as v1's).
 _METRIC_TOL = 1e-6
 
 _TOP_KEYS = ("format", "method", "metrics", "solver", "graph", "timeline")
 _METRIC_KEYS = ("makespan", "objective", "peak_memory")
 _SOLVER_KEYS = ("status", "lower_bound", "gap", "wall_time")
-_GRAPH_KEYS = ("devices", "links", "tasks", "edges", "meta")
+_GRAPH_KEYS = ("devices", "links", "networks", "tasks", "holds", "edges", "meta")
+#: Columns of the optional network sections (issue 13): the named resources after the links,
+#: and one (task, resource) pair per resource a communication task holds, in the task's order.
+_NETWORK_KEYS = ("name",)
+_HOLDS_KEYS = ("task", "resource")
 #: Columns of each graph section: JSON shape, required, TaskGraph field.
 _COLUMNS: dict[str, tuple[tuple[str, str, bool, str], ...]] = {
     "devices": (("memory_limit", "limit", True, "memory_limit"),
@@ -118,14 +131,11 @@ def _unwritable(value: Any, where: str) -> Any:
 
 
 def graph_schedule_to_dict(schedule: GraphSchedule) -> dict[str, Any]:
-    """The v2 document of ``schedule`` (metrics computed from its times). Raises ValueError
-    for a graph with communication tasks (issue 13), which v2 cannot hold yet."""
+    """The v2 document of ``schedule`` (metrics computed from its times); ``graph.networks``
+    and ``graph.holds`` only when the graph has them (communication tasks, issue 13)."""
     s, g = schedule, schedule.graph
-    if g.comm_tasks:  # v2 has no holds / networks columns yet: refuse, never write a bad file
-        raise ValueError(f"graph.tasks: {g.label[g.comm_tasks[0]]} is a communication task "
-                         f"(on network resources); schedule JSON v2 cannot hold it yet")
     msgs = sorted(s.messages, key=lambda mm: (mm.start, mm.edge))
-    return {
+    doc = {
         "format": FORMAT_V2,
         "method": s.method,
         "metrics": {"makespan": s.makespan, "objective": s.objective,
@@ -150,6 +160,18 @@ def graph_schedule_to_dict(schedule: GraphSchedule) -> dict[str, Any]:
                          "arrival": [mm.arrival for mm in msgs]},
         },
     }
+    graph: dict[str, Any] = doc["graph"]  # type: ignore[assignment]
+    if g.networks or g.holds:  # sections in the order of _GRAPH_KEYS
+        graph = {k: graph[k] for k in ("devices", "links")}
+        if g.networks:
+            graph["networks"] = {"name": list(g.networks)}
+        graph["tasks"] = doc["graph"]["tasks"]  # type: ignore[index]
+        if g.holds:
+            pairs = [(i, r) for i in g.comm_tasks for r in g.holds[i]]
+            graph["holds"] = {"task": [i for i, _ in pairs], "resource": [r for _, r in pairs]}
+        graph.update({k: doc["graph"][k] for k in ("edges", "meta")})  # type: ignore[index]
+        doc["graph"] = graph
+    return doc
 
 
 def graph_schedule_json(schedule: GraphSchedule) -> str:
@@ -277,6 +299,7 @@ def _graph(doc: dict[str, Any]) -> TaskGraph:
             n = len(col)
             fields[name] = tuple(col)
         sizes[section] = n or 0
+    fields.update(_network(doc, sizes, len(fields.get("link_src", ()))))
     meta = _object(doc, "meta", "graph.", required=False)
     for key, section in META_COLUMNS.items():
         if key in meta:
@@ -285,7 +308,47 @@ def _graph(doc: dict[str, Any]) -> TaskGraph:
         return TaskGraph(**fields, meta=tuple((k, _freeze(v, f"graph.meta.{k}"))
                                               for k, v in meta.items()))
     except GraphError as exc:
-        raise ScheduleError(f"graph.{exc}") from None
+        raise ScheduleError(f"graph.{_holds_path(str(exc))}") from None
+
+
+def _network(doc: dict[str, Any], sizes: dict[str, int], links: int) -> dict[str, Any]:
+    """``networks`` and ``holds`` of the optional sections ``graph.networks`` (names) and
+    ``graph.holds`` (task, resource pairs, each id in range), as :class:`TaskGraph` takes
+    them: a tuple of resource ids per task (empty for tasks on a device)."""
+    out: dict[str, Any] = {}
+    sec = _object(doc, "networks", "graph.", required=False)
+    if "networks" in doc:
+        known_fields(sec, _NETWORK_KEYS, "graph.networks.")
+        out["networks"] = tuple(_column(sec, "name", "graph.networks.", "str", None,
+                                        MAX_NETWORKS))
+    if "holds" not in doc:
+        return out
+    sec = _object(doc, "holds", "graph.")
+    where = "graph.holds."
+    known_fields(sec, _HOLDS_KEYS, where)
+    task = _column(sec, "task", where, "int", None, MAX_HOLDS)
+    res = _column(sec, "resource", where, "int", len(task), MAX_HOLDS)
+    n, nr = sizes["tasks"], links + len(out.get("networks", ()))
+    for key, col, hi in (("task", task, n), ("resource", res, nr)):
+        if col and not 0 <= min(col) <= max(col) < hi:
+            i = next(i for i, x in enumerate(col) if not 0 <= x < hi)
+            raise ScheduleError(f"{where}{key}[{i}]: must be in 0..{hi - 1} (the "
+                                f"{'tasks' if key == 'task' else 'links, then the networks'}"
+                                f"), got {col[i]}")
+    holds: list[list[int]] = [[] for _ in range(n)]
+    for i, r in zip(task, res, strict=True):
+        holds[i].append(r)
+    out["holds"] = tuple(map(tuple, holds))
+    return out
+
+
+def _holds_path(message: str) -> str:
+    """TaskGraph names a task's resources ``tasks.holds[i]``; the file holds them as pairs in
+    ``graph.holds``: say so, with the task."""
+    m = re.match(r"tasks\.holds\[(\d+)\]: ", message)
+    if m is None:
+        return message
+    return f"holds (task {m.group(1)}): {message[m.end():]}"
 
 
 def _timeline(doc: dict[str, Any], graph: TaskGraph) -> tuple[tuple[float, ...],

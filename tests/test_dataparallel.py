@@ -174,17 +174,3 @@ def test_random_instances_every_method_is_valid(seed: int) -> None:
         assert sched.objective >= bound - 1e-9
     assert best.objective <= greedy.objective + 1e-9
 
-
-def test_schedule_json_refuses_communication_tasks(tmp_path: object) -> None:
-    """v2 has no columns for them yet: writing is refused and no file is left behind."""
-    from pathlib import Path
-
-    from pipeopt.graphio import dump_any
-
-    prob, dp = _two_by_two()
-    g = dpw.build(prob, dp)  # type: ignore[arg-type]
-    sched = simulate(g, dpw.task_orders(prob, dp, GENERATORS["1f1b"](prob)))  # type: ignore[arg-type]
-    out = Path(str(tmp_path)) / "dp.json"
-    with pytest.raises(ValueError, match="AG 0 is a communication task"):
-        dump_any(sched, out)
-    assert not out.exists()
