@@ -8,8 +8,10 @@ schedules one above the other on one common time axis. :func:`render_schedule` a
 
 :func:`plot_graph_schedule` (:func:`render_graph_schedule`) draws a task-graph schedule
 (schedule JSON v2) with the same pieces: a row per device and per directed link that carries
-timed messages, tasks coloured by group, the latest tail per device hatched, memory bands
-underneath; :func:`plot_any` takes either kind of schedule.
+timed messages or communication tasks (collectives), a row per named network resource (a
+WAN), tasks coloured by group (a collective on the row of every resource it holds), the
+latest tail per row hatched, memory bands underneath; :func:`plot_any` takes either kind of
+schedule.
 
 Figure sizes are fixed by :func:`figure_size` and :func:`compare_figure_size` (inches,
 multiples of 1/8), so a PNG is ``int(inches * dpi)`` pixels wide and high; the image format
@@ -1081,15 +1083,19 @@ TAIL_LABEL = "tail (after the task, counted by the objective)"
 
 
 def _link_rows(schedule: GraphSchedule) -> list[int]:
-    """Ids of the directed links that carry a timed message, in id order: one chart row each."""
+    """Network resource ids drawn below the devices, one chart row each: the directed links
+    that carry a timed message or are held by a communication task, in id order, then every
+    named network (a NIC, a WAN: resource ids after the links)."""
     g = schedule.graph
-    return sorted({g.edge_link[mm.edge] for mm in schedule.messages})
+    used = {g.edge_link[mm.edge] for mm in schedule.messages}
+    used.update(r for i in g.comm_tasks for r in g.holds[i] if r < g.num_links)
+    return sorted(used) + list(range(g.num_links, g.num_resources))
 
 
 def graph_figure_size(schedule: GraphSchedule, show_memory: bool = True
                       ) -> tuple[float, float]:
     """(width, height) in inches of :func:`plot_graph_schedule`'s figure: a row per device
-    and per link that carries messages, a memory band per device."""
+    and per network resource drawn (:func:`_link_rows`), a memory band per device."""
     g = schedule.graph
     typical = _median([b - a for a, b in zip(schedule.start, schedule.end, strict=True)])
     return (_width_of(schedule.objective, [(g.num_tasks / g.devices, typical)]),
@@ -1126,41 +1132,60 @@ def graph_title(schedule: GraphSchedule) -> str:
 def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
                      axes_width_in: float, dpi: float, xmax: float, height_in: float
                      ) -> list[Patch | Line2D]:
-    """Tasks on their device rows (coloured by group), each device's latest-reaching tail
-    hatched, messages on their link's row; returns the legend entries."""
+    """Tasks on their device rows (coloured by group), communication tasks on the row of each
+    resource they hold, each row's latest-reaching tail hatched, messages on their link's
+    row; returns the legend entries. ``links``: the resource rows (:func:`_link_rows`)."""
     g = schedule.graph
     p, half = g.devices, _HALF
     rows = p + len(links)
     start, end = schedule.start, schedule.end
     groups = task_groups(g)
     colors = group_colors(groups)
+    row_of = {k: p + r for r, k in enumerate(links)}
+    # (row, task) of every box: a device task on its device, a communication task once on
+    # each resource it holds.
+    placed = [(d, i) for i, d in enumerate(g.device) if d >= 0]
+    on_net = [(row_of[r], i) for i in g.comm_tasks for r in g.holds[i]]
     ax.add_collection(PolyCollection(
         [[(0, d - half), (schedule.makespan, d - half), (schedule.makespan, d + half),
           (0, d + half)] for d in range(p)], facecolors=IDLE_COLOR, edgecolors="none",
         zorder=1))
     px_per_s = axes_width_in * dpi / xmax if xmax > 0 else 0.0
     row_px = height_in * dpi / max(1, rows)
-    boxes = list(zip(g.device, start, end, strict=True))
-    widths_px = [(b - a) * px_per_s for a, b in zip(start, end, strict=True)]
+    boxes = [(r, start[i], end[i]) for r, i in placed]
+    widths_px = [(b - a) * px_per_s for _, a, b in boxes]
     if _median(widths_px) < _RASTER_BELOW_PX:
         keys = list(colors)
         index = {k: i for i, k in enumerate(keys)}
-        _paint_raster(ax, p, boxes, [index[x] for x in groups], [colors[k] for k in keys],
-                      round(axes_width_in * dpi), xmax, schedule.makespan)
+        _paint_raster(ax, p, boxes, [index[groups[i]] for _, i in placed],
+                      [colors[k] for k in keys], round(axes_width_in * dpi), xmax,
+                      schedule.makespan)
     else:
-        _paint_boxes(ax, boxes, [colors[x] for x in groups], widths_px, row_px, rows)
-    zero = [i for i in range(g.num_tasks) if end[i] <= start[i]]
+        _paint_boxes(ax, boxes, [colors[groups[i]] for _, i in placed], widths_px, row_px,
+                     rows)
+    if on_net:  # few (collectives): always drawn as boxes
+        net_boxes = [(r, start[i], end[i]) for r, i in on_net]
+        net_px = [(b - a) * px_per_s for _, a, b in net_boxes]
+        _paint_boxes(ax, net_boxes, [colors[groups[i]] for _, i in on_net], net_px, row_px,
+                     rows)
+        placed, boxes, widths_px = placed + on_net, boxes + net_boxes, widths_px + net_px
+    zero = [(r, i) for r, i in placed if end[i] <= start[i]]
     if zero:
-        _paint_ticks(ax, [(g.device[i], start[i]) for i in zero],
-                     [colors[groups[i]] for i in zero], dpi)
+        _paint_ticks(ax, [(r, start[i]) for r, i in zero], [colors[groups[i]] for _, i in zero],
+                     dpi)
     if g.num_tasks <= _MAX_LABELS:  # each task's label where the longest one fits
-        _box_labels(ax, boxes, g.label, [colors[x] for x in groups], widths_px, row_px, dpi,
+        _box_labels(ax, boxes, [g.label[i] for _, i in placed],
+                    [colors[groups[i]] for _, i in placed], widths_px, row_px, dpi,
                     max(map(len, g.label), default=1))
-    handles: list[Patch | Line2D] = [Patch(facecolor=c, label=k) for k, c in colors.items()]
+    comm_groups = {groups[i] for i in g.comm_tasks} - {groups[i] for _, i in placed
+                                                       if g.device[i] >= 0}
+    handles: list[Patch | Line2D] = [
+        Patch(facecolor=c, label=f"{k} (collective)" if k in comm_groups else k)
+        for k, c in colors.items()]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
-    last: dict[int, int] = {}
-    for i, t in enumerate(g.tail):
-        d = g.device[i]
+    last: dict[int, int] = {}  # per row, the task whose tail reaches latest
+    for d, i in placed:
+        t = g.tail[i]
         if t > 0 and (d not in last or end[i] + t > end[last[d]] + g.tail[last[d]]):
             last[d] = i
     if last:
@@ -1173,8 +1198,7 @@ def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
         ax.add_collection(hatched)
         handles.append(Patch(facecolor="none", edgecolor=REDUCE_COLOR, hatch=REDUCE_HATCH,
                              linewidth=0.6, label=TAIL_LABEL))
-    if links:
-        row_of = {k: p + r for r, k in enumerate(links)}
+    if schedule.messages:
         on_link = [(row_of[g.edge_link[mm.edge]], mm.start, mm.end) for mm in schedule.messages]
         _paint_boxes(ax, on_link, [LINK_COLOR] * len(on_link),
                      [(b - a) * px_per_s for _, a, b in on_link], row_px, rows)
@@ -1184,7 +1208,7 @@ def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
     kinds = dict(g.meta).get("device_kind")
     names = [f"dev {d}" + (f" {kinds[d]}" if isinstance(kinds, tuple) and len(kinds) == p
                            else "") for d in range(p)]
-    names += [f"link {g.link_src[k]}->{g.link_dst[k]}" for k in links]
+    names += [g.resource_name(k) for k in links]
     _device_ticks(ax, [float(r) for r in range(rows)], row_px, dpi, names)
     ax.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
@@ -1197,10 +1221,11 @@ def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
                           figsize: tuple[float, float] | None = None) -> Figure:
     """The Gantt figure of a task-graph schedule (not saved), laid out as
     :func:`render_schedule` lays out a chain's: a row per device, then a row per directed link
-    that carries messages; tasks coloured by group (:func:`~pipeopt.core.schedule.
-    task_groups`); memory in use per device underneath. ``figsize`` (inches) overrides
-    :func:`graph_figure_size`; a ``dpi`` past :data:`MAX_SIDE_PX` raises
-    :class:`~pipeopt.config.ConfigError` naming ``--dpi``."""
+    that carries messages or collectives and one per named network resource (communication
+    tasks drawn on every resource they hold); tasks coloured by group
+    (:func:`~pipeopt.core.schedule.task_groups`); memory in use per device underneath.
+    ``figsize`` (inches) overrides :func:`graph_figure_size`; a ``dpi`` past
+    :data:`MAX_SIDE_PX` raises :class:`~pipeopt.config.ConfigError` naming ``--dpi``."""
     g = schedule.graph
     w, h = figsize or graph_figure_size(schedule, show_memory)
     check_dpi((w, h), dpi)

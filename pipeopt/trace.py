@@ -62,7 +62,9 @@ per device (named with its ``device_kind`` when the graph's meta has one) with a
 task named by its label, ``cat`` its group (:func:`~pipeopt.core.schedule.task_groups`), memory
 counters, a track per directed link and lane with a message per cross-device edge (the timed
 ones as recorded, latency-only ones from the source's end, :func:`graph_messages`), and a flow
-arrow along each of them. :func:`write_trace` takes either kind of schedule.
+arrow along each of them. Communication tasks (collectives, device -1) are in process 3
+"network": a track per resource they hold (``link 0->4``, ``wan``), an X event per task on
+each. :func:`write_trace` takes either kind of schedule.
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ from pipeopt.schedule import Message, Schedule, TimedOp
 US_PER_S = 1e6
 DEVICES_PID = 1
 LINKS_PID = 2
+#: Process of the network resources that communication tasks (collectives) hold.
+NETWORK_PID = 3
+#: ``cname`` of a communication task: one of Chrome's reserved colour names (catapult's colour
+#: scheme) not used for ops or messages, so collectives stand apart from both.
+COLLECTIVE_COLOR = "rail_animation"
 KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight gradient"}
 #: Chrome's reserved colour names (catapult's colour scheme; chrome://tracing accepts only these
 #: as ``cname``) chosen like the plot's colour maps: F blue, B orange, W green.
@@ -444,7 +451,8 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
     events = _device_tracks([f"device {d}" + (f" ({kinds[d]})" if named else "")  # type: ignore[index]
                              for d in range(g.devices)])
     start, end = schedule.start, schedule.end
-    for i in sorted(range(g.num_tasks), key=lambda i: (g.device[i], start[i], end[i])):
+    on_device = [i for i in range(g.num_tasks) if g.device[i] >= 0]
+    for i in sorted(on_device, key=lambda i: (g.device[i], start[i], end[i])):
         ts, dur = _span(start[i], end[i])
         events.append({
             "name": g.label[i], "cat": groups[i], "ph": "X", "pid": DEVICES_PID,
@@ -470,11 +478,44 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
         k = link[(a, b)]
         return _link_title(a, b, g.latency[k], g.bandwidth[k], {}, lane)
 
-    events.extend(_message_events(sent, g.devices, track_name, flows))
+    link_events = _message_events(sent, g.devices, track_name, flows)
+    events.extend(link_events)
+    lanes = sum(1 for e in link_events if e["ph"] == "M" and e["name"] == "thread_name")
+    events.extend(_network_events(schedule, groups, g.devices + lanes))
     events.extend(_memory_counters(schedule.memory_timeline))
     return _document(events, {"method": schedule.method, "makespan_s": schedule.makespan,
                               "objective_s": schedule.objective, "devices": g.devices,
                               "tasks": g.num_tasks})
+
+
+def _network_events(schedule: GraphSchedule, groups: Sequence[str], first_tid: int
+                    ) -> list[dict[str, Any]]:
+    """Process 3 "network": a track per network resource some communication task holds
+    (a directed link, or a named network such as a WAN; tids from ``first_tid``, after the
+    device and link tracks), with an X event per task on every resource it holds. A resource
+    carries one thing at a time (the validator checks it), so one track per resource nests."""
+    g = schedule.graph
+    per: dict[int, list[int]] = defaultdict(list)
+    for i in g.comm_tasks:
+        for r in g.holds[i]:
+            per[r].append(i)
+    if not per:
+        return []
+    events = [_meta("process_name", NETWORK_PID, None, "network"),
+              _meta("process_sort_index", NETWORK_PID, None, 2)]
+    start, end = schedule.start, schedule.end
+    for tid, r in enumerate(sorted(per), start=first_tid):
+        events.append(_meta("thread_name", NETWORK_PID, tid, g.resource_name(r)))
+        events.append(_meta("thread_sort_index", NETWORK_PID, tid, tid))
+        for i in sorted(per[r], key=lambda i: (start[i], end[i])):
+            ts, dur = _span(start[i], end[i])
+            events.append({
+                "name": g.label[i], "cat": groups[i], "ph": "X", "pid": NETWORK_PID,
+                "tid": tid, "ts": ts, "dur": dur, "cname": COLLECTIVE_COLOR,
+                "args": {"task": i, "group": groups[i], "resource": r,
+                         "holds": [g.resource_name(k) for k in g.holds[i]],
+                         "start_s": start[i], "end_s": end[i]}})
+    return events
 
 
 # ----- thinning huge traces ------------------------------------------------------------------
