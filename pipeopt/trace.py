@@ -64,7 +64,8 @@ counters, a track per directed link and lane with a message per cross-device edg
 ones as recorded, latency-only ones from the source's end, :func:`graph_messages`), and a flow
 arrow along each of them. Communication tasks (collectives, device -1) are in process 3
 "network": a track per resource they hold (``link 0->4``, ``wan``), an X event per task on
-each. :func:`write_trace` takes either kind of schedule.
+each, and flow arrows (``collective``) along their edges. :func:`write_trace` takes either
+kind of schedule.
 """
 
 from __future__ import annotations
@@ -481,19 +482,24 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
     link_events = _message_events(sent, g.devices, track_name, flows)
     events.extend(link_events)
     lanes = sum(1 for e in link_events if e["ph"] == "M" and e["name"] == "thread_name")
-    events.extend(_network_events(schedule, groups, g.devices + lanes))
+    flow_ids = sum(1 for e in link_events if e["ph"] == "s")  # message flows: ids 1..this
+    events.extend(_network_events(schedule, groups, g.devices + lanes,
+                                  flow_ids + 1 if flows else None))
     events.extend(_memory_counters(schedule.memory_timeline))
     return _document(events, {"method": schedule.method, "makespan_s": schedule.makespan,
                               "objective_s": schedule.objective, "devices": g.devices,
                               "tasks": g.num_tasks})
 
 
-def _network_events(schedule: GraphSchedule, groups: Sequence[str], first_tid: int
-                    ) -> list[dict[str, Any]]:
+def _network_events(schedule: GraphSchedule, groups: Sequence[str], first_tid: int,
+                    first_flow_id: int | None) -> list[dict[str, Any]]:
     """Process 3 "network": a track per network resource some communication task holds
     (a directed link, or a named network such as a WAN; tids from ``first_tid``, after the
     device and link tracks), with an X event per task on every resource it holds. A resource
-    carries one thing at a time (the validator checks it), so one track per resource nests."""
+    carries one thing at a time (the validator checks it), so one track per resource nests.
+    Unless ``first_flow_id`` is None, a flow arrow (ids from it) along each edge into or out
+    of a communication task (named ``collective``), from or to its slice on the first
+    resource it holds."""
     g = schedule.graph
     per: dict[int, list[int]] = defaultdict(list)
     for i in g.comm_tasks:
@@ -515,7 +521,38 @@ def _network_events(schedule: GraphSchedule, groups: Sequence[str], first_tid: i
                 "args": {"task": i, "group": groups[i], "resource": r,
                          "holds": [g.resource_name(k) for k in g.holds[i]],
                          "start_s": start[i], "end_s": end[i]}})
+    if first_flow_id is not None:
+        tid_of = {r: t for t, r in enumerate(sorted(per), start=first_tid)}
+        events += _collective_flows(schedule, tid_of, first_flow_id)
     return events
+
+
+def _collective_flows(schedule: GraphSchedule, tid_of: dict[int, int], first_id: int
+                      ) -> list[dict[str, Any]]:
+    """Flow start / finish pairs along every edge that joins a communication task, each end
+    at the middle of its task's slice: on its device track, or on the network track of the
+    first resource a communication task holds; flow ids from ``first_id``."""
+    g = schedule.graph
+    start, end = schedule.start, schedule.end
+
+    def where(i: int) -> tuple[int, int]:
+        d = g.device[i]
+        return (DEVICES_PID, d) if d >= 0 else (NETWORK_PID, tid_of[g.holds[i][0]])
+
+    out: list[dict[str, Any]] = []
+    fid = first_id - 1
+    for a, b in zip(g.src, g.dst, strict=True):
+        if g.device[a] >= 0 and g.device[b] >= 0:
+            continue
+        fid += 1
+        for ph, i in (("s", a), ("f", b)):
+            pid, tid = where(i)
+            ev = {"name": "collective", "cat": FLOW_CAT, "ph": ph, "id": fid, "pid": pid,
+                  "tid": tid, "ts": _middle((tid, start[i], end[i]))}
+            if ph == "f":
+                ev["bp"] = "e"
+            out.append(ev)
+    return out
 
 
 # ----- thinning huge traces ------------------------------------------------------------------

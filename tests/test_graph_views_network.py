@@ -93,6 +93,18 @@ def test_trace_network_tracks(dp: GraphSchedule) -> None:
     assert wan[0]["args"]["holds"] == ["link 0->2", "link 2->0", "wan"]
     per_task = [e["args"]["task"] for e in ev if e["ph"] == "X" and e["pid"] == NETWORK_PID]
     assert sorted(per_task) == sorted(i for i in g.comm_tasks for _ in g.holds[i])
+    # A flow along each of the 16 edges of a collective: 4 forwards after an all-gather
+    # (2 per stage), 4 backwards before a reduce-scatter, each from a device slice to the
+    # collective's slice on its first resource (link 0->2 for stage 0, 1->3 for stage 1).
+    flows = [e for e in ev if e["ph"] in "sf" and e["name"] == "collective"]
+    assert len(flows) == 16 and len({e["id"] for e in flows}) == 8
+    ag0 = [e for e in flows if e["pid"] == NETWORK_PID and e["ts"] == 2.5e5]
+    assert len(ag0) == 2 and {e["ph"] for e in ag0} == {"s"}
+    assert {names[e["tid"]] for e in ag0} == {"link 0->2"}
+    rs0 = [e for e in flows if e["pid"] == NETWORK_PID and e["ts"] == 7.25e6]
+    assert len(rs0) == 2 and {e["ph"] for e in rs0} == {"f"}
+    assert not [e for e in to_graph_trace_events(dp, flows=False)["traceEvents"]
+                if e["ph"] in "sf"]
     # Thinning keeps a slice per track, network tracks included.
     thin = thin_trace(to_graph_trace_events(dp), 40)["traceEvents"]
     assert len(thin) <= 40

@@ -181,3 +181,24 @@ def test_corruption_refused(name: str, corrupt: Callable[[dict[str, Any]], None]
     corrupt(doc)
     with pytest.raises(ScheduleError, match=message):
         graph_schedule_from_dict(doc)
+
+
+def test_holds_capped_before_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeopt import graphio
+
+    monkeypatch.setattr(graphio, "MAX_HOLDS", 11)
+    with pytest.raises(ScheduleError, match=r"^graph\.holds\.task: at most 11 values, got 12"):
+        graph_schedule_from_dict(_doc())
+
+
+def test_pairs_in_any_order_are_grouped_by_task() -> None:
+    """The writer groups pairs by task; a reader takes them in any order, each task's
+    resources in the order listed (RS 1 listed first, AG 0's WAN before its links)."""
+    doc = _doc()
+    doc["graph"]["holds"] = {"task": [11, 11, 11, 8, 9, 9, 9, 10, 10, 10, 8, 8],
+                             "resource": [6, 7, 8, 8, 4, 5, 8, 6, 7, 8, 4, 5]}
+    doc.pop("metrics")
+    s = graph_schedule_from_dict(doc)
+    assert s.graph.holds[8:] == ((8, 4, 5), (4, 5, 8), (6, 7, 8), (6, 7, 8))
+    assert graph_schedule_to_dict(s)["graph"]["holds"]["task"] == [8, 8, 8, 9, 9, 9, 10, 10,
+                                                                  10, 11, 11, 11]
