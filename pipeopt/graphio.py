@@ -344,7 +344,10 @@ def _network(doc: dict[str, Any], sizes: dict[str, int], links: int) -> dict[str
 
 def _holds_path(message: str) -> str:
     """TaskGraph names a task's resources ``tasks.holds[i]``; the file holds them as pairs in
-    ``graph.holds``: say so, with the task."""
+    ``graph.holds``: ``message`` worded with the file's field, naming the task."""
+    message = re.sub(r"needs tasks\.holds\[(\d+)\]: the network resources it holds",
+                     r"needs graph.holds pairs (task \1, resource): the resources it holds",
+                     message)
     m = re.match(r"tasks\.holds\[(\d+)\]: ", message)
     if m is None:
         return message

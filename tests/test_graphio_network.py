@@ -147,7 +147,8 @@ CORRUPTIONS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
      r"^graph\.holds \(task 0\): a task holds network resources exactly when it is a "
      r"communication task \(device -1\); device 0, holds \(4,\)"),
     ("no holds at all", _set("graph.holds", _DELETE),
-     r"^graph\.tasks\.device\[8\]: -1 \(a communication task\) needs tasks\.holds\[8\]"),
+     r"^graph\.tasks\.device\[8\]: -1 \(a communication task\) needs graph\.holds pairs "
+     r"\(task 8, resource\): the resources it holds$"),
     ("collective with memory", _set("graph.tasks.mem_start[9]", 1.0),
      r"^graph\.tasks\.mem_start\[9\]: a communication task changes no memory"),
     ("collective edge with bytes", _set("graph.edges.bytes[8]", 1.0),
