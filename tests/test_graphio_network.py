@@ -203,3 +203,35 @@ def test_pairs_in_any_order_are_grouped_by_task() -> None:
     assert s.graph.holds[8:] == ((8, 4, 5), (4, 5, 8), (6, 7, 8), (6, 7, 8))
     assert graph_schedule_to_dict(s)["graph"]["holds"]["task"] == [8, 8, 8, 9, 9, 9, 10, 10,
                                                                   10, 11, 11, 11]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_data_parallel_round_trip_and_views(seed: int) -> None:
+    """Random small instances (test_dataparallel's family: 2-3 stages and replicas, ring or
+    WAN, reduce-scatter or all-reduce), greedy: the document round trips exactly, and the
+    trace shows every collective once per resource it holds, on no device track."""
+    import dataclasses
+    import random
+
+    from pipeopt.trace import NETWORK_PID, to_graph_trace_events
+
+    rng = random.Random(seed)
+    p, m = rng.choice([(2, 2), (2, 3), (3, 2)])
+    prob = uniform_problem(p, m, rng.uniform(0.5, 1.5), rng.uniform(0.5, 1.5),
+                           rng.uniform(0.2, 1.0), latency=rng.choice([0.0, 0.05]))
+    cfg = dpw.DataParallel(replicas=rng.choice([2, 3]),
+                           grad_bytes=tuple(rng.uniform(0.5e9, 3e9) for _ in range(p)),
+                           latency=1e-5, bandwidth=rng.choice([1e9, 1e10]),
+                           reduction=rng.choice(["reduce_scatter", "all_reduce"]))
+    if cfg.replicas == 2 and rng.random() < 0.5:
+        cfg = dataclasses.replace(cfg, datacenter=(0, 1), wan_latency=0.03,
+                                  wan_bandwidth=1.25e9)
+    s = solve_greedy(dpw.build(prob, cfg))
+    back = graph_schedule_from_dict(json.loads(graph_schedule_json(s)))
+    _same(s, back)
+    g = s.graph
+    ev = to_graph_trace_events(back)["traceEvents"]
+    on_net = sorted(e["args"]["task"] for e in ev if e["ph"] == "X" and e["pid"] == NETWORK_PID)
+    assert on_net == sorted(i for i in g.comm_tasks for _ in g.holds[i])
+    assert not [e for e in ev if e["ph"] == "X" and e["pid"] != NETWORK_PID
+                and e.get("args", {}).get("task") in g.comm_tasks]
