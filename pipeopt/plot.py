@@ -1118,10 +1118,12 @@ def group_colors(groups: Sequence[str]) -> dict[str, tuple[float, float, float, 
 
 
 def graph_title(schedule: GraphSchedule) -> str:
-    """One line: method, graph size, makespan, objective (when tails make it later), status."""
+    """One line: method, graph size (with the communication tasks' count), makespan, objective
+    (when tails make it later), status."""
     g = schedule.graph
-    out = (f"{schedule.method}   {g.num_tasks:,} tasks on {g.devices} devices   makespan "
-           f"{_fmt_time(schedule.makespan)}")
+    comm = f" ({len(g.comm_tasks):,} on the network)" if g.comm_tasks else ""
+    out = (f"{schedule.method}   {g.num_tasks:,} tasks{comm} on {g.devices} devices   "
+           f"makespan {_fmt_time(schedule.makespan)}")
     if not math.isclose(schedule.objective, schedule.makespan, rel_tol=1e-12):
         out += f"   objective {_fmt_time(schedule.objective)}"
     if schedule.status != "heuristic":

@@ -50,6 +50,8 @@ def test_plot_rows_of_the_resources(dp: GraphSchedule, tmp_path: Path) -> None:
     ys = [y for coll in gantt.collections for path in coll.get_paths()
           for _, y in path.vertices]
     assert min(ys) >= -0.5
+    assert gantt.get_title(loc="left").startswith("1f1b   12 tasks (4 on the network) on 4 "
+                                                  "devices   makespan 8")
     legend = [t.get_text() for t in gantt.get_legend().get_texts()]
     assert "AG (collective)" in legend and "RS (collective)" in legend
     out = tmp_path / "dp.png"
