@@ -332,9 +332,10 @@ def _network(doc: dict[str, Any], sizes: dict[str, int], links: int) -> dict[str
     for key, col, hi in (("task", task, n), ("resource", res, nr)):
         if col and not 0 <= min(col) <= max(col) < hi:
             i = next(i for i, x in enumerate(col) if not 0 <= x < hi)
-            raise ScheduleError(f"{where}{key}[{i}]: must be in 0..{hi - 1} (the "
-                                f"{'tasks' if key == 'task' else 'links, then the networks'}"
-                                f"), got {col[i]}")
+            what = "tasks" if key == "task" else "links, then the networks"
+            none = "no tasks" if key == "task" else "no links and no networks"
+            rule = f"must be in 0..{hi - 1} (the {what})" if hi else f"the graph has {none}"
+            raise ScheduleError(f"{where}{key}[{i}]: {rule}, got {col[i]}")
     holds: list[list[int]] = [[] for _ in range(n)]
     for i, r in zip(task, res, strict=True):
         holds[i].append(r)

@@ -235,3 +235,17 @@ def test_random_data_parallel_round_trip_and_views(seed: int) -> None:
     assert on_net == sorted(i for i in g.comm_tasks for _ in g.holds[i])
     assert not [e for e in ev if e["ph"] == "X" and e["pid"] != NETWORK_PID
                 and e.get("args", {}).get("task") in g.comm_tasks]
+
+
+def test_holds_in_a_graph_without_resources() -> None:
+    doc = {"format": "pipeopt.schedule/v2", "method": "hand",
+           "graph": {"devices": {"memory_limit": [None]},
+                     "tasks": {"device": [0, -1], "duration": [1.0, 1.0]},
+                     "holds": {"task": [1], "resource": [0]}},
+           "timeline": {"start": [0.0, 0.0], "end": [1.0, 1.0]}}
+    with pytest.raises(ScheduleError, match=r"^graph\.holds\.resource\[0\]: the graph has no links "
+                                            r"and no networks, got 0$"):
+        graph_schedule_from_dict(doc)
+    doc["graph"]["networks"] = {"name": ["nic"]}
+    s = graph_schedule_from_dict(doc)  # a NIC held while device 0 computes: both at once
+    assert s.graph.holds == ((), (0,)) and s.graph.resource_name(0) == "nic"
