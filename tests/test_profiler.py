@@ -195,3 +195,50 @@ def test_layer_output_a_view_and_frozen_layer():
     emb, *lins = doc["layers"]
     assert emb["backward_input_s"] == emb["backward_weight_s"] == emb["backward_s"] == 0
     assert all(r["backward_input_s"] > 0 and r["backward_weight_s"] > 0 for r in lins)
+
+
+def test_recompute_memory_matches_autograd(capsys):
+    """Issue 18 item 1: what a block keeps for its backward, measured as the bytes autograd
+    saves (distinct storages, parameters left out) against the model's
+    ``block_activation_bytes``: exact with ``recompute: full`` (only the block's input, the
+    e*s*b*h bytes torch.utils.checkpoint keeps), within 1 % without recomputation; and what a
+    W deferred past a full-recompute B would hold (``block_weight_grad_held_bytes``) is many
+    times what the forward kept, which is why the model form fuses B and W there."""
+    from torch.utils.checkpoint import checkpoint
+
+    from pipeopt.costs.transformer import block_activation_bytes, block_weight_grad_held_bytes
+
+    torch.manual_seed(0)
+    block = tiny_gpt(layers=1, hidden=H, heads=HEADS, vocab=V, seq_len=S)[1]
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+
+    def saved_bytes(fn) -> float:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        x = torch.randn(B, S, H, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(x).sum().backward()  # the backward runs: the hooks saw a real training step
+        return float(sum(seen.values()))
+
+    shape = TransformerShape(layers=1, hidden=H, heads=HEADS, seq_len=S, vocab=V,
+                             micro_batch_size=B, dtype="fp32", dropout=False,
+                             sequence_parallel=False)
+    full = saved_bytes(lambda x: checkpoint(block, x, use_reentrant=False))
+    none = saved_bytes(block)
+    full_ratio = full / block_activation_bytes(shape, "full")
+    none_ratio = none / block_activation_bytes(shape, "none")
+    held = block_weight_grad_held_bytes(shape)
+    with capsys.disabled():
+        print(f"\nrecompute full: profiled / modelled bytes = {full_ratio:.3f}; "
+              f"none: {none_ratio:.3f}; a deferred W would hold {held / full:.0f}x what "
+              "the full-recompute forward kept")
+    assert full == B * S * H * 4  # fp32: the block's input only
+    assert full_ratio == 1.0
+    assert none_ratio == pytest.approx(1.0, rel=0.01)
+    assert held > 10 * full
