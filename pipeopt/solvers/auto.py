@@ -263,8 +263,16 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         report()
 
     reason = "interrupted" if interrupted else cpsat_skip_reason(problem, left())
+    # Too large for the full model in the time left but not for a model at all: the remaining
+    # time goes to large-neighbourhood search around the best so far (cpsat, full model skipped).
+    lns_only = (reason is not None and not interrupted and left() >= CPSAT_MIN_TIME_S
+                and problem.num_ops <= (_load("pipeopt.solvers.cpsat", "MAX_MODEL_OPS") or 0))
+    if lns_only:
+        notes.append(("cpsat_full_model", reason))
+        reason = None
     # Loaded only when it will run: importing OR-Tools takes a second of the time limit.
-    cpsat = _load("pipeopt.solvers.cpsat", "solve_cpsat") if reason is None else None
+    cpsat = (_load("pipeopt.solvers.cpsat", "solve_lns" if lns_only else "solve_cpsat")
+             if reason is None else None)
     if interrupted:
         notes.append(("skipped_cpsat", "interrupted"))
     elif reason is None and cpsat is None:

@@ -193,6 +193,13 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
     return _result(best, timing, lb, objective, t0, options, tuple(details), interrupted)
 
 
+def solve_lns(problem: Problem, options: SolveOptions) -> Schedule:
+    """:func:`solve_cpsat` without the full model: large-neighbourhood search from the warm
+    start (``options.hint`` or the best heuristic) for the whole time limit (method
+    ``cpsat``, ``details['timing'] == 'lns'`` when it improved the start)."""
+    return solve_cpsat(problem, options, full_model_share=0.0)
+
+
 def _run_lns(problem: Problem, sm: ScheduleModel, tgrid: Grid, start: Schedule, bound: float,
              options: SolveOptions, t0: float, deadline: float,
              max_windows: int | None = None) -> lns.LnsResult:
