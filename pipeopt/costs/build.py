@@ -737,6 +737,7 @@ def describe_partition(config: Config) -> str:
                     f"on {slow['link']}, shared by {slow['shared_by']} flows")
         lines.append(f"partition: {rep.get('method')} ({rep.get('objective')}){proven}, "
                      f"{len(rows)} stages, analytic {rep.get('analytic_objective_s', 0):.4g} s vs "
-                     f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s; "
+                     f"uniform {rep.get('uniform_analytic_objective_s', 0):.4g} s"
+                     f"{'' if rep.get('uniform_fits', True) else ' (over the memory limit)'}; "
                      f"cross-datacenter cuts {meta.get('cross_datacenter_cuts', 0)}")
     return "\n".join(lines)
