@@ -343,6 +343,13 @@ def _least_split(a: float, b: float, phi: float, omega: float, total: float, r: 
     return best
 
 
+def _longest(problem: Problem) -> list[int]:
+    """The micro-batches whose path the overtaking and passing bounds delay: the
+    :data:`_OVERTAKEN` distinct ones of the largest time scale, longest first."""
+    scale = problem.time_scale
+    return sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
+
+
 def overtaking_bound(problem: Problem) -> float:
     """A long micro-batch's path, delayed by the micro-batches that overtake it (seconds; 0
     when every micro-batch costs the same: the other bounds are then exact as before).
@@ -373,10 +380,10 @@ def overtaking_bound(problem: Problem) -> float:
     """
     if problem.uniform_microbatches:
         return 0.0
-    s, scale, tt = problem.stages, problem.time_scale, problem.time_table
+    s, tt = problem.stages, problem.time_table
     fwd, bwd = problem.forward, problem.durations["B"]
     w0 = problem.backward_weight[0] if problem.split_backward else 0.0
-    longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
+    longest = _longest(problem)
     best = 0.0
     for L in longest:
         path, arr = _path(problem, L), _arrival(problem, L)
@@ -520,10 +527,10 @@ def passing_bound(problem: Problem) -> float:
     """
     if problem.uniform_microbatches:
         return 0.0
-    s, scale, tt = problem.stages, problem.time_scale, problem.time_table
+    s, tt = problem.stages, problem.time_table
     fwd, bwd = problem.forward, problem.durations["B"]
     w0 = problem.backward_weight[0] if problem.split_backward else 0.0
-    longest = sorted(problem.distinct_microbatches, key=lambda j: -scale[j])[:_OVERTAKEN]
+    longest = _longest(problem)
     best = 0.0
     for L in longest:
         arr, trips = _arrival(problem, L), round_trips(problem, L)
