@@ -269,9 +269,9 @@ def _log_to_stderr() -> None:
     log.setLevel(logging.INFO)
 
 
-def _is_inference_file(path: str) -> bool:
-    """Whether ``path`` (a regular YAML file: not standard input, a FIFO or a device) has a
-    top-level ``workload:`` key.
+def _inference_data(path: str) -> Any:
+    """The parsed mapping of ``path`` when it is an inference config (a regular YAML file, not
+    standard input, a FIFO or a device, with a top-level ``workload:`` key), else None.
     The text is scanned first, so a pipeline config is not parsed twice; a file that cannot be
     read is left to :func:`load_config` to report."""
     import re
@@ -280,33 +280,35 @@ def _is_inference_file(path: str) -> bool:
     from pipeopt.io import STDIN
 
     if str(path) == STDIN or str(path).lower().endswith(".json") or not os.path.isfile(path):
-        return False  # a FIFO or a device is read once, by load_config
+        return None  # a FIFO or a device is read once, by load_config
     try:
         if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return False  # load_config refuses it without reading it
+            return None  # load_config refuses it without reading it
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read(MAX_CONFIG_BYTES + 1)
     except OSError:
-        return False
+        return None
     if not re.search(r"^workload\s*:", text, re.M):
-        return False
+        return None
     from pipeopt.config import read_yaml
     from pipeopt.inference_config import is_inference  # only for a serving config
 
-    return is_inference(read_yaml(path))
+    data = read_yaml(path)
+    return data if is_inference(data) else None
 
 
-def _solve_inference(args: argparse.Namespace) -> int:
-    """``pipeopt solve`` on an inference config (docs/inference.md): print the serving
-    metrics, write the result JSON with ``-o``."""
-    from pipeopt.inference_config import load_inference, result_json, solve_inference
+def _solve_inference(args: argparse.Namespace, data: Any) -> int:
+    """``pipeopt solve`` on an inference config (docs/inference.md; ``data``: the file as
+    parsed by :func:`_inference_data`): print the serving metrics, write the result JSON with
+    ``-o``."""
+    from pipeopt.inference_config import parse_inference, result_json, solve_inference
     from pipeopt.io import write_atomic
 
     for flag in ("method", "objective"):
         if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')}: not used with an inference config "
                               "(give workload.method)")
-    cfg = load_inference(args.config)
+    cfg = parse_inference(data, str(args.config))
     # --time-limit (checked by its parser) overrides workload.time_limit; loading counts
     limit = cfg.time_limit if args.time_limit is None else args.time_limit
     spent = time.perf_counter() - args.started
@@ -337,8 +339,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--output", args.output, args.config)
     if args.output:
         check_writable("--output", args.output)  # before the search, not after it
-    if _is_inference_file(args.config):
-        return _solve_inference(args)
+    serving = _inference_data(args.config)
+    if serving is not None:
+        return _solve_inference(args, serving)
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     if cfg.extra("mode") == "async":
