@@ -12,6 +12,11 @@ the stage's limit. Two objectives:
   once (m-1)·T plus the unconstrained minimum sum can no longer beat the best found.
 
 Each DP is O(S·L²), vectorised with numpy over the (start, end) matrix of every stage.
+
+Per-stage modes (``ChainCosts.mode_names``, e.g. recomputation none / selective / full) leave
+the state as it is: stage k on layers [i, j) costs the least C_k(i, j) over the modes whose
+memory fits (inf when none does), so the DP is exact over partitions x modes at M times the
+work; the chosen modes are those :func:`pipeopt.partition.choose_modes` gives the partition.
 """
 
 from __future__ import annotations
@@ -57,26 +62,47 @@ class _Segments:
         zero = np.zeros(1)
         self.pre_c = np.concatenate([np.zeros((costs.stages, 1)),
                                      np.cumsum(costs.compute, axis=1)], axis=1)
+        self.mode_pre_c = [np.concatenate([np.zeros((costs.stages, 1)),
+                                           np.cumsum(costs.compute_of(m), axis=1)], axis=1)
+                           for m in range(costs.modes)]
         ps = np.concatenate([zero, np.cumsum(costs.static)])
-        pa = np.concatenate([zero, np.cumsum(costs.activation)])
         self.static = ps[None, :] - ps[:, None]
-        self.act = pa[None, :] - pa[:, None]
+        self.mode_act = []
+        for m in range(costs.modes):
+            pa = np.concatenate([zero, np.cumsum(costs.activation_of(m))])
+            self.mode_act.append(pa[None, :] - pa[:, None])
+        self.act = self.mode_act[0]
         self.limit = costs.stage_limit
 
     def time(self, k: int) -> np.ndarray:
-        """C_k(i, j): inf where empty or over the memory limit."""
-        c = self.pre_c[k][None, :] - self.pre_c[k][:, None]
-        return np.where(self.valid & self.fits(k), c, INF)
+        """C_k(i, j): the least over the modes that fit; inf where empty or no mode fits."""
+        out = np.full(self.valid.shape, INF)
+        for m in range(self.costs.modes):
+            pre = self.mode_pre_c[m][k]
+            c = pre[None, :] - pre[:, None]
+            out = np.minimum(out, np.where(self.valid & self._fits(k, m), c, INF))
+        return out
+
+    def _memory(self, k: int, mode: int) -> np.ndarray:
+        return self.static + self.costs.inflight[k] * self.mode_act[mode]
 
     def memory(self, k: int) -> np.ndarray:
-        """Bytes stage k needs for layers [i, j)."""
-        return self.static + self.costs.inflight[k] * self.act
+        """Bytes stage k needs for layers [i, j) (in its leanest mode)."""
+        out = self._memory(k, 0)
+        for m in range(1, self.costs.modes):
+            out = np.minimum(out, self._memory(k, m))
+        return out
 
-    def fits(self, k: int) -> np.ndarray:
+    def _fits(self, k: int, mode: int) -> np.ndarray:
         lim = self.limit[k]
         if math.isinf(lim):
             return np.ones_like(self.valid)
-        return self.memory(k) <= lim * (1 + 1e-9)
+        return self._memory(k, mode) <= lim * (1 + 1e-9)
+
+    def fits(self, k: int) -> np.ndarray:
+        """Where some mode of stage k fits its limit."""
+        return self.memory(k) <= self.limit[k] * (1 + 1e-9) if not math.isinf(
+            self.limit[k]) else np.ones_like(self.valid)
 
     def comm(self, k: int) -> np.ndarray:
         """Boundary delay after stage k when it ends before layer j (row vector over j)."""
@@ -150,11 +176,13 @@ def explain_infeasible(costs: ChainCosts) -> str:
     need = float(seg.memory(worst)[a, b])
     lim = float(seg.limit[worst])
     st = float(costs.static[a:b].sum())
-    act = float(costs.activation[a:b].sum())
+    lean = min(range(costs.modes), key=lambda m: float(costs.activation_of(m)[a:b].sum()))
+    act = float(costs.activation_of(lean)[a:b].sum())
+    how = f" (recompute {costs.mode_names[lean]}, its leanest mode)" if costs.mode_names else ""
     return (f"no partition into {costs.stages} stages fits in memory; the closest one still has "
             f"stage {worst} (device {costs.stage_device[worst]}, layers [{a}, {b})) needing "
             f"{_gib(need)} = {_gib(st)} static + {costs.inflight[worst]:g} micro-batches x "
-            f"{_gib(act)} activations, {_gib(need - lim)} over its limit of {_gib(lim)}")
+            f"{_gib(act)} activations{how}, {_gib(need - lim)} over its limit of {_gib(lim)}")
 
 
 def _explain_per_device(costs: ChainCosts, part: Partition) -> str:
@@ -277,19 +305,21 @@ def top_partitions(costs: ChainCosts, k: int, objective: str = "pipeline",
 
 
 def exhaustive_partition(costs: ChainCosts, objective: str = "pipeline") -> tuple[float, Partition]:
-    """Brute force over every partition (for tests on tiny chains): (best value, partition)."""
+    """Brute force over every partition and, with per-stage modes, every mode of every stage
+    (for tests on tiny chains): (best value, partition)."""
     n, s = costs.layers, costs.stages
     best: tuple[float, Partition] = (INF, ())
     for cuts in itertools.combinations(range(1, n), s - 1):
         bounds = [0, *cuts, n]
         part = tuple(itertools.pairwise(bounds))
-        ev = evaluate(costs, part)
-        if not all(m <= lim * (1 + 1e-9) for m, lim in zip(ev.stage_memory, costs.stage_limit,
-                                                           strict=True)):
-            continue
-        val = ev.max_time if objective == "minmax" else ev.objective
-        if val < best[0]:
-            best = (val, part)
+        for modes in itertools.product(range(costs.modes), repeat=s):
+            ev = evaluate(costs, part, modes if costs.mode_names else None)
+            if not all(m <= lim * (1 + 1e-9) for m, lim in zip(ev.stage_memory,
+                                                               costs.stage_limit, strict=True)):
+                continue
+            val = ev.max_time if objective == "minmax" else ev.objective
+            if val < best[0]:
+                best = (val, part)
     return best
 
 

@@ -7,6 +7,12 @@ layer j when ``y[j, k] - y[j+1, k]`` is 1. Every stage gets at least one layer.
 
 What the DP cannot do exactly: memory per *device* when a device holds several stages (virtual
 stages), each stage with its own in-flight count, and per-stage device speeds at once.
+
+Per-stage modes (``ChainCosts.mode_names``): a binary ``z[k, m]`` per stage and mode, one per
+stage, and for every layer whose cost differs between modes a variable
+``u[j, k, m] >= x[j, k] + z[k, m] - 1`` (>= 0): 1 exactly when layer j is on stage k run in
+mode m (the usual product of two binaries; its cost and bytes are non-negative, so the
+least value is the product). Stage times and memory then sum ``u`` times mode m's figures.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import pulp
 
-from pipeopt.partition import ChainCosts, Partition, PartitionError, evaluate
+from pipeopt.partition import ChainCosts, Partition, PartitionError, choose_modes, evaluate
 from pipeopt.partition.dp import (
     PartitionResult,
     best_partition,
@@ -76,15 +82,38 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
     # _add_nonempty: every stage holds a layer.
     for k in S:
         prob += pulp.lpSum(x(j, k) for j in J) >= 1
+    # _add_modes: one mode per stage; u[j, k, m] = x(j, k) * z[k, m] where the modes differ.
+    M = range(costs.modes)
+    z = {(k, m): _var(prob, f"z_{k}_{m}", cat="Binary") for k in S for m in M}
+    for k in S:
+        prob += pulp.lpSum(z[k, m] for m in M) == 1
+    varies = [j for j in J if any(
+        costs.activation_of(m)[j] != costs.activation[j]
+        or (costs.compute_of(m)[:, j] != costs.compute[:, j]).any() for m in M)]
+    u = {(j, k, m): _var(prob, f"u_{j}_{k}_{m}", lowBound=0) for j in varies for k in S
+         for m in M}
+    for (j, k, m), var in u.items():
+        prob += var >= x(j, k) + z[k, m] - 1
+
+    u_layers = set(varies)
+
+    def in_modes(j: int, k: int, value: Any) -> pulp.LpAffineExpression:
+        """Layer j's figure on stage k: ``value(m)`` of the stage's mode."""
+        if j in u_layers:
+            return pulp.lpSum(u[j, k, m] * float(value(m)) for m in M)
+        return x(j, k) * float(value(0))
+
     # _add_memory: per device, over all of its stages.
     for d, lim in enumerate(costs.device_limit):
         if math.isinf(lim):
             continue
-        prob += pulp.lpSum(x(j, k) * float(costs.static[j] + costs.inflight[k]
-                                           * costs.activation[j])
+        prob += pulp.lpSum(x(j, k) * float(costs.static[j])
+                           + in_modes(j, k, lambda m, j=j, k=k: costs.inflight[k]
+                                      * costs.activation_of(m)[j])
                            for k in S if costs.stage_device[k] == d for j in J) <= float(lim)
     # Stage times and the objective.
-    stage_time = {k: pulp.lpSum(x(j, k) * float(costs.compute[k, j]) for j in J) for k in S}
+    stage_time = {k: pulp.lpSum(in_modes(j, k, lambda m, j=j, k=k: costs.compute_of(m)[k, j])
+                                for j in J) for k in S}
     big = _var(prob, "max_time", lowBound=0)
     for d in sorted(set(costs.stage_device)):  # the busiest device paces the steady state
         prob += big >= pulp.lpSum(stage_time[k] for k in S if costs.stage_device[k] == d)
@@ -101,6 +130,13 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
             for k, (_, b) in enumerate(start):
                 for j in J:
                     y[j, k].setInitialValue(1 if j < b else 0)
+            start_modes = choose_modes(costs, start) or (0,) * s
+            for k in S:
+                for m in M:
+                    z[k, m].setInitialValue(1 if start_modes[k] == m else 0)
+            for (j, k, m), var in u.items():
+                a, b = start[k]
+                var.setInitialValue(1 if a <= j < b and start_modes[k] == m else 0)
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit,
                                    warmStart=start is not None)
     status = prob.solve(solver)
