@@ -53,6 +53,7 @@ from pipeopt.partition import (
     from_counts,
     inflight_microbatches,
     uniform_partition,
+    with_modes,
 )
 from pipeopt.problem import Problem, ProblemError, Scale, stage_device_map
 from pipeopt.schema import Config, ConfigFile, check_totals, memory_values, microbatch_scales
@@ -68,7 +69,9 @@ def shape_of(cfg: ModelConfig) -> TransformerShape:
         vocab=cfg.vocab, kv_heads=cfg.kv_heads, ffn_hidden=cfg.ffn_hidden,
         micro_batch_size=cfg.micro_batch_size, dtype=cfg.dtype, activation=cfg.activation,
         norm=cfg.norm, bias=cfg.bias, position_embedding=cfg.position_embedding,
-        tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout, recompute=cfg.recompute,
+        tie_embeddings=cfg.tie_embeddings, dropout=cfg.dropout,
+        # per_stage: the layers of mode none; each mode's are built by recompute_options
+        recompute="none" if cfg.recompute == "per_stage" else cfg.recompute,
         tensor_parallel=cfg.tensor_parallel, sequence_parallel=cfg.sequence_parallel,
         causal=cfg.causal)
 
@@ -157,6 +160,21 @@ def topology_of(cfg: ClusterConfig) -> Topology:
 
 
 # ----- the plan: everything needed to turn a partition into a Problem ----------------------
+#: The recomputation modes a stage may choose with ``model.recompute: per_stage``.
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class RecomputeOption:
+    """The pipeline layers (and micro-batch cost ratios) of a transformer model when every
+    block runs with recomputation ``mode`` (blocks whose ``overrides`` set their own
+    ``recompute`` keep it)."""
+
+    mode: str
+    layers: tuple[LayerCost, ...]
+    ratios: MicrobatchRatios | None = None
+
+
 @dataclass
 class ModelPlan:
     """Layers, devices and settings of a model/cluster config (times in seconds, bytes)."""
@@ -189,6 +207,17 @@ class ModelPlan:
     ratios: MicrobatchRatios | None = None
     #: ``pipeline.microbatch_scale`` and its kin as given (Problem fields), when given.
     explicit_scales: dict[str, Scale] | None = None
+    #: ``model.recompute`` of a transformer model (None for layer_costs and profiles).
+    recompute: str | None = None
+    #: With ``recompute: per_stage``: every mode's layers (:data:`RECOMPUTE_MODES`).
+    recompute_options: tuple[RecomputeOption, ...] = ()
+    #: The modes a stage may choose in this plan's backward (split or fused).
+    recompute_modes: tuple[str, ...] = ()
+    #: Why full recomputation needs a fused backward, when this split-backward plan leaves
+    #: ``full`` out and :meth:`fused_world` is its counterpart that allows it; else None.
+    fused_alternative: str | None = None
+    #: Each stage's recomputation, once chosen for a partition (:meth:`resolved`).
+    stage_recompute: tuple[str, ...] | None = None
 
     @property
     def stages(self) -> int:
@@ -272,8 +301,64 @@ class ModelPlan:
                 for d, x in enumerate(worst)]
         return reduce, info
 
+    def _option(self, mode: str) -> ModelPlan:
+        """This plan with every stage in recomputation ``mode`` (``recompute: per_stage``)."""
+        opt = next(o for o in self.recompute_options if o.mode == mode)
+        return replace(self, layers=list(opt.layers), ratios=opt.ratios, recompute=mode,
+                       recompute_options=(), recompute_modes=(), fused_alternative=None)
+
+    def fused_world(self) -> ModelPlan | None:
+        """With ``recompute: per_stage`` on a split backward that leaves ``full`` out: the
+        same plan with the backward fused and every mode allowed (None otherwise)."""
+        if self.fused_alternative is None:
+            return None
+        note = ("backward fused (split_backward: false): recompute: per_stage runs full "
+                f"recomputation on some stage, and {self.fused_alternative}")
+        return replace(self, split_backward=False, fused_alternative=None,
+                       recompute_modes=tuple(o.mode for o in self.recompute_options),
+                       notes=(*self.notes, note))
+
+    def stage_modes(self, partition: Partition) -> tuple[str, ...]:
+        """Each stage's recomputation for ``partition`` as the search picks it: the fastest
+        modes that fit each device (:func:`pipeopt.partition.choose_modes`); () without
+        ``recompute: per_stage``."""
+        if not self.recompute_options:
+            return ()
+        return evaluate(self.chain_costs(), partition).modes
+
+    def resolved(self, partition: Partition,
+                 recompute: tuple[str, ...] | list[str] | None = None) -> ModelPlan:
+        """This plan with each stage's layers in its recomputation mode (``recompute``, one
+        per stage, or :meth:`stage_modes`); the plan itself without ``per_stage``."""
+        if not self.recompute_options:
+            return self
+        modes = tuple(recompute) if recompute is not None else self.stage_modes(partition)
+        if len(modes) != len(partition) or not set(modes) <= set(self.recompute_modes):
+            raise ValueError(f"recompute: expected {len(partition)} modes among "
+                             f"{list(self.recompute_modes)}, got {list(modes)}")
+        opts = {m: self._option(m) for m in set(modes)}
+        layers: list[LayerCost] = []
+        for (a, b), m in zip(partition, modes, strict=True):
+            layers.extend(opts[m].layers[a:b])
+        ratios = None
+        if self.recompute_options[0].ratios is not None:
+            parts = [(opts[m].ratios, a, b) for (a, b), m in zip(partition, modes, strict=True)]
+
+            def cat(field: str) -> np.ndarray:
+                return np.concatenate([getattr(r, field)[:, a:b] for r, a, b in parts], axis=1)
+
+            first = self.recompute_options[0].ratios
+            ratios = replace(first, flops=cat("flops"), activation=cat("activation"),
+                             weight_grad=cat("weight_grad"))
+        return replace(self, layers=layers, ratios=ratios, recompute_options=(),
+                       recompute_modes=(), fused_alternative=None, stage_recompute=modes)
+
     def chain_costs(self) -> ChainCosts:
-        """Inputs of the partition search."""
+        """Inputs of the partition search (with ``recompute: per_stage``, one mode per
+        allowed recomputation: :func:`pipeopt.partition.with_modes`)."""
+        if self.recompute_options:
+            return with_modes([(m, self._option(m).chain_costs())
+                               for m in self.recompute_modes])
         sd = self.stage_device
         # Micro-batches of different cost: the search sees the average micro-batch (each
         # layer's F, B, W times the mean of their ratios over the micro-batches).
@@ -355,9 +440,12 @@ class ModelPlan:
                 # executor and PyTorch's runtime do).
                 t = np.array([t[0], 0.0, whole])
                 wgb = float(act)
+            mode = {} if self.recompute is None else {
+                "recompute": (self.stage_recompute[k] if self.stage_recompute is not None
+                              else self.recompute)}
             out.append({
                 "stage": k, "device": sd[k], "layers": [a, b],
-                "first": seg[0].name, "last": seg[-1].name,
+                "first": seg[0].name, "last": seg[-1].name, **mode,
                 "forward_s": float(t[0]), "backward_input_s": float(t[1]),
                 "backward_weight_s": float(t[2]),
                 "activation_bytes": float(act),
@@ -370,9 +458,13 @@ class ModelPlan:
             })
         return out
 
-    def problem(self, partition: Partition, meta: dict[str, Any] | None = None) -> Problem:
-        """The scheduling problem of ``partition``."""
+    def problem(self, partition: Partition, meta: dict[str, Any] | None = None,
+                recompute: tuple[str, ...] | list[str] | None = None) -> Problem:
+        """The scheduling problem of ``partition``; with ``recompute: per_stage``, each stage
+        in its mode of ``recompute`` (or as :meth:`stage_modes` picks)."""
         check_partition(partition, len(self.layers), self.stages)
+        if self.recompute_options:
+            return self.resolved(partition, recompute).problem(partition, meta)
         p, sd = self.devices, self.stage_device
         rows = self.stage_costs(partition)
         static = [0.0] * p
@@ -487,11 +579,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     split, notes = pl.split_backward, []
     short = full_recompute_shortfall(mcfg) if split and origin == "analytic" else None
     if short is not None:
-        block, held, kept = short
-        why = (f"with recompute: full a deferred W holds what its B recomputed (block{block}: "
-               f"{held:.4g} bytes per micro-batch, the linear layers' inputs and output "
-               f"gradients) while the forward kept {kept:.4g} bytes; the schedule's memory "
-               "model (W keeps part of what F allocated) cannot count the difference")
+        why = _fused_reason(short)
         if "split_backward" in pl.model_fields_set:
             raise ConfigError(f"pipeline.split_backward: {why}; set split_backward: false (B "
                               "and W fused: nothing deferred) or model.recompute: selective")
@@ -503,6 +591,23 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
     if explicit and ratios is not None:
         raise ConfigError(f"pipeline.{next(iter(explicit))}: cannot be combined with "
                           "training.sequence_lengths (give the lengths or the factors, not both)")
+    options: tuple[RecomputeOption, ...] = ()
+    modes: tuple[str, ...] = ()
+    fused_alt = None
+    if origin == "analytic" and mcfg.recompute == "per_stage":
+        options, modes = recompute_options(mcfg, tcfg, pl), RECOMPUTE_MODES
+        full_short = full_recompute_shortfall(mcfg.model_copy(update={"recompute": "full"}))
+        if split and full_short is not None:
+            # Full recomputation needs a fused backward (docs/model_config.md, "Known
+            # simplifications"): this plan keeps the split backward without it; search_plan
+            # also searches the fused counterpart and keeps the better.
+            modes = tuple(m for m in RECOMPUTE_MODES if m != "full")
+            if "split_backward" in pl.model_fields_set:
+                notes.append("recompute: per_stage chooses among none and selective only: "
+                             "pipeline.split_backward: true was asked, and "
+                             + _fused_reason(full_short))
+            else:
+                fused_alt = _fused_reason(full_short)
     return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
                      devices=pl.devices, microbatches=pl.microbatches,
                      virtual_stages=pl.virtual_stages, placement=pl.placement,
@@ -512,7 +617,33 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      model_params=params, replica_gpus=replicas, group=group, ratios=ratios,
                      micro_batch_size=mcfg.micro_batch_size if origin == "analytic" else None,
                      notes=tuple(notes),
-                     explicit_scales=explicit or None)
+                     explicit_scales=explicit or None,
+                     recompute=mcfg.recompute if origin == "analytic" else None,
+                     recompute_options=options, recompute_modes=modes,
+                     fused_alternative=fused_alt)
+
+
+def _fused_reason(short: tuple[int, float, float]) -> str:
+    """Why a block with full recomputation cannot defer its W (from
+    :func:`full_recompute_shortfall`)."""
+    block, held, kept = short
+    return (f"with recompute: full a deferred W holds what its B recomputed (block{block}: "
+            f"{held:.4g} bytes per micro-batch, the linear layers' inputs and output "
+            f"gradients) while the forward kept {kept:.4g} bytes; the schedule's memory "
+            "model (W keeps part of what F allocated) cannot count the difference")
+
+
+def recompute_options(mcfg: ModelConfig, tcfg: TrainingConfig,
+                      pl: Any) -> tuple[RecomputeOption, ...]:
+    """The layers (and micro-batch ratios) of a transformer ``model:`` under each of
+    :data:`RECOMPUTE_MODES` (blocks whose override sets ``recompute`` keep theirs)."""
+    out = []
+    for mode in RECOMPUTE_MODES:
+        cfg = mcfg.model_copy(update={"recompute": mode})
+        out.append(RecomputeOption(
+            mode, tuple(_transformer_layers(shape_of(cfg), block_overrides(cfg))),
+            length_ratios(cfg, tcfg, pl)))
+    return tuple(out)
 
 
 def full_recompute_shortfall(mcfg: ModelConfig) -> tuple[int, float, float] | None:
@@ -614,7 +745,10 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
         if tc.partition == "joint":
             from pipeopt.partition.joint import joint_search
 
-            res = joint_search(costs, plan.problem, top_k=tc.top_k,
+            def build(part: Partition) -> Problem:  # each stage in the mode costs picks
+                return plan.problem(part, recompute=evaluate(costs, part).modes or None)
+
+            res = joint_search(costs, build, top_k=tc.top_k,
                                objective=tc.partition_objective, method=tc.joint_method,
                                time_limit=tc.joint_time_limit, extra=[uniform])
             report["scheduler"] = res.method
@@ -648,11 +782,70 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
             "keep fewer in flight")
     ev = evaluate(costs, part)
     uev = evaluate(costs, uniform)
+    if ev.modes:
+        report["recompute"] = list(ev.modes)
+        report["uniform_recompute"] = list(uev.modes)
     report.update({"wall_time_s": time.perf_counter() - t0,
                    "analytic_objective_s": ev.objective, "max_stage_time_s": ev.max_time,
                    "uniform_stage_layers": [b - a for a, b in uniform],
                    "uniform_analytic_objective_s": uev.objective, "uniform_fits": uev.fits})
     return part, report
+
+
+def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
+    """:func:`search_partition`, and with ``recompute: per_stage`` on a split backward, also
+    on :meth:`ModelPlan.fused_world` (full recomputation allowed, backward fused); returns the
+    plan of the world kept, its partition and report (``recompute``: each stage's mode;
+    ``recompute_worlds``: both searches).
+
+    The fused world is kept only when its partition uses ``full`` somewhere and is better:
+    by the best scheduled iteration time with ``training.partition: joint``, else by the
+    analytic objective (which does not see what a split backward gains in a zero-bubble
+    schedule, so ties and equal objectives keep the split one). A world that fits only with
+    one micro-batch in flight (``inflight_fallback``) loses to one that fits as assumed."""
+    fused = plan.fused_world()
+    if fused is None:
+        part, report = search_partition(plan)
+        return plan, part, report
+    tried: list[tuple[ModelPlan, tuple[Partition, dict[str, Any]] | None, str]] = []
+    for world in (plan, fused):
+        try:
+            tried.append((world, search_partition(world), ""))
+        except ConfigError as exc:
+            tried.append((world, None, str(exc)))
+    found = [(world, *res) for world, res, _ in tried if res is not None]
+    if not found:  # the fused world allows every mode: its reason is the binding one
+        raise ConfigError(tried[1][2])
+
+    def value(rep: dict[str, Any]) -> float:
+        times = [c["iteration_time_s"] for c in rep.get("candidates", [])
+                 if c["iteration_time_s"] is not None]
+        return min(times) if times else rep["analytic_objective_s"]
+
+    def key(item: tuple[ModelPlan, Partition, dict[str, Any]]) -> tuple[bool, bool, float]:
+        world, _, rep = item
+        # A fused world that uses no full recomputation has the split one's modes, which
+        # admit every schedule it does: never keep it. Ties keep the split backward (it is
+        # listed first and min is stable).
+        idle = not world.split_backward and "full" not in rep.get("recompute", [])
+        return ("inflight_fallback" in rep, idle, value(rep))
+
+    best = min(found, key=key)
+    worlds = []
+    for world, res, err in tried:
+        row: dict[str, Any] = {"split_backward": world.split_backward,
+                               "modes": list(world.recompute_modes)}
+        if res is None:
+            row["error"] = err
+        else:
+            row.update({"recompute": res[1].get("recompute"),
+                        "analytic_objective_s": res[1]["analytic_objective_s"],
+                        "value_s": value(res[1]),
+                        "inflight_fallback": "inflight_fallback" in res[1],
+                        "kept": world is best[0]})
+        worlds.append(row)
+    report = {**best[2], "recompute_worlds": worlds}
+    return best[0], best[1], report
 
 
 def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:
@@ -664,10 +857,9 @@ def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Conf
     if "links" in data:
         raise ConfigError("links: not used with cluster: (the topology gives the links); "
                           "remove it or set cluster.tiers")
-    plan = make_plan(cfg, source)
-    part, report = search_partition(plan)
+    plan, part, report = search_plan(make_plan(cfg, source))
     try:
-        problem = plan.problem(part, {"partition_search": report})
+        problem = plan.problem(part, {"partition_search": report}, report.get("recompute"))
     except ProblemError as exc:
         raise ConfigError(f"model: {exc}") from None
     check_totals(problem, "model")
@@ -684,6 +876,26 @@ def _gib(x: float | None) -> str:
     return "-" if x is None else f"{x / 2**30:.1f}"
 
 
+def _recompute_line(rep: dict[str, Any], split: bool) -> str:
+    """One line on the per-stage recompute search: the modes chosen, the backward, and what
+    the other backward world gave (see :func:`search_plan`)."""
+    modes = rep["recompute"]
+    counts = ", ".join(f"{m} x{modes.count(m)}" for m in RECOMPUTE_MODES if m in modes)
+    line = (f"recompute per stage: {counts}; backward "
+            f"{'split' if split else 'fused'}")
+    for w in rep.get("recompute_worlds", []):
+        if w.get("kept"):
+            continue
+        what = ("split backward (none / selective)" if w["split_backward"]
+                else "fused backward (full allowed)")
+        if "error" in w:
+            line += f"; {what}: nothing fits"
+        else:
+            line += (f"; {what}: {w['value_s']:.6g} s"
+                     f"{' (one micro-batch in flight)' if w['inflight_fallback'] else ''}")
+    return line
+
+
 def describe_partition(config: Config) -> str:
     """A table of the partition of a model/cluster config ("" for an explicit config)."""
     meta = dict(config.problem.meta)
@@ -692,8 +904,11 @@ def describe_partition(config: Config) -> str:
         return ""
     names = meta.get("layer_names", [])
     devs = meta.get("devices", [])
+    rep = meta.get("partition_search") or {}
+    per_stage = bool(rep.get("recompute"))  # recompute: per_stage chose each stage's mode
     lines = [f"{'stage':>5} {'dev':>3} {'gpu':<16} {'layers':<26} {'F ms':>8} {'B ms':>8} "
-             f"{'W ms':>8} {'act GiB':>8} {'static GiB':>10} {'est GiB':>8} {'limit':>6}"]
+             f"{'W ms':>8} {'act GiB':>8} {'static GiB':>10} {'est GiB':>8} {'limit':>6}"
+             + (f" {'recompute':<9}" if per_stage else "")]
     for r in rows:
         a, b = r["layers"]
         span = f"{b - a:>3}: {names[a] if names else a}..{names[b - 1] if names else b - 1}"
@@ -703,8 +918,10 @@ def describe_partition(config: Config) -> str:
             f"{r['forward_s'] * 1e3:>8.2f} {r['backward_input_s'] * 1e3:>8.2f} "
             f"{r['backward_weight_s'] * 1e3:>8.2f} {_gib(r['activation_bytes']):>8} "
             f"{_gib(r['static_bytes']):>10} {_gib(r['memory_estimate_bytes']):>8} "
-            f"{_gib(dev.get('memory_limit')):>6}")
-    rep = meta.get("partition_search") or {}
+            f"{_gib(dev.get('memory_limit')):>6}"
+            + (f" {r.get('recompute', '-'):<9}" if per_stage else ""))
+    if per_stage:
+        lines.append(_recompute_line(rep, config.problem.split_backward))
     if rep:
         proven = " (ILP time limit reached: not proven optimal)" \
             if rep.get("exact") is False else ""

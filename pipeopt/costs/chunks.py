@@ -50,7 +50,7 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
         return [first]
     # Only here: the model form's partition search imports numpy and networkx (about a
     # second of an explicit config's time limit otherwise).
-    from pipeopt.costs.build import search_partition
+    from pipeopt.costs.build import search_plan
 
     tc = plan.training
     if tc.stage_layers is not None or tc.partition == "joint":
@@ -68,8 +68,8 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
                                             f"model has {len(plan.layers)}"))
             continue
         try:
-            part, report = search_partition(alt)
-            problem = alt.problem(part, {"partition_search": report})
+            alt, part, report = search_plan(alt)
+            problem = alt.problem(part, {"partition_search": report}, report.get("recompute"))
         except (ConfigError, ProblemError) as exc:
             out.append(Variant(label, None, str(exc)))
             continue

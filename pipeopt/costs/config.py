@@ -83,7 +83,9 @@ class ModelConfig(_Strict):
     position_embedding: Literal["learned", "rotary"] = "learned"
     tie_embeddings: bool = False
     dropout: bool = True
-    recompute: Literal["none", "selective", "full"] = "none"
+    # per_stage: the partition search chooses none / selective / full for each stage
+    # (docs/model_config.md, "Recomputation per stage").
+    recompute: Literal["none", "selective", "full", "per_stage"] = "none"
     tensor_parallel: int = Field(1, ge=1)
     sequence_parallel: bool = True
     causal: bool = True  # a decoder's causal mask: half the attention FLOPs (transformer.py)
