@@ -711,7 +711,9 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
     uniform = plan.uniform()
     report: dict[str, Any] = {"method": tc.partition, "objective": tc.partition_objective}
 
-    def search(costs: ChainCosts) -> Partition:
+    def search(costs: ChainCosts) -> tuple[Partition, tuple[int, ...] | None]:
+        """The partition and, when the search fixed them, each stage's mode (else None:
+        the fastest modes that fit, :func:`pipeopt.partition.choose_modes`)."""
         if tc.stage_layers is not None:
             if len(tc.stage_layers) != plan.stages:
                 raise ConfigError(f"training.stage_layers: expected {plan.stages} values (one "
@@ -720,16 +722,16 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
                 raise ConfigError(f"training.stage_layers: must add up to the model's "
                                   f"{len(plan.layers)} layers, got {sum(tc.stage_layers)}")
             report["method"] = "explicit"
-            return _fitting(from_counts(tc.stage_layers), costs, "explicit")
+            return _fitting(from_counts(tc.stage_layers), costs, "explicit"), None
         if tc.partition == "uniform":
-            return _fitting(uniform, costs, "uniform")
+            return _fitting(uniform, costs, "uniform"), None
         cells = plan.stages * (len(plan.layers) + 1) ** 2
         if cells > MAX_DP_CELLS:  # too large to tabulate: the uniform split, said so
             report["method"] = "uniform"
             report["note"] = (f"{plan.stages} stages x {len(plan.layers)} layers is too large "
                               f"for the {tc.partition} search ({cells:,} cells > "
                               f"{MAX_DP_CELLS:,}); the uniform partition is used")
-            return _fitting(uniform, costs, "uniform")
+            return _fitting(uniform, costs, "uniform"), None
         if tc.partition == "ilp" or (tc.partition == "dp" and plan.virtual_stages > 1):
             from pipeopt.partition.ilp import ilp_partition, per_device_partition
 
@@ -741,34 +743,20 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
                                                   time_limit=tc.ilp_time_limit)
             report["method"] = how
             report["exact"] = found.exact
-            return found.partition
+            return found.partition, None
         if tc.partition == "joint":
-            from pipeopt.partition.joint import joint_search
-
-            def build(part: Partition) -> Problem:  # each stage in the mode costs picks
-                return plan.problem(part, recompute=evaluate(costs, part).modes or None)
-
-            res = joint_search(costs, build, top_k=tc.top_k,
-                               objective=tc.partition_objective, method=tc.joint_method,
-                               time_limit=tc.joint_time_limit, extra=[uniform])
-            report["scheduler"] = res.method
-            report["candidates"] = [
-                {"stage_layers": [b - a for a, b in r.partition], "analytic_s": r.analytic,
-                 "iteration_time_s": None if r.schedule is None else r.schedule.iteration_time,
-                 "uniform": r.partition == uniform, "error": r.error}
-                for r in res.rows]
-            return res.partition
-        return best_partition(costs, tc.partition_objective).partition
+            return _joint(plan, costs, uniform, report)
+        return best_partition(costs, tc.partition_objective).partition, None
 
     try:
-        part = search(costs)
+        part, modes = search(costs)
     except PartitionError as exc:
         # The in-flight counts assumed (1F1B's, or GPipe's) fit no partition. A memory-aware
         # method (greedy, cpsat, auto) can keep fewer micro-batches in flight, down to one at
         # a time: search again on that, and refuse only if even that cannot fit.
         lean = replace(costs, inflight=np.ones_like(costs.inflight))
         try:
-            part = search(lean)
+            part, modes = search(lean)
         except PartitionError as exc1:
             if str(exc1) == str(exc):
                 raise ConfigError(f"memory: {exc} (and so with any number of micro-batches in "
@@ -780,7 +768,7 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
             f"{tc.inflight} in-flight counts fit no partition ({exc}); partitioned for one "
             "micro-batch in flight per stage: a memory-aware method (greedy, cpsat, auto) must "
             "keep fewer in flight")
-    ev = evaluate(costs, part)
+    ev = evaluate(costs, part, modes)
     uev = evaluate(costs, uniform)
     if ev.modes:
         report["recompute"] = list(ev.modes)
@@ -792,6 +780,55 @@ def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
     return part, report
 
 
+def _joint(plan: ModelPlan, costs: ChainCosts, uniform: Partition, report: dict[str, Any]
+           ) -> tuple[Partition, tuple[int, ...] | None]:
+    """``training.partition: joint``: schedule the top-k partitions and the uniform one and
+    keep the fastest; with per-stage modes, each stage in its fastest fitting mode, and
+    besides, the top-k and uniform partitions of every mode used on all stages (what the
+    joint search of that uniform recomputation schedules), so the per-stage result is never
+    slower than a uniform one's with the same scheduler. Records every candidate in
+    ``report['candidates']``; returns the winner and its modes (None: the fastest fitting)."""
+    from pipeopt.partition.joint import JointRow, joint_search
+
+    tc = plan.training
+    groups: list[tuple[tuple[int, ...] | None, ChainCosts]] = [(None, costs)]
+    if costs.mode_names:
+        groups += [((m,) * costs.stages, costs.only(m)) for m in range(costs.modes)]
+    rows: list[tuple[JointRow, tuple[int, ...] | None]] = []
+    scheduler = ""
+    for fixed, group_costs in groups:
+        def build(part: Partition, fixed: tuple[int, ...] | None = fixed) -> Problem:
+            modes = fixed if fixed is not None else costs.mode_indices(
+                evaluate(costs, part).modes)
+            names = [costs.mode_names[m] for m in modes] if costs.mode_names else None
+            return plan.problem(part, recompute=names)
+
+        try:
+            res = joint_search(group_costs, build, top_k=tc.top_k,
+                               objective=tc.partition_objective, method=tc.joint_method,
+                               time_limit=tc.joint_time_limit, extra=[uniform])
+        except PartitionError:
+            if fixed is None:  # every mode allowed per stage: nothing fits at all
+                raise
+            continue  # this mode on every stage fits nothing (or schedules nothing)
+        scheduler = res.method
+        rows.extend((r, fixed) for r in res.rows)
+    report["scheduler"] = scheduler
+    report["candidates"] = []
+    for r, fixed in rows:
+        row = {"stage_layers": [b - a for a, b in r.partition], "analytic_s": r.analytic,
+               "iteration_time_s": None if r.schedule is None else r.schedule.iteration_time,
+               "uniform": r.partition == uniform, "error": r.error}
+        if costs.mode_names:
+            modes = fixed or costs.mode_indices(evaluate(costs, r.partition).modes)
+            row["recompute"] = [costs.mode_names[m] for m in modes]
+            row["uniform_recompute"] = fixed is not None
+        report["candidates"].append(row)
+    best, fixed = min(((r, f) for r, f in rows if r.schedule is not None),
+                      key=lambda x: x[0].value)
+    return best.partition, fixed
+
+
 def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
     """:func:`search_partition`, and with ``recompute: per_stage`` on a split backward, also
     on :meth:`ModelPlan.fused_world` (full recomputation allowed, backward fused); returns the
@@ -801,8 +838,9 @@ def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
     The fused world is kept only when its partition uses ``full`` somewhere and is better:
     by the best scheduled iteration time with ``training.partition: joint``, else by the
     analytic objective (which does not see what a split backward gains in a zero-bubble
-    schedule, so ties and equal objectives keep the split one). A world that fits only with
-    one micro-batch in flight (``inflight_fallback``) loses to one that fits as assumed."""
+    schedule, so ties and equal objectives keep the split one). Compared analytically, a world
+    that fits only with one micro-batch in flight (``inflight_fallback``) loses to one that
+    fits as assumed."""
     fused = plan.fused_world()
     if fused is None:
         part, report = search_partition(plan)
@@ -826,9 +864,12 @@ def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
         world, _, rep = item
         # A fused world that uses no full recomputation has the split one's modes, which
         # admit every schedule it does: never keep it. Ties keep the split backward (it is
-        # listed first and min is stable).
+        # listed first and min is stable). An analytic objective priced with one micro-batch
+        # in flight ignores what keeping so few costs: such a world loses unless both are
+        # compared by scheduled times.
         idle = not world.split_backward and "full" not in rep.get("recompute", [])
-        return ("inflight_fallback" in rep, idle, value(rep))
+        lean = "inflight_fallback" in rep and "candidates" not in rep
+        return (lean, idle, value(rep))
 
     best = min(found, key=key)
     worlds = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -74,6 +74,15 @@ class ChainCosts:
     def activation_of(self, mode: int) -> np.ndarray:
         """(L,) activation bytes per micro-batch of every layer in ``mode``."""
         return self.mode_activation[mode] if self.mode_names else self.activation
+
+    def only(self, mode: int) -> ChainCosts:
+        """These costs with every stage in ``mode`` (no alternatives left)."""
+        return replace(self, compute=self.compute_of(mode), activation=self.activation_of(mode),
+                       mode_names=(), mode_compute=(), mode_activation=())
+
+    def mode_indices(self, names: Sequence[str]) -> tuple[int, ...]:
+        """The indices of mode ``names`` in ``mode_names``."""
+        return tuple(self.mode_names.index(n) for n in names)
 
     @property
     def stages(self) -> int:
