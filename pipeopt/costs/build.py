@@ -835,12 +835,14 @@ def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
     plan of the world kept, its partition and report (``recompute``: each stage's mode;
     ``recompute_worlds``: both searches).
 
-    The fused world is kept only when its partition uses ``full`` somewhere and is better:
-    by the best scheduled iteration time with ``training.partition: joint``, else by the
-    analytic objective (which does not see what a split backward gains in a zero-bubble
-    schedule, so ties and equal objectives keep the split one). Compared analytically, a world
-    that fits only with one micro-batch in flight (``inflight_fallback``) loses to one that
-    fits as assumed."""
+    The fused world is kept only when its partition uses ``full`` somewhere (else the split
+    backward, with the same modes, admits every schedule it does) and its schedule is
+    faster: with ``training.partition: joint`` the best of each world's scheduled
+    candidates; otherwise both worlds' partitions are scheduled here by
+    ``training.joint_method`` for ``training.joint_time_limit`` seconds each, since the
+    analytic objective sees neither what a split backward gains in a zero-bubble schedule
+    nor what keeping one micro-batch in flight (``inflight_fallback``) costs. Ties keep the
+    split backward."""
     fused = plan.fused_world()
     if fused is None:
         part, report = search_partition(plan)
@@ -854,24 +856,17 @@ def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
     found = [(world, *res) for world, res, _ in tried if res is not None]
     if not found:  # the fused world allows every mode: its reason is the binding one
         raise ConfigError(tried[1][2])
-
-    def value(rep: dict[str, Any]) -> float:
+    value: dict[int, float] = {}
+    contest = len(found) == 2 and "full" in found[1][2].get("recompute", [])
+    for i, (world, part, rep) in enumerate(found):
         times = [c["iteration_time_s"] for c in rep.get("candidates", [])
                  if c["iteration_time_s"] is not None]
-        return min(times) if times else rep["analytic_objective_s"]
-
-    def key(item: tuple[ModelPlan, Partition, dict[str, Any]]) -> tuple[bool, bool, float]:
-        world, _, rep = item
-        # A fused world that uses no full recomputation has the split one's modes, which
-        # admit every schedule it does: never keep it. Ties keep the split backward (it is
-        # listed first and min is stable). An analytic objective priced with one micro-batch
-        # in flight ignores what keeping so few costs: such a world loses unless both are
-        # compared by scheduled times.
-        idle = not world.split_backward and "full" not in rep.get("recompute", [])
-        lean = "inflight_fallback" in rep and "candidates" not in rep
-        return (lean, idle, value(rep))
-
-    best = min(found, key=key)
+        if times:
+            value[i] = min(times)
+        elif contest:
+            value[i] = _scheduled(world, part, rep)
+    # One world, or a fused one without full: the first (split when both fit).
+    best = 1 if contest and value[1] < value[0] else 0
     worlds = []
     for world, res, err in tried:
         row: dict[str, Any] = {"split_backward": world.split_backward,
@@ -879,14 +874,32 @@ def search_plan(plan: ModelPlan) -> tuple[ModelPlan, Partition, dict[str, Any]]:
         if res is None:
             row["error"] = err
         else:
+            i = next(j for j, f in enumerate(found) if f[0] is world)
             row.update({"recompute": res[1].get("recompute"),
                         "analytic_objective_s": res[1]["analytic_objective_s"],
-                        "value_s": value(res[1]),
+                        "iteration_time_s": value.get(i),
                         "inflight_fallback": "inflight_fallback" in res[1],
-                        "kept": world is best[0]})
+                        "kept": i == best})
         worlds.append(row)
-    report = {**best[2], "recompute_worlds": worlds}
-    return best[0], best[1], report
+    world, part, rep = found[best]
+    return world, part, {**rep, "recompute_worlds": worlds}
+
+
+def _scheduled(plan: ModelPlan, part: Partition, rep: dict[str, Any]) -> float:
+    """Iteration time (seconds) of ``part``'s problem scheduled by ``training.joint_method``
+    within ``training.joint_time_limit``; inf when it cannot be scheduled."""
+    from pipeopt.partition.joint import default_method, schedule_with
+    from pipeopt.schedules import NotApplicable
+    from pipeopt.solvers import UnknownMethod
+
+    tc = plan.training
+    try:
+        problem = plan.problem(part, None, rep.get("recompute"))
+        sched = schedule_with(problem, tc.joint_method or default_method(),
+                              tc.joint_time_limit)
+    except (NotApplicable, UnknownMethod, ProblemError):
+        return math.inf
+    return sched.iteration_time
 
 
 def build_from_model(cfg: ConfigFile, data: dict[str, Any], source: str) -> Config:
@@ -924,16 +937,17 @@ def _recompute_line(rep: dict[str, Any], split: bool) -> str:
     counts = ", ".join(f"{m} x{modes.count(m)}" for m in RECOMPUTE_MODES if m in modes)
     line = (f"recompute per stage: {counts}; backward "
             f"{'split' if split else 'fused'}")
-    for w in rep.get("recompute_worlds", []):
-        if w.get("kept"):
-            continue
+    worlds = rep.get("recompute_worlds", [])
+    for w in worlds:
         what = ("split backward (none / selective)" if w["split_backward"]
                 else "fused backward (full allowed)")
         if "error" in w:
             line += f"; {what}: nothing fits"
-        else:
-            line += (f"; {what}: {w['value_s']:.6g} s"
-                     f"{' (one micro-batch in flight)' if w['inflight_fallback'] else ''}")
+            continue
+        figure = (f"{w['iteration_time_s']:.6g} s scheduled" if w["iteration_time_s"]
+                  is not None else f"{w['analytic_objective_s']:.6g} s analytic")
+        line += (f"; {what}{' (kept)' if w['kept'] else ''}: {figure}"
+                 f"{', one micro-batch in flight' if w['inflight_fallback'] else ''}")
     return line
 
 
