@@ -76,6 +76,9 @@ class _Segments:
 
     def time(self, k: int) -> np.ndarray:
         """C_k(i, j): the least over the modes that fit; inf where empty or no mode fits."""
+        if self.costs.modes == 1:
+            pre = self.mode_pre_c[0][k]
+            return np.where(self.valid & self._fits(k, 0), pre[None, :] - pre[:, None], INF)
         out = np.full(self.valid.shape, INF)
         for m in range(self.costs.modes):
             pre = self.mode_pre_c[m][k]

@@ -83,10 +83,12 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
     for k in S:
         prob += pulp.lpSum(x(j, k) for j in J) >= 1
     # _add_modes: one mode per stage; u[j, k, m] = x(j, k) * z[k, m] where the modes differ.
-    M = range(costs.modes)
+    # Without modes the model is the plain partition ILP (no z, no u).
+    M = range(costs.modes) if costs.mode_names else range(0)
     z = {(k, m): _var(prob, f"z_{k}_{m}", cat="Binary") for k in S for m in M}
     for k in S:
-        prob += pulp.lpSum(z[k, m] for m in M) == 1
+        if costs.mode_names:
+            prob += pulp.lpSum(z[k, m] for m in M) == 1
     varies = [j for j in J if any(
         costs.activation_of(m)[j] != costs.activation[j]
         or (costs.compute_of(m)[:, j] != costs.compute[:, j]).any() for m in M)]
@@ -107,10 +109,12 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
     for d, lim in enumerate(costs.device_limit):
         if math.isinf(lim):
             continue
-        prob += pulp.lpSum(x(j, k) * float(costs.static[j])
-                           + in_modes(j, k, lambda m, j=j, k=k: costs.inflight[k]
-                                      * costs.activation_of(m)[j])
-                           for k in S if costs.stage_device[k] == d for j in J) <= float(lim)
+        prob += pulp.lpSum(
+            x(j, k) * float(costs.static[j] + costs.inflight[k] * costs.activation[j])
+            if j not in u_layers else
+            x(j, k) * float(costs.static[j])
+            + in_modes(j, k, lambda m, j=j, k=k: costs.inflight[k] * costs.activation_of(m)[j])
+            for k in S if costs.stage_device[k] == d for j in J) <= float(lim)
     # Stage times and the objective.
     stage_time = {k: pulp.lpSum(in_modes(j, k, lambda m, j=j, k=k: costs.compute_of(m)[k, j])
                                 for j in J) for k in S}
@@ -130,8 +134,8 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
             for k, (_, b) in enumerate(start):
                 for j in J:
                     y[j, k].setInitialValue(1 if j < b else 0)
-            start_modes = choose_modes(costs, start) or (0,) * s
-            for k in S:
+            start_modes = choose_modes(costs, start)
+            for k in S if costs.mode_names else ():
                 for m in M:
                     z[k, m].setInitialValue(1 if start_modes[k] == m else 0)
             for (j, k, m), var in u.items():
