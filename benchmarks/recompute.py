@@ -7,8 +7,10 @@ For GPT-3 175B and Llama-2 70B settings whose memory is tight, every uniform
 partition search, then each problem is scheduled by the same method (greedy, the time limit
 per problem); it prints per mode whether the 1F1B in-flight counts fit (``lean``: only with
 one micro-batch in flight per stage), the analytic pipeline objective, the iteration time,
-the peak memory, and per setting the ratio best uniform / per stage (> 1: per stage is
-faster). All figures are measured in this run; nothing is asserted about wall time.
+the peak memory, the partition search's wall time and the whole build's (with per stage it
+includes scheduling both backward worlds when they compete), and per setting the ratio best
+uniform / per stage (> 1: per stage is faster). All figures are measured in this run;
+nothing is asserted about wall time.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def run_mode(doc: dict[str, Any], mode: str, time_limit: float) -> dict[str, Any
     return {"lean": "inflight_fallback" in rep, "analytic": rep["analytic_objective_s"],
             "iteration": sched.iteration_time, "peak": max(sched.peak_memory),
             "limit": min(config.problem.memory_limit), "build": built,
+            "search": rep["wall_time_s"],
             "split": config.problem.split_backward,
             "modes": [r["recompute"] for r in meta["stage_costs"]]}
 
@@ -89,15 +92,15 @@ def main() -> None:
                   f"{'split' if r['split'] else 'fused':<5} modes {short(r['modes']):<9} "
                   f"analytic {r['analytic']:8.3f} s  iteration {r['iteration']:8.3f} s  "
                   f"peak {r['peak'] / 2**30:5.1f} / {r['limit'] / 2**30:5.1f} GiB  "
-                  f"(build {r['build']:.1f} s)")
+                  f"(search {r['search']:.2f} s, build {r['build']:.1f} s)")
         per = rows["per_stage"]
         uniform = {m: r for m, r in rows.items() if m != "per_stage" and "error" not in r}
         if "error" in per or not uniform:
             continue
         best = min(uniform, key=lambda m: uniform[m]["iteration"])
         fits = {m: r for m, r in uniform.items() if not r["lean"]}
-        line = (f"  best uniform {best}: iteration {uniform[best]['iteration'] / per['iteration']:.3f}x"
-                f" per stage's")
+        ratio = uniform[best]["iteration"] / per["iteration"]
+        line = f"  best uniform {best}: iteration {ratio:.3f}x per stage's"
         if fits:
             fit_best = min(fits, key=lambda m: fits[m]["analytic"])
             line += (f"; best uniform that fits the 1F1B counts ({fit_best}): analytic "
