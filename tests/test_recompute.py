@@ -306,3 +306,26 @@ def test_per_stage_with_virtual_stages_and_sequence_lengths():
         assert mixed.memory_table[k] == pytest.approx(same.memory_table[k])
     with pytest.raises(ValueError, match="recompute: expected 4 modes"):
         plan.problem(part, recompute=["none"])
+
+
+def test_chunk_variants_search_modes_too():
+    """The v = 2 chunkings that auto may choose are built with their own per-stage modes."""
+    from pipeopt.costs.chunks import chunk_variants
+
+    c = parse_config(cfg("per_stage", 7e7))
+    variants = {v.label: v for v in chunk_variants(c)}
+    v2 = variants["v=2 vshape"].problem
+    assert v2 is not None
+    rows = dict(v2.meta)["stage_costs"]
+    assert len(rows) == 8 and all(r["recompute"] in MODES for r in rows)
+
+
+def test_per_stage_needs_a_transformer_shape():
+    with pytest.raises(ConfigError, match=r"^model\.recompute: not used with model\.layer_costs"):
+        parse_config({"pipeline": {"devices": 2, "microbatches": 4},
+                      "model": {"layer_costs": [{"forward": 1.0, "count": 4}],
+                                "recompute": "per_stage"},
+                      "cluster": {"gpus_per_node": 2}})
+    with pytest.raises(ConfigError, match=r"^model\.recompute: must be 'none', 'selective', "
+                                          r"'full' or 'per_stage'"):
+        parse_config(cfg("adaptive", None))
