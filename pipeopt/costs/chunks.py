@@ -42,7 +42,8 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
     ``placement``, explicit ``training.stage_layers`` or the joint partition search). A
     variant that cannot be built (too few layers, no partition that fits) carries the reason.
     With ``time_limit`` (seconds) each variant's partition ILP gets at most a third of it
-    over the number of variants."""
+    over the number of variants (and so do the two schedules with which ``recompute:
+    per_stage`` compares its backward worlds, together)."""
     plan = config.extra("plan")
     first = Variant(f"v={config.problem.virtual_stages} {config.problem.placement}",
                     config.problem)
@@ -58,7 +59,10 @@ def chunk_variants(config: Config, time_limit: float | None = None) -> list[Vari
     if time_limit is not None:
         # Building the variants may take a third of the limit: the searches keep the rest.
         cap = time_limit / (3 * len(VARIANTS))
-        tc = tc.model_copy(update={"ilp_time_limit": max(min(tc.ilp_time_limit, cap), 1e-3)})
+        # recompute: per_stage may schedule two partitions (search_plan): half each.
+        tc = tc.model_copy(update={"ilp_time_limit": max(min(tc.ilp_time_limit, cap), 1e-3),
+                                   "joint_time_limit": max(min(tc.joint_time_limit, cap / 2),
+                                                           1e-3)})
     out = [first]
     for v, placement in VARIANTS:
         label = f"v={v} {placement}"
