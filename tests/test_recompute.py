@@ -329,3 +329,25 @@ def test_per_stage_needs_a_transformer_shape():
     with pytest.raises(ConfigError, match=r"^model\.recompute: must be 'none', 'selective', "
                                           r"'full' or 'per_stage'"):
         parse_config(cfg("adaptive", None))
+
+
+@pytest.mark.parametrize("training", [{"partition": "uniform"},
+                                      {"stage_layers": [2, 2, 3, 3]}])
+def test_given_partitions_get_the_fastest_modes_that_fit(training):
+    """A partition not searched (uniform, explicit) runs each stage in the fastest mode whose
+    memory estimate fits: every faster mode of that stage would be over the limit."""
+    from pipeopt.costs.build import make_plan
+    from pipeopt.schema import ConfigFile
+
+    c, _ = search("per_stage", 6e7, **training)
+    meta = dict(c.problem.meta)
+    part = tuple(tuple(x) for x in meta["partition"])
+    plan = make_plan(ConfigFile.model_validate(cfg("per_stage", 6e7, **training)))
+    checked = 0
+    for r in meta["stage_costs"]:
+        assert r["memory_estimate_bytes"] <= 6e7
+        for faster in MODES[:MODES.index(r["recompute"])]:
+            rows = plan.resolved(part, (faster,) * 4).stage_costs(part)
+            assert rows[r["stage"]]["memory_estimate_bytes"] > 6e7
+            checked += 1
+    assert checked > 0  # some stage needed more than recompute none
