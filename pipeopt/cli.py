@@ -333,6 +333,150 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
     return 0
 
 
+def _graph_data(path: str) -> Any:
+    """The parsed mapping of ``path`` when it is a task-graph config (data parallelism with
+    scheduled collectives; :func:`pipeopt.graph_config.graph_loader` decides), else None.
+    Like :func:`_inference_data`: a regular YAML file only, its text scanned before parsing."""
+    from pipeopt.errors import MAX_CONFIG_BYTES
+    from pipeopt.io import STDIN
+
+    if str(path) == STDIN or str(path).lower().endswith(".json") or not os.path.isfile(path):
+        return None
+    try:
+        if os.path.getsize(path) > MAX_CONFIG_BYTES:
+            return None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return None
+    from pipeopt.graph_config import graph_loader, might_be_graph
+
+    if not might_be_graph(text):
+        return None
+    from pipeopt.config import read_yaml
+
+    data = read_yaml(path)
+    return data if graph_loader(data) is not None else None
+
+
+def _load_graph(args: argparse.Namespace, data: Any, *, solve: bool) -> Any:
+    """The :class:`~pipeopt.graph_config.GraphConfig` of ``data`` with the command's flags."""
+    from pipeopt.graph_config import load_graph_config
+
+    if getattr(args, "objective", None) is not None:
+        raise ConfigError("--objective: a task-graph config minimises the makespan of its "
+                          "iterations (no span objective)")
+    overrides = {"time_limit": args.time_limit}
+    if solve:
+        overrides.update(method=args.method, seed=args.seed)
+    return load_graph_config(data, str(args.config), overrides)
+
+
+def _graph_method(args: argparse.Namespace, cfg: Any, name: str) -> None:
+    from pipeopt.solvers.graph import UnknownGraphMethod, check_graph_method
+
+    try:
+        check_graph_method(cfg.work, name)
+    except UnknownGraphMethod as exc:
+        key = "--method" if getattr(args, "method", None) is not None else "solver.method"
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def print_graph_workload(cfg: Any, s: GraphSchedule, out: Any = None) -> None:
+    """The summary of a solved task-graph config: the schedule, per iteration figures and
+    bounds (seconds), and the workload's facts."""
+    from pipeopt.workloads.dataparallel import iteration_time, iterations_of, periodic_bound
+
+    out = out or sys.stdout
+    k = iterations_of(s.graph)
+    print_graph_summary(s, out)
+    lb = "" if s.lower_bound is None else f" (lower bound {_fmt(s.lower_bound / k)} s)"
+    print(f"iteration     {_fmt(iteration_time(s))} s = makespan / {k} iterations{lb}",
+          file=out)
+    print(f"steady state  >= {_fmt(periodic_bound(s.graph))} s per iteration (the busiest "
+          "device or network resource's load)", file=out)
+    for key, text in cfg.facts:
+        print(f"{key:<13} {text}", file=out)
+
+
+def _solve_graph(args: argparse.Namespace, data: Any) -> int:
+    """``pipeopt solve`` on a task-graph config: the schedule's summary; ``-o`` writes it as
+    schedule JSON v2 (plot, trace and simulate read it)."""
+    from pipeopt.core.validate import InvalidSchedule
+    from pipeopt.graphio import dump_graph_schedule
+    from pipeopt.solvers.graph import solve_graph
+    from pipeopt.workloads.dataparallel import iteration_time, periodic_bound
+
+    cfg = _load_graph(args, data, solve=True)
+    sc = cfg.solver
+    _graph_method(args, cfg, sc.method)
+    spent = time.perf_counter() - args.started
+    limit = max(sc.time_limit - spent, 1e-3)
+    with _progress_line(args.quiet or args.json or args.verbose) as line:
+        line.running(sc.method)
+        try:
+            sched = solve_graph(cfg.work, sc.method, time_limit=limit, seed=sc.seed,
+                                workers=sc.workers, resolution=sc.resolution)
+        except ValueError as exc:  # InvalidSchedule (a hand-made schedule over memory), cpsat
+            if not isinstance(exc, InvalidSchedule) and not str(exc).startswith("cpsat:"):
+                raise
+            key = "--method" if args.method is not None else "solver.method"
+            raise ConfigError(f"{key}: {sc.method}: {one_line(str(exc))}") from None
+    if args.json:
+        print(json.dumps({**sched.summary(), "iteration_time": iteration_time(sched),
+                          "periodic_bound": periodic_bound(sched.graph)}))
+    else:
+        print_graph_workload(cfg, sched)
+    if args.output:
+        sys.stdout.flush()
+        write_output("--output", args.output, lambda path: dump_graph_schedule(sched, path))
+        if not args.json:
+            print(f"written       {args.output}")
+    return 0
+
+
+def _compare_graph(args: argparse.Namespace, data: Any) -> int:
+    """``pipeopt compare`` on a task-graph config: every method's seconds per iteration."""
+    from pipeopt.solvers.graph import compare_graph
+
+    cfg = _load_graph(args, data, solve=False)
+    if args.plot:
+        raise ConfigError("--plot: not yet drawn for a task-graph config (solve with -o and "
+                          "run pipeopt plot on the schedule JSON)")
+    names = None
+    if args.methods is not None:
+        names = [n.strip() for n in args.methods.split(",") if n.strip()]
+        for n in names:
+            _graph_method(args, cfg, n)
+    with _progress_line(args.quiet or args.json):
+        rows = compare_graph(cfg.work, names, time_limit=cfg.solver.time_limit,
+                             seed=cfg.solver.seed, workers=cfg.solver.workers)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows]))
+        return 0
+    table = [["method", "s/iteration", "vs best", "makespan", "peak mem (max)", "fits",
+              "status"]]
+    for r in rows:
+        if r.schedule is None:
+            table.append([r.method, "-", "-", "-", "-", "-", f"n/a: {r.error}"])
+            continue
+        s = r.schedule
+        table.append([r.method, _fmt(r.value), "n/a" if r.ratio is None else f"{r.ratio:.3f}",
+                      _fmt(s.makespan), _fmt(max(s.peak_memory, default=0.0)),
+                      "yes" if r.fits else "no", s.status])
+    widths = [max(len(row[i]) for row in table if len(row) > i) for i in range(len(table[0]))]
+    for i, row in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    from pipeopt.workloads.dataparallel import iterations_of
+
+    k = max((iterations_of(r.schedule.graph) for r in rows if r.schedule), default=1)
+    print(f"(s/iteration = makespan / {k} iterations, collectives included; vs best = "
+          "s/iteration / the best that fits)")
+    return 0
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.verbose:
         _log_to_stderr()
@@ -342,6 +486,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     serving = _inference_data(args.config)
     if serving is not None:
         return _solve_inference(args, serving)
+    graph = _graph_data(args.config)
+    if graph is not None:
+        return _solve_graph(args, graph)
     cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     if cfg.extra("mode") == "async":
@@ -600,6 +747,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         image_format(args.plot, "--plot")  # a bad suffix before any method runs
         check_writable("--plot", args.plot)
+    graph = _graph_data(args.config)
+    if graph is not None:
+        return _compare_graph(args, graph)
     cfg = load_config(args.config, time_limit=args.time_limit)
     if cfg.extra("mode") == "async":
         return _compare_async(args, cfg)

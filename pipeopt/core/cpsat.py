@@ -195,7 +195,8 @@ def _add_hints(m: _Model, warm: GraphSchedule) -> None:
 
 
 def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float | None = None,
-                workers: int | None = None, seed: int = 0, log: bool = False) -> GraphSchedule:
+                workers: int | None = None, seed: int = 0, log: bool = False,
+                initial: GraphSchedule | None = None) -> GraphSchedule:
     """Minimise max(end + tail) over ``graph`` within ``time_limit`` seconds.
 
     ``resolution``: seconds per time unit (None = chosen by :func:`time_grid_of`); ``workers``:
@@ -203,14 +204,19 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
     objective meets the proven lower bound, else ``feasible`` (or ``heuristic``: the greedy's
     schedule, when the search found nothing better in time). Raises :class:`ValueError` when
     the search proves that no schedule fits the memory limits, or finds none in time and the
-    greedy is stuck."""
+    greedy is stuck. ``initial``: a valid schedule of ``graph`` (e.g. a hand-made one) that
+    hints the search instead of the greedy's when it is shorter."""
     t0 = time.perf_counter()
     if not (time_limit > 0 and math.isfinite(time_limit)):
         raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit}")
+    if initial is not None and initial.graph is not graph and initial.graph != graph:
+        raise ValueError("initial: a schedule of another graph")
     try:
         warm: GraphSchedule | None = solve_greedy(graph)
     except Stuck:
         warm = None
+    if initial is not None and (warm is None or initial.objective < warm.objective):
+        warm = replace(initial, status="heuristic")
     analytic = lower_bound(graph)
     serial = (sum(graph.duration) + sum(graph.edge_delay) + max(graph.tail, default=0.0))
     horizon_s = warm.objective if warm is not None else serial
@@ -258,7 +264,9 @@ def solve_cpsat(graph: TaskGraph, *, time_limit: float = 10.0, resolution: float
     found = best is not warm
     state = ("optimal" if best.objective <= proven + tol else
              "feasible" if found else best.status)
-    return replace(best, method="cpsat" if found else "cpsat:greedy", status=state,
+    start = "greedy" if warm is None or initial is None or warm.method == "greedy" else (
+        warm.method)
+    return replace(best, method="cpsat" if found else f"cpsat:{start}", status=state,
                    lower_bound=min(proven, best.objective),
                    wall_time=time.perf_counter() - t0)
 

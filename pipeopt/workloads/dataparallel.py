@@ -29,14 +29,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from itertools import pairwise
+from typing import Any, Literal
 
 from pipeopt.core.graph import TaskGraph
+from pipeopt.core.schedule import GraphSchedule
 from pipeopt.costs.collectives import LinkCost, collective_time
 from pipeopt.problem import Op, Problem
 from pipeopt.workloads import training
 
 Reduction = Literal["reduce_scatter", "all_reduce"]
+
+#: Most consecutive iterations one graph holds (a steady state shows after 2-3).
+MAX_ITERATIONS = 16
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,20 @@ class DataParallel:
     ``datacenter[r]``: replica r's datacenter (default all 0); ``wan_latency`` /
     ``wan_bandwidth``: a hop between datacenters; ``reduction``: ``reduce_scatter`` (ZeRO-1:
     all-gather + reduce-scatter) or ``all_reduce``.
+
+    Buckets (PyTorch DDP's gradient buckets, ``bucket_cap_mb`` = 25 MB by default: Li et al.,
+    "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020,
+    section 3.2.3): ``bucket_bytes[s]`` splits stage s's gradient bytes into buckets in
+    backward order (the last layers' gradients first; they sum to ``grad_bytes[s]``), and
+    ``bucket_share[s][b]`` is the fraction of the stage's last weight-gradient task (its last
+    micro-batch's W, or fused B) that computes bucket b's layers. Default: one bucket.
+
+    ``delayed``: one-step delayed reduction (Pipe-SGD, Li et al., NeurIPS 2018; DaSGD, Zhou et
+    al., 2020): iteration i + 1 does not wait for iteration i's reduction; see :func:`build`.
+    ``iterations``: consecutive iterations built into one graph (a steady state needs >= 2).
+    ``ring_cost[d]`` / ``ring_wan[d]`` (optional, one per pipeline device, both or neither):
+    device d's ring bottleneck (every hop at it) and whether that ring crosses the WAN; they
+    replace the per-hop costs above (the model form derives them from the cluster).
     """
 
     replicas: int
@@ -60,6 +79,12 @@ class DataParallel:
     wan_latency: float = 0.0
     wan_bandwidth: float = math.inf
     reduction: Reduction = "reduce_scatter"
+    bucket_bytes: tuple[tuple[float, ...], ...] = ()
+    bucket_share: tuple[tuple[float, ...], ...] = ()
+    delayed: bool = False
+    iterations: int = 1
+    ring_cost: tuple[LinkCost, ...] = ()
+    ring_wan: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         r = self.replicas
@@ -94,11 +119,83 @@ class DataParallel:
         if self.reduction not in ("reduce_scatter", "all_reduce"):
             raise ValueError(f"reduction: must be 'reduce_scatter' or 'all_reduce', got "
                              f"{self.reduction!r}")
+        self._check_buckets()
+        k = self.iterations
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ITERATIONS:
+            raise ValueError(f"iterations: must be an integer in 1..{MAX_ITERATIONS}, got {k!r}")
+        if not isinstance(self.delayed, bool):
+            raise ValueError(f"delayed: must be true or false, got {self.delayed!r}")
+        costs, wan = tuple(self.ring_cost), tuple(self.ring_wan)
+        if len(costs) != len(wan):
+            raise ValueError(f"ring_wan: expected {len(costs)} values (one per ring_cost), got "
+                             f"{len(wan)}")
+        for d, c in enumerate(costs):
+            if not (isinstance(c, LinkCost) and 0 <= c.latency < math.inf and c.bandwidth > 0):
+                raise ValueError(f"ring_cost[{d}]: must be a LinkCost with latency >= 0 s and "
+                                 f"bandwidth > 0 bytes/s, got {c!r}")
+        object.__setattr__(self, "ring_cost", costs)
+        object.__setattr__(self, "ring_wan", tuple(map(bool, wan)))
+
+    def _check_buckets(self) -> None:
+        s = len(self.grad_bytes)
+        sizes = tuple(tuple(map(float, x)) for x in self.bucket_bytes) or tuple(
+            (g,) for g in self.grad_bytes)
+        shares = tuple(tuple(map(float, x)) for x in self.bucket_share) or tuple(
+            (1.0 / len(x),) * len(x) for x in sizes)
+        for name, vals in (("bucket_bytes", sizes), ("bucket_share", shares)):
+            if len(vals) != s:
+                raise ValueError(f"{name}: expected {s} rows (one per stage), got {len(vals)}")
+        for k in range(s):
+            if not sizes[k] or len(shares[k]) != len(sizes[k]):
+                raise ValueError(f"bucket_share[{k}]: expected {len(sizes[k])} values (one per "
+                                 f"bucket of bucket_bytes[{k}]), got {len(shares[k])}")
+            bad = next((b for b, x in enumerate(sizes[k]) if not 0 <= x < math.inf), None)
+            if bad is not None:
+                raise ValueError(f"bucket_bytes[{k}][{bad}]: must be a finite number of bytes "
+                                 f">= 0, got {sizes[k][bad]}")
+            if not math.isclose(sum(sizes[k]), self.grad_bytes[k], rel_tol=1e-9, abs_tol=1e-6):
+                raise ValueError(f"bucket_bytes[{k}]: must sum to grad_bytes[{k}] = "
+                                 f"{self.grad_bytes[k]:g}, got {sum(sizes[k]):g}")
+            bad = next((b for b, x in enumerate(shares[k]) if not 0 <= x <= 1), None)
+            if bad is not None or not math.isclose(sum(shares[k]), 1.0, rel_tol=1e-9):
+                raise ValueError(f"bucket_share[{k}]: fractions in [0, 1] summing to 1, got "
+                                 f"{list(shares[k])}")
+        object.__setattr__(self, "bucket_bytes", sizes)
+        object.__setattr__(self, "bucket_share", shares)
 
     @property
     def crosses_datacenters(self) -> bool:
-        """True when the replicas are in more than one datacenter (the rings cross the WAN)."""
+        """True when some ring crosses the WAN (replicas in more than one datacenter)."""
+        if self.ring_cost:
+            return any(self.ring_wan)
         return len(set(self.datacenter)) > 1
+
+    def ring_crosses(self, device: int) -> bool:
+        """Whether pipeline device ``device``'s ring crosses the WAN."""
+        if self.ring_cost:
+            return self.ring_wan[device]
+        return self.crosses_datacenters
+
+    def ring_hop_costs(self, device: int) -> list[LinkCost]:
+        """The alpha-beta parameters of each hop of ``device``'s ring (:meth:`ring_hops`)."""
+        if self.ring_cost:
+            return [self.ring_cost[device]] * len(self.ring_hops())
+        return [self.hop_cost(a, b) for a, b in self.ring_hops()]
+
+    def stage_times(self, stage_device: Sequence[int]
+                    ) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
+        """Per stage (on device ``stage_device[s]``), the all-gather seconds (0 without
+        ZeRO-1) and each bucket's reduction seconds: every bucket pays the ring's latency
+        terms, so more buckets cost more in all."""
+        r = self.replicas
+        kind = "reduce_scatter" if self.reduction == "reduce_scatter" else "all_reduce"
+        gather, reduce = [], []
+        for k, d in enumerate(stage_device):
+            hops = self.ring_hop_costs(d)
+            gather.append(collective_time("all_gather", r, self.param_bytes[k], hops)
+                          if kind == "reduce_scatter" else 0.0)
+            reduce.append(tuple(collective_time(kind, r, x, hops) for x in self.bucket_bytes[k]))
+        return tuple(gather), tuple(reduce)
 
     def ring_hops(self) -> list[tuple[int, int]]:
         """The ring's directed replica pairs ``(r, r + 1 mod R)``; both ways for R = 2."""
@@ -126,11 +223,79 @@ class DataParallel:
         return gather, reduce
 
 
+
+def _split_last_backward(problem: Problem, dp: DataParallel, base: TaskGraph
+                         ) -> tuple[dict[str, list[Any]], list[list[int]]]:
+    """One replica's task and edge columns, with each bucketed stage's last weight-gradient
+    task (its last micro-batch's W, or fused B) cut into one piece per bucket, and per stage
+    the task that ends each bucket's gradients (backward order; the last is the op's own
+    task, which keeps its successors and the memory it frees; the first piece takes its
+    inputs and the memory it allocates)."""
+    cols: dict[str, list[Any]] = {
+        "device": list(base.device), "duration": list(base.duration),
+        "mem_start": list(base.mem_start), "mem_end": list(base.mem_end),
+        "label": list(base.label), "src": list(base.src), "dst": list(base.dst),
+        "bytes": list(base.bytes)}
+    last, m = problem.kinds[-1], problem.microbatches
+    pieces: list[list[int]] = []
+    first_piece: dict[int, int] = {}
+    for k in range(problem.stages):
+        t = training.task_id(problem, Op(last, k, m - 1))
+        shares = dp.bucket_share[k]
+        if len(shares) == 1:
+            pieces.append([t])
+            continue
+        total, ids = cols["duration"][t], []
+        for b, share in enumerate(shares[:-1]):
+            ids.append(len(cols["device"]))
+            for name, val in (("device", cols["device"][t]), ("duration", total * share),
+                              ("mem_start", 0.0), ("mem_end", 0.0),
+                              ("label", f"{cols['label'][t]}/b{b}")):
+                cols[name].append(val)
+        cols["mem_start"][ids[0]], cols["mem_start"][t] = cols["mem_start"][t], 0.0
+        cols["duration"][t] = total * shares[-1]
+        cols["label"][t] = f"{cols['label'][t]}/b{len(shares) - 1}"
+        first_piece[t] = ids[0]
+        ids.append(t)
+        for a, b in pairwise(ids):
+            cols["src"].append(a)
+            cols["dst"].append(b)
+            cols["bytes"].append(0.0)
+        pieces.append(ids)
+    if first_piece:
+        n_edges = len(base.src)
+        cols["dst"][:n_edges] = [first_piece.get(x, x) for x in cols["dst"][:n_edges]]
+    return cols, pieces
+
+
 def build(problem: Problem, dp: DataParallel) -> TaskGraph:
     """The training graph of ``problem`` replicated ``dp.replicas`` times with each stage's
-    collectives (see the module docstring). Raises ValueError when ``problem.grad_reduce`` is
-    not 0 (the reduction would count twice) or ``dp`` does not have one entry per stage."""
-    s, p, rep = problem.stages, problem.devices, dp.replicas
+    collectives (see the module docstring), for ``dp.iterations`` consecutive iterations.
+
+    Task ids: iteration ``j``'s block starts at ``j * N`` (N = ``meta["iteration_tasks"]``);
+    in it, replica ``r``'s copy of one replica's tasks (``n`` of them: the training graph's,
+    then the bucket pieces) starts at ``r * n``, then come the iteration's collectives, per
+    stage its all-gather (ZeRO-1) and its reduction buckets in order. Labels get ``i<j>.``
+    in front when there is more than one iteration, and ``.b<b>`` for a bucket.
+
+    Dependencies between iterations, per stage k (the optimizer step of a stage's shard is
+    part of its reduction, as CrossPipe models it; nothing waits for other stages):
+
+    * the buckets of one reduction run in order, and iteration j's reduction before
+      iteration j + 1's (one communicator issues them in order);
+    * without delay, iteration j + 1 uses the weights iteration j's reduction updates: its
+      all-gather (ZeRO-1) or, with all-reduce, every forward of stage k waits for it;
+    * with ``dp.delayed``, that edge skips one iteration: iteration j's reduction feeds
+      iteration j + 2's all-gather / forwards, so iteration j + 1's forwards (and its
+      backward) may start before iteration j's reduction ends, and the update applies one
+      step late. The schedule then needs a second gradient buffer (iteration j + 1's weight
+      gradients accumulate while iteration j's are reduced) and, with ZeRO-1, a second copy
+      of the stage's parameters (gathered for iteration j + 2 while j + 1 runs): neither is
+      in the memory model.
+
+    Raises ValueError when ``problem.grad_reduce`` is not 0 (the reduction would count
+    twice) or ``dp`` does not have one entry per stage."""
+    s, p, rep, m = problem.stages, problem.devices, dp.replicas, problem.microbatches
     if any(problem.grad_reduce):
         raise ValueError("grad_reduce: must be 0 when the gradient reduction is scheduled as "
                          "tasks (workloads.dataparallel); set it to 0 and give grad_bytes")
@@ -138,66 +303,179 @@ def build(problem: Problem, dp: DataParallel) -> TaskGraph:
         raise ValueError(f"grad_bytes: expected {s} values (one per stage), got "
                          f"{len(dp.grad_bytes)}")
     base = training.build(problem)
-    n = base.num_tasks
+    one, pieces = _split_last_backward(problem, dp, base)
+    n = len(one["device"])
     links = list(zip(base.link_src, base.link_dst, base.latency, base.bandwidth, strict=True))
     cols = [(a + r * p, b + r * p, lat, bw) for r in range(rep) for a, b, lat, bw in links]
     ring: list[list[int]] = [[] for _ in range(p)]  # per device, its ring's link ids
     for d in range(p):
-        for a, b in dp.ring_hops():
-            cost = dp.hop_cost(a, b)
+        for (a, b), cost in zip(dp.ring_hops(), dp.ring_hop_costs(d), strict=True):
             ring[d].append(len(cols))
             cols.append((a * p + d, b * p + d, cost.latency, cost.bandwidth))
     networks = ("wan",) if dp.crosses_datacenters else ()
-    wan = (len(cols),) if networks else ()
-    device = [d + r * p for r in range(rep) for d in base.device]
-    label = [f"r{r}.{x}" for r in range(rep) for x in base.label]
-    src = [x + r * n for r in range(rep) for x in base.src]
-    dst = [x + r * n for r in range(rep) for x in base.dst]
-    nbytes = list(base.bytes) * rep
-    duration = list(base.duration) * rep
-    holds: list[tuple[int, ...]] = [()] * (n * rep)
-    gather, reduce = dp.collective_times()
+    wan_id = len(cols)
+    gather, reduce = dp.stage_times(problem.stage_device)
     sd = problem.stage_device
-    first, last = problem.kinds[0], problem.kinds[-1]
-    m = problem.microbatches
+    first = problem.kinds[0]
+    digits = str.maketrans("", "", "0123456789")
+    groups = [x.split("/")[0].translate(digits).strip(" ._-:/#") for x in one["label"]]
+    rs = "RS" if dp.reduction == "reduce_scatter" else "AR"
+    iters, delay = dp.iterations, 1 + int(dp.delayed)
+    device: list[int] = []
+    duration: list[float] = []
+    mem_start: list[float] = []
+    mem_end: list[float] = []
+    label: list[str] = []
+    group: list[str] = []
+    holds: list[tuple[int, ...]] = []
+    src: list[int] = []
+    dst: list[int] = []
+    nbytes: list[float] = []
+    ag_id: list[list[int]] = []   # [iteration][stage]
+    red_id: list[list[list[int]]] = []  # [iteration][stage][bucket]
 
-    def comm(name: str, k: int, seconds: float) -> int:
-        device.append(-1)
-        label.append(f"{name} {k}")
-        duration.append(seconds)
-        holds.append((*ring[sd[k]], *wan))
-        return len(device) - 1
+    def edge(a: int, b: int) -> None:
+        src.append(a)
+        dst.append(b)
+        nbytes.append(0.0)
 
-    for k in range(s):
-        if dp.reduction == "reduce_scatter":
-            ag = comm("AG", k, gather[k])
-            f0 = training.task_id(problem, Op(first, k, 0))
-            for r in range(rep):
-                for j in range(m):
-                    src.append(ag)
-                    dst.append(r * n + f0 + j)
-                    nbytes.append(0.0)
-        red = comm("RS" if dp.reduction == "reduce_scatter" else "AR", k, reduce[k])
-        w0 = training.task_id(problem, Op(last, k, 0))
+    for j in range(iters):
+        pre = f"i{j}." if iters > 1 else ""
+        top = len(device)
         for r in range(rep):
-            for j in range(m):
-                src.append(r * n + w0 + j)
-                dst.append(red)
-                nbytes.append(0.0)
+            off = top + r * n
+            device.extend(d + r * p for d in one["device"])
+            duration.extend(one["duration"])
+            mem_start.extend(one["mem_start"])
+            mem_end.extend(one["mem_end"])
+            label.extend(f"{pre}r{r}.{x}" for x in one["label"])
+            group.extend(groups)
+            holds.extend([()] * n)
+            src.extend(x + off for x in one["src"])
+            dst.extend(x + off for x in one["dst"])
+            nbytes.extend(one["bytes"])
+
+        def comm(name: str, k: int, seconds: float, kind: str, pre: str = pre) -> int:
+            device.append(-1)
+            duration.append(seconds)
+            mem_start.append(0.0)
+            mem_end.append(0.0)
+            label.append(f"{pre}{name}")
+            group.append(kind)
+            holds.append((*ring[sd[k]], *((wan_id,) if dp.ring_crosses(sd[k]) else ())))
+            return len(device) - 1
+
+        ag_id.append([])
+        red_id.append([])
+        for k in range(s):
+            if dp.reduction == "reduce_scatter":
+                ag = comm(f"AG {k}", k, gather[k], "AG")
+                ag_id[j].append(ag)
+                f0 = training.task_id(problem, Op(first, k, 0))
+                for r in range(rep):
+                    for i in range(m):
+                        edge(ag, top + r * n + f0 + i)
+            nb = len(reduce[k])
+            ids = [comm(f"{rs} {k}" + (f".b{b}" if nb > 1 else ""), k, reduce[k][b], rs)
+                   for b in range(nb)]
+            red_id[j].append(ids)
+            w0 = training.task_id(problem, Op(problem.kinds[-1], k, 0))
+            for r in range(rep):
+                off = top + r * n
+                for i in range(m - 1):
+                    edge(off + w0 + i, ids[0])
+                for b in range(nb):
+                    edge(off + pieces[k][b], ids[b])
+            for a, b in pairwise(ids):
+                edge(a, b)
+    block = len(device) // iters
+    for j in range(iters):
+        for k in range(s):
+            if j + 1 < iters:  # reductions in iteration order
+                edge(red_id[j][k][-1], red_id[j + 1][k][0])
+            if j + delay >= iters:
+                continue
+            if dp.reduction == "reduce_scatter":
+                edge(red_id[j][k][-1], ag_id[j + delay][k])
+            else:
+                f0 = training.task_id(problem, Op(first, k, 0))
+                for r in range(rep):
+                    for i in range(m):
+                        edge(red_id[j][k][-1], (j + delay) * block + r * n + f0 + i)
     ls, ld, lat, bw = zip(*cols, strict=True) if cols else ((),) * 4
     return TaskGraph(
         memory_limit=tuple(base.memory_limit) * rep, static_memory=base.static_memory * rep,
         link_src=ls, link_dst=ld, latency=lat, bandwidth=bw, device=tuple(device),
-        duration=tuple(duration), mem_start=base.mem_start * rep + (0.0,) * (len(device) - n * rep),
-        mem_end=base.mem_end * rep + (0.0,) * (len(device) - n * rep), label=tuple(label),
-        src=tuple(src), dst=tuple(dst), bytes=tuple(nbytes), networks=networks,
-        holds=tuple(holds), meta=(("workload", "dataparallel"), ("replicas", rep)))
+        duration=tuple(duration), mem_start=tuple(mem_start), mem_end=tuple(mem_end),
+        label=tuple(label), src=tuple(src), dst=tuple(dst), bytes=tuple(nbytes),
+        networks=networks, holds=tuple(holds),
+        meta=(("workload", "dataparallel"), ("replicas", rep), ("iterations", iters),
+              ("iteration_tasks", block), ("delayed_reduction", dp.delayed),
+              ("task_group", tuple(group))))
 
 
 def task_orders(problem: Problem, dp: DataParallel,
                 orders: Sequence[Sequence[Op]]) -> list[list[int]]:
-    """A chain schedule's per-device op orders, the same on every replica, as the device orders
-    of :func:`build`'s graph (its collectives are in no order: they run as early as allowed)."""
+    """A chain schedule's per-device op orders, the same on every replica and repeated for
+    each iteration (a device finishes one iteration's ops before the next one's), as the
+    device orders of :func:`build`'s graph; a bucketed last W (or fused B) is its pieces in
+    backward order. Collectives are in no order: they run as early as allowed (Megatron)."""
     one = training.task_orders(problem, orders)
-    n = len(problem.kinds) * problem.stages * problem.microbatches
-    return [[t + r * n for t in order] for r in range(dp.replicas) for order in one]
+    base = training.build(problem)
+    _, pieces = _split_last_backward(problem, dp, base)
+    cut = {ids[-1]: ids for ids in pieces if len(ids) > 1}
+    one = [[x for t in order for x in cut.get(t, (t,))] for order in one]
+    n = base.num_tasks + sum(len(ids) - 1 for ids in pieces)
+    gathers = problem.stages if dp.reduction == "reduce_scatter" else 0
+    block = dp.replicas * n + gathers + sum(len(b) for b in dp.bucket_bytes)
+    return [[j * block + r * n + t for j in range(dp.iterations) for t in order]
+            for r in range(dp.replicas) for order in one]
+
+
+def iteration_ends(schedule: GraphSchedule) -> tuple[float, ...]:
+    """Per iteration of a :func:`build` graph (``meta["iterations"]``, 1 for other graphs),
+    the end of its last task, collectives included (seconds)."""
+    g = schedule.graph
+    meta = dict(g.meta)
+    iters = meta.get("iterations", 1)
+    block = meta.get("iteration_tasks", g.num_tasks)
+    if not (isinstance(iters, int) and isinstance(block, int) and iters * block == g.num_tasks):
+        return (schedule.makespan,)
+    return tuple(max(schedule.end[j * block:(j + 1) * block], default=0.0)
+                 for j in range(iters))
+
+
+def iterations_of(graph: TaskGraph) -> int:
+    """``meta["iterations"]`` of a :func:`build` graph (consecutive iterations), else 1."""
+    k = dict(graph.meta).get("iterations", 1)
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
+
+
+def iteration_time(schedule: GraphSchedule) -> float:
+    """Seconds per iteration of a schedule of ``K`` consecutive iterations: its makespan / K
+    (fill and drain paid once over the K iterations; as K grows it tends to the steady-state
+    period, which :func:`periodic_bound` bounds from below). A proven lower bound on it is
+    the graph's lower bound / K. The iteration ends (:func:`iteration_ends`) are not used:
+    a finite run's first and last iterations differ from the steady state (the first
+    delayed all-gather waits for no reduction; the last iteration has nothing after it)."""
+    return schedule.makespan / iterations_of(schedule.graph)
+
+
+def periodic_bound(graph: TaskGraph) -> float:
+    """A lower bound on the period of any periodic schedule of :func:`build`'s iterations: in
+    each period every device and every network resource does one iteration's work, so the
+    period is at least the busiest one's load per iteration (seconds: task durations, plus
+    message transmissions on links)."""
+    iters = iterations_of(graph)
+    device = [0.0] * graph.devices
+    resource = [0.0] * graph.num_resources
+    for d, x, held in zip(graph.device, graph.duration, graph.holds or [()] * graph.num_tasks,
+                          strict=True):
+        if d >= 0:
+            device[d] += x
+        for h in held:
+            resource[h] += x
+    for k, tx in zip(graph.edge_link, graph.edge_transmission, strict=True):
+        if k >= 0:
+            resource[k] += tx
+    return max(device + resource, default=0.0) / iters

@@ -1,0 +1,330 @@
+"""Configs whose problem is a task graph beyond the pipeline chain, and the one place that tells
+which loader reads a parsed config (docs/collectives.md).
+
+:func:`graph_loader` maps a parsed config mapping to the loader of its task-graph workload, or
+None for a chain config (synchronous or ``pipeline.mode: async``) or an inference config, which
+keep their own routes. Today it knows data parallelism with scheduled collectives:
+
+* model form: ``training.collectives: scheduled`` beside ``training.data_parallel: R`` (the
+  cluster places the R replicas; gradient bytes per stage from the partition's parameters);
+* explicit form: a top-level ``data_parallel:`` section next to ``stages:``.
+
+Either gives a :class:`GraphConfig`: a :class:`DataParallelRun` (the graph of
+:mod:`pipeopt.workloads.dataparallel` and its hand-made schedules) and the solver options. A
+new workload (MoE) adds its test and its loader to :func:`graph_loader` and returns its own
+object of the :class:`~pipeopt.solvers.graph.GraphWorkload` shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeopt.config import parse_config
+from pipeopt.core.graph import TaskGraph
+from pipeopt.costs.collectives import LinkCost
+from pipeopt.errors import ConfigError
+from pipeopt.problem import Problem
+from pipeopt.schedules import GENERATORS, NotApplicable
+from pipeopt.schema import SolverConfig, check_unknown_keys, pydantic_message
+from pipeopt.workloads import dataparallel as dpw
+
+#: PyTorch DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.
+#: DistributedDataParallel; Li et al., VLDB 2020, section 3.2.3), in bytes.
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+#: Lines of a config file that mark a task-graph workload (a quick scan before parsing).
+_SNIFF = re.compile(r"^(data_parallel\s*:|\s+collectives\s*:)", re.M)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class TrainingCollectives(_Strict):
+    """The model form's keys under ``training:`` for scheduled collectives."""
+
+    collectives: Literal["scheduled", "scalar"] = "scalar"
+    reduction: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
+    delayed_reduction: bool = False
+    bucket_bytes: float | None = Field(None, gt=0, description="bytes; None: one per stage")
+    iterations: int = Field(3, ge=1, le=dpw.MAX_ITERATIONS)
+
+
+class WanSpec(_Strict):
+    """The link between datacenters: latency (s), bandwidth (bytes/s)."""
+
+    latency: float = Field(0.0, ge=0)
+    bandwidth: float = Field(gt=0)
+
+
+class DataParallelSection(_Strict):
+    """The explicit form's ``data_parallel:`` section (bytes, seconds, bytes/s)."""
+
+    replicas: int = Field(ge=2, le=1024)
+    grad_bytes: float | list[float]
+    param_bytes: float | list[float] | None = None
+    latency: float = Field(0.0, ge=0)
+    bandwidth: float = Field(gt=0, allow_inf_nan=True)
+    datacenters: list[int] | None = None
+    wan: WanSpec | None = None
+    reduction: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
+    delayed_reduction: bool = False
+    buckets: int = Field(1, ge=1, le=1024, description="equal buckets per stage")
+    iterations: int = Field(3, ge=1, le=dpw.MAX_ITERATIONS)
+
+
+@dataclass(frozen=True)
+class DataParallelRun:
+    """Data parallelism with scheduled collectives as a graph workload: ``graph`` (what the
+    searches run on) is :func:`pipeopt.workloads.dataparallel.build` of ``problem``; the
+    hand-made schedules are 1F1B (fused backward) and, with a split backward, ZB-H1, each with
+    its collectives as early as allowed."""
+
+    problem: Problem
+    dp: dpw.DataParallel
+    graph: TaskGraph
+
+    @property
+    def hand_made(self) -> tuple[str, ...]:
+        """1F1B, and ZB-H1 when the backward is split."""
+        return ("1f1b", "zb-h1") if self.problem.split_backward else ("1f1b",)
+
+    def hand_made_orders(self, name: str) -> tuple[TaskGraph, list[list[int]]]:
+        """The graph and device orders of hand-made schedule ``name`` (1F1B runs the fused
+        backward: its own graph)."""
+        if name not in self.hand_made:
+            raise NotApplicable(f"{name}: not a hand-made schedule of this workload "
+                                f"({', '.join(self.hand_made)})")
+        prob = self.problem.replace(split_backward=False) if name == "1f1b" else self.problem
+        graph = self.graph if prob is self.problem else dpw.build(prob, self.dp)
+        return graph, dpw.task_orders(prob, self.dp, GENERATORS[name](prob))
+
+
+def make_run(problem: Problem, dp: dpw.DataParallel) -> DataParallelRun:
+    """A :class:`DataParallelRun` with its graph built."""
+    return DataParallelRun(problem, dp, dpw.build(problem, dp))
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """A loaded task-graph config: the workload, the solver options and facts to print."""
+
+    work: DataParallelRun
+    solver: SolverConfig
+    source: str = "<memory>"
+    facts: tuple[tuple[str, str], ...] = ()
+
+
+Loader = Callable[[dict[str, Any], str, "dict[str, Any] | None"], GraphConfig]
+
+
+def might_be_graph(text: str) -> bool:
+    """Whether a config's text may describe a task-graph workload (then parse it and ask
+    :func:`graph_loader`); False is certain, True only worth a look."""
+    return _SNIFF.search(text) is not None
+
+
+def graph_loader(data: Any) -> Loader | None:
+    """The loader of the task-graph workload that the parsed config ``data`` describes, or
+    None when it is not one (see the module docstring). The single dispatch point: a new
+    workload adds its test here."""
+    if not isinstance(data, dict) or "workload" in data:
+        return None
+    if "data_parallel" in data:
+        return load_dataparallel
+    training = data.get("training")
+    if isinstance(training, dict) and training.get("collectives", "scalar") != "scalar":
+        return load_dataparallel
+    return None
+
+
+def load_graph_config(data: dict[str, Any], source: str = "<memory>",
+                      overrides: dict[str, Any] | None = None) -> GraphConfig:
+    """Load a task-graph config (a ConfigError naming the key when it is not one)."""
+    loader = graph_loader(data)
+    if loader is None:
+        raise ConfigError(f"{source}: not a task-graph config (give training.collectives: "
+                          "scheduled or a data_parallel: section)")
+    return loader(data, source, overrides)
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix}: expected a mapping (key: value), got "
+                          f"{type(data).__name__}")
+    check_unknown_keys(data, model, prefix)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(pydantic_message(exc, prefix)) from None
+
+
+def _per_stage(key: str, value: float | Sequence[float] | None, stages: int,
+               default: tuple[float, ...] = ()) -> tuple[float, ...]:
+    if value is None:
+        return default
+    vals = [value] * stages if isinstance(value, int | float) else list(value)
+    if len(vals) != stages:
+        raise ConfigError(f"{key}: expected {stages} values (one per stage), got {len(vals)}")
+    for i, x in enumerate(vals):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < math.inf:
+            raise ConfigError(f"{key}[{i}]: must be a finite number of bytes >= 0, got {x!r}")
+    return tuple(map(float, vals))
+
+
+def _check_problem(problem: Problem, where: str) -> Problem:
+    if problem.virtual_stages > 1:
+        raise ConfigError(f"{where}: scheduled collectives need one stage per device "
+                          f"(pipeline.virtual_stages: 1), got {problem.virtual_stages}")
+    return problem.replace(grad_reduce=(0.0,) * problem.stages)
+
+
+def load_dataparallel(data: dict[str, Any], source: str = "<memory>",
+                      overrides: dict[str, Any] | None = None) -> GraphConfig:
+    """Read a data-parallel config with scheduled collectives (either form; see the module
+    docstring). ``overrides`` replace ``solver:`` keys."""
+    if "data_parallel" in data:
+        return _explicit(data, source, overrides)
+    return _model_form(data, source, overrides)
+
+
+def _explicit(data: dict[str, Any], source: str, overrides: dict[str, Any] | None
+              ) -> GraphConfig:
+    if "model" in data or "cluster" in data:
+        raise ConfigError("data_parallel: the explicit form's section; with model:/cluster: "
+                          "give training.data_parallel and training.collectives: scheduled")
+    sec = _validate(DataParallelSection, data["data_parallel"], "data_parallel")
+    cfg = parse_config({k: v for k, v in data.items() if k != "data_parallel"}, source,
+                       overrides)
+    prob = _check_problem(cfg.problem, "data_parallel")
+    s = prob.stages
+    grads = _per_stage("data_parallel.grad_bytes", sec.grad_bytes, s)
+    params = _per_stage("data_parallel.param_bytes", sec.param_bytes, s)
+    dcs = tuple(sec.datacenters) if sec.datacenters is not None else ()
+    if dcs and len(dcs) != sec.replicas:
+        raise ConfigError(f"data_parallel.datacenters: expected {sec.replicas} values (one per "
+                          f"replica), got {len(dcs)}")
+    if dcs and min(dcs) < 0:
+        raise ConfigError(f"data_parallel.datacenters: datacenter numbers are >= 0, got "
+                          f"{list(dcs)}")
+    if len(set(dcs)) > 1 and sec.wan is None:
+        raise ConfigError("data_parallel.wan: missing (the replicas are in more than one "
+                          "datacenter: give wan: {latency, bandwidth})")
+    n = sec.buckets
+    try:
+        dp = dpw.DataParallel(
+            replicas=sec.replicas, grad_bytes=grads, param_bytes=params, latency=sec.latency,
+            bandwidth=sec.bandwidth, datacenter=dcs,
+            wan_latency=sec.wan.latency if sec.wan else 0.0,
+            wan_bandwidth=sec.wan.bandwidth if sec.wan else math.inf,
+            reduction=sec.reduction, delayed=sec.delayed_reduction,
+            iterations=sec.iterations,
+            bucket_bytes=tuple((g / n,) * n for g in grads),
+            bucket_share=tuple((1.0 / n,) * n for _ in grads))
+    except ValueError as exc:
+        raise ConfigError(f"data_parallel.{exc}") from None
+    return GraphConfig(make_run(prob, dp), cfg.solver, source, _facts(dp))
+
+
+def _model_form(data: dict[str, Any], source: str, overrides: dict[str, Any] | None
+                ) -> GraphConfig:
+    training = data.get("training")
+    if not isinstance(training, dict):
+        raise ConfigError("training: expected a mapping (key: value)")
+    mine = {k: training[k] for k in TrainingCollectives.model_fields if k in training}
+    sec = _validate(TrainingCollectives, mine, "training")
+    rest = {k: v for k, v in training.items() if k not in mine}
+    replicas = rest.get("data_parallel", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
+        raise ConfigError(f"training.data_parallel: scheduled collectives need >= 2 replicas, "
+                          f"got {replicas!r}")
+    if sec.bucket_bytes is not None and sec.bucket_bytes < 1:
+        raise ConfigError(f"training.bucket_bytes: must be >= 1 byte, got {sec.bucket_bytes}")
+    clean = {**data, "training": rest}
+    cfg = parse_config(clean, source, overrides)
+    prob = _check_problem(cfg.problem, "training.collectives")
+    dp = _model_dataparallel(clean, source, prob, sec, replicas)
+    return GraphConfig(make_run(prob, dp), cfg.solver, source, _facts(dp))
+
+
+def _model_dataparallel(data: dict[str, Any], source: str, prob: Problem,
+                        sec: TrainingCollectives, replicas: int) -> dpw.DataParallel:
+    """The replicas' rings, gradient bytes and buckets of a model-form config: per stage the
+    gradients of its layers (``training.grad_bytes_per_param`` per parameter this rank holds;
+    the all-gather moves as many bytes), buckets of layers in backward order filled to
+    ``bucket_bytes`` (as DDP fills its buckets), each bucket's share of the stage's last W
+    the share of its layers' W time; per device its tensor-parallel group's rings through its
+    replicas (:meth:`pipeopt.topology.Topology.ring_links`: those rings share links), the
+    slowest of them, and whether they cross datacenters."""
+    from pipeopt.costs.build import make_plan
+    from pipeopt.schema import ConfigFile
+
+    plan = make_plan(ConfigFile.model_validate({k: v for k, v in data.items() if v is not None}),
+                     source)
+    meta = dict(prob.meta)
+    parts = meta.get("partition")
+    if not isinstance(parts, list | tuple) or len(parts) != prob.stages:
+        raise ConfigError("training.collectives: the model form gave no stage partition")
+    per_param = plan.training.grad_bytes_per_param
+    grads, sizes, shares = [], [], []
+    for k, (a, b) in enumerate(parts):
+        layers = plan.layers[a:b]
+        w = plan.layer_times(prob.stage_device[k])[a:b, 2]
+        nbytes = [lc.params * per_param for lc in layers]
+        grads.append(float(sum(nbytes)))
+        groups: list[list[int]] = [[]]
+        filled = 0.0
+        for i in reversed(range(len(layers))):  # backward order: the last layer first
+            if sec.bucket_bytes is not None and groups[-1] and filled >= sec.bucket_bytes:
+                groups.append([])
+                filled = 0.0
+            groups[-1].append(i)
+            filled += nbytes[i]
+        total_w = float(sum(w))
+        sizes.append(tuple(float(sum(nbytes[i] for i in g)) for g in groups))
+        shares.append(tuple(float(sum(w[i] for i in g)) / total_w if total_w > 0 else
+                            1.0 / len(groups) for g in groups))
+    topo, group = plan.topology, plan.group
+    reps = plan.replica_gpus or [[g] for g in plan.rank_gpus]
+    costs, wan = [], []
+    for d in range(prob.devices):
+        gpus = reps[d]
+        chunk = grads[prob.stage_device.index(d)] / replicas if d in prob.stage_device else 0.0
+        rings = [([g + j for g in gpus], chunk) for j in range(group)]
+        worst = min(topo.ring_links(rings), key=lambda x: (x.bandwidth, -x.latency))
+        costs.append(LinkCost(worst.latency, worst.bandwidth))
+        wan.append(len({topo.datacenter_of(g) for g in gpus}) > 1)
+    try:
+        return dpw.DataParallel(
+            replicas=replicas, grad_bytes=tuple(grads), latency=0.0, bandwidth=math.inf,
+            reduction=sec.reduction, delayed=sec.delayed_reduction, iterations=sec.iterations,
+            bucket_bytes=tuple(sizes), bucket_share=tuple(shares), ring_cost=tuple(costs),
+            ring_wan=tuple(wan))
+    except ValueError as exc:
+        raise ConfigError(f"training.{exc}") from None
+
+
+def _facts(dp: dpw.DataParallel) -> tuple[tuple[str, str], ...]:
+    buckets = sum(len(b) for b in dp.bucket_bytes)
+    wan = "crosses the WAN (one collective at a time on it)" if dp.crosses_datacenters else (
+        "in one datacenter")
+    return (
+        ("replicas", f"{dp.replicas} ({wan})"),
+        ("collectives", f"{dp.reduction.replace('_', '-')}, {buckets} bucket"
+         f"{'s' if buckets > 1 else ''} over {len(dp.bucket_bytes)} stages"
+         + (", ZeRO-1 all-gather per stage" if dp.reduction == "reduce_scatter" else "")),
+        ("reduction", "delayed one step (overlaps the next iteration)" if dp.delayed else
+         "synchronous (the next iteration waits for it)"),
+        ("iterations", f"{dp.iterations} in one graph"),
+    )
+
+
+def with_time_limit(cfg: GraphConfig, seconds: float) -> GraphConfig:
+    """``cfg`` with ``solver.time_limit`` replaced (seconds)."""
+    return replace(cfg, solver=cfg.solver.model_copy(update={"time_limit": seconds}))
