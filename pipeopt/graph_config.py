@@ -92,8 +92,13 @@ class DataParallelRun:
 
     @property
     def hand_made(self) -> tuple[str, ...]:
-        """1F1B, and ZB-H1 when the backward is split."""
-        return ("1f1b", "zb-h1") if self.problem.split_backward else ("1f1b",)
+        """1F1B, and ZB-H1 when the backward is split; with the delayed reduction and more
+        than one iteration also ``NAME:pipelined`` (the iterations as one run of
+        iterations x m micro-batches, no flush between them)."""
+        names = ("1f1b", "zb-h1") if self.problem.split_backward else ("1f1b",)
+        if self.dp.delayed and self.dp.iterations > 1:
+            names += tuple(f"{x}:pipelined" for x in names)
+        return names
 
     def hand_made_orders(self, name: str) -> tuple[TaskGraph, list[list[int]]]:
         """The graph and device orders of hand-made schedule ``name`` (1F1B runs the fused
@@ -101,9 +106,14 @@ class DataParallelRun:
         if name not in self.hand_made:
             raise NotApplicable(f"{name}: not a hand-made schedule of this workload "
                                 f"({', '.join(self.hand_made)})")
-        prob = self.problem.replace(split_backward=False) if name == "1f1b" else self.problem
+        family, _, how = name.partition(":")
+        prob = self.problem.replace(split_backward=False) if family == "1f1b" else self.problem
         graph = self.graph if prob is self.problem else dpw.build(prob, self.dp)
-        return graph, dpw.task_orders(prob, self.dp, GENERATORS[name](prob))
+        if how == "pipelined":
+            long = prob.replace(microbatches=prob.microbatches * self.dp.iterations)
+            return graph, dpw.task_orders(prob, self.dp, GENERATORS[family](long),
+                                          pipelined=True)
+        return graph, dpw.task_orders(prob, self.dp, GENERATORS[family](prob))
 
 
 def make_run(problem: Problem, dp: dpw.DataParallel) -> DataParallelRun:

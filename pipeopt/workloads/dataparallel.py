@@ -414,20 +414,42 @@ def build(problem: Problem, dp: DataParallel) -> TaskGraph:
               ("task_group", tuple(group))))
 
 
-def task_orders(problem: Problem, dp: DataParallel,
-                orders: Sequence[Sequence[Op]]) -> list[list[int]]:
-    """A chain schedule's per-device op orders, the same on every replica and repeated for
-    each iteration (a device finishes one iteration's ops before the next one's), as the
-    device orders of :func:`build`'s graph; a bucketed last W (or fused B) is its pieces in
-    backward order. Collectives are in no order: they run as early as allowed (Megatron)."""
-    one = training.task_orders(problem, orders)
+def task_orders(problem: Problem, dp: DataParallel, orders: Sequence[Sequence[Op]], *,
+                pipelined: bool = False) -> list[list[int]]:
+    """A chain schedule's per-device op orders, the same on every replica, as the device orders
+    of :func:`build`'s graph; a bucketed last W (or fused B) becomes its pieces in backward
+    order. Collectives are in no order: they run as early as allowed (Megatron).
+
+    ``pipelined`` False: ``orders`` is one iteration's schedule of ``problem``, repeated for
+    each iteration (a device ends one iteration's ops before the next one's: a flush).
+    ``pipelined`` True: ``orders`` schedules ``problem`` with ``iterations * m`` micro-batches,
+    micro-batch ``i`` being iteration ``i // m``'s micro-batch ``i % m`` (no flush between
+    iterations; with a synchronous reduction such orders deadlock when a forward of iteration
+    j + 1 comes before a W of iteration j on its device)."""
+    m = problem.microbatches
     base = training.build(problem)
     _, pieces = _split_last_backward(problem, dp, base)
     cut = {ids[-1]: ids for ids in pieces if len(ids) > 1}
-    one = [[x for t in order for x in cut.get(t, (t,))] for order in one]
     n = base.num_tasks + sum(len(ids) - 1 for ids in pieces)
     gathers = problem.stages if dp.reduction == "reduce_scatter" else 0
     block = dp.replicas * n + gathers + sum(len(b) for b in dp.bucket_bytes)
+    if pipelined:
+        iters = dp.iterations
+        bad = next((o for order in orders for o in order
+                    if not 0 <= o.microbatch < iters * m), None)
+        if bad is not None:
+            raise ValueError(f"orders: micro-batch {bad.microbatch} of {bad} is not in "
+                             f"0..{iters * m - 1} ({iters} iterations x {m})")
+        one = []
+        for order in orders:
+            row = []
+            for o in order:
+                t = training.task_id(problem, Op(o.kind, o.stage, o.microbatch % m))
+                row += [(o.microbatch // m) * block + x for x in cut.get(t, (t,))]
+            one.append(row)
+        return [[r * n + t for t in order] for r in range(dp.replicas) for order in one]
+    flat = training.task_orders(problem, orders)
+    one = [[x for t in order for x in cut.get(t, (t,))] for order in flat]
     return [[j * block + r * n + t for j in range(dp.iterations) for t in order]
             for r in range(dp.replicas) for order in one]
 
