@@ -77,6 +77,8 @@ class DataParallelSection(_Strict):
     delayed_reduction: bool = False
     buckets: int = Field(1, ge=1, le=1024, description="equal buckets per stage")
     iterations: int = Field(3, ge=1, le=dpw.MAX_ITERATIONS)
+    buffer_memory: float | list[float] = Field(
+        0.0, description="memory units per stage of the delayed reduction's second buffers")
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,8 @@ def _explicit(data: dict[str, Any], source: str, overrides: dict[str, Any] | Non
             reduction=sec.reduction, delayed=sec.delayed_reduction,
             iterations=sec.iterations,
             bucket_bytes=tuple((g / n,) * n for g in grads),
-            bucket_share=tuple((1.0 / n,) * n for _ in grads))
+            bucket_share=tuple((1.0 / n,) * n for _ in grads),
+            buffer_memory=_per_stage("data_parallel.buffer_memory", sec.buffer_memory, s))
     except ValueError as exc:
         raise ConfigError(f"data_parallel.{exc}") from None
     return GraphConfig(make_run(prob, dp), cfg.solver, source, _facts(dp))
@@ -271,7 +274,9 @@ def _model_dataparallel(data: dict[str, Any], source: str, prob: Problem,
     ``bucket_bytes`` (as DDP fills its buckets), each bucket's share of the stage's last W
     the share of its layers' W time; per device its tensor-parallel group's rings through its
     replicas (:meth:`pipeopt.topology.Topology.ring_links`: those rings share links), the
-    slowest of them, and whether they cross datacenters."""
+    slowest of them, and whether they cross datacenters. With the delayed reduction each
+    stage keeps a second gradient buffer (its gradient bytes) and, with ZeRO-1, a second
+    copy of its parameters at the same precision: ``buffer_memory``."""
     from pipeopt.costs.build import make_plan
     from pipeopt.schema import ConfigFile
 
@@ -315,7 +320,8 @@ def _model_dataparallel(data: dict[str, Any], source: str, prob: Problem,
             replicas=replicas, grad_bytes=tuple(grads), latency=0.0, bandwidth=math.inf,
             reduction=sec.reduction, delayed=sec.delayed_reduction, iterations=sec.iterations,
             bucket_bytes=tuple(sizes), bucket_share=tuple(shares), ring_cost=tuple(costs),
-            ring_wan=tuple(wan))
+            ring_wan=tuple(wan), buffer_memory=tuple(
+                g * (2 if sec.reduction == "reduce_scatter" else 1) for g in grads))
     except ValueError as exc:
         raise ConfigError(f"training.{exc}") from None
 

@@ -197,3 +197,15 @@ def test_random_delayed_bucketed_instances(seed: int) -> None:
         assert sched.objective >= bound - 1e-9
         assert dpw.iteration_time(sched) >= bound / dp.iterations - 1e-9
     assert best.objective <= hand.objective + 1e-9
+
+
+def test_delay_buffers_count_as_static_memory() -> None:
+    """With the delay, each stage's second buffers sit on its device on every replica."""
+    prob = uniform_problem(2, 2, 1.0, 1.0, 1.0).replace(static_memory=(1.0, 2.0))
+    dp = dpw.DataParallel(replicas=2, grad_bytes=(1.0, 1.0), latency=0.0, bandwidth=1e9,
+                          buffer_memory=(0.5, 0.25), iterations=2)
+    assert dpw.build(prob, dp).static_memory == (1.0, 2.0, 1.0, 2.0)
+    delayed = dpw.build(prob, dataclasses.replace(dp, delayed=True))
+    assert delayed.static_memory == (1.5, 2.25, 1.5, 2.25)
+    with pytest.raises(ValueError, match="buffer_memory: expected 2 values"):
+        dataclasses.replace(dp, buffer_memory=(1.0,))

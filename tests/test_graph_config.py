@@ -144,6 +144,8 @@ def test_model_form_example_has_buckets_and_crosses_the_wan() -> None:
     assert {c.bandwidth for c in dp.ring_cost} == {12.5e9}
     assert all(0.005 <= c.latency < 0.0051 for c in dp.ring_cost)
     assert dp.delayed and dp.iterations == 3 and dp.reduction == "reduce_scatter"
+    # ZeRO-1 with the delay: a second gradient buffer and a second parameter copy per stage
+    assert dp.buffer_memory == pytest.approx(tuple(2 * g for g in dp.grad_bytes))
 
 
 def test_model_form_without_buckets_has_one_per_stage() -> None:

@@ -68,6 +68,9 @@ class DataParallel:
     ``ring_cost[d]`` / ``ring_wan[d]`` (optional, one per pipeline device, both or neither):
     device d's ring bottleneck (every hop at it) and whether that ring crosses the WAN; they
     replace the per-hop costs above (the model form derives them from the cluster).
+    ``buffer_memory[s]``: with ``delayed``, the memory (in the problem's memory unit) of
+    stage s's second gradient buffer and, with ZeRO-1, second parameter copy, added to its
+    device's static memory (default 0: not counted).
     """
 
     replicas: int
@@ -85,6 +88,7 @@ class DataParallel:
     iterations: int = 1
     ring_cost: tuple[LinkCost, ...] = ()
     ring_wan: tuple[bool, ...] = ()
+    buffer_memory: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         r = self.replicas
@@ -135,6 +139,16 @@ class DataParallel:
                                  f"bandwidth > 0 bytes/s, got {c!r}")
         object.__setattr__(self, "ring_cost", costs)
         object.__setattr__(self, "ring_wan", tuple(map(bool, wan)))
+        buf = tuple(self.buffer_memory) or (0.0,) * len(self.grad_bytes)
+        if len(buf) != len(self.grad_bytes):
+            raise ValueError(f"buffer_memory: expected {len(self.grad_bytes)} values (one per "
+                             f"stage), got {len(buf)}")
+        bad = next((k for k, x in enumerate(buf)
+                    if not (isinstance(x, (int, float)) and 0 <= x < math.inf)), None)
+        if bad is not None:
+            raise ValueError(f"buffer_memory[{bad}]: must be a finite number >= 0, got "
+                             f"{buf[bad]!r}")
+        object.__setattr__(self, "buffer_memory", tuple(map(float, buf)))
 
     def _check_buckets(self) -> None:
         s = len(self.grad_bytes)
@@ -209,8 +223,9 @@ class DataParallel:
         return LinkCost(self.latency, self.bandwidth)
 
     def collective_times(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Per stage, (all-gather seconds, reduction seconds); all-gathers are 0 without
-        ZeRO-1."""
+        """Per stage, (all-gather seconds, reduction seconds, one bucket) over the per-hop
+        costs (not ``ring_cost``: :meth:`stage_times` has each device's ring and the
+        buckets); all-gathers are 0 without ZeRO-1."""
         hops = [self.hop_cost(a, b) for a, b in self.ring_hops()]
         r = self.replicas
         if self.reduction == "reduce_scatter":
@@ -290,8 +305,8 @@ def build(problem: Problem, dp: DataParallel) -> TaskGraph:
       backward) may start before iteration j's reduction ends, and the update applies one
       step late. The schedule then needs a second gradient buffer (iteration j + 1's weight
       gradients accumulate while iteration j's are reduced) and, with ZeRO-1, a second copy
-      of the stage's parameters (gathered for iteration j + 2 while j + 1 runs): neither is
-      in the memory model.
+      of the stage's parameters (gathered for iteration j + 2 while j + 1 runs): their
+      ``dp.buffer_memory`` is added to the device's static memory.
 
     Raises ValueError when ``problem.grad_reduce`` is not 0 (the reduction would count
     twice) or ``dp`` does not have one entry per stage."""
@@ -403,8 +418,12 @@ def build(problem: Problem, dp: DataParallel) -> TaskGraph:
                     for i in range(m):
                         edge(red_id[j][k][-1], (j + delay) * block + r * n + f0 + i)
     ls, ld, lat, bw = zip(*cols, strict=True) if cols else ((),) * 4
+    static = list(base.static_memory)
+    if dp.delayed:
+        for k, x in enumerate(dp.buffer_memory):
+            static[sd[k]] += x
     return TaskGraph(
-        memory_limit=tuple(base.memory_limit) * rep, static_memory=base.static_memory * rep,
+        memory_limit=tuple(base.memory_limit) * rep, static_memory=tuple(static) * rep,
         link_src=ls, link_dst=ld, latency=lat, bandwidth=bw, device=tuple(device),
         duration=tuple(duration), mem_start=tuple(mem_start), mem_end=tuple(mem_end),
         label=tuple(label), src=tuple(src), dst=tuple(dst), bytes=tuple(nbytes),
