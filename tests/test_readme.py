@@ -95,3 +95,31 @@ def test_every_bundled_example_solves(example: str, tmp_path: Path) -> None:
         assert load_any(out).makespan > 0
         return
     assert load_schedule(out).makespan > 0  # load_schedule validates it again
+
+
+def test_data_parallel_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's data-parallel table and the synchronous figures under it."""
+    from pipeopt.config import read_yaml
+    from pipeopt.graph_config import load_graph_config
+    from pipeopt.solvers.graph import compare_graph
+
+    after = "`pipeopt compare examples/dp_cross_dc.yaml --methods"
+    methods = README[README.index(after):].split("--methods ", 1)[1].split("`", 1)[0]
+    table = _block(after)
+    shown = {}
+    for line in table.strip().splitlines()[2:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) >= 6:
+            shown[cells[0]] = float(cells[1])
+    assert main(["compare", str(ROOT / "examples/dp_cross_dc.yaml"), "--methods", methods,
+                 "--json", "-q"]) == 0
+    got = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(shown) == set(got)
+    for method, value in shown.items():
+        assert got[method]["iteration_time"] == pytest.approx(value, abs=1e-4), method
+    data = read_yaml(ROOT / "examples/dp_cross_dc.yaml")
+    sync = load_graph_config({**data, "training": {**data["training"],
+                                                    "delayed_reduction": False}})
+    rows = {r.method: r.value for r in compare_graph(sync.work, ["1f1b", "zb-h1"])}
+    text = README[README.index("With `delayed_reduction: false`"):]
+    assert f"1F1B takes {rows['1f1b']:.3f} s and ZB-H1 {rows['zb-h1']:.3f} s" in text
