@@ -359,6 +359,20 @@ def _graph_data(path: str) -> Any:
     return data if graph_loader(data) is not None else None
 
 
+def _load_chain(path: str, **overrides: Any) -> Any:
+    """:func:`load_config`; a task-graph key met there (a task-graph config given on standard
+    input, which :func:`_graph_data` does not read) is refused saying so."""
+    try:
+        return load_config(path, **overrides)
+    except ConfigError as exc:
+        text = str(exc)
+        if text.startswith(("training.collectives: unknown key", "data_parallel: unknown key")):
+            raise ConfigError(f"{text.split(';', 1)[0]}: a task-graph config (scheduled "
+                              "collectives) is read from a file, not from standard input"
+                              ) from None
+        raise
+
+
 def _load_graph(args: argparse.Namespace, data: Any, *, solve: bool) -> Any:
     """The :class:`~pipeopt.graph_config.GraphConfig` of ``data`` with the command's flags."""
     from pipeopt.graph_config import load_graph_config
@@ -489,7 +503,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     graph = _graph_data(args.config)
     if graph is not None:
         return _solve_graph(args, graph)
-    cfg = load_config(args.config, method=args.method, time_limit=args.time_limit,
+    cfg = _load_chain(args.config, method=args.method, time_limit=args.time_limit,
                       seed=args.seed, objective=args.objective)
     if cfg.extra("mode") == "async":
         return _solve_async(args, cfg)
@@ -750,7 +764,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     graph = _graph_data(args.config)
     if graph is not None:
         return _compare_graph(args, graph)
-    cfg = load_config(args.config, time_limit=args.time_limit)
+    cfg = _load_chain(args.config, time_limit=args.time_limit)
     if cfg.extra("mode") == "async":
         return _compare_async(args, cfg)
     names = _method_list(args.methods) if args.methods is not None else None

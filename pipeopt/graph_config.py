@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,6 +32,7 @@ from pipeopt.errors import ConfigError
 from pipeopt.problem import Problem
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.schema import SolverConfig, check_unknown_keys, pydantic_message
+from pipeopt.solvers.graph import GraphWorkload
 from pipeopt.workloads import dataparallel as dpw
 
 #: PyTorch DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.
@@ -125,9 +126,11 @@ def make_run(problem: Problem, dp: dpw.DataParallel) -> DataParallelRun:
 
 @dataclass(frozen=True)
 class GraphConfig:
-    """A loaded task-graph config: the workload, the solver options and facts to print."""
+    """A loaded task-graph config: the workload (any object of the
+    :class:`~pipeopt.solvers.graph.GraphWorkload` shape: a :class:`DataParallelRun` today),
+    the solver options and facts to print (key, text)."""
 
-    work: DataParallelRun
+    work: GraphWorkload
     solver: SolverConfig
     source: str = "<memory>"
     facts: tuple[tuple[str, str], ...] = ()
@@ -340,7 +343,3 @@ def _facts(dp: dpw.DataParallel) -> tuple[tuple[str, str], ...]:
         ("iterations", f"{dp.iterations} in one graph"),
     )
 
-
-def with_time_limit(cfg: GraphConfig, seconds: float) -> GraphConfig:
-    """``cfg`` with ``solver.time_limit`` replaced (seconds)."""
-    return replace(cfg, solver=cfg.solver.model_copy(update={"time_limit": seconds}))

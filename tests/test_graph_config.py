@@ -210,3 +210,15 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     over = _write(tmp_path, {**EXPLICIT, "memory": {"limit": 1.5}}, "over.yaml")
     assert main(["solve", str(over), "--method", "1f1b"]) == 2
     assert "exceeds the limit" in capsys.readouterr().err
+
+
+def test_standard_input_is_refused_saying_why(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    data = (ROOT / "examples/dp_cross_dc.yaml").read_bytes()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["solve", "-", "--method", "greedy"]) == 2
+    err = capsys.readouterr().err
+    assert "training.collectives: unknown key: a task-graph config" in err
+    assert "read from a file, not from standard input" in err
