@@ -266,7 +266,12 @@ def _model_form(data: dict[str, Any], source: str, overrides: dict[str, Any] | N
     cfg = parse_config(clean, source, overrides)
     prob = _check_problem(cfg.problem, "training.collectives")
     dp = _model_dataparallel(clean, source, prob, sec, replicas)
-    return GraphConfig(make_run(prob, dp), cfg.solver, source, _facts(dp))
+    parts = dict(prob.meta).get("partition") or []
+    layers = ", ".join(f"{b - a}" for a, b in parts)
+    facts = (("stages", f"{layers} layers (the partition of training.partition)"),
+             ("gradients", ", ".join(f"{g / 1e9:.3g}" for g in dp.grad_bytes)
+              + " GB per stage"), *_facts(dp))
+    return GraphConfig(make_run(prob, dp), cfg.solver, source, facts)
 
 
 def _model_dataparallel(data: dict[str, Any], source: str, prob: Problem,

@@ -209,3 +209,19 @@ def test_delay_buffers_count_as_static_memory() -> None:
     assert delayed.static_memory == (1.5, 2.25, 1.5, 2.25)
     with pytest.raises(ValueError, match="buffer_memory: expected 2 values"):
         dataclasses.replace(dp, buffer_memory=(1.0,))
+
+
+def test_cpsat_initial_schedule() -> None:
+    """An initial schedule hints CP-SAT when it is shorter than the greedy's, and the result
+    is never longer than it; a schedule of another graph is refused."""
+    prob = uniform_problem(2, 3, 1.0, 1.0, 1.0)
+    dp = dpw.DataParallel(replicas=2, grad_bytes=(2e9, 2e9), latency=0.0, bandwidth=1e9,
+                          iterations=2, delayed=True)
+    g = dpw.build(prob, dp)
+    hand = simulate(g, dpw.task_orders(prob, dp, GENERATORS["zb-h1"](prob)), "zb-h1")
+    best = solve_cpsat(g, time_limit=2, workers=1, initial=hand)
+    assert check(best) == [] and best.objective <= hand.objective + 1e-9
+    assert best.method in ("cpsat", "cpsat:zb-h1", "cpsat:greedy")
+    other = dpw.build(prob, dataclasses.replace(dp, iterations=1))
+    with pytest.raises(ValueError, match="initial: a schedule of another graph"):
+        solve_cpsat(other, time_limit=1, workers=1, initial=hand)
