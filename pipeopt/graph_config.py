@@ -40,7 +40,7 @@ from pipeopt.workloads import dataparallel as dpw
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 
 #: Lines of a config file that mark a task-graph workload (a quick scan before parsing).
-_SNIFF = re.compile(r"^(data_parallel\s*:|\s+collectives\s*:)", re.M)
+_SNIFF = re.compile(r"^data_parallel\s*:|\bcollectives\s*:", re.M)
 
 
 class _Strict(BaseModel):
@@ -217,6 +217,9 @@ def _explicit(data: dict[str, Any], source: str, overrides: dict[str, Any] | Non
     sec = _validate(DataParallelSection, data["data_parallel"], "data_parallel")
     cfg = parse_config({k: v for k, v in data.items() if k != "data_parallel"}, source,
                        overrides)
+    if any(cfg.problem.grad_reduce):
+        raise ConfigError("stages.grad_reduce: must be 0 (or left out) with data_parallel: "
+                          "(the reduction is scheduled as tasks from grad_bytes)")
     prob = _check_problem(cfg.problem, "data_parallel")
     s = prob.stages
     grads = _per_stage("data_parallel.grad_bytes", sec.grad_bytes, s)

@@ -55,6 +55,7 @@ def test_dispatch_is_keyed_by_the_document() -> None:
     assert graph_loader(scalar) is None
     assert might_be_graph("training:\n  collectives: scheduled\n")
     assert might_be_graph("data_parallel:\n  replicas: 2\n")
+    assert might_be_graph("training: {data_parallel: 2, collectives: scheduled}\n")
     assert not might_be_graph((ROOT / "examples/uniform.yaml").read_text(encoding="utf-8"))
 
 
@@ -174,6 +175,8 @@ def test_model_form_without_buckets_has_one_per_stage() -> None:
      "data_parallel.colour"),
     ({"pipeline": {"devices": 2, "microbatches": 4, "virtual_stages": 2}},
      "data_parallel: scheduled collectives need one stage per device"),
+    ({"stages": {**EXPLICIT["stages"], "grad_reduce": 0.5}},  # type: ignore[dict-item]
+     r"stages.grad_reduce: must be 0 \(or left out\) with data_parallel:"),
 ])
 def test_explicit_errors_name_the_key(change: dict[str, object], message: str) -> None:
     from pipeopt.errors import ConfigError

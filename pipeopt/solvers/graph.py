@@ -105,7 +105,9 @@ def solve_graph(work: GraphWorkload, method: str, *, time_limit: float = 10.0, s
     if method == "auto":
         if any(s.objective < best.objective - 1e-12 for s in starts):
             won = min(starts, key=lambda s: s.objective)
-            best = replace(won, method=f"auto:{won.method}", lower_bound=best.lower_bound)
+            # its own graph's bound: CP-SAT's holds for the search's graph only
+            bound = best.lower_bound if won.graph == work.graph else won.lower_bound
+            best = replace(won, method=f"auto:{won.method}", lower_bound=bound)
         else:
             best = replace(best, method=f"auto:{best.method}")
         best = replace(best, wall_time=time.perf_counter() - t0)
