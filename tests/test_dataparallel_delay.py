@@ -43,6 +43,10 @@ def test_delayed_reduction_by_hand(iterations: int, delayed: bool, makespan: flo
     # the hand-made order is optimal here: the critical path (or the ring's load) meets it
     assert lower_bound(g) == pytest.approx(makespan)
     assert dpw.iteration_time(hand) == pytest.approx(makespan / iterations)
+    ends = dpw.iteration_ends(hand)
+    assert len(ends) == iterations and ends[-1] == pytest.approx(makespan)
+    if not delayed:  # each iteration ends 4 s after the previous one
+        assert ends == pytest.approx(tuple(4.0 * (j + 1) for j in range(iterations)))
     # per iteration the ring carries 2 s and the device 2 s: a period of >= 2 s
     assert dpw.periodic_bound(g) == pytest.approx(2.0)
 
