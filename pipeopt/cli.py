@@ -299,10 +299,10 @@ def _inference_data(path: str) -> Any:
 
 def _solve_inference(args: argparse.Namespace, data: Any) -> int:
     """``pipeopt solve`` on an inference config (docs/inference.md; ``data``: the file as
-    parsed by :func:`_inference_data`): print the serving metrics, write the result JSON with
-    ``-o``."""
-    from pipeopt.inference_config import parse_inference, result_json, solve_inference
-    from pipeopt.io import write_atomic
+    parsed by :func:`_inference_data`): print the serving metrics, write the served plan's
+    schedule JSON v2 with ``-o``."""
+    from pipeopt.graphio import dump_graph_schedule
+    from pipeopt.inference_config import parse_inference, solve_inference
 
     for flag in ("method", "objective"):
         if getattr(args, flag, None) is not None:
@@ -325,9 +325,9 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
             f" (limit {cfg.ttft_limit:g} s {'met' if met else 'NOT met'})")
         print(f"TTFT          p50 {m.ttft_p50_s:.3f} s, p99 {m.ttft_p99_s:.3f} s{limit}")
         print(f"TPOT          {m.tpot_s * 1e3:.2f} ms")
-    if args.output:
-        doc = json.dumps(result_json(served), indent=1) + "\n"
-        write_output("--output", args.output, lambda path: write_atomic(path, doc))
+    if args.output:  # schedule JSON v2: pipeopt plot / trace draw it
+        write_output("--output", args.output,
+                     lambda path: dump_graph_schedule(served.schedule, path))
         if not args.json:
             print(f"written       {args.output}")
     return 0

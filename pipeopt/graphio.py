@@ -55,6 +55,12 @@ from pipeopt.schedule import FORMAT as FORMAT_V1
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.simulate import ScheduleError
 from pipeopt.workloads import training
+from pipeopt.workloads.inference import serving_metrics
+
+#: The serving figures a schedule of an inference plan (issue 15) records in ``metrics``
+#: (tokens/s, s): derived from the plan in ``graph.meta.plan`` and the times, and checked so
+#: on reading.
+SERVING_METRICS = ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_s")
 
 #: The ``format`` of a task-graph schedule document.
 FORMAT_V2 = _FORMAT_V2
@@ -72,7 +78,7 @@ MAX_HOLDS = MAX_EDGES
 _METRIC_TOL = 1e-6
 
 _TOP_KEYS = ("format", "method", "metrics", "solver", "graph", "timeline")
-_METRIC_KEYS = ("makespan", "objective", "peak_memory")
+_METRIC_KEYS = ("makespan", "objective", "peak_memory", *SERVING_METRICS)
 _SOLVER_KEYS = ("status", "lower_bound", "gap", "wall_time")
 _GRAPH_KEYS = ("devices", "links", "networks", "tasks", "holds", "edges", "meta")
 #: Columns of the optional network sections (issue 13): the named resources after the links,
@@ -135,11 +141,13 @@ def graph_schedule_to_dict(schedule: GraphSchedule) -> dict[str, Any]:
     and ``graph.holds`` only when the graph has them (communication tasks, issue 13)."""
     s, g = schedule, schedule.graph
     msgs = sorted(s.messages, key=lambda mm: (mm.start, mm.edge))
+    serving = serving_metrics(s)
+    figures = {} if serving is None else {k: _num(serving.as_dict()[k]) for k in SERVING_METRICS}
     doc = {
         "format": FORMAT_V2,
         "method": s.method,
         "metrics": {"makespan": s.makespan, "objective": s.objective,
-                    "peak_memory": list(s.peak_memory)},
+                    "peak_memory": list(s.peak_memory), **figures},
         "solver": {"status": s.status, "lower_bound": s.lower_bound, "gap": s.gap,
                    "wall_time": s.wall_time},
         "graph": {
@@ -397,10 +405,33 @@ def graph_schedule_from_dict(doc: Any, *, check_semantics: bool = True) -> Graph
     sched = GraphSchedule(graph, start, end, msgs, method=method,
                           status=status,  # type: ignore[arg-type]  # checked in _solver
                           lower_bound=lb, wall_time=wall)
+    try:
+        serving = serving_metrics(sched)  # a malformed plan record is refused here
+    except ValueError as exc:
+        raise ScheduleError(f"graph.meta.{exc}") from None
     if check_semantics:
         refuse_violations(check(sched))
         _check_recorded(doc, sched)
+        _check_serving(doc, serving)
     return sched
+
+
+def _check_serving(doc: dict[str, Any], serving: Any) -> None:
+    """The serving figures in ``metrics`` must be those of the recorded plan and the times;
+    a graph that records no plan has none."""
+    metrics = _object(doc, "metrics", "", required=False)
+    for key in SERVING_METRICS:
+        if key not in metrics:
+            continue
+        if serving is None:
+            raise ScheduleError(f"metrics.{key}: only a schedule of an inference plan (with "
+                                f"graph.meta.plan) has serving figures")
+        actual = serving.as_dict()[key]
+        val = metrics[key]
+        same = (val == "inf" and math.isinf(actual)) or _close(val, actual)
+        if not same:
+            raise ScheduleError(f"metrics.{key}: the file says {_shown(val)}, its plan and "
+                                f"times give {actual:g}")
 
 
 def _close(a: Any, b: float) -> bool:

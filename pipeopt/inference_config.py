@@ -8,9 +8,10 @@ workload:
   kind: inference
   gpu: H100             # catalog name, one GPU per stage (or a list: one name per stage)
   stages: 4             # or the layers per stage: [20, 20, 20, 20]
-  requests:             # a list of {prompt, output} ...
+  requests:             # a list of {prompt, output, arrival (s, optional)} ...
     - {prompt: 512, output: 128}
-  # requests: {count: 300, seed: 0, prompt_median: 512, output_median: 128}   # ... or this
+  # requests: {count: 300, seed: 0, prompt_median: 512, output_median: 128,
+  #            arrival_rate: 2.0}   # ... or this (arrival_rate: Poisson, requests/s)
   method: search        # search | round-robin | separated
   token_budget: 8192    # tokens per iteration of the baselines
   ttft_limit: 10.0      # s, the p99 TTFT the search must meet (optional)
@@ -18,9 +19,9 @@ model: {preset: llama2-70b, dtype: fp16}
 ```
 
 :func:`load_inference` reads and checks it (a :class:`~pipeopt.errors.ConfigError` naming the
-key), :func:`solve_inference` runs the method, :func:`result_json` is the small JSON written by
-``pipeopt solve -o`` (``format: pipeopt-inference/0``: the metrics, every request's TTFT and
-end, every iteration's start and end per stage).
+key), :func:`solve_inference` runs the method; ``pipeopt solve -o`` writes the served plan's
+schedule as schedule JSON v2 (:mod:`pipeopt.graphio`: the plan in ``graph.meta.plan``, the
+serving figures in ``metrics``), which ``pipeopt plot`` and ``trace`` draw.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from pipeopt.schema import check_unknown_keys, pydantic_message
 from pipeopt.solvers.inference import Link, Served, round_robin, search, separated
 from pipeopt.workloads.inference import Request, StageModel, sample_requests
 
-FORMAT = "pipeopt-inference/0"
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
@@ -50,6 +49,7 @@ class RequestSpec(_Strict):
 
     prompt: int = Field(ge=1)
     output: int = Field(ge=1)
+    arrival: float = Field(0.0, ge=0)  # s
 
 
 class Distribution(_Strict):
@@ -63,6 +63,8 @@ class Distribution(_Strict):
     output_sigma: float = Field(1.0, ge=0)
     max_prompt: int = Field(4096, ge=1)
     max_output: int = Field(4096, ge=1)
+    #: Requests/s of a Poisson arrival process (seeded by ``seed``); None: all at 0.
+    arrival_rate: float | None = Field(None, gt=0)
 
 
 class LinkSpec(_Strict):
@@ -151,11 +153,11 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
         reqs = sample_requests(d.count, d.seed, prompt_median=d.prompt_median,
                                output_median=d.output_median, prompt_sigma=d.prompt_sigma,
                                output_sigma=d.output_sigma, max_prompt=d.max_prompt,
-                               max_output=d.max_output)
+                               max_output=d.max_output, arrival_rate=d.arrival_rate)
     else:
         if not spec.requests:
             raise ConfigError("workload.requests: need at least one request")
-        reqs = tuple(Request(r.prompt, r.output) for r in spec.requests)
+        reqs = tuple(Request(r.prompt, r.output, r.arrival) for r in spec.requests)
     return InferenceConfig(reqs, models, Link(spec.link.latency, spec.link.bandwidth),
                            spec.method, spec.token_budget, spec.ttft_limit, source,
                            spec.time_limit)
@@ -184,29 +186,3 @@ def solve_inference(cfg: InferenceConfig) -> tuple[Served, bool]:
     except ValueError as exc:  # e.g. a request whose KV does not fit
         raise ConfigError(f"workload: {exc}") from None
     return served, served.meets(cfg.ttft_limit)
-
-
-def result_json(served: Served) -> dict[str, Any]:
-    """The result as a JSON-ready mapping (``format``: :data:`FORMAT`; seconds, tokens)."""
-    plan, sched = served.plan, served.schedule
-    s = sched.graph.devices
-    first = list(served.metrics.ttft_s)
-    end = [0.0] * len(plan.requests)
-    for b, it in enumerate(plan.iterations):
-        for r in it.finished:
-            end[r] = sched.end[b * s + s - 1]
-    return {
-        "format": FORMAT,
-        "method": served.method,
-        "metrics": served.metrics.as_dict(),
-        "requests": [{"prompt": r.prompt, "output": r.output, "ttft_s": first[i],
-                      "end_s": end[i]} for i, r in enumerate(plan.requests)],
-        "peak_memory_bytes": list(sched.peak_memory),
-        "iterations": [{
-            "group": it.group,
-            "prefill": [[c.request, c.cached, c.tokens] for c in it.chunks],
-            "decode": [[d.request, d.context] for d in it.decodes],
-            "start_s": [sched.start[b * s + k] for k in range(s)],
-            "end_s": [sched.end[b * s + k] for k in range(s)],
-        } for b, it in enumerate(plan.iterations)],
-    }

@@ -47,6 +47,7 @@ from pipeopt.io import write_atomic
 from pipeopt.problem import format_memory
 from pipeopt.schedule import Schedule, TimedOp
 from pipeopt.simulate import ScheduleError
+from pipeopt.workloads.inference import serving_metrics, serving_plan
 
 #: Colour map of each op kind; the micro-batch picks the shade within it.
 KIND_CMAPS = {"F": "Blues", "B": "Oranges", "W": "Greens"}
@@ -786,10 +787,11 @@ def _draw_memory(ax: Axes, schedule: Schedule, xmax: float, height_in: float,
 
 def _memory_bands(ax: Axes, timelines: Sequence[Sequence[tuple[float, float]]],
                   limits: Sequence[float | None], peaks: Sequence[float], xmax: float,
-                  height_in: float, dpi: float, fmt: Callable[[float], str]) -> None:
+                  height_in: float, dpi: float, fmt: Callable[[float], str],
+                  what: str = "memory in use") -> None:
     """Memory in use per device (``timelines``: (time s, bytes) steps) as a step plot in its
     own band, limits (bytes, None: unlimited) dashed, each peak (``fmt`` writes bytes) right
-    of its band when the rows have room."""
+    of its band when the rows have room; ``what`` names it in the panel's title."""
     p = len(timelines)
     known = [lim for lim in limits if lim is not None]
     full = max([*peaks, *known, 0.0])
@@ -830,7 +832,7 @@ def _memory_bands(ax: Axes, timelines: Sequence[Sequence[tuple[float, float]]],
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     limit_txt = ", dashed: memory limit" if known else ""
-    ax.set_title(f"memory in use (each band: 0 to {fmt(full)}{limit_txt})",
+    ax.set_title(f"{what} (each band: 0 to {fmt(full)}{limit_txt})",
                  fontsize=9, loc="left")
     ax.set_xlabel("time (s)")
 
@@ -1128,6 +1130,11 @@ def graph_title(schedule: GraphSchedule) -> str:
         out += f"   objective {_fmt_time(schedule.objective)}"
     if schedule.status != "heuristic":
         out += f"   [{schedule.status}]"
+    serving = serving_metrics(schedule)
+    if serving is not None:  # an inference plan (issue 15): its serving figures
+        out += (f"   {serving.throughput_tokens_per_s:,.1f} tokens/s   TTFT p50 "
+                f"{_fmt_time(serving.ttft_p50_s)} p99 {_fmt_time(serving.ttft_p99_s)}   TPOT "
+                f"{_fmt_time(serving.tpot_s)}")
     return out
 
 
@@ -1246,8 +1253,19 @@ def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
     _legend_and_title(fig, ax, handles, title or graph_title(schedule))
     if show_memory:
         mem_ax = fig.add_axes(_axes_rect(w, h, _TOP_IN + gantt_h + _GAP_IN, mem_h), sharex=ax)
-        _memory_bands(mem_ax, schedule.memory_timeline, g.memory_limit, schedule.peak_memory,
-                      xmax, mem_h, dpi, lambda x: f"{x:.3g} B")
+        timelines, limits, peaks = (schedule.memory_timeline, g.memory_limit,
+                                    schedule.peak_memory)
+        what = "memory in use"
+        if serving_plan(g) is not None:  # a serving plan: the KV cache, weights left out
+            w0 = g.static_memory
+            timelines = tuple(tuple((t, b - w0[d]) for t, b in steps)
+                              for d, steps in enumerate(timelines))
+            limits = tuple(None if lim is None else lim - w0[d]
+                           for d, lim in enumerate(limits))
+            peaks = tuple(pk - w0[d] for d, pk in enumerate(peaks))
+            what = "KV cache per stage (weights left out)"
+        _memory_bands(mem_ax, timelines, limits, peaks, xmax, mem_h, dpi,
+                      lambda x: f"{x:.3g} B", what)
         ax.tick_params(axis="x", labelbottom=True, labelsize=8)
     else:
         ax.set_xlabel("time (s)")

@@ -65,7 +65,11 @@ ones as recorded, latency-only ones from the source's end, :func:`graph_messages
 arrow along each of them. Communication tasks (collectives, device -1) are in process 3
 "network": a track per resource they hold (``link 0->4``, ``wan``), an X event per task on
 each, and flow arrows (``collective``) along their edges. :func:`write_trace` takes either
-kind of schedule.
+kind of schedule. A serving plan's schedule (issue 15: the graph's meta records the plan)
+also gets, per task, the requests it prefills (``[request, cached, tokens]``) and decodes in
+its args, the memory counters as the KV cache per stage (weights left out), process 4
+"requests" with a track per request (from its arrival to its first token, then to its last),
+and the serving figures (throughput, TTFT p50 / p99, TPOT) in ``otherData``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ from pipeopt.core.schedule import GraphSchedule, MessageTime, task_groups
 from pipeopt.io import write_atomic
 from pipeopt.problem import Problem
 from pipeopt.schedule import Message, Schedule, TimedOp
+from pipeopt.workloads.inference import Plan, metrics, serving_plan
 
 #: Trace timestamps are microseconds: trace ts = schedule seconds * US_PER_S.
 US_PER_S = 1e6
@@ -90,6 +95,8 @@ DEVICES_PID = 1
 LINKS_PID = 2
 #: Process of the network resources that communication tasks (collectives) hold.
 NETWORK_PID = 3
+#: Process of the per-request tracks of a serving plan's trace.
+REQUESTS_PID = 4
 #: ``cname`` of a communication task: one of Chrome's reserved colour names (catapult's colour
 #: scheme) not used for ops or messages, so collectives stand apart from both.
 COLLECTIVE_COLOR = "rail_animation"
@@ -293,10 +300,11 @@ def _document(events: list[dict[str, Any]], other: dict[str, Any]) -> dict[str, 
                           "time_unit": "ts and dur are microseconds: schedule seconds x 1e6"}}
 
 
-def _memory_counters(timelines: Sequence[Sequence[tuple[float, float]]]
-                     ) -> list[dict[str, Any]]:
+def _memory_counters(timelines: Sequence[Sequence[tuple[float, float]]],
+                     name: str = "memory") -> list[dict[str, Any]]:
     """A counter event (``ph: C``) per change of each device's memory (``timelines``: per
-    device, (time s, bytes) steps); several changes at one instant show the last level."""
+    device, (time s, bytes) steps), named ``{name} device {d}``; several changes at one
+    instant show the last level."""
     events: list[dict[str, Any]] = []
     for d, steps in enumerate(timelines):
         at: dict[float, float] = {}
@@ -306,7 +314,7 @@ def _memory_counters(timelines: Sequence[Sequence[tuple[float, float]]]
         for t, b in at.items():
             if b == last:
                 continue
-            events.append({"name": f"memory device {d}", "ph": "C", "pid": DEVICES_PID,
+            events.append({"name": f"{name} device {d}", "ph": "C", "pid": DEVICES_PID,
                            "ts": _us(t), "args": {"bytes": b}})
             last = b
     return events
@@ -453,14 +461,20 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
                              for d in range(g.devices)])
     start, end = schedule.start, schedule.end
     on_device = [i for i in range(g.num_tasks) if g.device[i] >= 0]
+    plan = serving_plan(g)
     for i in sorted(on_device, key=lambda i: (g.device[i], start[i], end[i])):
         ts, dur = _span(start[i], end[i])
+        more: dict[str, Any] = {}
+        if plan is not None:  # the iteration's requests (task b * stages + k: iteration b)
+            it = plan.iterations[i // g.devices]
+            more = {"prefill": [list(c) for c in it.chunks],
+                    "decode": [d.request for d in it.decodes]}
         events.append({
             "name": g.label[i], "cat": groups[i], "ph": "X", "pid": DEVICES_PID,
             "tid": g.device[i], "ts": ts, "dur": dur,
             "cname": KIND_COLORS.get(groups[i], "generic_work"),
             "args": {"task": i, "group": groups[i], "device": g.device[i],
-                     "start_s": start[i], "end_s": end[i]},
+                     "start_s": start[i], "end_s": end[i], **more},
         })
     sent = []
     for mm in graph_messages(schedule):
@@ -485,10 +499,51 @@ def to_graph_trace_events(schedule: GraphSchedule, *, flows: bool = True) -> dic
     flow_ids = sum(1 for e in link_events if e["ph"] == "s")  # message flows: ids 1..this
     events.extend(_network_events(schedule, groups, g.devices + lanes,
                                   flow_ids + 1 if flows else None))
-    events.extend(_memory_counters(schedule.memory_timeline))
-    return _document(events, {"method": schedule.method, "makespan_s": schedule.makespan,
-                              "objective_s": schedule.objective, "devices": g.devices,
-                              "tasks": g.num_tasks})
+    other = {"method": schedule.method, "makespan_s": schedule.makespan,
+             "objective_s": schedule.objective, "devices": g.devices, "tasks": g.num_tasks}
+    plan = serving_plan(g)
+    if plan is None:
+        events.extend(_memory_counters(schedule.memory_timeline))
+        return _document(events, other)
+    w0 = g.static_memory
+    events.extend(_memory_counters([[(t, b - w0[d]) for t, b in steps] for d, steps
+                                    in enumerate(schedule.memory_timeline)], "KV cache"))
+    events.extend(_request_events(schedule, plan))
+    m = metrics(plan, schedule)
+    other.update({k: v for k, v in m.as_dict().items() if k != "makespan_s"},
+                 requests=len(plan.requests), policy=plan.policy)
+    return _document(events, other)
+
+
+def _request_events(schedule: GraphSchedule, plan: Plan) -> list[dict[str, Any]]:
+    """The requests of a serving plan's schedule: each iteration task's args get its prefill
+    chunks and decoding requests (in place, in ``events`` built before), and process
+    :data:`REQUESTS_PID` a track per request: ``waiting + prefill`` from its arrival to its
+    first token, ``decode`` from then to its last token."""
+    s = schedule.graph.devices
+    end = schedule.end
+    first = [math.nan] * len(plan.requests)
+    last = [math.nan] * len(plan.requests)
+    for b, it in enumerate(plan.iterations):
+        t = end[b * s + s - 1]
+        for r in it.first_tokens:
+            first[r] = t
+        for r in it.finished:
+            last[r] = t
+    events = [_meta("process_name", REQUESTS_PID, None, "requests"),
+              _meta("process_sort_index", REQUESTS_PID, None, 3)]
+    for r, req in enumerate(plan.requests):
+        events.append(_meta("thread_name", REQUESTS_PID, r,
+                            f"r{r} ({req.prompt} in, {req.output} out)"))
+        events.append(_meta("thread_sort_index", REQUESTS_PID, r, r))
+        for name, a, b in (("waiting + prefill", req.arrival, first[r]),
+                           ("decode", first[r], last[r])):
+            if b > a:
+                ts, dur = _span(a, b)
+                events.append({"name": name, "cat": "request", "ph": "X",
+                               "pid": REQUESTS_PID, "tid": r, "ts": ts, "dur": dur,
+                               "args": {"request": r, "start_s": a, "end_s": b}})
+    return events
 
 
 def _network_events(schedule: GraphSchedule, groups: Sequence[str], first_tid: int,

@@ -21,7 +21,7 @@ import contextlib
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeopt.core.greedy import Stuck, solve_greedy
 from pipeopt.core.schedule import GraphSchedule
@@ -34,6 +34,7 @@ from pipeopt.workloads.inference import (
     Plan,
     Request,
     StageModel,
+    Timing,
     build,
     capacity_tokens,
     check_requests,
@@ -84,7 +85,13 @@ def time_plan(plan: Plan, stages: Sequence[StageModel], link: Link = Link(), *,
     else:
         raise ValueError(f"order: expected 'plan', 'greedy' or 'cpsat', got {order!r}")
     name = method or f"{plan.policy}/{order}"
+    sched = replace(sched, method=name)
     return Served(name, plan, sched, metrics(plan, sched))
+
+
+def timing(stages: Sequence[StageModel], link: Link = Link()) -> Timing:
+    """What the policies need to time their iterations when requests arrive over time."""
+    return Timing(tuple(stages), link.latency, link.bandwidth)
 
 
 def ridge_tokens(stages: Sequence[StageModel]) -> float:
@@ -102,7 +109,7 @@ def round_robin(requests: Sequence[Request], stages: Sequence[StageModel],
     """vLLM-like pipelining: one group per stage, first come first served, continuous batching
     under ``token_budget`` tokens per iteration, the plan's order on every device."""
     plan = continuous_plan(requests, len(stages), token_budget, capacity_tokens(stages),
-                           policy="round-robin")
+                           policy="round-robin", timing=timing(stages, link))
     return time_plan(plan, stages, link, method="round-robin")
 
 
@@ -110,7 +117,7 @@ def separated(requests: Sequence[Request], stages: Sequence[StageModel], token_b
               link: Link = Link()) -> Served:
     """TD-Pipe-like: prefill phases and decode phases (one group per stage) in turn."""
     plan = separated_plan(requests, len(stages), token_budget, capacity_tokens(stages),
-                          policy="separated")
+                          policy="separated", timing=timing(stages, link))
     return time_plan(plan, stages, link, method="separated")
 
 
@@ -171,6 +178,7 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
         raise ValueError(f"ttft_limit: must be > 0 s, got {ttft_limit!r}")
     groups = len(stages)
     cap = capacity_tokens(stages)
+    clock = timing(stages, link)
     longest = longest_output_first(reqs)
     # (admission order, fixed group per request or a shared queue)
     packings = {"fcfs/shared": (None, None), "longest/shared": (longest, None),
@@ -186,7 +194,8 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
                 name = f"{pname}/budget {budget:g}" + ("/chunked" if chunked else "")
                 try:
                     plan = continuous_plan(reqs, groups, budget, cap, chunked=chunked,
-                                           order=order, assignment=assign, policy=name)
+                                           order=order, assignment=assign, policy=name,
+                                           timing=clock)
                 except ValueError:
                     continue  # this policy cannot serve every request
                 out.append(time_plan(plan, stages, link))
@@ -218,7 +227,8 @@ def pick(candidates: Sequence[Served], ttft_limit: float | None) -> tuple[Served
 def throughput_bound(requests: Sequence[Request], stages: Sequence[StageModel]) -> float:
     """Output tokens / the least makespan any plan and order can reach (tokens/s).
 
-    The makespan is at least (a) a request's chain: its prefill, in any chunks, takes on some
+    The makespan is at least (a) a request's chain, from its arrival: its prefill, in any
+    chunks, takes on some
     stage k at least the time of the whole prompt there (the chunks' FLOPs add up to the whole
     prompt's and their bytes to at least its bytes; sum of max >= max of sums), after its first
     chunk passed the stages before k and before its last chunk passes those after k (each pass
@@ -238,8 +248,8 @@ def throughput_bound(requests: Sequence[Request], stages: Sequence[StageModel]) 
         prefill = max(m.time(whole) - e for m, e in zip(stages, empty, strict=True))
         decodes = [Iteration(0, decodes=(Decode(0, r.prompt + j),))
                    for j in range(1, r.output)]
-        chain = max(chain, sum(empty) + prefill + sum(m.time(it) for it in decodes
-                                                      for m in stages))
+        chain = max(chain, r.arrival + sum(empty) + prefill + sum(m.time(it) for it in decodes
+                                                                  for m in stages))
     # (b) per stage, all work as one roofline.
     iters = max(r.output for r in reqs)
     tokens = sum(r.prompt + r.output - 1 for r in reqs)

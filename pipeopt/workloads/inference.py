@@ -2,8 +2,8 @@
 
 The workload, in three frozen pieces (times in seconds, memory in bytes, lengths in tokens):
 
-* :class:`Request`: a prompt of ``prompt`` tokens and ``output`` generated tokens. Every request
-  is there at time 0 (offline serving of a known batch of requests: TTFT counts from 0).
+* :class:`Request`: a prompt of ``prompt`` tokens and ``output`` generated tokens, arriving at
+  ``arrival`` s (default 0: offline serving of a known batch); TTFT counts from the arrival.
 * :class:`StageModel`: one pipeline stage on one device, as roofline coefficients; an
   iteration's time on the stage is ``max(FLOPs / peak, bytes read / HBM bandwidth)``
   (:meth:`StageModel.time`). :mod:`pipeopt.costs.inference` derives them from a transformer and
@@ -26,14 +26,21 @@ token, its last stage precedes the first stage of the request's next iteration (
 token goes back, a latency-only message); after a prefill chunk that yields none, the next
 chunk follows it stage by stage (each stage extends the KV it holds: chunks pipeline);
 each task allocates the KV entries it writes at its start and frees the KV of the requests that
-end in it at its end; each device's static memory is its stage's weights.
+end in it at its end; each device's static memory is its stage's weights. When requests
+arrive after 0, an arrival clock follows the iterations: one communication task per distinct
+arrival time (device -1, holding a network resource ``arrivals`` of its own, so nothing else
+contends for it), chained, each lasting the gap since the previous arrival, so it ends at its
+arrival time (or later), and preceding the first stage of the first iteration of each request
+arriving then: no iteration holding a request starts before it arrives. The graph's meta
+records the plan (:func:`plan_meta`), so a schedule file carries its requests and
+:func:`serving_metrics` re-derives the serving figures from it.
 :func:`metrics` reads throughput, TTFT and TPOT off a timed schedule of that graph.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,16 +50,23 @@ from pipeopt.core.schedule import GraphSchedule
 
 @dataclass(frozen=True)
 class Request:
-    """One request: ``prompt`` tokens in, ``output`` tokens out (both >= 1)."""
+    """One request: ``prompt`` tokens in, ``output`` tokens out (both >= 1), arriving at
+    ``arrival`` s (>= 0; its TTFT counts from then, and no iteration holding it starts
+    earlier)."""
 
     prompt: int
     output: int
+    arrival: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prompt", "output"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"request.{name}: must be an integer >= 1, got {v!r}")
+        a = self.arrival
+        if isinstance(a, bool) or not isinstance(a, int | float) or not (
+                math.isfinite(a) and a >= 0):
+            raise ValueError(f"request.arrival: must be a finite number >= 0 s, got {a!r}")
 
     @property
     def kv_tokens(self) -> int:
@@ -73,9 +87,13 @@ def check_requests(requests: Sequence[Request]) -> tuple[Request, ...]:
 
 def sample_requests(n: int, seed: int, *, prompt_median: float, output_median: float,
                     prompt_sigma: float = 1.0, output_sigma: float = 1.0,
-                    max_prompt: int = 4096, max_output: int = 4096) -> tuple[Request, ...]:
+                    max_prompt: int = 4096, max_output: int = 4096,
+                    arrival_rate: float | None = None) -> tuple[Request, ...]:
     """``n`` requests whose prompt and output lengths are log-normal (median, sigma of the
-    log), rounded and clipped to ``1 .. max_*``; the same ``seed`` gives the same requests."""
+    log), rounded and clipped to ``1 .. max_*``; the same ``seed`` gives the same requests.
+    ``arrival_rate`` (requests/s): arrivals of a Poisson process (exponential gaps of mean
+    ``1 / rate``, the first after one gap, drawn after the lengths, so the lengths are those
+    without it); None: all at 0."""
     import numpy as np
 
     if not isinstance(n, int) or n < 1:
@@ -94,7 +112,13 @@ def sample_requests(n: int, seed: int, *, prompt_median: float, output_median: f
     o = rng.lognormal(math.log(output_median), output_sigma, n)
     p = np.clip(np.rint(p), 1, max_prompt).astype(int).tolist()
     o = np.clip(np.rint(o), 1, max_output).astype(int).tolist()
-    return tuple(Request(a, b) for a, b in zip(p, o, strict=True))
+    if arrival_rate is None:
+        return tuple(Request(a, b) for a, b in zip(p, o, strict=True))
+    if not (arrival_rate > 0 and math.isfinite(arrival_rate)):
+        raise ValueError(f"requests.arrival_rate: must be a finite number > 0 requests/s, "
+                         f"got {arrival_rate!r}")
+    t = np.cumsum(rng.exponential(1.0 / arrival_rate, n)).tolist()
+    return tuple(Request(a, b, c) for a, b, c in zip(p, o, t, strict=True))
 
 
 # ----- cost of one iteration on one stage ----------------------------------------------------
@@ -306,12 +330,58 @@ class _State:
         self.generated = 0
 
 
+@dataclass(frozen=True)
+class Timing:
+    """What a policy needs to know when its iterations start, for requests that arrive over
+    time: the stage models and the links between stages (latency s, bandwidth bytes/s), as
+    :func:`build` is given them."""
+
+    stages: tuple[StageModel, ...]
+    latency: float = 0.0
+    bandwidth: float = math.inf
+
+
+class _Clock:
+    """The plan's own order timed as it is formed (what :func:`build` + the core simulator
+    give when links do not queue messages): per stage the end of its last iteration, per
+    request when its next iteration may start on the first stage, and a floor (s) no later
+    iteration starts before (raised to the next arrival when nothing can run)."""
+
+    def __init__(self, timing: Timing, requests: Sequence[Request]) -> None:
+        self.timing = timing
+        self.free = [0.0] * len(timing.stages)
+        self.ready = [r.arrival for r in requests]
+        self.floor = 0.0
+
+    def now(self, live: Sequence[int]) -> float:
+        """When an iteration of the requests ``live`` (and any just arriving) would start."""
+        return max(self.free[0], self.floor, *(self.ready[r] for r in live))
+
+    def run(self, it: Iteration) -> None:
+        """Time ``it`` after the iterations before it, stage by stage."""
+        t = self.timing
+        members = [c.request for c in it.chunks] + [d.request for d in it.decodes]
+        arrive = self.now(members)
+        for k, m in enumerate(t.stages):
+            start = max(self.free[k], arrive)
+            self.free[k] = start + m.time(it)
+            arrive = self.free[k] + t.latency + it.tokens * m.activation_bytes_per_token / (
+                t.bandwidth)
+        for r in (*it.first_tokens, *(d.request for d in it.decodes)):
+            self.ready[r] = self.free[-1] + t.latency
+        for c in it.chunks:  # a further chunk follows stage by stage (free[k] says when)
+            self.ready[c.request] = max(self.ready[c.request], self.free[0])
+
+
 class _Former:
     """Shared bookkeeping of the policies: KV reservations against the stages' capacity (a
     request reserves ``prompt + output - 1`` entries when admitted, so the plan's own order
-    never passes a stage's memory), and the iterations formed so far."""
+    never passes a stage's memory), the iterations formed so far, and, when requests arrive
+    over time, the clock that keeps a request out of iterations that start before it
+    arrives (``timing`` is then required)."""
 
-    def __init__(self, requests: Sequence[Request], capacity_tokens: float) -> None:
+    def __init__(self, requests: Sequence[Request], capacity_tokens: float,
+                 timing: Timing | None = None) -> None:
         self.requests = check_requests(requests)
         self.state = [_State(r) for r in self.requests]
         self.capacity = capacity_tokens
@@ -321,9 +391,38 @@ class _Former:
             if r.kv_tokens > capacity_tokens:
                 raise ValueError(f"requests[{i}]: needs {r.kv_tokens} KV tokens, more than a "
                                  f"stage holds ({capacity_tokens:g})")
+        self.clock: _Clock | None = None
+        if any(r.arrival for r in self.requests):
+            if timing is None:
+                raise ValueError("timing: requests arrive over time (arrival > 0); the "
+                                 "policy needs the stage models to know when they may join")
+            self.clock = _Clock(timing, self.requests)
 
     def fits(self, r: int) -> bool:
         return self.reserved + self.requests[r].kv_tokens <= self.capacity
+
+    def arrived(self, queue: Sequence[int], now: float) -> int | None:
+        """Index in ``queue`` of its first request arrived by ``now`` s (None: none has)."""
+        if self.clock is None:
+            return 0 if queue else None
+        reqs = self.requests
+        return next((i for i, r in enumerate(queue) if reqs[r].arrival <= now), None)
+
+    def now(self, live: Sequence[int]) -> float:
+        """When the next iteration over ``live`` would start (0 without a clock)."""
+        return 0.0 if self.clock is None else self.clock.now(live)
+
+    def wait(self, queue: Sequence[int]) -> bool:
+        """Nothing could run: move the clock's floor to the next arrival in ``queue`` after
+        it; False when there is none (the policy is stuck for another reason)."""
+        if self.clock is None:
+            return False
+        later = [self.requests[r].arrival for r in queue
+                 if self.requests[r].arrival > self.clock.floor]
+        if not later:
+            return False
+        self.clock.floor = min(later)
+        return True
 
     def admit(self, r: int) -> None:
         self.reserved += self.requests[r].kv_tokens
@@ -355,11 +454,13 @@ class _Former:
             for r in live:
                 if st[r].prefilled < st[r].request.prompt and not take(r):
                     break
-            while queue and left >= 1 and self.fits(queue[0]):
-                if not take(queue[0]):
+            now = self.now(live)
+            while queue and left >= 1:
+                i = self.arrived(queue, now)
+                if i is None or not self.fits(queue[i]) or not take(queue[i]):
                     break
-                self.admit(queue[0])
-                live.append(queue.pop(0))
+                self.admit(queue[i])
+                live.append(queue.pop(i))
         if not chunks and not decodes:
             return False
         for c in chunks:
@@ -375,8 +476,10 @@ class _Former:
         for r in done:
             live.remove(r)
             self.reserved -= st[r].request.kv_tokens
-        self.iterations.append(Iteration(group, tuple(chunks), tuple(decodes), tuple(firsts),
-                                         tuple(done)))
+        it = Iteration(group, tuple(chunks), tuple(decodes), tuple(firsts), tuple(done))
+        self.iterations.append(it)
+        if self.clock is not None:
+            self.clock.run(it)
         return True
 
     def stuck(self) -> ValueError:
@@ -395,9 +498,11 @@ def _check_policy(groups: int, budget: float) -> None:
 def _assign(requests: Sequence[Request], order: Sequence[int] | None,
             groups: int, assignment: Sequence[int] | None) -> list[list[int]]:
     """Per group, its queue of request ids (``assignment[i]``: request i's group), or one
-    shared queue (``[[...]]``) when ``assignment`` is None; ``order``: admission order."""
+    shared queue (``[[...]]``) when ``assignment`` is None; ``order``: admission order
+    (default: by arrival, ties as given)."""
     n = len(requests)
-    seq = list(range(n)) if order is None else list(order)
+    seq = (sorted(range(n), key=lambda i: requests[i].arrival) if order is None
+           else list(order))
     if sorted(seq) != list(range(n)):
         raise ValueError(f"policy.order: must be a permutation of 0..{n - 1}")
     if assignment is None:
@@ -415,19 +520,22 @@ def continuous_plan(requests: Sequence[Request], microbatches: int, token_budget
                     capacity_tokens: float = math.inf, *, chunked: bool = False,
                     order: Sequence[int] | None = None,
                     assignment: Sequence[int] | None = None,
-                    policy: str = "continuous") -> Plan:
+                    policy: str = "continuous", timing: Timing | None = None) -> Plan:
     """Continuous batching over ``microbatches`` groups taking turns (round-robin, as vLLM's
     pipeline-parallel engines do): each turn, a group decodes all its live requests (decodes
     are never held back) and admits new ones from the queue while its ``token_budget`` (tokens
     per iteration, decodes included) and the KV ``capacity_tokens`` (the smallest over the
     stages) allow; a request leaves once done.
 
-    ``order``: the admission order (default: as given). ``assignment``: a fixed group per
-    request (length-aware packing); None = a shared queue, each request joining whichever group
-    takes its turn when it comes up. ``chunked``: a prompt may be split over iterations to fill
-    the budget (chunked prefill); without it a prompt larger than the budget runs alone."""
+    ``order``: the admission order among the requests that have arrived (default: by
+    arrival). ``assignment``: a fixed group per request (length-aware packing); None = a shared
+    queue, each request joining whichever group takes its turn when it comes up. ``chunked``:
+    a prompt may be split over iterations to fill the budget (chunked prefill); without it a
+    prompt larger than the budget runs alone. ``timing``: required when some request arrives
+    after 0; a request joins only an iteration that starts (by the plan's own timing) once it
+    has arrived, and a group with nothing to run skips its turn."""
     _check_policy(microbatches, token_budget)
-    f = _Former(requests, capacity_tokens)
+    f = _Former(requests, capacity_tokens, timing)
     queues = _assign(f.requests, order, microbatches, assignment)
     live: list[list[int]] = [[] for _ in range(microbatches)]
     remaining = len(f.requests)
@@ -439,44 +547,49 @@ def continuous_plan(requests: Sequence[Request], microbatches: int, token_budget
             ran |= f.iterate(g, live[g], token_budget, chunked, q)
             if len(f.iterations) > before:
                 remaining -= len(f.iterations[-1].finished)
-        if not ran:
+        if not ran and not f.wait([r for q in queues for r in q]):
             raise f.stuck()
     return Plan(f.requests, tuple(f.iterations), policy)
 
 
 def static_plan(requests: Sequence[Request], microbatches: int, batch_size: int,
                 capacity_tokens: float = math.inf, *, order: Sequence[int] | None = None,
-                policy: str = "static") -> Plan:
+                policy: str = "static", timing: Timing | None = None) -> Plan:
     """Fixed micro-batches: the requests, in ``order``, cut into batches of ``batch_size``;
     ``microbatches`` groups take turns, each prefilling a whole batch in one iteration and
     decoding it until its last request ends (requests that end early leave it), then taking the
-    next batch. No request joins a running batch."""
+    next batch. No request joins a running batch. When requests arrive over time (``timing``
+    required), a group that is free takes the first ``batch_size`` requests in ``order`` that
+    have arrived by its iteration's start."""
     _check_policy(microbatches, 1)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"policy.batch_size: must be an integer >= 1, got {batch_size!r}")
-    f = _Former(requests, capacity_tokens)
+    f = _Former(requests, capacity_tokens, timing)
     seq = _assign(f.requests, order, microbatches, None)[0]
-    batches = [seq[i:i + batch_size] for i in range(0, len(seq), batch_size)]
     live: list[list[int]] = [[] for _ in range(microbatches)]
-    while batches or any(live):
+    while seq or any(live):
         ran = False
         for g in range(microbatches):
-            if not live[g] and batches:
-                nxt = batches[0]
-                if f.reserved + sum(f.requests[r].kv_tokens for r in nxt) > f.capacity:
+            if not live[g] and seq:
+                now = f.now(())
+                nxt = [r for r in seq if f.requests[r].arrival <= now][:batch_size]
+                if not nxt or (f.reserved + sum(f.requests[r].kv_tokens for r in nxt)
+                               > f.capacity):
                     continue
-                batches.pop(0)
-                ran |= f.iterate(g, live[g], math.inf, False, list(nxt))
+                for r in nxt:
+                    seq.remove(r)
+                ran |= f.iterate(g, live[g], math.inf, False, nxt)
                 continue
             ran |= f.iterate(g, live[g], math.inf, False, None)
-        if not ran:
+        if not ran and not f.wait(seq):
             raise f.stuck()
     return Plan(f.requests, tuple(f.iterations), policy)
 
 
 def separated_plan(requests: Sequence[Request], microbatches: int, token_budget: float,
                    capacity_tokens: float = math.inf, *, order: Sequence[int] | None = None,
-                   refill_fraction: float = 0.5, policy: str = "separated") -> Plan:
+                   refill_fraction: float = 0.5, policy: str = "separated",
+                   timing: Timing | None = None) -> Plan:
     """Prefill and decode separated in time (after TD-Pipe, Zhang et al. 2025): a prefill
     phase admits requests in ``order`` while the KV capacity allows and prefills them in
     iterations of at most ``token_budget`` tokens (independent of each other, so they stream
@@ -486,11 +599,12 @@ def separated_plan(requests: Sequence[Request], microbatches: int, token_budget:
     (0: decode until all end), then the next prefill phase. Prefill iterations carry group
     number ``microbatches`` (one past the decode groups). ``refill_fraction`` is this
     policy's knob, not a figure from the paper (TD-Pipe decides by comparing the two phases'
-    compute intensity)."""
+    compute intensity). When requests arrive over time (``timing`` required), a prefill phase
+    admits only those that have arrived."""
     _check_policy(microbatches, token_budget)
     if not 0 <= refill_fraction <= 1:
         raise ValueError(f"policy.refill_fraction: must be in [0, 1], got {refill_fraction!r}")
-    f = _Former(requests, capacity_tokens)
+    f = _Former(requests, capacity_tokens, timing)
     queue = _assign(f.requests, order, microbatches, None)[0]
     groups: list[list[int]] = [[] for _ in range(microbatches)]
     while queue or any(groups):
@@ -501,6 +615,8 @@ def separated_plan(requests: Sequence[Request], microbatches: int, token_budget:
             admitted.extend(r for r in f.iterations[-1].first_tokens
                             if r not in f.iterations[-1].finished)
         if not admitted and not any(groups) and queue:
+            if f.wait(queue):
+                continue
             raise f.stuck()
         for r in admitted:
             min(groups, key=len).append(r)
@@ -508,7 +624,9 @@ def separated_plan(requests: Sequence[Request], microbatches: int, token_budget:
         while any(groups):
             for g in range(microbatches):
                 f.iterate(g, groups[g], math.inf, False, None, prefill=False)
-            if queue and f.fits(queue[0]) and sum(map(len, groups)) <= refill_fraction * phase:
+            nxt = f.arrived(queue, f.now(()))
+            if nxt is not None and f.fits(queue[nxt]) and (
+                    sum(map(len, groups)) <= refill_fraction * phase):
                 break
     return Plan(f.requests, tuple(f.iterations), policy)
 
@@ -523,6 +641,156 @@ def plan_orders(plan: Plan, stages: int) -> list[list[int]]:
     """Per device, its tasks in the plan's iteration order (the hand-made order)."""
     n = len(plan.iterations)
     return [[b * stages + k for b in range(n)] for k in range(stages)]
+
+
+#: Request ids a task label lists per kind (prefill, decode) before it says how many more.
+LABEL_IDS = 3
+
+
+def _ids(rs: Sequence[int]) -> str:
+    shown = ",".join(map(str, rs[:LABEL_IDS]))
+    return shown + (f"+{len(rs) - LABEL_IDS}" if len(rs) > LABEL_IDS else "")
+
+
+def iteration_label(b: int, it: Iteration) -> tuple[str, str]:
+    """The two parts of the label of iteration ``b``'s task on a stage, around the stage:
+    ``("i12 g1", " P3,7 D0,1,2+5")`` (prefill requests ``P``, decoding ones ``D``, at most
+    :data:`LABEL_IDS` ids each, then how many more)."""
+    tail = ""
+    if it.chunks:
+        tail += " P" + _ids([c.request for c in it.chunks])
+    if it.decodes:
+        tail += " D" + _ids([d.request for d in it.decodes])
+    return f"i{b} g{it.group}", tail
+
+
+def iteration_kind(it: Iteration) -> str:
+    """The group plots and traces colour an iteration by: ``prefill``, ``decode`` or
+    ``prefill+decode``."""
+    if it.chunks and it.decodes:
+        return "prefill+decode"
+    return "prefill" if it.chunks else "decode"
+
+
+def plan_meta(plan: Plan) -> dict[str, object]:
+    """``plan`` as JSON-ready data (the ``plan`` entry of :func:`build`'s graph meta, written
+    in schedule JSON v2's ``graph.meta``): ``policy``; ``requests``: columns ``prompt``,
+    ``output`` (tokens), ``arrival`` (s); ``iterations``: columns ``group``, ``prefill`` (per
+    iteration, its chunks as ``[request, cached, tokens]``) and ``decode`` (``[request,
+    context]``). :func:`plan_from_meta` reads it back."""
+    reqs, its = plan.requests, plan.iterations
+    return {
+        "policy": plan.policy,
+        "requests": {"prompt": tuple(r.prompt for r in reqs),
+                     "output": tuple(r.output for r in reqs),
+                     "arrival": tuple(r.arrival for r in reqs)},
+        "iterations": {"group": tuple(it.group for it in its),
+                       "prefill": tuple(tuple(tuple(c) for c in it.chunks) for it in its),
+                       "decode": tuple(tuple(tuple(d) for d in it.decodes) for it in its)},
+    }
+
+
+def _meta_ints(value: object, where: str, n: int) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple) or len(value) != n or not all(
+            type(x) is int for x in value):
+        raise ValueError(f"{where}: expected a list of {n} integers")
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def plan_from_meta(meta: Mapping[str, object]) -> Plan:
+    """The :class:`Plan` of :func:`plan_meta`'s data (lists or tuples, mappings); the first
+    tokens and the ends are derived (a chunk that completes its prompt yields the first
+    token; a request ends when it has yielded ``output`` tokens). ValueError naming the
+    field (``plan.iterations.prefill[3]: ...``) for anything malformed."""
+    if not isinstance(meta, Mapping):
+        raise ValueError("plan: expected a mapping")
+    reqs, its = meta.get("requests"), meta.get("iterations")
+    if not isinstance(reqs, Mapping) or not isinstance(its, Mapping):
+        raise ValueError("plan: expected the mappings requests and iterations")
+    prompt = reqs.get("prompt")
+    n = len(prompt) if isinstance(prompt, list | tuple) else -1
+    prompt = _meta_ints(prompt, "plan.requests.prompt", n)
+    output = _meta_ints(reqs.get("output"), "plan.requests.output", n)
+    arrival = reqs.get("arrival", (0.0,) * n)
+    if not isinstance(arrival, list | tuple) or len(arrival) != n or not all(
+            type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in arrival):
+        raise ValueError(f"plan.requests.arrival: expected {n} numbers >= 0 (s)")
+    try:
+        requests = tuple(Request(p, o, float(a))
+                         for p, o, a in zip(prompt, output, arrival, strict=True))
+    except ValueError as exc:
+        raise ValueError(f"plan.requests: {exc}") from None
+    group = its.get("group")
+    m = len(group) if isinstance(group, list | tuple) else -1
+    group = _meta_ints(group, "plan.iterations.group", m)
+    columns = {}
+    for key, width in (("prefill", 3), ("decode", 2)):
+        col = its.get(key)
+        if not isinstance(col, list | tuple) or len(col) != m:
+            raise ValueError(f"plan.iterations.{key}: expected a list per iteration ({m})")
+        for b, entries in enumerate(col):
+            if not isinstance(entries, list | tuple) or not all(
+                    isinstance(e, list | tuple) and len(e) == width
+                    and all(type(x) is int for x in e) for e in entries):
+                raise ValueError(f"plan.iterations.{key}[{b}]: expected a list of "
+                                 f"{width}-integer lists")
+        columns[key] = col
+    generated = [0] * n
+    iterations = []
+    for b in range(m):
+        chunks = tuple(Chunk(*e) for e in columns["prefill"][b])
+        decodes = tuple(Decode(*e) for e in columns["decode"][b])
+        for r in (*(c.request for c in chunks), *(d.request for d in decodes)):
+            if not 0 <= r < n:
+                raise ValueError(f"plan.iterations[{b}]: request {r} is not 0..{n - 1}")
+        firsts = tuple(c.request for c in chunks if c.cached + c.tokens == prompt[c.request])
+        for r in (*firsts, *(d.request for d in decodes)):
+            generated[r] += 1
+        done = tuple(r for r in (*firsts, *(d.request for d in decodes))
+                     if generated[r] == output[r])
+        iterations.append(Iteration(group[b], chunks, decodes, firsts, done))
+    policy = meta.get("policy", "custom")
+    try:
+        return Plan(requests, tuple(iterations), policy if isinstance(policy, str) else "custom")
+    except ValueError as exc:  # Plan's own rules, named under plan.
+        text = str(exc)
+        raise ValueError(text if text.startswith("plan:") else f"plan.{text}") from None
+
+
+def arrival_times(plan: Plan) -> tuple[tuple[float, tuple[int, ...]], ...]:
+    """The distinct arrival times after 0 (s), ascending, each with the requests arriving
+    then: the tasks of :func:`build`'s arrival clock, in order."""
+    at: dict[float, list[int]] = {}
+    for r, req in enumerate(plan.requests):
+        if req.arrival > 0:
+            at.setdefault(req.arrival, []).append(r)
+    return tuple((t, tuple(at[t])) for t in sorted(at))
+
+
+def arrival_task_count(plan: Plan) -> int:
+    """Tasks of :func:`build`'s arrival clock: one per distinct arrival time after 0."""
+    return len({r.arrival for r in plan.requests if r.arrival > 0})
+
+
+def serving_plan(graph: TaskGraph) -> Plan | None:
+    """The plan recorded in ``graph``'s meta by :func:`build` (None when the graph is not a
+    serving plan's); ValueError when the record is malformed or does not match the graph
+    (iterations x devices tasks)."""
+    meta = dict(graph.meta)
+    if meta.get("workload") != "inference" or "plan" not in meta:
+        return None
+    plan = plan_from_meta(meta["plan"])  # type: ignore[arg-type]
+    if len(plan.iterations) * graph.devices != graph.num_tasks - arrival_task_count(plan):
+        raise ValueError(f"plan: {len(plan.iterations)} iterations on {graph.devices} stages "
+                         f"do not match the graph's {graph.num_tasks} tasks")
+    return plan
+
+
+def serving_metrics(schedule: GraphSchedule) -> Metrics | None:
+    """:func:`metrics` of a schedule of a :func:`build` graph, read from the plan its meta
+    records (None for any other graph)."""
+    plan = serving_plan(schedule.graph)
+    return None if plan is None else metrics(plan, schedule)
 
 
 def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
@@ -548,6 +816,7 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
     mem_start: list[float] = []
     mem_end: list[float] = []
     label: list[str] = []
+    group: list[str] = []
     src: list[int] = []
     dst: list[int] = []
     size: list[float] = []
@@ -556,12 +825,15 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
         written = it.kv_written
         freed = sum(reqs[r].kv_tokens for r in it.finished)
         tokens = it.tokens
+        name = iteration_label(b, it)
+        kind = iteration_kind(it)
         for k, m in enumerate(models):
             device.append(k)
             duration.append(m.time(it))
             mem_start.append(written * m.kv_bytes_per_token)
             mem_end.append(-freed * m.kv_bytes_per_token)
-            label.append(f"i{b}.g{it.group}.s{k}")
+            label.append(f"{name[0]} s{k}{name[1]}")
+            group.append(kind)
             if k:
                 src.append(b * s + k - 1)
                 dst.append(b * s + k)
@@ -589,6 +861,30 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
     pairs = [(k, k + 1) for k in range(s - 1)]
     if s > 1:
         pairs.append((s - 1, 0))
+    network: dict[str, object] = {}
+    times = arrival_times(plan)
+    if times:  # the arrival clock: a chain of waits on a resource of its own
+        base = len(device)
+        first = {r: its[0] for r, its in enumerate(plan.request_iterations)}
+        prev = 0.0
+        for j, (t, rs) in enumerate(times):
+            device.append(-1)
+            duration.append(t - prev)
+            mem_start.append(0.0)
+            mem_end.append(0.0)
+            label.append(f"arrive r{_ids(rs)}")
+            group.append("arrival")
+            prev = t
+            if j:
+                src.append(base + j - 1)
+                dst.append(base + j)
+                size.append(0.0)
+            for b in sorted({first[r] for r in rs}):
+                src.append(base + j)
+                dst.append(b * s)
+                size.append(0.0)
+        network = {"networks": ("arrivals",),
+                   "holds": ((),) * base + ((len(pairs),),) * len(times)}
     return TaskGraph(
         memory_limit=tuple(m.memory_limit for m in models),
         static_memory=tuple(m.weight_bytes for m in models),
@@ -596,7 +892,9 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
         latency=(latency,) * len(pairs), bandwidth=(bandwidth,) * len(pairs),
         device=tuple(device), duration=tuple(duration), mem_start=tuple(mem_start),
         mem_end=tuple(mem_end), label=tuple(label), src=tuple(src), dst=tuple(dst),
-        bytes=tuple(size), meta=(("workload", "inference"), ("policy", plan.policy)))
+        bytes=tuple(size), meta=(("workload", "inference"), ("policy", plan.policy),
+                                 ("task_group", tuple(group)), ("plan", plan_meta(plan))),
+        **network)  # type: ignore[arg-type]
 
 
 # ----- metrics -------------------------------------------------------------------------------
@@ -605,7 +903,7 @@ class Metrics:
     """Serving figures of a timed plan (seconds; tokens/s).
 
     ``throughput_tokens_per_s``: output tokens / makespan; ``ttft_*``: time to first token (the
-    end of the last stage of the iteration that yields it; requests arrive at 0), p50 / p99 by
+    end of the last stage of the iteration that yields it, less the request's arrival), p50 / p99 by
     linear interpolation between order statistics (numpy's default); ``tpot_s``: time per
     output token after the first, ``(last - first) / (output - 1)``, averaged over requests
     with output > 1 (0 when there is none); ``makespan_s``."""
@@ -639,7 +937,7 @@ def metrics(plan: Plan, schedule: GraphSchedule) -> Metrics:
     """Throughput, TTFT and TPOT of ``schedule``, a timed :func:`build` graph of ``plan``."""
     g = schedule.graph
     s = g.devices
-    if g.num_tasks != len(plan.iterations) * s:
+    if g.num_tasks != len(plan.iterations) * s + arrival_task_count(plan):
         raise ValueError(f"schedule: {g.num_tasks} tasks, the plan has "
                          f"{len(plan.iterations)} iterations x {s} stages")
     first = [math.nan] * len(plan.requests)
@@ -647,12 +945,13 @@ def metrics(plan: Plan, schedule: GraphSchedule) -> Metrics:
     for b, it in enumerate(plan.iterations):
         t = schedule.end[b * s + s - 1]
         for r in it.first_tokens:
-            first[r] = t
+            first[r] = t - plan.requests[r].arrival
         for r in it.finished:
             last[r] = t
     makespan = schedule.makespan
-    tpots = [(b - a) / (r.output - 1) for a, b, r in zip(first, last, plan.requests,
-                                                         strict=True) if r.output > 1]
+    tpots = [(b - a - r.arrival) / (r.output - 1) for a, b, r in zip(first, last, plan.requests,
+                                                                     strict=True)
+             if r.output > 1]
     return Metrics(
         throughput_tokens_per_s=plan.output_tokens / makespan if makespan > 0 else math.inf,
         ttft_p50_s=percentile(first, 50), ttft_p99_s=percentile(first, 99),

@@ -1,0 +1,210 @@
+"""Serving plans as schedule files, plots and traces (issue 15 item 6), and requests that
+arrive over time (TTFT from the arrival, no iteration before its requests arrive)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeopt.core.simulate import simulate
+from pipeopt.core.validate import check
+from pipeopt.graphio import dump_any, graph_schedule_from_dict, graph_schedule_to_dict, load_any
+from pipeopt.simulate import ScheduleError
+from pipeopt.solvers import inference as si
+from pipeopt.workloads import inference as wi
+from pipeopt.workloads.inference import Request, StageModel, Timing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A stage whose iteration takes (1 + KV tokens read) s: weights 1 byte, 1 byte per KV entry,
+#: 1 byte/s, no FLOPs; memory unlimited.
+UNIT = StageModel(linear_flops_per_token=0.0, attention_flops_per_key=0.0, weight_bytes=1.0,
+                  kv_bytes_per_token=1.0, peak_flops=1.0, hbm_bandwidth=1.0)
+
+
+def timed(plan: wi.Plan, stages: tuple[StageModel, ...]) -> object:
+    graph = wi.build(plan, stages)
+    sched = simulate(graph, wi.plan_orders(plan, len(stages)), check=False)
+    assert check(sched) == []
+    return sched
+
+
+# ----- arrivals ------------------------------------------------------------------------------
+def test_arrival_delays_the_first_iteration_and_ttft_counts_from_it() -> None:
+    """One stage, one request (prompt 1, output 2) arriving at 3 s: its prefill reads 1 KV
+    entry (2 s), from 3 to 5; its decode reads 2 (3 s), from 5 to 8. TTFT = 5 - 3 = 2 s,
+    TPOT = 8 - 5 = 3 s, throughput 2 tokens / 8 s."""
+    plan = wi.continuous_plan([Request(1, 2, 3.0)], 1, 8, timing=Timing((UNIT,)))
+    sched = timed(plan, (UNIT,))
+    m = wi.metrics(plan, sched)
+    assert (m.ttft_p50_s, m.tpot_s, m.makespan_s) == (2.0, 3.0, 8.0)
+    assert m.throughput_tokens_per_s == pytest.approx(2 / 8)
+    assert sched.start[0] == 3.0  # not before the arrival
+    assert sched.graph.label[-1] == "arrive r0" and sched.graph.device[-1] == -1
+
+
+def test_a_late_request_joins_the_iteration_running_after_it_arrives() -> None:
+    """Two stages, requests (1, 3) at 0 and (1, 2) at 2.5 s, continuous batching in one
+    group: i0 prefills r0 (2 s per stage: 0-2, 2-4); at 4 (r0's token is back) r1 has
+    arrived and joins i1 with r0's decode (reads 1 + 2 entries: 4 s: 4-8, 8-12); i2 decodes
+    both (reads 3 + 2: 6 s: 12-18, 18-24). TTFT r0 = 4, r1 = 12 - 2.5 = 9.5; TPOT r0 =
+    (24 - 4) / 2 = 10, r1 = (24 - 12) / 1 = 12."""
+    reqs = (Request(1, 3, 0.0), Request(1, 2, 2.5))
+    plan = wi.continuous_plan(reqs, 1, 8, timing=Timing((UNIT, UNIT)))
+    assert [len(it.chunks) + len(it.decodes) for it in plan.iterations] == [1, 2, 2]
+    sched = timed(plan, (UNIT, UNIT))
+    m = wi.metrics(plan, sched)
+    assert m.ttft_s == (4.0, 9.5)
+    assert m.ttft_p50_s == pytest.approx(6.75)
+    assert m.tpot_s == pytest.approx(11.0)
+    assert m.makespan_s == 24.0
+
+
+def test_nothing_arrived_waits_for_the_next_arrival() -> None:
+    """One stage; r0 (1, 1) at 0 ends at 2 s; r1 (1, 1) arrives at 10: the policy waits, its
+    prefill runs 10-12; TTFTs 2 and 2."""
+    reqs = (Request(1, 1), Request(1, 1, 10.0))
+    for plan in (wi.continuous_plan(reqs, 2, 8, timing=Timing((UNIT,))),
+                 wi.static_plan(reqs, 2, 4, timing=Timing((UNIT,))),
+                 wi.separated_plan(reqs, 2, 8, timing=Timing((UNIT,)))):
+        sched = timed(plan, (UNIT,))
+        m = wi.metrics(plan, sched)
+        assert m.ttft_s == (2.0, 2.0), plan.policy
+        assert m.makespan_s == 12.0
+
+
+def test_policies_need_timing_when_requests_arrive_over_time() -> None:
+    with pytest.raises(ValueError, match="timing: requests arrive over time"):
+        wi.continuous_plan([Request(1, 1, 1.0)], 1, 8)
+    with pytest.raises(ValueError, match=r"request\.arrival: must be a finite number >= 0"):
+        Request(1, 1, -1.0)
+    with pytest.raises(ValueError, match=r"request\.arrival"):
+        Request(1, 1, math.inf)
+
+
+def test_poisson_arrivals_are_seeded_and_keep_the_lengths() -> None:
+    a = wi.sample_requests(50, 3, prompt_median=100, output_median=10, arrival_rate=4.0)
+    b = wi.sample_requests(50, 3, prompt_median=100, output_median=10, arrival_rate=4.0)
+    c = wi.sample_requests(50, 3, prompt_median=100, output_median=10)
+    assert a == b
+    assert [(r.prompt, r.output) for r in a] == [(r.prompt, r.output) for r in c]
+    t = [r.arrival for r in a]
+    assert t == sorted(t) and t[0] > 0
+    assert t[-1] / 50 == pytest.approx(1 / 4.0, rel=0.5)  # mean gap 1 / rate
+    with pytest.raises(ValueError, match=r"requests\.arrival_rate"):
+        wi.sample_requests(5, 0, prompt_median=1, output_median=1, arrival_rate=0.0)
+
+
+def _llama_stages(n: int = 2) -> tuple[StageModel, ...]:
+    from pipeopt.costs import inference as ci
+    from pipeopt.costs.config import PRESETS
+    from pipeopt.costs.transformer import TransformerShape
+
+    keys = TransformerShape.__dataclass_fields__
+    shape = TransformerShape(**{k: v for k, v in PRESETS["llama2-70b"].items() if k in keys},
+                             dtype="fp16", causal=True)
+    return ci.stage_models(shape, "H100", n)
+
+
+def test_every_method_respects_arrivals() -> None:
+    """No task of an iteration starts before the requests it holds arrive, for the baselines
+    and every candidate of the search (the plan's order and the greedy's)."""
+    stages = _llama_stages()
+    reqs = wi.sample_requests(24, 1, prompt_median=300, output_median=20, arrival_rate=20.0)
+    link = si.Link(2e-6, 450e9)
+    runs = [si.round_robin(reqs, stages, 2048, link), si.separated(reqs, stages, 2048, link),
+            *si.search(reqs, stages, link=link, budgets=(512,)).candidates]
+    assert any(c.method.endswith("/greedy") for c in runs)
+    for served in runs:
+        sched = served.schedule
+        assert check(sched) == [], served.method
+        s = len(stages)
+        for b, it in enumerate(served.plan.iterations):
+            members = [c.request for c in it.chunks] + [d.request for d in it.decodes]
+            latest = max(reqs[r].arrival for r in members)
+            assert sched.start[b * s] >= latest - 1e-12, served.method
+        assert all(t >= 0 for t in served.metrics.ttft_s)
+        bound = si.throughput_bound(reqs, stages)
+        assert served.metrics.throughput_tokens_per_s <= bound * (1 + 1e-9)
+
+
+# ----- schedule JSON v2, plot, trace ---------------------------------------------------------
+def test_v2_carries_the_plan_and_the_serving_metrics(tmp_path: Path) -> None:
+    reqs = (Request(1, 3, 0.0), Request(1, 2, 2.5))
+    plan = wi.continuous_plan(reqs, 1, 8, timing=Timing((UNIT, UNIT)))
+    sched = timed(plan, (UNIT, UNIT))
+    path = tmp_path / "serve.json"
+    dump_any(sched, path)
+    doc = json.loads(path.read_text())
+    assert doc["metrics"]["ttft_p50_s"] == pytest.approx(6.75)
+    assert doc["metrics"]["tpot_s"] == pytest.approx(11.0)
+    assert doc["metrics"]["throughput_tokens_per_s"] == pytest.approx(5 / 24)
+    assert doc["graph"]["meta"]["task_group"][:2] == ["prefill", "prefill"]
+    back = load_any(path)
+    assert wi.serving_plan(back.graph) == plan
+    assert wi.serving_metrics(back) == wi.metrics(plan, sched)
+    # Recorded figures must be those of the plan and the times.
+    bad = graph_schedule_to_dict(sched)
+    bad["metrics"]["ttft_p99_s"] = 1.0
+    with pytest.raises(ScheduleError, match=r"metrics\.ttft_p99_s: the file says 1"):
+        graph_schedule_from_dict(json.loads(json.dumps(bad)))
+    bad = json.loads(path.read_text())
+    bad["graph"]["meta"]["plan"]["requests"]["output"] = [3]
+    with pytest.raises(ScheduleError, match=r"graph\.meta\.plan\.requests\.output: expected "
+                                            r"a list of 2 integers"):
+        graph_schedule_from_dict(bad)
+    bad = json.loads(path.read_text())
+    bad["graph"]["meta"]["plan"]["iterations"]["decode"][1] = [[0, 7]]
+    with pytest.raises(ScheduleError, match=r"graph\.meta\.plan\.iterations\[1\]: decode of "
+                                            r"request 0 \(context 7\) out of turn"):
+        graph_schedule_from_dict(bad)
+
+
+def test_example_solves_plots_and_traces(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Done-when of issue 15: examples/inference.yaml solves, plots, traces (a smaller
+    request count and time limit, the example's keys otherwise)."""
+    from pipeopt.cli import main
+
+    text = (ROOT / "examples" / "inference.yaml").read_text()
+    assert "count: 60" in text
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(text.replace("count: 60", "count: 12"))
+    out = tmp_path / "serve.json"
+    assert main(["solve", str(cfg), "-o", str(out), "--time-limit", "20"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pipeopt.schedule/v2" and doc["metrics"]["ttft_p99_s"] > 0
+    png = tmp_path / "serve.png"
+    assert main(["plot", str(out), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = tmp_path / "serve.trace.json"
+    assert main(["trace", str(out), "-o", str(trace)]) == 0
+    events = json.loads(trace.read_text())
+    other = events["otherData"]
+    for key in ("throughput_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_s"):
+        assert other[key] == pytest.approx(doc["metrics"][key])
+    assert other["requests"] == 12
+    tracks = [e for e in events["traceEvents"] if e.get("pid") == 4 and e["ph"] == "X"]
+    assert {e["tid"] for e in tracks} == set(range(12))
+    tasks = [e for e in events["traceEvents"] if e.get("pid") == 1 and e["ph"] == "X"]
+    assert all("prefill" in e["args"] and "decode" in e["args"] for e in tasks)
+    assert any(e["name"].startswith("KV cache device") for e in events["traceEvents"])
+    assert main(["simulate", str(out)]) == 0
+    capsys.readouterr()
+
+
+def test_plot_title_and_kv_panel() -> None:
+    from pipeopt.plot import graph_title, render_graph_schedule
+
+    reqs = (Request(1, 3, 0.0), Request(1, 2, 2.5))
+    plan = wi.continuous_plan(reqs, 1, 8, timing=Timing((UNIT, UNIT)))
+    sched = timed(plan, (UNIT, UNIT))
+    title = graph_title(sched)
+    assert "TTFT p50 6.75 s p99 9.445 s" in title and "TPOT 11 s" in title
+    fig = render_graph_schedule(sched)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert any(t.startswith("KV cache per stage (weights left out) (each band: 0 to 5 B")
+               for t in titles)
