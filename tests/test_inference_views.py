@@ -208,3 +208,39 @@ def test_plot_title_and_kv_panel() -> None:
     titles = [ax.get_title(loc="left") for ax in fig.axes]
     assert any(t.startswith("KV cache per stage (weights left out) (each band: 0 to 5 B")
                for t in titles)
+
+
+def test_config_arrivals_and_their_errors() -> None:
+    import yaml
+
+    from pipeopt.errors import ConfigError
+    from pipeopt.inference_config import parse_inference, solve_inference
+
+    base = yaml.safe_load("""\
+workload:
+  kind: inference
+  gpu: H100
+  stages: [40, 40]
+  requests:
+    - {prompt: 100, output: 4}
+    - {prompt: 300, output: 2, arrival: 0.25}
+  method: round-robin
+  token_budget: 256
+model: {preset: llama2-70b, dtype: fp16}
+""")
+    cfg = parse_inference(base)
+    assert cfg.requests == (Request(100, 4), Request(300, 2, 0.25))
+    served, _ = solve_inference(cfg)
+    assert served.schedule.graph.label[-1] == "arrive r1"
+    assert served.metrics.ttft_s[1] > 0
+    dist = {**base, "workload": {**base["workload"], "requests": {
+        "count": 5, "seed": 2, "prompt_median": 100, "output_median": 4, "arrival_rate": 3.0}}}
+    assert parse_inference(dist).requests == wi.sample_requests(
+        5, 2, prompt_median=100, output_median=4, arrival_rate=3.0)
+    bad = {**base, "workload": {**base["workload"], "requests": [
+        {"prompt": 1, "output": 1, "arrival": -1}]}}
+    with pytest.raises(ConfigError, match=r"workload\.requests.*arrival"):
+        parse_inference(bad)
+    dist["workload"]["requests"]["arrival_rate"] = 0
+    with pytest.raises(ConfigError, match=r"workload\.requests.*arrival_rate"):
+        parse_inference(dist)

@@ -685,8 +685,8 @@ def plan_meta(plan: Plan) -> dict[str, object]:
                      "output": tuple(r.output for r in reqs),
                      "arrival": tuple(r.arrival for r in reqs)},
         "iterations": {"group": tuple(it.group for it in its),
-                       "prefill": tuple(tuple(tuple(c) for c in it.chunks) for it in its),
-                       "decode": tuple(tuple(tuple(d) for d in it.decodes) for it in its)},
+                       "prefill": tuple(it.chunks for it in its),  # Chunk: a 3-tuple
+                       "decode": tuple(it.decodes for it in its)},  # Decode: a 2-tuple
     }
 
 
