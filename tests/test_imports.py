@@ -186,7 +186,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition",
-     "pipeopt.partition.pipedream"),
+     "pipeopt.partition.pipedream", "pipeopt.partition.pipeedge"),
     ("pipeopt.config", "pipeopt.inference_config", "pipeopt.graph_config"),
     ("pipeopt.executor", "pipeopt.plot", "pipeopt.plot_periodic", "pipeopt.trace",
      "pipeopt.trace_periodic", "pipeopt.costs.profiler",

@@ -47,10 +47,11 @@ from pipeopt.workloads.inference import (
 
 @dataclass(frozen=True)
 class Link:
-    """The links between consecutive stages (and back from the last to the first)."""
+    """The links between consecutive stages (and back from the last to the first): one value
+    for every hop, or one per hop (stage k to k + 1, then the last back to the first)."""
 
-    latency: float = 0.0  # s
-    bandwidth: float = math.inf  # bytes/s
+    latency: float | tuple[float, ...] = 0.0  # s
+    bandwidth: float | tuple[float, ...] = math.inf  # bytes/s
 
 
 @dataclass(frozen=True, eq=False)

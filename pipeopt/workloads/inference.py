@@ -333,12 +333,12 @@ class _State:
 @dataclass(frozen=True)
 class Timing:
     """What a policy needs to know when its iterations start, for requests that arrive over
-    time: the stage models and the links between stages (latency s, bandwidth bytes/s), as
-    :func:`build` is given them."""
+    time: the stage models and the links between stages (latency s, bandwidth bytes/s: one
+    value for every hop, or one per hop), as :func:`build` is given them."""
 
     stages: tuple[StageModel, ...]
-    latency: float = 0.0
-    bandwidth: float = math.inf
+    latency: float | Sequence[float] = 0.0
+    bandwidth: float | Sequence[float] = math.inf
 
 
 class _Clock:
@@ -349,6 +349,9 @@ class _Clock:
 
     def __init__(self, timing: Timing, requests: Sequence[Request]) -> None:
         self.timing = timing
+        s = len(timing.stages)
+        self.latency = hops(timing.latency, s, "latency")
+        self.bandwidth = hops(timing.bandwidth, s, "bandwidth")
         self.free = [0.0] * len(timing.stages)
         self.ready = [r.arrival for r in requests]
         self.floor = 0.0
@@ -365,10 +368,10 @@ class _Clock:
         for k, m in enumerate(t.stages):
             start = max(self.free[k], arrive)
             self.free[k] = start + m.time(it)
-            arrive = self.free[k] + t.latency + it.tokens * m.activation_bytes_per_token / (
-                t.bandwidth)
+            arrive = self.free[k] + self.latency[k] + (
+                it.tokens * m.activation_bytes_per_token / self.bandwidth[k])
         for r in (*it.first_tokens, *(d.request for d in it.decodes)):
-            self.ready[r] = self.free[-1] + t.latency
+            self.ready[r] = self.free[-1] + self.latency[-1]
         for c in it.chunks:  # a further chunk follows stage by stage (free[k] says when)
             self.ready[c.request] = max(self.ready[c.request], self.free[0])
 
@@ -793,8 +796,23 @@ def serving_metrics(schedule: GraphSchedule) -> Metrics | None:
     return None if plan is None else metrics(plan, schedule)
 
 
-def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
-          bandwidth: float = math.inf) -> TaskGraph:
+def hops(value: float | Sequence[float], stages: int, name: str) -> tuple[float, ...]:
+    """Per hop (stage k to k + 1, then the last stage back to the first: ``stages`` values),
+    ``value`` (one number for every hop, or one per hop); ValueError naming ``name``."""
+    vals = (value,) * stages if isinstance(value, int | float) else tuple(value)
+    if len(vals) != stages:
+        raise ValueError(f"{name}: expected one value or {stages} (one per hop), got "
+                         f"{len(vals)}")
+    for k, v in enumerate(vals):
+        ok = (v >= 0 and math.isfinite(v)) if name == "latency" else v > 0
+        if not ok:
+            rule = "a finite number >= 0 s" if name == "latency" else "> 0 bytes/s"
+            raise ValueError(f"{name}[{k}]: must be {rule}, got {v!r}")
+    return vals
+
+
+def build(plan: Plan, stages: Sequence[StageModel], *, latency: float | Sequence[float] = 0.0,
+          bandwidth: float | Sequence[float] = math.inf) -> TaskGraph:
     """The task graph of ``plan`` on one device per stage (see the module docstring).
 
     ``latency`` (s) and ``bandwidth`` (bytes/s) of the links between consecutive stages and
@@ -806,10 +824,11 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
     for k, m in enumerate(models):
         if not isinstance(m, StageModel):
             raise ValueError(f"stages[{k}]: expected a StageModel, got {m!r}")
-    if not (latency >= 0 and math.isfinite(latency)):
+    if isinstance(latency, int | float) and not (latency >= 0 and math.isfinite(latency)):
         raise ValueError(f"latency: must be a finite number >= 0 s, got {latency!r}")
-    if not bandwidth > 0:
+    if isinstance(bandwidth, int | float) and not bandwidth > 0:
         raise ValueError(f"bandwidth: must be > 0 bytes/s, got {bandwidth!r}")
+    lat, bw = hops(latency, s, "latency"), hops(bandwidth, s, "bandwidth")
     reqs = plan.requests
     device: list[int] = []
     duration: list[float] = []
@@ -889,7 +908,7 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float = 0.0,
         memory_limit=tuple(m.memory_limit for m in models),
         static_memory=tuple(m.weight_bytes for m in models),
         link_src=tuple(a for a, _ in pairs), link_dst=tuple(b for _, b in pairs),
-        latency=(latency,) * len(pairs), bandwidth=(bandwidth,) * len(pairs),
+        latency=lat[:len(pairs)], bandwidth=bw[:len(pairs)],
         device=tuple(device), duration=tuple(duration), mem_start=tuple(mem_start),
         mem_end=tuple(mem_end), label=tuple(label), src=tuple(src), dst=tuple(dst),
         bytes=tuple(size), meta=(("workload", "inference"), ("policy", plan.policy),
