@@ -16,6 +16,15 @@ served, continuous batching, 8192 tokens per iteration), the prefill/decode-sepa
 TTFT limit of 1.1 x the round-robin's own, the proven throughput bound, the ratios, and the aim
 (search >= 1.3 x round-robin) with PASS / FAIL next to bound / round-robin, the most any method
 could reach.
+
+Then the PipeEdge-like heterogeneous case (issue 15 item 5): Llama-2-70B over six mixed GPUs
+(2 x L4, 2 x L40S, A100-40GB, A100-80GB: 23-80 GB each, 300-2039 GB/s HBM) joined by slow
+links (10 Gb/s and 1 Gb/s Ethernet, 50 us), 300 requests (medians 512 / 128, sigma 0.5).
+PipeEdge's DP (:func:`pipeopt.partition.pipeedge.pipeedge_partition`: least bottleneck, weights
+within memory) against the serving partition
+(:func:`~pipeopt.partition.pipeedge.serving_partition`: KV cache of the requests in flight
+within memory, stages and batch by estimated tokens/s): each partition served by round-robin
+and by the search (60 s limit), same requests; the ratios ours / PipeEdge.
 """
 
 from __future__ import annotations
@@ -31,6 +40,12 @@ from pipeopt.costs import inference as ci
 from pipeopt.costs.config import PRESETS
 from pipeopt.costs.gpus import lookup
 from pipeopt.costs.transformer import TransformerShape
+from pipeopt.partition.pipeedge import (
+    EdgeCluster,
+    link_of,
+    pipeedge_partition,
+    serving_partition,
+)
 from pipeopt.solvers import inference as si
 from pipeopt.topology import DEFAULT_TIERS
 from pipeopt.workloads.inference import sample_requests
@@ -85,21 +100,79 @@ def run_case(stages: int, mix: str, n: int, seed: int) -> dict[str, float]:
             "of_bound": best.throughput_tokens_per_s / bound}
 
 
+#: The heterogeneous case's devices (catalog names) and link speeds (bytes/s): 10 and 1 Gb/s.
+EDGE_GPUS = ("L4", "L4", "L40S", "L40S", "A100-40GB", "A100-80GB")
+EDGE_LINKS = {"10 Gb/s": 1.25e9, "1 Gb/s": 0.125e9}
+EDGE_LATENCY_S = 50e-6
+EDGE_SEARCH_S = 60.0
+
+
+def run_pipeedge(n: int, seed: int, name: str, bandwidth: float) -> float:
+    """The PipeEdge-like case on links of ``bandwidth`` bytes/s; returns ours / PipeEdge
+    (search's throughput on each partition)."""
+    shape = llama2_70b()
+    k = len(EDGE_GPUS)
+    cluster = EdgeCluster(EDGE_GPUS, tuple(tuple(0.0 if u == v else bandwidth for v in range(k))
+                                           for u in range(k)), latency=EDGE_LATENCY_S)
+    reqs = sample_requests(n, seed, prompt_median=512, output_median=128, prompt_sigma=0.5,
+                           output_sigma=0.5)
+    prompt = sum(r.prompt for r in reqs) / n
+    output = sum(r.output for r in reqs) / n
+    t0 = time.perf_counter()
+    ours = serving_partition(shape, cluster, prompt=prompt, output=output)
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    edge = {b: pipeedge_partition(shape, cluster, batch=b, context=prompt + output / 2)
+            for b in sorted({1, ours.batch})}
+    t_edge = time.perf_counter() - t0
+    print(f"\n== PipeEdge-like: Llama-2-70B on {', '.join(EDGE_GPUS)}; {name} links; {n} "
+          f"requests; partitions in {t_ours:.1f} s (ours) and {t_edge:.2f} s (PipeEdge)")
+    served = {}
+    for label, part in (("ours", ours), *((f"PipeEdge (batch {b})", p)
+                                          for b, p in edge.items())):
+        models = ci.stage_models(shape, [EDGE_GPUS[d] for d in part.devices], part.layers)
+        latency, bws = link_of(cluster, part)
+        link = si.Link(latency, bws)
+        rr = si.round_robin(reqs, models, BASELINE_BUDGET, link)
+        res = si.search(reqs, models, link=link, time_limit=EDGE_SEARCH_S)
+        cap = min((m.memory_limit - m.weight_bytes) / m.kv_bytes_per_token for m in models)
+        gpus = "/".join(f"{EDGE_GPUS[d]}:{n_l}" for d, n_l in zip(part.devices, part.layers,
+                                                                 strict=True))
+        print(f"  {label:20s} {gpus}  KV capacity {cap:,.0f} tokens; round-robin "
+              f"{rr.metrics.throughput_tokens_per_s:7.1f} tok/s, search "
+              f"{res.best.metrics.throughput_tokens_per_s:7.1f} tok/s"
+              + ("" if res.complete else " (time limit)"))
+        served[label] = (rr.metrics.throughput_tokens_per_s,
+                         res.best.metrics.throughput_tokens_per_s)
+    base = max((v for lab, v in served.items() if lab != "ours"), key=lambda v: v[1])
+    rr_ratio = served["ours"][0] / base[0]
+    ratio = served["ours"][1] / base[1]
+    print(f"  ours / PipeEdge (its better batch): round-robin {rr_ratio:.3f}, search "
+          f"{ratio:.3f}")
+    return ratio
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100 requests, 4 stages, chat only")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pipeedge-only", action="store_true",
+                    help="only the PipeEdge-like heterogeneous case")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cases = ([(4, "chat")] if args.quick
              else [(s, mix) for s in (4, 8) for mix in MIXES])
     n = 100 if args.quick else args.requests
-    out = [run_case(s, mix, n, args.seed) for s, mix in cases]
-    ratios = ", ".join(f"{o['ratio']:.3f}" for o in out)
-    of_bound = ", ".join(f"{o['of_bound']:.3f}" for o in out)
-    print(f"\nsearch / round-robin: {ratios}; search / bound: {of_bound} "
-          f"({time.perf_counter() - t0:.0f} s)")
+    if not args.pipeedge_only:
+        out = [run_case(s, mix, n, args.seed) for s, mix in cases]
+        ratios = ", ".join(f"{o['ratio']:.3f}" for o in out)
+        of_bound = ", ".join(f"{o['of_bound']:.3f}" for o in out)
+        print(f"\nsearch / round-robin: {ratios}; search / bound: {of_bound}")
+    links = list(EDGE_LINKS.items())[:1] if args.quick else list(EDGE_LINKS.items())
+    edge = [run_pipeedge(n, args.seed, name, bw) for name, bw in links]
+    print(f"\nPipeEdge-like, ours / PipeEdge (search): "
+          f"{', '.join(f'{r:.3f}' for r in edge)} ({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":
