@@ -1,6 +1,7 @@
 """Serving a batch of requests on a pipeline: the plan search against two baselines and a bound.
 
-Run: python benchmarks/inference.py [--quick] [--requests 300] [--seed 0]
+Run: python benchmarks/inference.py [--quick] [--requests 300] [--seed 0] [--arrival-rate R]
+     [--pipeedge-only | --no-pipeedge]
 
 Model: Llama-2-70B (pipeopt's preset, fp16, causal) split evenly over 4 and 8 H100-SXM stages
 (one GPU each; embedding on the first, LM head on the last), priced by
@@ -65,14 +66,15 @@ def llama2_70b() -> TransformerShape:
                             dtype="fp16", causal=True)
 
 
-def run_case(stages: int, mix: str, n: int, seed: int) -> dict[str, float]:
+def run_case(stages: int, mix: str, n: int, seed: int,
+             arrival_rate: float | None = None) -> dict[str, float]:
     shape = llama2_70b()
     models = ci.stage_models(shape, "H100-SXM", stages)
     nv = DEFAULT_TIERS["nvlink"]
     link = si.Link(latency=nv.latency, bandwidth=lookup("H100-SXM").nvlink_bandwidth)
     pm, om, sigma = MIXES[mix]
     reqs = sample_requests(n, seed, prompt_median=pm, output_median=om, prompt_sigma=sigma,
-                           output_sigma=sigma)
+                           output_sigma=sigma, arrival_rate=arrival_rate)
     rr = si.round_robin(reqs, models, BASELINE_BUDGET, link)
     sep = si.separated(reqs, models, BASELINE_BUDGET, link)
     limit = TTFT_SLACK * rr.metrics.ttft_p99_s
@@ -80,8 +82,10 @@ def run_case(stages: int, mix: str, n: int, seed: int) -> dict[str, float]:
     bound = si.throughput_bound(reqs, models)
     best = res.best.metrics
     tokens = sum(r.output for r in reqs)
-    print(f"\n== {stages} x H100, {mix}: {n} requests, {tokens} output tokens, longest output "
-          f"{max(r.output for r in reqs)}, p99 TTFT limit {limit:.2f} s")
+    arrivals = "" if arrival_rate is None else (
+        f", Poisson arrivals {arrival_rate:g}/s (last at {reqs[-1].arrival:.1f} s)")
+    print(f"\n== {stages} x H100, {mix}: {n} requests{arrivals}, {tokens} output tokens, "
+          f"longest output {max(r.output for r in reqs)}, p99 TTFT limit {limit:.2f} s")
     for name, m in (("round-robin (vLLM-like)", rr.metrics), ("separated (TD-Pipe-like)",
                                                               sep.metrics),
                     (f"search: {res.best.method}", best)):
@@ -157,6 +161,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100 requests, 4 stages, chat only")
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arrival-rate", type=float, default=None,
+                    help="requests/s of Poisson arrivals in the H100 cases (default: all at 0)")
+    ap.add_argument("--no-pipeedge", action="store_true",
+                    help="leave out the PipeEdge-like heterogeneous case")
     ap.add_argument("--pipeedge-only", action="store_true",
                     help="only the PipeEdge-like heterogeneous case")
     args = ap.parse_args()
@@ -165,14 +173,16 @@ def main() -> None:
              else [(s, mix) for s in (4, 8) for mix in MIXES])
     n = 100 if args.quick else args.requests
     if not args.pipeedge_only:
-        out = [run_case(s, mix, n, args.seed) for s, mix in cases]
+        out = [run_case(s, mix, n, args.seed, args.arrival_rate) for s, mix in cases]
         ratios = ", ".join(f"{o['ratio']:.3f}" for o in out)
         of_bound = ", ".join(f"{o['of_bound']:.3f}" for o in out)
         print(f"\nsearch / round-robin: {ratios}; search / bound: {of_bound}")
-    links = list(EDGE_LINKS.items())[:1] if args.quick else list(EDGE_LINKS.items())
-    edge = [run_pipeedge(n, args.seed, name, bw) for name, bw in links]
-    print(f"\nPipeEdge-like, ours / PipeEdge (search): "
-          f"{', '.join(f'{r:.3f}' for r in edge)} ({time.perf_counter() - t0:.0f} s)")
+    if not args.no_pipeedge:
+        links = list(EDGE_LINKS.items())[:1] if args.quick else list(EDGE_LINKS.items())
+        edge = [run_pipeedge(n, args.seed, name, bw) for name, bw in links]
+        print(f"\nPipeEdge-like, ours / PipeEdge (search): "
+              f"{', '.join(f'{r:.3f}' for r in edge)}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
 
 
 if __name__ == "__main__":
