@@ -47,7 +47,7 @@ from pipeopt.io import write_atomic
 from pipeopt.problem import format_memory
 from pipeopt.schedule import Schedule, TimedOp
 from pipeopt.simulate import ScheduleError
-from pipeopt.workloads.inference import serving_metrics, serving_plan
+from pipeopt.workloads.inference import ARRIVAL_GROUP, serving_metrics, serving_plan
 
 #: Colour map of each op kind; the micro-batch picks the shade within it.
 KIND_CMAPS = {"F": "Blues", "B": "Oranges", "W": "Greens"}
@@ -1189,7 +1189,8 @@ def _draw_graph_rows(ax: Axes, schedule: GraphSchedule, links: Sequence[int],
     comm_groups = {groups[i] for i in g.comm_tasks} - {groups[i] for _, i in placed
                                                        if g.device[i] >= 0}
     handles: list[Patch | Line2D] = [
-        Patch(facecolor=c, label=f"{k} (collective)" if k in comm_groups else k)
+        Patch(facecolor=c, label=f"{k} (collective)" if k in comm_groups - {ARRIVAL_GROUP}
+              else k)
         for k, c in colors.items()]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
     last: dict[int, int] = {}  # per row, the task whose tail reaches latest
@@ -1260,10 +1261,11 @@ def render_graph_schedule(schedule: GraphSchedule, *, title: str | None = None,
             w0 = g.static_memory
             timelines = tuple(tuple((t, b - w0[d]) for t, b in steps)
                               for d, steps in enumerate(timelines))
-            limits = tuple(None if lim is None else lim - w0[d]
-                           for d, lim in enumerate(limits))
+            room = [lim - w0[d] for d, lim in enumerate(limits) if lim is not None]
+            limits = (None,) * len(limits)  # scaled to the KV in use, not to the room for it
             peaks = tuple(pk - w0[d] for d, pk in enumerate(peaks))
-            what = "KV cache per stage (weights left out)"
+            what = "KV cache per stage (weights left out" + (
+                f"; room for it: at least {min(room):.3g} B)" if room else ")")
         _memory_bands(mem_ax, timelines, limits, peaks, xmax, mem_h, dpi,
                       lambda x: f"{x:.3g} B", what)
         ax.tick_params(axis="x", labelbottom=True, labelsize=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,11 @@ def test_plot_title_and_kv_panel() -> None:
     titles = [ax.get_title(loc="left") for ax in fig.axes]
     assert any(t.startswith("KV cache per stage (weights left out) (each band: 0 to 5 B")
                for t in titles)
+    limited = replace(UNIT, memory_limit=101.0)  # room for 100 KV entries beside the weights
+    sched = timed(plan, (limited, limited))
+    titles = [ax.get_title(loc="left") for ax in render_graph_schedule(sched).axes]
+    assert any(t.startswith("KV cache per stage (weights left out; room for it: at least 100 "
+                            "B) (each band: 0 to 5 B") for t in titles)
 
 
 def test_config_arrivals_and_their_errors() -> None:

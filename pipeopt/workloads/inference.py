@@ -646,6 +646,8 @@ def plan_orders(plan: Plan, stages: int) -> list[list[int]]:
     return [[b * stages + k for b in range(n)] for k in range(stages)]
 
 
+#: The task group of the arrival clock's tasks (a wait, not a collective, on its own row).
+ARRIVAL_GROUP = "request arrival"
 #: Request ids a task label lists per kind (prefill, decode) before it says how many more.
 LABEL_IDS = 3
 
@@ -892,7 +894,7 @@ def build(plan: Plan, stages: Sequence[StageModel], *, latency: float | Sequence
             mem_start.append(0.0)
             mem_end.append(0.0)
             label.append(f"arrive r{_ids(rs)}")
-            group.append("arrival")
+            group.append(ARRIVAL_GROUP)
             prev = t
             if j:
                 src.append(base + j - 1)
