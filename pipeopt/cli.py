@@ -319,6 +319,11 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
         print(json.dumps({"method": served.method, "ttft_limit_met": met, **m.as_dict()}))
     else:
         print(f"method        {served.method}")
+        if cfg.partition is not None:  # stages: serving | pipeedge chose the pipeline
+            p = cfg.partition
+            stages = " / ".join(f"{g}: {n} layers" for g, n in zip(cfg.gpus, p.layers,
+                                                                   strict=True))
+            print(f"partition     {stages} (GPUs {list(p.devices)} of workload.gpu)")
         print(f"throughput    {m.throughput_tokens_per_s:.1f} tokens/s "
               f"({served.plan.output_tokens} tokens in {m.makespan_s:.3f} s)")
         limit = "" if cfg.ttft_limit is None else (

@@ -7,7 +7,8 @@ batch of requests on a pipeline (docs/inference.md):
 workload:
   kind: inference
   gpu: H100             # catalog name, one GPU per stage (or a list: one name per stage)
-  stages: 4             # or the layers per stage: [20, 20, 20, 20]
+  stages: 4             # or the layers per stage: [20, 20, 20, 20], or serving / pipeedge:
+                        # the partition chosen over the listed GPUs (partition.pipeedge)
   requests:             # a list of {prompt, output, arrival (s, optional)} ...
     - {prompt: 512, output: 128}
   # requests: {count: 300, seed: 0, prompt_median: 512, output_median: 128,
@@ -29,12 +30,20 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeopt.config import read_yaml
 from pipeopt.errors import ConfigError
+from pipeopt.partition.pipeedge import MAX_DEVICES as MAX_EDGE_DEVICES
+from pipeopt.partition.pipeedge import (
+    EdgeCluster,
+    EdgePartition,
+    link_of,
+    pipeedge_partition,
+    serving_partition,
+)
 from pipeopt.schema import check_unknown_keys, pydantic_message
 from pipeopt.solvers.inference import Link, Served, round_robin, search, separated
 from pipeopt.workloads.inference import Request, StageModel, sample_requests
@@ -68,10 +77,13 @@ class Distribution(_Strict):
 
 
 class LinkSpec(_Strict):
-    """Links between stages: one-way latency (s), per-direction bandwidth (bytes/s)."""
+    """Links between stages: one-way latency (s), per-direction bandwidth (bytes/s): one
+    number for every link, or a matrix ``bandwidth[u][v]`` from GPU u to GPU v of
+    ``workload.gpu`` (0: no link; the diagonal is not read)."""
 
     latency: float = Field(0.0, ge=0)
-    bandwidth: float = Field(math.inf, gt=0, allow_inf_nan=True)
+    bandwidth: (Annotated[float, Field(gt=0, allow_inf_nan=True)]
+                | list[list[Annotated[float, Field(ge=0, allow_inf_nan=True)]]]) = math.inf
 
 
 class WorkloadSpec(_Strict):
@@ -79,7 +91,7 @@ class WorkloadSpec(_Strict):
 
     kind: Literal["inference"]
     gpu: str | list[str]
-    stages: int | list[int]
+    stages: int | list[int] | Literal["serving", "pipeedge"]
     requests: list[RequestSpec] | Distribution
     method: Literal["search", "round-robin", "separated"] = "search"
     token_budget: float = Field(8192, ge=1)
@@ -108,6 +120,9 @@ class InferenceConfig:
     ttft_limit: float | None
     source: str = "<memory>"
     time_limit: float = 60.0  # s of wall time for the search (it stops starting candidates)
+    #: The devices and layers chosen by ``stages: serving | pipeedge`` (None: given).
+    partition: EdgePartition | None = None
+    gpus: tuple[str, ...] = ()  # the GPU of each stage, in pipeline order
 
 
 def is_inference(data: Any) -> bool:
@@ -142,12 +157,12 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
         except KeyError as exc:
             where = "" if isinstance(spec.gpu, str) else f"[{k}]"
             raise ConfigError(f"workload.gpu{where}: {exc.args[0]}") from None
-    try:
-        models = stage_models(shape, spec.gpu, spec.stages, efficiency=spec.efficiency,
-                              bandwidth_efficiency=spec.bandwidth_efficiency,
-                              memory_fraction=spec.memory_fraction)
-    except ValueError as exc:
-        raise ConfigError(f"workload.{exc}") from None
+    link = spec.link
+    bw = link.bandwidth
+    if isinstance(bw, list) and (len(bw) != len(names) or any(len(r) != len(names)
+                                                              for r in bw)):
+        raise ConfigError(f"workload.link.bandwidth: expected {len(names)} x {len(names)} "
+                          f"bytes/s (one row and column per GPU of workload.gpu)")
     if isinstance(spec.requests, Distribution):
         d = spec.requests
         reqs = sample_requests(d.count, d.seed, prompt_median=d.prompt_median,
@@ -158,9 +173,64 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
         if not spec.requests:
             raise ConfigError("workload.requests: need at least one request")
         reqs = tuple(Request(r.prompt, r.output, r.arrival) for r in spec.requests)
-    return InferenceConfig(reqs, models, Link(spec.link.latency, spec.link.bandwidth),
-                           spec.method, spec.token_budget, spec.ttft_limit, source,
-                           spec.time_limit)
+    part = None
+    if isinstance(spec.stages, str):  # the partition chosen over the GPUs (docs/inference.md)
+        part = _partition(spec, shape, names, reqs)
+        gpus = tuple(names[d] for d in part.devices)
+        layers: int | list[int] = list(part.layers)
+        lat, hop_bw = link_of(_cluster(spec, names), part)
+        links = Link(lat, hop_bw)
+    else:
+        count = spec.stages if isinstance(spec.stages, int) else len(spec.stages)
+        gpus = tuple(names) if isinstance(spec.gpu, list) else (spec.gpu,) * count
+        layers = spec.stages
+        k = len(gpus)
+        if isinstance(bw, list):  # hop s -> s + 1 between the listed GPUs, then back
+            links = Link(link.latency, tuple(bw[s][(s + 1) % k] if k > 1 else math.inf
+                                             for s in range(k)))
+            if any(b <= 0 for b in links.bandwidth):  # type: ignore[union-attr]
+                raise ConfigError("workload.link.bandwidth: the pipeline needs a link from "
+                                  "each GPU to the next and from the last to the first")
+        else:
+            links = Link(link.latency, bw)
+    try:
+        models = stage_models(shape, list(gpus) if isinstance(spec.gpu, list) else spec.gpu,
+                              layers,
+                              efficiency=spec.efficiency,
+                              bandwidth_efficiency=spec.bandwidth_efficiency,
+                              memory_fraction=spec.memory_fraction)
+    except ValueError as exc:
+        raise ConfigError(f"workload.{exc}") from None
+    return InferenceConfig(reqs, models, links, spec.method, spec.token_budget,
+                           spec.ttft_limit, source, spec.time_limit, part, gpus)
+
+
+def _cluster(spec: WorkloadSpec, names: list[str]) -> EdgeCluster:
+    n = len(names)
+    bw = spec.link.bandwidth
+    matrix = bw if isinstance(bw, list) else [[bw] * n for _ in range(n)]
+    return EdgeCluster(tuple(names), tuple(tuple(float(x) for x in row) for row in matrix),
+                       spec.link.latency, spec.memory_fraction)
+
+
+def _partition(spec: WorkloadSpec, shape: Any, names: list[str],
+               reqs: tuple[Request, ...]) -> EdgePartition:
+    """``stages: serving`` or ``pipeedge`` over the GPUs of ``workload.gpu``."""
+    if isinstance(spec.gpu, str):
+        raise ConfigError(f"workload.stages: {spec.stages} chooses among the GPUs of "
+                          f"workload.gpu: give them as a list")
+    if len(names) > MAX_EDGE_DEVICES:
+        raise ConfigError(f"workload.gpu: at most {MAX_EDGE_DEVICES} GPUs for stages: "
+                          f"{spec.stages}, got {len(names)}")
+    prompt = sum(r.prompt for r in reqs) / len(reqs)
+    output = sum(r.output for r in reqs) / len(reqs)
+    try:
+        cluster = _cluster(spec, names)
+        if spec.stages == "serving":
+            return serving_partition(shape, cluster, prompt=prompt, output=output)
+        return pipeedge_partition(shape, cluster, batch=1, context=prompt + output / 2)
+    except ValueError as exc:
+        raise ConfigError(f"workload.stages: {spec.stages}: {exc}") from None
 
 
 def load_inference(path: str | os.PathLike[str]) -> InferenceConfig:

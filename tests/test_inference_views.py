@@ -266,3 +266,69 @@ def test_cpsat_respects_arrivals_and_is_no_worse_than_the_plan_order() -> None:
         members = [c.request for c in it.chunks] + [d.request for d in it.decodes]
         assert opt.schedule.start[b * 2] >= max(reqs[r].arrival for r in members) - 1e-9
     assert min(opt.metrics.ttft_s) > 0
+
+
+PARTITION_CONFIG = """\
+workload:
+  kind: inference
+  gpu: [L4, L40S, A100-80GB, L40S]
+  stages: serving
+  requests: {count: 8, seed: 0, prompt_median: 200, output_median: 8, output_sigma: 0.3}
+  method: round-robin
+  token_budget: 512
+  link: {latency: 5.0e-5, bandwidth: 1.25e+9}
+model: {preset: llama2-70b, dtype: fp16}
+"""
+
+
+def test_config_chooses_the_partition(tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from pipeopt.cli import main
+    from pipeopt.costs.transformer import TransformerShape
+    from pipeopt.errors import ConfigError
+    from pipeopt.inference_config import parse_inference
+    from pipeopt.partition.pipeedge import EdgeCluster, pipeedge_partition, serving_partition
+
+    data = yaml.safe_load(PARTITION_CONFIG)
+    cfg = parse_inference(data)
+    gpus = ("L4", "L40S", "A100-80GB", "L40S")
+    keys = TransformerShape.__dataclass_fields__
+    from pipeopt.costs.config import PRESETS
+
+    shape = TransformerShape(**{k: v for k, v in PRESETS["llama2-70b"].items() if k in keys},
+                             dtype="fp16", causal=True)
+    cluster = EdgeCluster(gpus, tuple(tuple(1.25e9 for _ in gpus) for _ in gpus), 5e-5)
+    reqs = cfg.requests
+    want = serving_partition(shape, cluster, prompt=sum(r.prompt for r in reqs) / 8,
+                             output=sum(r.output for r in reqs) / 8)
+    assert cfg.partition == want
+    assert cfg.gpus == tuple(gpus[d] for d in want.devices)
+    assert len(cfg.stages) == len(want.devices)
+    assert cfg.link.bandwidth == (1.25e9,) * len(want.devices)
+    data["workload"]["stages"] = "pipeedge"
+    context = sum(r.prompt for r in reqs) / 8 + sum(r.output for r in reqs) / 16
+    assert parse_inference(data).partition == pipeedge_partition(shape, cluster, batch=1,
+                                                                 context=context)
+    # a matrix of bandwidths, also for stages given by hand (hop k -> k + 1, then back)
+    data["workload"]["stages"] = [8, 24, 40, 8]
+    data["workload"]["link"] = {"bandwidth": [[0, 1e9, 0, 3e9], [1e9, 0, 2e9, 0],
+                                              [0, 2e9, 0, 3e9], [3e9, 0, 3e9, 0]]}
+    assert parse_inference(data).link.bandwidth == (1e9, 2e9, 3e9, 3e9)
+    for change, pattern in (
+            ({"stages": "serving", "gpu": "H100", "link": {}}, r"workload\.stages: serving "
+                                                                  r"chooses among "
+                                                   r"the GPUs of workload\.gpu"),
+            ({"link": {"bandwidth": [[0, 1.0]]}}, r"workload\.link\.bandwidth: expected 4 x 4"),
+            ({"link": {"bandwidth": [[0.0] * 4] * 4}}, r"workload\.link\.bandwidth: the "
+                                                       r"pipeline needs a link"),
+            ({"stages": "fastest"}, r"workload\.stages")):
+        bad = {**data, "workload": {**data["workload"], **change}}
+        with pytest.raises(ConfigError, match=pattern):
+            parse_inference(bad)
+    path = tmp_path / "edge.yaml"
+    path.write_text(PARTITION_CONFIG)
+    assert main(["solve", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "partition     " in out and "layers" in out
