@@ -242,3 +242,31 @@ def test_recompute_memory_matches_autograd(capsys):
     assert full_ratio == 1.0
     assert none_ratio == pytest.approx(1.0, rel=0.01)
     assert held > 10 * full
+
+
+def test_forward_only_profile(tmp_path):
+    """Issue 15 item 4: the inference forward alone: the same forward FLOPs as training's,
+    no backward, nothing saved; the file reads back and the CLI writes it."""
+    from pipeopt.cli import main
+
+    torch.manual_seed(0)
+    model = tiny_gpt(layers=2, hidden=H, heads=HEADS, vocab=V, seq_len=S)
+    x, _ = sample_batch("tiny-gpt", B, seq_len=S, vocab=V)
+    doc = profile_model(model, x, device="cpu", warmup=0, repeats=1, forward_only=True)
+    assert doc["forward_only"] is True
+    shape = TransformerShape(layers=2, hidden=H, heads=HEADS, seq_len=S, vocab=V,
+                             micro_batch_size=B, dtype="fp32")
+    lin, att = block_flops(shape)
+    blk = doc["layers"][1]
+    assert blk["forward_flops"] == lin + att
+    assert blk["backward_flops"] == blk["backward_s"] == blk["activation_bytes"] == 0
+    assert blk["forward_s"] > 0 and blk["input_grad"] is False
+    assert doc["layers"][3]["forward_flops"] == head_flops(shape)
+    path = tmp_path / "fwd.json"
+    path.write_text(json.dumps(doc))
+    costs = load_profile(path)
+    assert [c.backward_input_time + c.backward_weight_time for c in costs] == [0.0] * 4
+    out = tmp_path / "cli.json"
+    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "16",
+                 "--repeats", "1", "--warmup", "0", "--forward-only", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["forward_only"] is True

@@ -113,7 +113,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                           f"{type(x).__name__}")
     try:
         doc = profile_model(model, x, device=device, warmup=args.warmup,
-                            repeats=args.repeats, name=name)
+                            repeats=args.repeats, name=name, forward_only=args.forward_only)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         # Shapes that do not fit the model, an input on the wrong device, ...: the model's own
         # error, on one line.
@@ -121,6 +121,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--model: running {name} on its example input failed: "
                           f"{type(exc).__name__}: {first}") from None
     write_output("--output", args.output, lambda path: write_profile(doc, path))
+    if args.forward_only:
+        print(f"{'layer':<18} {'F ms':>8} {'GFLOP':>9} {'params':>9}")
+        for rec in doc["layers"]:
+            print(f"{rec['name']:<18} {rec['forward_s'] * 1e3:>8.3f} "
+                  f"{rec['forward_flops'] / 1e9:>9.4f} {rec['params']:>9.0f}")
+        print(f"written {args.output} ({doc['device']}; forward only, in inference mode)")
+        return 0
     print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'fused ms':>9} {'act KiB':>9} "
           f"{'params':>9}")
     for rec in doc["layers"]:
@@ -155,5 +162,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--warmup", type=nonneg, default=2, help="untimed runs per op")
     p.add_argument("--repeats", type=pos, default=5, help="timed runs per op (the median)")
+    p.add_argument("--forward-only", action="store_true",
+                   help="time the inference forward alone (eval, torch.inference_mode): "
+                        "backward fields 0, no saved activations")
     p.add_argument("-o", "--output", default="profile.json", help="profile JSON to write")
     p.set_defaults(func=cmd_profile)

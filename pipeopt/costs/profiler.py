@@ -20,6 +20,12 @@ For each layer, on its real input (the previous layers' output):
 - ``param_bytes`` / ``params``; ``output_bytes`` (the p2p message); FLOPs of the forward and
   backward from ``torch.utils.flop_counter.FlopCounterMode``; on CUDA the peak memory.
 
+With ``forward_only`` (inference, ``pipeopt profile --forward-only``) each layer runs in eval
+mode under ``torch.inference_mode()`` (no autograd graph, nothing saved): ``forward_s`` and
+``forward_flops`` are that forward's, every backward field is 0, ``activation_bytes`` is 0
+(nothing is kept for a backward) and ``input_grad`` false; the document says
+``"forward_only": true``.
+
 Times are medians of ``repeats`` runs after ``warmup`` runs; every backward is timed on its own,
 after an untimed forward that builds its graph. The profile runs on one process: ranks that
 share cores in a real run see slower ops than these. The file it writes is read by
@@ -37,8 +43,8 @@ from typing import Any
 # reads without torch; its names stay importable from here.
 from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_profile
 
-__all__ = ["FORMAT", "ProfileError", "executor_split", "load_profile", "profile_layer",
-           "profile_model", "write_profile"]
+__all__ = ["FORMAT", "ProfileError", "executor_split", "forward_only_layer", "load_profile",
+           "profile_layer", "profile_model", "write_profile"]
 
 
 def _median_time(fn: Callable[[], Any], warmup: int, repeats: int, sync: Callable[[], None]
@@ -111,6 +117,39 @@ def executor_split(layer: Any, device: Any, loss: Callable[[Any], Any] | None = 
             torch.autograd.backward(saved["out"], saved.get("grad_out"))
 
     return f, b, w
+
+
+def forward_only_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5
+                       ) -> tuple[dict[str, Any], Any]:
+    """Costs of one layer's inference forward on input ``x`` (``torch.inference_mode``; see
+    the module docstring); returns (record, output)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dev = x.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        forward_s = _median_time(lambda: layer(x), warmup, repeats, sync)
+        with FlopCounterMode(display=False) as fc:
+            out = layer(x)
+        peak = None
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            layer(x)
+            peak = float(torch.cuda.max_memory_allocated(dev) - base)
+    record = {
+        "name": type(layer).__name__,
+        "forward_s": forward_s, "backward_input_s": 0.0, "backward_weight_s": 0.0,
+        "backward_s": 0.0, "input_grad": False,
+        "params": float(sum(p.numel() for p in layer.parameters())),
+        "param_bytes": float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+        "activation_bytes": 0.0,
+        "output_bytes": float(out.numel() * out.element_size()),
+        "forward_flops": float(fc.get_total_flops()), "backward_flops": 0.0,
+        "peak_memory_bytes": peak,
+    }
+    return record, out
 
 
 def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> tuple[dict[str, Any],
@@ -202,15 +241,18 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
 
 
 def profile_model(model: Any, example_input: Any, *, device: str | None = None,
-                  warmup: int = 2, repeats: int = 5, name: str = "model") -> dict[str, Any]:
+                  warmup: int = 2, repeats: int = 5, name: str = "model",
+                  forward_only: bool = False) -> dict[str, Any]:
     """Profile every layer of an ``nn.Sequential`` on ``example_input`` (one micro-batch);
-    returns the profile document (see :data:`FORMAT`)."""
+    returns the profile document (see :data:`FORMAT`). ``forward_only``: the inference
+    forward alone (module docstring)."""
     import torch
 
     from pipeopt._malloc import steady_cpu_allocator
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = model.to(dev).train()
+    model = model.to(dev)
+    model = model.eval() if forward_only else model.train()
     x = example_input.to(dev)
     layers = []
     threads = torch.get_num_threads()
@@ -221,7 +263,8 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
         steady_cpu_allocator()
     try:
         for i, layer in enumerate(model):
-            rec, x = profile_layer(layer, x, warmup=warmup, repeats=repeats)
+            measure = forward_only_layer if forward_only else profile_layer
+            rec, x = measure(layer, x, warmup=warmup, repeats=repeats)
             rec["name"] = f"{i}:{rec['name']}"
             layers.append(rec)
     finally:
@@ -229,5 +272,7 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
     return {"format": FORMAT, "model": name, "device": str(dev), "torch": torch.__version__,
             "micro_batch_size": int(example_input.shape[0]), "warmup": warmup,
             "repeats": repeats,
-            "backward_split": "pipeopt.executor.runtime.StageModule (per layer)",
+            "backward_split": ("none: forward only" if forward_only else
+                               "pipeopt.executor.runtime.StageModule (per layer)"),
+            **({"forward_only": True} if forward_only else {}),
             "layers": layers}
