@@ -210,7 +210,8 @@ def _cluster(spec: WorkloadSpec, names: list[str]) -> EdgeCluster:
     bw = spec.link.bandwidth
     matrix = bw if isinstance(bw, list) else [[bw] * n for _ in range(n)]
     return EdgeCluster(tuple(names), tuple(tuple(float(x) for x in row) for row in matrix),
-                       spec.link.latency, spec.memory_fraction)
+                       spec.link.latency, spec.memory_fraction, spec.efficiency,
+                       spec.bandwidth_efficiency)
 
 
 def _partition(spec: WorkloadSpec, shape: Any, names: list[str],

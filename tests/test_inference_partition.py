@@ -163,3 +163,24 @@ def test_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="no partition"):
         pipeedge_partition(gpt2(), EdgeCluster(("L4",), ((0,),), memory_fraction=1e-5))
     assert EdgePartition((2, 0), (5, 7), 1.0).bounds == ((0, 5), (5, 12))
+
+
+def test_efficiencies_price_the_stages_as_stage_models_does() -> None:
+    """A cluster at half the peak FLOP/s and 80 % of the HBM bandwidth: the serving estimate of
+    the chosen pipeline is what stage_models at those efficiencies gives."""
+    shape = gpt2()
+    slow = EdgeCluster(CLUSTER.gpus, CLUSTER.bandwidth, CLUSTER.latency,
+                       CLUSTER.memory_fraction, efficiency=0.5, bandwidth_efficiency=0.8)
+    part = serving_partition(shape, slow, prompt=100, output=20, batches=(4,))
+    models = ci.stage_models(shape, [slow.gpus[d] for d in part.devices], part.layers,
+                             efficiency=0.5, bandwidth_efficiency=0.8,
+                             memory_fraction=slow.memory_fraction)
+    it = Iteration(0, decodes=tuple(Decode(r, 110) for r in range(4)))
+    assert part.bottleneck_s >= max(m.time(it) for m in models) * (1 - 1e-9)
+    trip = round_trip(shape, slow, part, 110)
+    hops = [slow.hop(part.devices[s], part.devices[s + 1], 4 * shape.hidden * 2)
+            for s in range(len(part.devices) - 1)]
+    back = slow.hop(part.devices[-1], part.devices[0], 0.0) if len(part.devices) > 1 else 0
+    assert trip == pytest.approx(sum(m.time(it) for m in models) + sum(hops) + back)
+    with pytest.raises(ValueError, match=r"efficiency: must be in \(0, 1\]"):
+        EdgeCluster(("L4",), ((0,),), efficiency=0.0)

@@ -79,12 +79,16 @@ class EdgePartition:
 @dataclass(frozen=True)
 class EdgeCluster:
     """Devices (catalog GPU names) and the links between them: ``bandwidth[u][v]`` bytes/s
-    from u to v (u != v; 0 = no link), one-way ``latency`` s on every link."""
+    from u to v (u != v; 0 = no link), one-way ``latency`` s on every link; the fractions of
+    each GPU's memory, peak FLOP/s and HBM bandwidth reached (as
+    :func:`pipeopt.costs.inference.stage_models` takes them)."""
 
     gpus: tuple[str, ...]
     bandwidth: tuple[tuple[float, ...], ...]
     latency: float = 0.0
     memory_fraction: float = 1.0
+    efficiency: float = 1.0
+    bandwidth_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
@@ -104,8 +108,10 @@ class EdgeCluster:
                     raise ValueError(f"bandwidth[{u}][{v}]: must be >= 0 bytes/s, got {b!r}")
         if not (self.latency >= 0 and math.isfinite(self.latency)):
             raise ValueError(f"latency: must be a finite number >= 0 s, got {self.latency!r}")
-        if not 0 < self.memory_fraction <= 1:
-            raise ValueError(f"memory_fraction: must be in (0, 1], got {self.memory_fraction!r}")
+        for name in ("memory_fraction", "efficiency", "bandwidth_efficiency"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ValueError(f"{name}: must be in (0, 1], got {v!r}")
 
     def hop(self, u: int, v: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` from device u to v (inf without a link)."""
@@ -192,7 +198,7 @@ def _weights(shape: TransformerShape) -> np.ndarray:
 
 
 def _stage_times(shape: TransformerShape, gpu: str, batch: int, context: float,
-                 efficiency: float = 1.0) -> np.ndarray:
+                 efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> np.ndarray:
     """``t[i, j]``: seconds of one decode iteration of ``batch`` requests (each attending to
     ``context`` keys) through layers i..j-1 on ``gpu``: the roofline of
     :meth:`pipeopt.workloads.inference.StageModel.time`."""
@@ -205,7 +211,7 @@ def _stage_times(shape: TransformerShape, gpu: str, batch: int, context: float,
                          * context) + (j == L) * batch * head_flops_per_logit(shape)
     kv = kv_bytes_per_token(shape, 1) * n * batch * context
     return np.maximum(flops / (g.peak_flops(shape.dtype) * efficiency),
-                      (_weights(shape) + kv) / hbm_bandwidth(gpu))
+                      (_weights(shape) + kv) / (hbm_bandwidth(gpu) * bandwidth_efficiency))
 
 
 def _tables(shape: TransformerShape, cluster: EdgeCluster, batch: int, context: float,
@@ -222,7 +228,8 @@ def _tables(shape: TransformerShape, cluster: EdgeCluster, batch: int, context: 
     for u, gpu in enumerate(cluster.gpus):
         need = w + kv_bytes_per_token(shape, 1) * (j - i) * kv_tokens
         fits = need <= lookup(gpu).memory_bytes * cluster.memory_fraction
-        comp[u] = np.where(empty | ~fits, np.inf, _stage_times(shape, gpu, batch, context))
+        comp[u] = np.where(empty | ~fits, np.inf, _stage_times(
+            shape, gpu, batch, context, cluster.efficiency, cluster.bandwidth_efficiency))
     act = batch * shape.hidden * shape.dtype_bytes  # one token's hidden state per request
     comm = np.empty((n, n, L + 1))
     for v in range(n):
@@ -255,7 +262,8 @@ def round_trip(shape: TransformerShape, cluster: EdgeCluster, part: EdgePartitio
     k = len(part.devices)
     act = part.batch * shape.hidden * shape.dtype_bytes
     for s, ((a, b), u) in enumerate(zip(part.bounds, part.devices, strict=True)):
-        total += float(_stage_times(shape, cluster.gpus[u], part.batch, context)[a, b])
+        total += float(_stage_times(shape, cluster.gpus[u], part.batch, context,
+                                    cluster.efficiency, cluster.bandwidth_efficiency)[a, b])
         if k > 1:
             total += cluster.hop(u, part.devices[(s + 1) % k], act if s < k - 1 else 0.0)
     return total
