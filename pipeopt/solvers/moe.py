@@ -1,0 +1,117 @@
+"""Schedules of an MoE pipeline's task graph (:mod:`pipeopt.workloads.moe`): hand-made ones with
+and without overlapping the all-to-all, and the search.
+
+* :func:`hand_made` without overlap: a chain schedule's op order (1F1B, ZB-H1, ...) with each
+  op's tasks back to back, so a device waits for its own dispatch and combine (Megatron-style
+  execution); the all-to-all tasks run as early as allowed (core simulator).
+* :func:`hand_made` with overlap: the same op order, but a device may run the next
+  ``window - 1`` ops' ready tasks while an op waits on its all-to-all (a list schedule by op
+  position over :func:`pipeopt.workloads.moe.windowed`'s graph; ``window = 2`` pairs each op
+  with the next, as DualPipe overlaps a forward chunk with a backward chunk).
+* :func:`search`: the best of the core greedy by op priority
+  (:func:`pipeopt.workloads.moe.op_priority`) and of windowed list schedules of several
+  hand-made orders (1F1B, ZB-H1, ZB-H2, GPipe) with windows 1-6, within the pipeline's memory
+  limits; then core CP-SAT from the best, with the time left, when the graph is small enough
+  for it to help. Every schedule is a :class:`~pipeopt.core.schedule.GraphSchedule` of
+  :func:`pipeopt.workloads.moe.build`'s graph, checked by :func:`pipeopt.core.validate.check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+
+from pipeopt.core.bounds import lower_bound
+from pipeopt.core.cpsat import solve_cpsat
+from pipeopt.core.graph import TaskGraph
+from pipeopt.core.greedy import Stuck, list_schedule
+from pipeopt.core.schedule import GraphSchedule
+from pipeopt.core.simulate import simulate
+from pipeopt.core.validate import check
+from pipeopt.schedules import GENERATORS
+from pipeopt.schedules.base import NotApplicable
+from pipeopt.workloads import moe as wl
+
+#: Hand-made op orders the search starts from (each needs a split backward but 1F1B / GPipe).
+SEARCH_ORDERS = ("zb-h1", "zb-h2", "1f1b", "gpipe")
+#: Windows tried per order: 1 (no overlap) up to 6 ops open at once on a device.
+SEARCH_WINDOWS = (1, 2, 3, 4, 6)
+#: CP-SAT is run from the best list schedule only on graphs up to this many tasks: on larger
+#: ones its presolve alone took most of a 30 s limit without improving (p = 8, m = 16, 2432
+#: tasks, 2 workers; see benchmarks/moe.py).
+CPSAT_MAX_TASKS = 1200
+
+
+def _orders(pipe: wl.MoEPipeline, name: str) -> list[list]:
+    if name not in GENERATORS:
+        raise ValueError(f"schedule: unknown hand-made schedule {name!r}; known: "
+                         f"{', '.join(sorted(GENERATORS))}")
+    return GENERATORS[name](pipe.problem())
+
+
+def hand_made(pipe: wl.MoEPipeline, name: str, *, overlap: bool = False, window: int = 2,
+              graph: TaskGraph | None = None) -> GraphSchedule:
+    """The hand-made schedule ``name`` (a :data:`pipeopt.schedules.GENERATORS` name) on
+    ``pipe``'s graph (``graph``: that graph, when already built), with or without the
+    all-to-all overlapped (see the module docstring). Raises ValueError for an unknown name or
+    one that does not apply, :class:`~pipeopt.core.greedy.Stuck` when the overlapped list
+    schedule is stuck under memory."""
+    g = graph if graph is not None else wl.build(pipe)
+    try:
+        orders = _orders(pipe, name)
+    except NotApplicable as exc:
+        raise ValueError(f"schedule: {name} does not apply: {exc}") from None
+    if not overlap:
+        return simulate(g, wl.task_orders(pipe, orders), name)
+    gw, prio = wl.windowed(g, pipe, orders, window)
+    return simulate(g, list_schedule(gw, prio), f"{name}+overlap")
+
+
+def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | None = None,
+           seed: int = 0) -> GraphSchedule:
+    """The best schedule found for ``pipe`` within ``time_limit`` seconds (see the module
+    docstring); its ``lower_bound`` is :func:`pipeopt.core.bounds.lower_bound` (or CP-SAT's,
+    when larger) and its ``method`` names the candidate it came from."""
+    t0 = time.perf_counter()
+    g = wl.build(pipe)
+    best: GraphSchedule | None = None
+
+    def offer(sched: GraphSchedule) -> None:
+        nonlocal best
+        if check(sched):
+            return  # over a memory limit (the simulator does not check memory)
+        if best is None or sched.objective < best.objective - 1e-12:
+            best = sched
+
+    with contextlib.suppress(Stuck):
+        offer(simulate(g, list_schedule(g, wl.op_priority(g, pipe)), "greedy"))
+    for name in SEARCH_ORDERS:
+        try:
+            orders = _orders(pipe, name)
+        except (NotApplicable, ValueError):
+            continue
+        offer(simulate(g, wl.task_orders(pipe, orders), name))
+        for window in SEARCH_WINDOWS[1:]:
+            if time.perf_counter() - t0 > time_limit:
+                break
+            gw, prio = wl.windowed(g, pipe, orders, window)
+            try:
+                offer(simulate(g, list_schedule(gw, prio), f"{name}+overlap(window {window})"))
+            except Stuck:
+                continue
+    if best is None:
+        raise ValueError("search: no candidate schedule fits the memory limits")
+    bound = lower_bound(g)
+    left = time_limit - (time.perf_counter() - t0)
+    if g.num_tasks <= CPSAT_MAX_TASKS and left > 1.0:
+        found = solve_cpsat(g, time_limit=left, workers=workers, seed=seed, initial=best)
+        bound = max(bound, found.lower_bound or 0.0)
+        if found.objective < best.objective - 1e-12:
+            best = replace(found, method=f"cpsat from {best.method}")
+    tol = 1e-9 * max(1.0, best.objective)
+    state = ("optimal" if best.objective <= bound + tol else
+             "feasible" if best.method.startswith("cpsat") else "heuristic")
+    return replace(best, status=state,
+                   lower_bound=min(bound, best.objective),
+                   wall_time=time.perf_counter() - t0)
