@@ -503,6 +503,12 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_writable("--output", args.output)  # before the search, not after it
     serving = _inference_data(args.config)
+    if serving is not None and (serving.get("workload") or {}).get("kind") == "moe":
+        from pipeopt.moe_config import solve_command  # docs/moe.md
+
+        print("\n".join(solve_command(serving, str(args.config), time_limit=args.time_limit,
+                                       output=args.output, as_json=args.json)))
+        return 0
     if serving is not None:
         return _solve_inference(args, serving)
     graph = _graph_data(args.config)

@@ -38,9 +38,9 @@ SEARCH_ORDERS = ("zb-h1", "zb-h2", "1f1b", "gpipe")
 #: Windows tried per order: 1 (no overlap) up to 6 ops open at once on a device.
 SEARCH_WINDOWS = (1, 2, 3, 4, 6)
 #: CP-SAT is run from the best list schedule only on graphs up to this many tasks: on larger
-#: ones its presolve alone took most of a 30 s limit without improving (p = 8, m = 16, 2432
-#: tasks, 2 workers; see benchmarks/moe.py).
-CPSAT_MAX_TASKS = 1200
+#: ones it found nothing better within 30 s, its presolve alone taking 12 s (p = 8, m = 16:
+#: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03).
+CPSAT_MAX_TASKS = 1000
 
 
 def _orders(pipe: wl.MoEPipeline, name: str) -> list[list]:
