@@ -506,8 +506,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if serving is not None and (serving.get("workload") or {}).get("kind") == "moe":
         from pipeopt.moe_config import solve_command  # docs/moe.md
 
-        print("\n".join(solve_command(serving, str(args.config), time_limit=args.time_limit,
-                                       output=args.output, as_json=args.json)))
+        print("\n".join(solve_command(serving, str(args.config), method=args.method,
+                                       time_limit=args.time_limit, output=args.output,
+                                       as_json=args.json)))
         return 0
     if serving is not None:
         return _solve_inference(args, serving)

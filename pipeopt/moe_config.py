@@ -257,16 +257,23 @@ def summary_lines(result: MoEResult) -> list[str]:
     return lines
 
 
-def solve_command(data: Any, source: str, *, time_limit: float | None = None,
-                  output: str | None = None, as_json: bool = False) -> list[str]:
-    """``pipeopt solve`` on a parsed MoE config: solve it (``time_limit`` overrides
-    ``workload.time_limit``), write the schedule as JSON v2 to ``output`` (atomically) and
-    return the lines to print (one JSON line with ``as_json``)."""
+def solve_command(data: Any, source: str, *, method: str | None = None,
+                  time_limit: float | None = None, output: str | None = None,
+                  as_json: bool = False) -> list[str]:
+    """``pipeopt solve`` on a parsed MoE config: solve it (``method`` and ``time_limit``, the
+    command's flags, override ``workload.method`` / ``workload.time_limit``), write the
+    schedule as JSON v2 to ``output`` (atomically) and return the lines to print (one JSON line
+    with ``as_json``)."""
     import json
 
     from pipeopt.graphio import dump_graph_schedule
     from pipeopt.io import write_output
 
+    if method is not None and method != "search" and method not in HAND_MADE:
+        raise ConfigError(f"--method: an MoE config takes search or one of "
+                          f"{', '.join(HAND_MADE)}, got {method!r}")
+    if method is not None:
+        data = {**data, "workload": {**data["workload"], "method": method}}
     cfg = parse_moe(data, source)
     if time_limit is not None:
         cfg = replace(cfg, time_limit=time_limit)

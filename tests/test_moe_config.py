@@ -117,3 +117,13 @@ def test_capacity_factor_in_the_config_reaches_the_costs() -> None:
     assert pipe.stages[1][0].experts.forward == pytest.approx(
         1.5 * base.stages[1][0].experts.forward)
     assert spec.capacity_factor is None
+
+
+def test_cli_method_flag_overrides_the_config(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "moe.yaml"
+    cfg.write_text(yaml.safe_dump(small()))
+    assert main(["solve", str(cfg), "--method", "1f1b"]) == 0
+    assert capsys.readouterr().out.startswith("method        1f1b\n")
+    assert main(["solve", str(cfg), "--method", "greedy"]) == 2
+    assert "--method: an MoE config takes search or one of" in capsys.readouterr().err
