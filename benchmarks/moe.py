@@ -16,7 +16,7 @@ experts' forward compute (5.8 ms): 40, 20 and 10 GB/s. Per case it prints the it
 * the same orders with the all-to-all overlapped (a device may run the next op's ready tasks
   while one waits: :func:`pipeopt.solvers.moe.hand_made` with ``overlap=True``);
 * the search (:func:`pipeopt.solvers.moe.search`) within the hand-made schedules' peak memory
-  (the larger of 1F1B's and ZB-H1's), and within the GPU's memory (90 % of 80 GB);
+  (the larger of 1F1B's and ZB-H1's), and within the GPU's memory (90 % of 79.6 GiB);
 * the lower bound (:func:`pipeopt.core.bounds.lower_bound`: critical path, device and a2a
   resource loads; it ignores memory).
 
@@ -120,7 +120,7 @@ def main() -> None:
               f"{hand / r['search@gpu']:9.2f}x {r['search@gpu'] / r['bound']:10.3f}x "
               f"{r['hand_gib']:5.1f}/{r['peak_gib']:4.1f}{aim}", flush=True)
     print("hand = the better of 1F1B and ZB-H1 without overlap; s@hand: the search within their "
-          "peak memory; s@gpu: within 90 % of the GPU's 80 GB")
+          "peak memory; s@gpu: within 90 % of the H100's 79.6 GiB")
 
 
 if __name__ == "__main__":
