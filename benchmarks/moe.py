@@ -9,8 +9,8 @@ Instance: Mixtral-8x7B-shaped MoE blocks (h 4096, 32 / 8 heads, 8 SwiGLU experts
 stage) at 50 % of the bf16 peak, m = 16 micro-batches (8 with --quick); expert parallelism over
 8 ranks (one expert each); costs from :mod:`pipeopt.costs.moe`. The expert network's bandwidth
 (5 us per step) is set so that one block's dispatch + combine take 0.5x, 1x or 2x its routed
-experts' forward compute (5.8 ms): 40, 20 and 10 GB/s. Per case it prints the iteration time
-(makespan) of:
+experts' forward compute (5.8 ms): about 41, 20 and 10 GB/s. Per case it prints the iteration
+time (makespan) of:
 
 * 1F1B (fused backward) and ZB-H1 back to back: a device waits for its own all-to-all;
 * the same orders with the all-to-all overlapped (a device may run the next op's ready tasks
