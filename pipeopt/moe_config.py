@@ -269,6 +269,8 @@ def solve_command(data: Any, source: str, *, method: str | None = None,
     from pipeopt.graphio import dump_graph_schedule
     from pipeopt.io import write_output
 
+    if not is_moe(data):
+        raise ConfigError(f"{source}: not an MoE config (workload.kind: moe)")
     if method is not None and method != "search" and method not in HAND_MADE:
         raise ConfigError(f"--method: an MoE config takes search or one of "
                           f"{', '.join(HAND_MADE)}, got {method!r}")
