@@ -179,3 +179,32 @@ def test_brute_force_over_every_device_order_meets_the_optimum() -> None:
         order = [next(a) if q in first else next(b) for q in range(12)]
         times.append(simulate(g, [order], check=False).objective)
     assert min(times) == pytest.approx(10.0) and max(times) == pytest.approx(16.0)
+
+
+def test_deepseek_like_pipeline_with_a_dense_stage_and_shared_experts() -> None:
+    """4 DeepSeek-V3-like blocks on 4 stages, the first dense (stage 0 has only its O task),
+    one shared expert per MoE block (beside the dispatch): every schedule is valid and the
+    search is no slower than any hand-made one."""
+    from pipeopt.costs import moe as cm
+    from pipeopt.costs.transformer import TransformerShape
+
+    sh = TransformerShape(layers=4, hidden=7168, heads=128, ffn_hidden=18432, seq_len=4096,
+                          vocab=129280, activation="swiglu", norm="rmsnorm", bias=False,
+                          position_embedding="rotary", dropout=False, causal=True)
+    spec = cm.MoESpec(experts=256, top_k=8, expert_ffn=2048, expert_parallel=64,
+                      shared_experts=1, first_dense=1, dispatch_dtype="fp8")
+    cl = cm.Cluster(flop_rate=4.9e14, ep_latency=5e-6, ep_bandwidth=4e10)
+    pipe = cm.pipeline_of(sh, spec, 4, 4, cl)
+    assert [len(st) for st in pipe.stages] == [0, 1, 1, 1]
+    assert pipe.post[0].forward > 0 and pipe.stages[1][0].shared is not None
+    g = wl.build(pipe)
+    assert sum(1 for x in g.label if ".shared" in x) == 3 * 4 * 2  # F and B per MoE stage
+    times = []
+    for name in ("1f1b", "zb-h1"):
+        variant = dataclasses.replace(pipe, split_backward=name != "1f1b")
+        for overlap in (False, True):
+            s = sm.hand_made(variant, name, overlap=overlap)
+            assert check(s) == []
+            times.append(s.objective)
+    found = sm.search(pipe, time_limit=3, workers=1)
+    assert check(found) == [] and found.objective <= min(times) + 1e-12
