@@ -27,7 +27,7 @@ def small() -> dict[str, Any]:
     """examples/moe.yaml cut to 2 blocks on 2 stages and 3 micro-batches."""
     data = yaml.safe_load(EXAMPLE.read_text())
     data["model"]["layers"] = 2
-    data["workload"].update(stages=2, microbatches=3, time_limit=5)
+    data["workload"].update(stages=2, microbatches=3, time_limit=1.5)
     return data
 
 
