@@ -47,8 +47,9 @@ refuses t > 1), DeepSeek's node-limited routing and MLA attention (the GQA formu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from pipeopt.costs import transformer as tf
 from pipeopt.costs.collectives import all_to_all_time
@@ -56,7 +57,7 @@ from pipeopt.costs.transformer import DTYPE_BYTES, LayerCost, TransformerShape
 from pipeopt.workloads.moe import MoEBlock, MoEPipeline, Work
 
 #: Bytes per value of an all-to-all payload: the model dtypes plus FP8 (DeepSeek-V3's dispatch).
-A2A_DTYPE_BYTES = {**DTYPE_BYTES, "fp8": 1}
+A2A_DTYPE_BYTES: Mapping[str, int] = MappingProxyType({**DTYPE_BYTES, "fp8": 1})
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,7 @@ def _check_work(name: str, w: Work) -> None:
 class _Graph:
     """Columns of the graph being built, and the task id of every (name, stage, mb, block)."""
 
-    def __init__(self, pipe: MoEPipeline) -> None:
-        self.pipe = pipe
+    def __init__(self) -> None:
         self.device: list[int] = []
         self.duration: list[float] = []
         self.mem_start: list[float] = []
@@ -203,7 +202,7 @@ def _weight(w: Work | None, split: bool) -> tuple[float, float]:
 def _assemble(pipe: MoEPipeline) -> _Graph:
     """The columns of :func:`build`'s graph and its task index."""
     p, m, split = pipe.devices, pipe.microbatches, pipe.split_backward
-    g = _Graph(pipe)
+    g = _Graph()
     nl = 2 * (p - 1)  # the links between adjacent stages, both ways (build() lists them)
     a2a = [(nl + s,) for s in range(p)]  # the EP network resource of each stage
     for s, blocks in enumerate(pipe.stages):
