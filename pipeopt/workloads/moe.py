@@ -127,9 +127,10 @@ class MoEPipeline:
         return len(self.stages)
 
     def problem(self) -> Problem:
-        """The chain problem of the same shape (op durations are each op's compute sum), whose
-        schedules :mod:`pipeopt.schedules` generates; its op orders map to this graph's tasks
-        by :func:`task_orders`."""
+        """A chain problem of the same shape (stages, micro-batches, split or fused backward;
+        unit op times: only its op orders are used), for the hand-made generators of
+        :mod:`pipeopt.schedules`; :func:`task_orders` maps their orders to this graph's tasks.
+        """
         p, m = self.devices, self.microbatches
         return uniform_problem(p, m, 1.0, 1.0, 1.0 if self.split_backward else 0.0,
                                split_backward=self.split_backward)
