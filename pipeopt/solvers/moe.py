@@ -33,6 +33,7 @@ from pipeopt.core.greedy import Stuck, list_schedule
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.core.simulate import simulate
 from pipeopt.core.validate import check
+from pipeopt.problem import Op
 from pipeopt.schedules import GENERATORS
 from pipeopt.schedules.base import NotApplicable
 from pipeopt.workloads import moe as wl
@@ -44,17 +45,18 @@ SEARCH_WINDOWS = (1, 2, 3, 4, 6)
 #: Perturbed list schedules tried after the portfolio (time allowing), from the best few
 #: windowed ones, each task's priority moved by up to PERTURB_OPS op positions: on
 #: benchmarks/moe.py at 1x they took the search from 0.7100 to 0.7013 s within the hand-made
-#: memory and from 0.5562 to 0.5550 s within the GPU's (2026-12-03).
+#: memory and from 0.5562 to 0.5555 s within the GPU's (2026-12-03).
 PERTURB_TRIALS = 48
 PERTURB_BASES = 3
 PERTURB_OPS = 1.5
 #: CP-SAT is run from the best list schedule only on graphs up to this many tasks: on larger
 #: ones it found nothing better within 30 s, its presolve alone taking 12 s (p = 8, m = 16:
-#: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03).
+#: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03); on a 0.2 ms grid, 40 s took
+#: the search's 0.5555 s to 0.5543 s.
 CPSAT_MAX_TASKS = 1000
 
 
-def _orders(pipe: wl.MoEPipeline, name: str) -> list[list]:
+def _orders(pipe: wl.MoEPipeline, name: str) -> list[list[Op]]:
     if name not in GENERATORS:
         raise ValueError(f"schedule: unknown hand-made schedule {name!r}; known: "
                          f"{', '.join(sorted(GENERATORS))}")
