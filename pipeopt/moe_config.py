@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeopt.config import read_yaml
+from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.errors import ConfigError
 from pipeopt.schema import check_unknown_keys, pydantic_message
@@ -292,3 +293,49 @@ def solve_command(data: Any, source: str, *, method: str | None = None,
         if not as_json:
             lines.append(f"written       {output}")
     return lines
+
+
+@dataclass(frozen=True)
+class MoERun:
+    """An MoE pipeline in the :class:`~pipeopt.solvers.graph.GraphWorkload` shape of
+    :mod:`pipeopt.graph_config` (for ``solve_graph`` / ``compare_graph``): ``graph`` is
+    :func:`pipeopt.workloads.moe.build` of ``pipeline`` (what the searches run on); the
+    hand-made schedules are 1F1B (fused backward) and ZB-H1, each without and with the
+    all-to-all overlapped (``+overlap``: :func:`pipeopt.solvers.moe.hand_made`'s window 2).
+    """
+
+    pipeline: MoEPipeline
+
+    @property
+    def graph(self) -> TaskGraph:
+        """The searches' graph (built on each read: the pipeline is small data)."""
+        from pipeopt.workloads.moe import build
+
+        return build(self.pipeline)
+
+    @property
+    def hand_made(self) -> tuple[str, ...]:
+        """``1f1b``, ``1f1b+overlap`` and, with a split backward, ``zb-h1``,
+        ``zb-h1+overlap``."""
+        names = ("1f1b", "1f1b+overlap")
+        if self.pipeline.split_backward:
+            names += ("zb-h1", "zb-h1+overlap")
+        return names
+
+    def hand_made_orders(self, name: str) -> tuple[TaskGraph, list[list[int]]]:
+        """The graph and device orders of hand-made schedule ``name``."""
+        from pipeopt.schedules import NotApplicable
+        from pipeopt.solvers import moe as sm
+        from pipeopt.workloads.moe import build
+
+        if name not in self.hand_made:
+            raise NotApplicable(f"{name}: not a hand-made schedule of this workload "
+                                f"({', '.join(self.hand_made)})")
+        family, _, how = name.partition("+")
+        pipe = replace(self.pipeline, split_backward=family != "1f1b")
+        graph = build(pipe)
+        try:
+            sched = sm.hand_made(pipe, family, overlap=bool(how), graph=graph)
+        except ValueError as exc:  # Stuck under memory too
+            raise NotApplicable(f"{name}: {exc}") from None
+        return graph, sched.device_orders()

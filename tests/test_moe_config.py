@@ -4,6 +4,7 @@ trace` on an MoE schedule (schedule JSON v2 with all-to-all tasks on network res
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,26 @@ def test_cli_method_flag_overrides_the_config(tmp_path: Path,
     assert capsys.readouterr().out.startswith("method        1f1b\n")
     assert main(["solve", str(cfg), "--method", "greedy"]) == 2
     assert "--method: an MoE config takes search or one of" in capsys.readouterr().err
+
+
+def test_moe_run_has_the_graph_workload_shape() -> None:
+    """MoERun plugs into pipeopt.solvers.graph (graph_config's workloads): its hand-made
+    schedules are those of pipeopt.solvers.moe, and compare_graph ranks them with the core
+    greedy and CP-SAT."""
+    from pipeopt.moe_config import MoERun
+    from pipeopt.solvers import moe as sm
+    from pipeopt.solvers.graph import compare_graph, solve_graph
+
+    pipe = parse_moe(small()).pipeline
+    run = MoERun(pipe)
+    assert run.hand_made == ("1f1b", "1f1b+overlap", "zb-h1", "zb-h1+overlap")
+    zb = solve_graph(run, "zb-h1")
+    assert zb.objective == pytest.approx(sm.hand_made(pipe, "zb-h1").objective)
+    over = solve_graph(run, "1f1b+overlap")
+    fused = dataclasses.replace(pipe, split_backward=False)
+    assert over.objective == pytest.approx(
+        sm.hand_made(fused, "1f1b", overlap=True).objective)
+    rows = compare_graph(run, ["zb-h1", "zb-h1+overlap", "greedy"], time_limit=2)
+    assert sorted(r.method for r in rows) == ["greedy", "zb-h1", "zb-h1+overlap"]
+    assert all(r.schedule is not None and check(r.schedule) == [] for r in rows)
+    assert min(r.ratio for r in rows if r.ratio is not None) == pytest.approx(1.0)
