@@ -82,6 +82,13 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
 def cmd_run(args: argparse.Namespace) -> int:
     """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails.
     Every flag and the schedule are checked before torch is imported (which takes seconds)."""
+    from pipeopt.views_cli import load_periodic
+
+    periodic = load_periodic(args.schedule)  # pipeline.mode: async's own document
+    if periodic is not None:
+        from pipeopt.executor.periodic import cmd_run_async
+
+        return cmd_run_async(args, periodic, _number)
     sched = check_run_args(args)
     from pipeopt.executor.launch import RunConfig, run_pipeline
     from pipeopt.executor.models import ModelError

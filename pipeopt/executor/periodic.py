@@ -1,0 +1,588 @@
+"""Replay of an asynchronous (periodic) pipeline on torch.distributed, with weight versions.
+
+``pipeopt run async.json`` on a ``pipeopt-periodic`` document (:mod:`pipeopt.workloads.periodic`):
+the pattern is unrolled for ``--steps`` x ``problem.microbatches`` micro-batches, each device
+runs its tasks in the order of their unrolled start times (:func:`replay_orders`; warm-up and
+drain included, never a flush), and activations and gradients cross ranks as point-to-point
+messages, one tag per micro-batch and direction. PyTorch's pipelining runtime flushes every
+step and keeps one weight version, so this is a small loop of its own.
+
+Weights, per the schedule's policy (the module docstring of :mod:`pipeopt.workloads.periodic`):
+
+* ``stash`` (PipeDream, SOSP'19, section 3.3): a forward runs on a copy of the stage's weights
+  as they are at that moment (a *version*: the number of updates so far); the micro-batch's
+  backward differentiates that same copy; its update applies the gradient to the newest
+  weights, right after its last backward task. A copy is dropped once no micro-batch in flight
+  uses it, so stage k of p holds ``p - k`` versions under 1F1B-async.
+* ``2bw`` (PipeDream-2BW, ICML'21, section 3.1): as ``stash``, but the gradients of
+  ``update_every`` micro-batches are averaged into one update, so at most two versions live.
+* ``pipemare`` (MLSys'21): one version. The forward keeps only the stage's input; the backward
+  runs the stage's forward again on the newest weights and differentiates that (the gradient at
+  the weights of the backward, on the input the forward received; PipeMare itself keeps the
+  forward's activations, which a generic model cannot re-weight).
+
+A backward task (``B``) computes the input and the weight gradients; ``W`` (split backward)
+applies the update. :func:`version_plan` derives from the device orders which version each
+forward and backward uses; every rank reports the versions it used and the most it held, and
+:func:`reference_async` recomputes every micro-batch's gradient in one process with the planned
+versions and the same updates in the same order, which the run's gradients are compared with.
+Backend: gloo (CPU). Sends are asynchronous and a rank blocks only on a receive, which is
+deadlock-free because the device orders come from a valid timed schedule; on NCCL a send may
+block until its receive is posted, so the replay refuses ``--backend nccl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeopt.errors import ConfigError
+from pipeopt.executor.procs import ExecutorError
+from pipeopt.problem import Op
+from pipeopt.workloads.periodic import PeriodicSchedule
+
+#: ``--steps`` of the async replay are iterations of the problem's ``microbatches``.
+Orders = tuple[tuple[Op, ...], ...]
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """Which weight version (updates of the stage applied before it) each micro-batch's
+    forward and backward use, per stage; the updates each stage applies in the run, and the
+    most versions a stage holds at once (the newest weights and the copies in flight)."""
+
+    forward: tuple[tuple[int, ...], ...]
+    backward: tuple[tuple[int, ...], ...]
+    updates: tuple[int, ...]
+    held: tuple[int, ...]
+
+
+def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
+    """Per device, the ops of micro-batches ``0 .. microbatches - 1`` in the order of their
+    start in the unrolled pattern (micro-batch j's copy starts ``j * period`` after 0's).
+    Raises :class:`ExecutorError` for what the replay does not run (replicated stages, several
+    stages on a device) or an order a one-device loop cannot follow."""
+    p = schedule.problem
+    if max(schedule.replicas) > 1:
+        raise ExecutorError(f"replicas: the async replay runs one device per stage, the "
+                            f"schedule replicates stages {list(schedule.replicas)}")
+    if p.virtual_stages != 1 or sorted(p.stage_device) != list(range(p.devices)):
+        raise ExecutorError("pipeline.virtual_stages: the async replay runs one stage per "
+                            "device")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise ExecutorError(f"microbatches: must be an integer >= 1, got {microbatches!r}")
+    T = schedule.period
+    rows: list[list[tuple[float, int, int, Op]]] = [[] for _ in range(p.devices)]
+    for t in schedule.tasks:
+        ki = p.kinds.index(t.kind)
+        for j in range(microbatches):
+            rows[p.stage_device[t.stage]].append((t.start + j * T, j, ki, Op(t.kind, t.stage, j)))
+    orders = tuple(tuple(op for *_, op in sorted(row)) for row in rows)
+    for d, order in enumerate(orders):  # what the loop relies on: FIFO per kind, F < B < W
+        seen: dict[str, int] = {}
+        for op in order:
+            prev = p.kinds[p.kinds.index(op.kind) - 1] if op.kind != "F" else None
+            if seen.get(op.kind, -1) != op.microbatch - 1 or (
+                    prev is not None and seen.get(prev, -1) < op.microbatch):
+                raise ExecutorError(f"device {d}: the pattern runs {op} out of micro-batch "
+                                    "order; the replay needs each kind in micro-batch order")
+            seen[op.kind] = op.microbatch
+    return orders
+
+
+def updates_after(schedule: PeriodicSchedule, microbatch: int) -> bool:
+    """Whether a stage applies an update after ``microbatch``'s last backward task (every
+    micro-batch, or every ``update_every``-th with 2BW)."""
+    return schedule.policy != "2bw" or (microbatch + 1) % schedule.update_every == 0
+
+
+def version_plan(schedule: PeriodicSchedule, orders: Orders) -> VersionPlan:
+    """The weight versions of a replay in these device orders (see :class:`VersionPlan`)."""
+    p = schedule.problem
+    n = max((op.microbatch for order in orders for op in order), default=-1) + 1
+    last = p.kinds[-1]
+    fwd = [[0] * n for _ in range(p.stages)]
+    bwd = [[0] * n for _ in range(p.stages)]
+    updates = [0] * p.stages
+    held = [1] * p.stages
+    stash = schedule.policy != "pipemare"
+    for order in orders:
+        in_flight: dict[int, int] = {}
+        for op in order:
+            k, j, v = op.stage, op.microbatch, updates[op.stage]
+            if op.kind == "F":
+                fwd[k][j] = v
+                if stash:
+                    in_flight[j] = v
+                    held[k] = max(held[k], len({v, *in_flight.values()}))
+            if op.kind == "B":
+                bwd[k][j] = fwd[k][j] if stash else v
+            if op.kind == last:
+                in_flight.pop(j, None)
+                if updates_after(schedule, j):
+                    updates[k] += 1
+    return VersionPlan(tuple(map(tuple, fwd)), tuple(map(tuple, bwd)), tuple(updates),
+                       tuple(held))
+
+
+# ----- the run ----------------------------------------------------------------------------------
+@dataclass
+class AsyncRunResult:
+    """The outcome of an async replay; times in seconds (``predicted_time``: the unrolled
+    pattern's makespan in the problem's time unit, seconds when it came from a profile)."""
+
+    method: str
+    policy: str
+    world: int
+    microbatches: int
+    losses: list[float]  # per micro-batch, the loss of its forward (mean over its samples)
+    wall_time: float
+    predicted_time: float
+    plan: VersionPlan
+    held: list[int]  # per stage, the most versions the run held at once
+    versions_match: bool  # every rank used the planned version for every forward / backward
+    op_costs: dict[tuple[str, int], float] = field(default_factory=dict)
+    max_abs_grad_diff: float | None = None
+    grads_match: bool | None = None
+    worst_param: str | None = None
+    reference_losses: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary."""
+        return {"method": self.method, "policy": self.policy, "ranks": self.world,
+                "microbatches": self.microbatches, "losses": self.losses,
+                "wall_time": self.wall_time, "predicted_time": self.predicted_time,
+                "weight_versions_held": self.held,
+                "weight_versions_planned": list(self.plan.held),
+                "updates": list(self.plan.updates), "versions_match": self.versions_match,
+                "op_costs": {f"{kind}{k}": v for (kind, k), v in self.op_costs.items()},
+                "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
+                "worst_param": self.worst_param}
+
+
+def _functional(mod: Any, params: dict[str, Any], x: Any) -> Any:
+    from torch.func import functional_call
+
+    return functional_call(mod, params, (x,))
+
+
+def _boundaries(spec: Any, stages: Sequence[Any], x: Any) -> list[tuple[Any, Any]]:
+    """(shape, dtype) of the tensor that enters each stage (stage 0: the data), from one
+    micro-batch's forward; ExecutorError when a stage hands on something else than one
+    floating-point tensor."""
+    import torch
+
+    out, h = [], x
+    with torch.no_grad():
+        for k, mod in enumerate(stages):
+            if k and not (isinstance(h, torch.Tensor) and h.is_floating_point()):
+                raise ExecutorError(f"model: {spec.name}'s stage {k - 1} hands on "
+                                    f"{type(h).__name__}; the async replay passes one "
+                                    "floating-point tensor between stages")
+            out.append((tuple(h.shape), h.dtype))
+            h = mod(h)
+    return out
+
+
+def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cfg: Any,
+              status: Any) -> dict[str, Any]:
+    """Replay ``schedule``'s device ``rank`` (process group joined): returns the versions its
+    stage used and held, its micro-batches' losses (last stage), op durations (s), wall time,
+    and with ``cfg.check`` every micro-batch's weight gradient and the final weights."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt.executor.check import batch_for, optimizer
+    from pipeopt.executor.models import build_model, split_stages
+
+    prob = schedule.problem
+    m = prob.microbatches
+    n = cfg.steps * m
+    orders = replay_orders(schedule, n)
+    k = prob.stage_device.index(rank)
+    last_stage = k == prob.stages - 1
+    peer = {k - 1: prob.stage_device[k - 1] if k else None,
+            k + 1: prob.stage_device[k + 1] if not last_stage else None}
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    bs = cfg.batch(m)
+    batches: dict[int, tuple[list[Any], list[Any]]] = {}
+
+    def data(j: int) -> tuple[Any, Any]:
+        it = j // m
+        if it not in batches:
+            batches[it] = batch_for(spec, bs, cfg.seed, it, m)
+        xs, ys = batches[it]
+        return xs[j % m].to(device), ys[j % m].to(device)
+
+    io = _boundaries(spec, stages, data(0)[0].cpu())
+    mod = stages[k].to(device)
+    live = dict(mod.named_parameters())
+    opt = optimizer(cfg.optimizer, list(live.values()), cfg.lr)
+    stash = schedule.policy != "pipemare"
+    version = 0
+    copies: dict[int, dict[str, Any]] = {}  # version -> the weights as they were (stash, 2bw)
+    saved: dict[int, tuple[Any, ...]] = {}  # micro-batch -> what its backward needs
+    used: dict[int, int] = {}  # micro-batch in flight -> its version
+    wgrads: dict[int, tuple[Any, ...]] = {}
+    acc: list[Any] | None = None
+    pending: list[tuple[Any, Any]] = []
+    losses: dict[int, float] = {}
+    fwd_v: dict[int, int] = {}
+    bwd_v: dict[int, int] = {}
+    grads_out: dict[int, dict[str, Any]] = {}
+    held = 1
+    durations: dict[str, list[float]] = {}
+    last_kind = prob.kinds[-1]
+
+    def send(t: Any, dst: int, tag: int) -> None:
+        t = t.detach().contiguous()
+        pending.append((dist.isend(t, dst, tag=tag), t))
+        pending[:] = [(w, x) for w, x in pending if not w.is_completed()]
+
+    def recv(shape_dtype: tuple[Any, Any], src: int, tag: int) -> Any:
+        buf = torch.empty(shape_dtype[0], dtype=shape_dtype[1], device=device)
+        dist.recv(buf, src, tag=tag)
+        return buf
+
+    def weights(v: int) -> dict[str, Any]:
+        if v not in copies:
+            copies[v] = {name: q.detach().clone().requires_grad_(True)
+                         for name, q in live.items()}
+        return copies[v]
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    for op in orders[rank]:
+        j, it = op.microbatch, op.microbatch // m
+        if op.kind == "F":
+            if k == 0:
+                x = data(j)[0]
+            else:
+                status.text = f"step {it}: {op} waits for the output of {op.stage - 1}F{j}"
+                x = recv(io[k], peer[k - 1], 2 * j).requires_grad_(True)
+            status.text = f"step {it}: running {op}"
+            a = time.perf_counter()
+            fwd_v[j] = version
+            if stash:
+                used[j] = version
+                out = _functional(mod, weights(version), x)
+                held = max(held, len({version, *used.values()}))
+            else:
+                with torch.no_grad():
+                    out = _functional(mod, live, x)
+            if last_stage:
+                out = spec.loss_fn(out, data(j)[1])
+                losses[j] = float(out.detach())
+            else:
+                send(out, peer[k + 1], 2 * j)
+            saved[j] = (x, out) if stash else (x.detach(),)
+        elif op.kind == "B":
+            g = None
+            if not last_stage:
+                status.text = f"step {it}: {op} waits for the gradient of {op.stage + 1}B{j}"
+                g = recv(io[k + 1], peer[k + 1], 2 * j + 1)
+            status.text = f"step {it}: running {op}"
+            a = time.perf_counter()
+            if stash:
+                x, out = saved.pop(j)
+                params = copies[used[j]]
+                bwd_v[j] = used[j]
+            else:
+                (x,) = saved.pop(j)
+                x = x.requires_grad_(k > 0)
+                params = live
+                bwd_v[j] = version
+                out = _functional(mod, live, x)
+                if last_stage:
+                    out = spec.loss_fn(out, data(j)[1])
+            inputs = ([x] if k else []) + list(params.values())
+            grads = torch.autograd.grad(out, inputs, grad_outputs=g)
+            if k:
+                send(grads[0], peer[k - 1], 2 * j + 1)
+            wgrads[j] = grads[1:] if k else grads
+        if op.kind == last_kind:
+            if op.kind != "B":
+                status.text = f"step {it}: running {op}"
+                a = time.perf_counter()
+            g_j = wgrads.pop(j)
+            if cfg.check:
+                grads_out[j] = {name: t.detach().cpu().numpy().copy()
+                                for name, t in zip(live, g_j, strict=True)}
+            acc = list(g_j) if acc is None else [s + t for s, t in zip(acc, g_j, strict=True)]
+            if updates_after(schedule, j):
+                for q, s in zip(live.values(), acc, strict=True):
+                    q.grad = s / (schedule.update_every if schedule.policy == "2bw" else 1)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                acc, version = None, version + 1
+            used.pop(j, None)
+            for v in [v for v in copies if v not in used.values()]:
+                del copies[v]  # no micro-batch in flight reads it (the newest: made on demand)
+        durations.setdefault(f"{op.kind}{op.stage}", []).append(time.perf_counter() - a)
+    status.text = f"step {cfg.steps - 1}: waiting for its sends to complete"
+    for w, _ in pending:
+        w.wait()
+    wall = time.perf_counter() - t0
+    dist.barrier()
+    final = {name: q.detach().cpu().numpy().copy() for name, q in live.items()} \
+        if cfg.check else {}
+    return {"stage": k, "forward": [fwd_v[j] for j in range(n)],
+            "backward": [bwd_v[j] for j in range(n)], "held": held, "losses": losses,
+            "op_durations": durations, "wall": wall, "grads": grads_out, "final": final}
+
+
+def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
+                    ) -> dict[str, Any]:
+    """One process, no pipelining: micro-batch by micro-batch, the forward through every
+    stage on the version :attr:`VersionPlan.forward` names, the gradient of its loss on the
+    versions :attr:`VersionPlan.backward` names (the same, but for ``pipemare``, whose backward
+    runs each stage again from its input), then each stage's update, in micro-batch order, as
+    the run applies them. Returns per micro-batch its loss and per stage its weight gradients,
+    and the final weights (numpy arrays)."""
+    import torch
+
+    from pipeopt.executor.check import batch_for, optimizer
+    from pipeopt.executor.models import build_model, split_stages
+
+    prob = schedule.problem
+    m = prob.microbatches
+    n = cfg.steps * m
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    live = [dict(mod.named_parameters()) for mod in stages]
+    opts = [optimizer(cfg.optimizer, list(w.values()), cfg.lr) for w in live]
+    versions: list[list[dict[str, Any]]] = [[{name: q.detach().clone() for name, q in w.items()}]
+                                            for w in live]
+    acc: list[list[Any] | None] = [None] * prob.stages
+    losses: list[float] = []
+    grads: list[list[dict[str, Any]]] = []
+    for j in range(n):
+        xs, ys = batch_for(spec, cfg.batch(m), cfg.seed, j // m, m)
+        x, y = xs[j % m], ys[j % m]
+
+        def params(k: int, v: int) -> dict[str, Any]:
+            return {name: t.clone().requires_grad_(True) for name, t in versions[k][v].items()}
+
+        if schedule.policy != "pipemare":  # one graph through the chain, its versions
+            ps = [params(k, plan.forward[k][j]) for k in range(prob.stages)]
+            h = x
+            for k, mod in enumerate(stages):
+                h = _functional(mod, ps[k], h)
+            loss = spec.loss_fn(h, y)
+            flat = torch.autograd.grad(loss, [t for p_ in ps for t in p_.values()])
+            got, i = [], 0
+            for p_ in ps:
+                got.append(dict(zip(p_, flat[i:i + len(p_)], strict=True)))
+                i += len(p_)
+        else:  # forward on the forward's versions, each stage's backward on its own
+            inputs, h = [], x
+            with torch.no_grad():
+                for k, mod in enumerate(stages):
+                    inputs.append(h)
+                    h = _functional(mod, versions[k][plan.forward[k][j]], h)
+                loss = spec.loss_fn(h, y)
+            got = [{} for _ in stages]
+            g = None
+            for k in reversed(range(prob.stages)):
+                xk = inputs[k].clone().requires_grad_(k > 0)
+                pk = params(k, plan.backward[k][j])
+                out = _functional(stages[k], pk, xk)
+                if k == prob.stages - 1:
+                    out = spec.loss_fn(out, y)
+                res = torch.autograd.grad(out, ([xk] if k else []) + list(pk.values()),
+                                          grad_outputs=g)
+                g = res[0] if k else None
+                got[k] = dict(zip(pk, res[1:] if k else res, strict=True))
+        losses.append(float(loss.detach()))
+        grads.append([{name: t.detach().numpy().copy() for name, t in d.items()} for d in got])
+        div = schedule.update_every if schedule.policy == "2bw" else 1
+        for k in range(prob.stages):
+            gk = list(got[k].values())
+            acc[k] = gk if acc[k] is None else [s + t for s, t in zip(acc[k], gk, strict=True)]
+            if updates_after(schedule, j):
+                for q, s in zip(live[k].values(), acc[k], strict=True):
+                    q.grad = s / div
+                opts[k].step()
+                opts[k].zero_grad(set_to_none=True)
+                acc[k] = None
+                versions[k].append({name: q.detach().clone() for name, q in live[k].items()})
+    final = [{name: q.detach().numpy().copy() for name, q in w.items()} for w in live]
+    return {"losses": losses, "grads": grads, "final": final}
+
+
+def _jobs(rank: int, world: int, device: Any, jobs: Sequence[tuple[PeriodicSchedule, Any]],
+          backend: str, status: Any = None) -> list[dict[str, Any]]:
+    return [_run_rank(rank, world, device, s, c, status) for s, c in jobs]
+
+
+def _preflight(schedule: PeriodicSchedule, cfg: Any) -> None:
+    """Build the model, cut it into the schedule's stages and run one micro-batch forward in
+    this process, as every rank will: ModelError / ExecutorError here, before any rank
+    starts."""
+    from pipeopt.executor.check import batch_for
+    from pipeopt.executor.models import ModelError, build_model, split_stages
+
+    prob = schedule.problem
+    bs = cfg.batch(prob.microbatches)
+    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
+    stages = split_stages(spec, prob)
+    try:
+        _boundaries(spec, stages, batch_for(spec, bs, cfg.seed, 0, prob.microbatches)[0][0])
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
+                         f"{bs // prob.microbatches} through its stages: "
+                         f"{type(exc).__name__}: {first}") from None
+
+
+def run_async(jobs: Sequence[tuple[PeriodicSchedule, Any]]) -> list[AsyncRunResult]:
+    """Replay each (schedule, :class:`~pipeopt.executor.launch.RunConfig`) in one set of
+    spawned gloo ranks (every schedule on the same number of devices), one after the other;
+    with ``check``, compare every micro-batch's gradients, the losses and the final weights
+    with :func:`reference_async` (``rtol``, ``atol`` of the config)."""
+    from pipeopt.executor.check import compare_grads
+    from pipeopt.executor.launch import op_costs
+    from pipeopt.executor.procs import spawn
+
+    if not jobs:
+        return []
+    world = jobs[0][0].problem.devices
+    plans = []
+    for s, c in jobs:
+        if s.problem.devices != world:
+            raise ExecutorError("run_async: every job must have the same number of devices")
+        if c.backend == "nccl":
+            raise ExecutorError("backend: the async replay runs on gloo (a NCCL send may "
+                                "wait for its receive, which the replay's order does not "
+                                "guarantee)")
+        plans.append(version_plan(s, replay_orders(s, c.steps * s.problem.microbatches)))
+        _preflight(s, c)
+    per_rank = spawn(_jobs, world, (list(jobs), "gloo"), backend="gloo",
+                     timeout=sum(c.timeout for _, c in jobs), threads=jobs[0][1].threads,
+                     op_timeout=max(c.op_timeout for _, c in jobs))
+    out = []
+    for i, ((s, c), plan) in enumerate(zip(jobs, plans, strict=True)):
+        reports = sorted((r[i] for r in per_rank), key=lambda r: r["stage"])
+        n = c.steps * s.problem.microbatches
+        losses = reports[-1]["losses"]
+        res = AsyncRunResult(
+            s.method, s.policy, world, n, [losses[j] for j in range(n)],
+            max(r["wall"] for r in reports), s.span + (n - 1) * s.period, plan,
+            [r["held"] for r in reports],
+            all(tuple(r["forward"]) == plan.forward[k] and tuple(r["backward"])
+                == plan.backward[k] for k, r in enumerate(reports)),
+            op_costs(reports))
+        if c.check:
+            ref = reference_async(s, c, plan)
+            got = {k: {f"mb{j}.{name}": a for j in range(n) for name, a in r["grads"][j].items()}
+                   | {f"final.{name}": a for name, a in r["final"].items()}
+                   for k, r in enumerate(reports)}
+            want = {k: {f"mb{j}.{name}": a for j in range(n)
+                        for name, a in ref["grads"][j][k].items()}
+                    | {f"final.{name}": a for name, a in ref["final"][k].items()}
+                    for k in range(len(reports))}
+            cmp = compare_grads(got, want, c.rtol, c.atol)
+            res.reference_losses = ref["losses"]
+            res.max_abs_grad_diff = cmp.max_abs_grad_diff
+            res.worst_param = cmp.worst
+            res.grads_match = cmp.ok and all(
+                math.isclose(a, b, rel_tol=c.rtol, abs_tol=c.atol)
+                for a, b in zip(res.losses, ref["losses"], strict=True))
+        out.append(res)
+    return out
+
+
+# ----- the command line -------------------------------------------------------------------------
+def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> None:
+    """Refuse the ``run`` flags the async replay does not take, naming the flag; check its
+    own (no torch imported)."""
+    import os
+
+    refusals = (("--data-parallel", args.data_parallel != 1, "replicate stages in the "
+                 "schedule (pipeline.replicas) instead; the replay does not run them yet"),
+                ("--recompute", args.recompute, "not in the async replay"),
+                ("--autocast", args.autocast is not None, "not in the async replay"),
+                ("--clip-grad-norm", args.clip_grad_norm is not None,
+                 "not in the async replay (each update is a micro-batch's own)"),
+                ("--torch-split", args.torch_split, "the async replay has its own backward"),
+                ("--costs-out", bool(args.costs_out), "not written for a periodic schedule"),
+                ("--backend nccl", args.backend == "nccl", "the async replay runs on gloo"))
+    for flag, bad, why in refusals:
+        if bad:
+            raise ConfigError(f"{flag}: {why}")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        raise ConfigError("run: the async replay starts its own ranks; not under torchrun")
+    if args.steps < 1:
+        raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
+    for flag, val in (("--timeout", args.timeout), ("--op-timeout", args.op_timeout),
+                      ("--lr", args.lr)):
+        if not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{flag}: must be a finite number > 0, got {val}")
+    m = schedule.problem.microbatches
+    if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
+        raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
+                          f"micro-batches, got {args.batch_size}")
+    try:
+        replay_orders(schedule, args.steps * m)
+    except ExecutorError as exc:
+        raise ConfigError(f"{args.schedule}: {exc}") from None
+
+
+def cmd_run_async(args: argparse.Namespace, schedule: PeriodicSchedule,
+                  number: Callable[[str], Any]) -> int:
+    """``pipeopt run`` of a periodic schedule: replay, print, exit 1 on a mismatch or a failed
+    rank. ``number`` reads a ``--model-arg`` value."""
+    check_async_args(args, schedule)
+    options = []
+    for item in args.model_arg or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        options.append((key, number(val)))
+    from pipeopt.executor.launch import RunConfig
+    from pipeopt.executor.models import ModelError
+
+    cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
+                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    timeout=args.timeout, backend="gloo", threads=args.threads,
+                    check=args.check, op_timeout=args.op_timeout, optimizer=args.optimizer)
+    try:
+        (res,) = run_async([(schedule, cfg)])
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
+    except ExecutorError as exc:
+        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
+        return 1
+    bad = not res.versions_match or (args.check and not res.grads_match)
+    if args.json:
+        print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": args.model,
+                          "tolerance": {"rtol": cfg.rtol, "atol": cfg.atol}}))
+        return 1 if bad else 0
+    m = schedule.problem.microbatches
+    print(f"schedule      {args.schedule} ({res.method}, async, weights: {res.policy}, "
+          f"{res.world} ranks)")
+    print(f"model         {args.model}, {res.microbatches} micro-batches of "
+          f"{cfg.batch(m) // m} ({args.steps} x {m})")
+    last = res.losses[-m:]
+    print(f"loss          {statistics.fmean(last):.6g} (mean of the last {len(last)} "
+          "micro-batches)")
+    print(f"time          {res.wall_time:.6g} s measured, {res.wall_time / res.microbatches:.4g}"
+          f" s per micro-batch (predicted {res.predicted_time:.6g} s, period "
+          f"{schedule.period:.4g} s; the problem's times read as seconds)")
+    print(f"versions      held {res.held} per stage (planned {list(res.plan.held)}, the "
+          f"schedule's steady state {list(schedule.weight_versions)}); every forward and "
+          f"backward on its planned version: {'yes' if res.versions_match else 'NO'}")
+    if args.check:
+        verdict = "ok" if res.grads_match else "MISMATCH"
+        print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs over every micro-batch's "
+              f"gradients and the final weights, against one process with the same versions "
+              f"({verdict}; rtol {cfg.rtol:g}, atol {cfg.atol:g}; worst {res.worst_param})")
+    return 1 if bad else 0
