@@ -1,0 +1,140 @@
+"""The async replay (pipeopt.executor.periodic): device orders and weight versions by hand, and
+every micro-batch's gradient of a multi-process gloo run against a one-process reference with
+the same weight versions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeopt.cli import main
+from pipeopt.executor.periodic import replay_orders, version_plan
+from pipeopt.executor.procs import ExecutorError
+from pipeopt.problem import uniform_problem
+from pipeopt.solvers import solve_async
+
+ROOT = Path(__file__).resolve().parents[1]
+P, M = 4, 4  # four stages; iterations of four micro-batches
+
+
+def _sched(method: str, **kw: object):
+    return solve_async(uniform_problem(P, M, f=1.0, b=2.0, w=0.5, **kw), method,
+                       weight_bytes=(1.0,) * P)
+
+
+def test_device_orders_are_1f1b_async_by_hand() -> None:
+    orders = replay_orders(_sched("pipedream"), 8)
+    # device 0 keeps p = 4 in flight: F0..F3, then B(j) W(j) F(j + 4); the last stage is
+    # synchronous (F B W per micro-batch)
+    assert [str(op) for op in orders[0][:10]] == ["0F0", "0F1", "0F2", "0F3", "0B0", "0W0",
+                                                  "0F4", "0B1", "0W1", "0F5"]
+    assert [str(op) for op in orders[3][:6]] == ["3F0", "3B0", "3W0", "3F1", "3B1", "3W1"]
+    assert all(len(o) == 3 * 8 for o in orders)
+
+
+def test_weight_versions_of_each_policy() -> None:
+    n = 16
+    stash = _sched("pipedream")
+    plan = version_plan(stash, replay_orders(stash, n))
+    assert plan.held == tuple(P - k for k in range(P)) == stash.weight_versions  # p - k
+    assert plan.forward == plan.backward  # a backward reads the version its forward read
+    for k in range(P):  # in steady state forward j reads the weights after j - (p - k) + 1
+        assert all(plan.forward[k][j] == j - (P - k) + 1 for j in range(P, n))
+    assert plan.updates == (n,) * P
+    two = _sched("pipedream-2bw")
+    plan = version_plan(two, replay_orders(two, n))
+    assert two.update_every == P and plan.updates == (n // P,) * P
+    # two versions where micro-batches of two update groups are in flight; the last stage has
+    # one in flight, so it never reads an older one (the model counts 2 there)
+    assert plan.held == (2, 2, 2, 1) and max(plan.held) <= max(two.weight_versions)
+    assert plan.forward == plan.backward
+    mare = _sched("pipemare")
+    plan = version_plan(mare, replay_orders(mare, n))
+    assert plan.held == (1,) * P == mare.weight_versions
+    for k in range(P):  # the backward's weights are staleness = p - k - 1 updates newer
+        assert all(plan.backward[k][j] - plan.forward[k][j] == mare.staleness[k] == P - k - 1
+                   for j in range(P, n))
+
+
+def test_replay_refuses_replicated_stages() -> None:
+    rep = solve_async(uniform_problem(P, M, f=1.0, b=2.0, w=0.5), "periodic",
+                      weight_bytes=(1.0,) * P, replicas=(1, 2, 1, 1))
+    with pytest.raises(ExecutorError, match=r"replicas: .*\[1, 2, 1, 1\]"):
+        replay_orders(rep, 8)
+
+
+@pytest.mark.torch
+def test_reference_tells_versions_apart() -> None:
+    """The check can fail: the same micro-batches on the newest weights (no staleness) give
+    gradients far beyond the tolerance from those of PipeDream's stashed versions."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.launch import RunConfig
+    from pipeopt.executor.periodic import VersionPlan, reference_async
+
+    s = _sched("pipedream")
+    cfg = RunConfig(model="mlp", model_options=(("width", 8),), steps=2, lr=0.5)
+    plan = version_plan(s, replay_orders(s, 8))
+    fresh = VersionPlan(tuple(tuple(range(8)) for _ in range(P)),
+                        tuple(tuple(range(8)) for _ in range(P)), plan.updates, (1,) * P)
+    a, b = reference_async(s, cfg, plan), reference_async(s, cfg, fresh)
+    assert a["losses"][0] == b["losses"][0]  # before any update both read version 0
+    assert a["losses"][1] != b["losses"][1]  # the last stage updated once since
+    diff = max(float(np.abs(a["grads"][7][0][name] - b["grads"][7][0][name]).max())
+               for name in a["grads"][7][0])
+    assert diff > 1e-3  # 100x the check's atol (1e-5)
+
+
+@pytest.mark.torch
+def test_replay_matches_the_reference_per_microbatch() -> None:
+    """PipeDream, 2BW and PipeMare on 4 gloo ranks, 8 micro-batches each (2 x 4): every
+    micro-batch's weight gradient, every loss and the final weights equal the one-process
+    reference's within rtol = atol = 1e-5 (fp32; in practice bit-equal), and every forward
+    and backward used the planned version."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.launch import RunConfig
+    from pipeopt.executor.periodic import run_async
+
+    jobs = [(_sched(m), RunConfig(model="mlp", model_options=(("width", 16),), steps=2,
+                                  lr=0.1, check=True))
+            for m in ("pipedream", "pipedream-2bw", "pipemare")]
+    results = run_async(jobs)
+    for (s, _), r in zip(jobs, results, strict=True):
+        assert r.versions_match, s.method
+        assert tuple(r.held) == r.plan.held, s.method
+        assert r.grads_match and r.max_abs_grad_diff is not None, s.method
+        assert r.max_abs_grad_diff <= 1e-5, s.method
+        assert len(r.losses) == 8 and r.losses == pytest.approx(r.reference_losses, rel=1e-5)
+    assert results[0].held == [4, 3, 2, 1] and results[2].held == [1, 1, 1, 1]
+
+
+@pytest.mark.torch
+def test_example_solves_plots_and_runs_in_the_executor_check(tmp_path, capsys) -> None:
+    """examples/async.yaml end to end: solve, plot, and run --check (tiny-gpt, one iteration
+    of its 16 micro-batches on 4 ranks)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "async.json"
+    assert main(["solve", str(ROOT / "examples" / "async.yaml"), "-o", str(out)]) == 0
+    assert main(["plot", str(out), "-o", str(tmp_path / "async.png")]) == 0
+    assert (tmp_path / "async.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--check", "--json", "--steps", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["grads_match"] is True and doc["versions_match"] is True
+    assert doc["ranks"] == 4 and doc["microbatches"] == 16
+    assert doc["weight_versions_held"] == [5, 4, 2, 1]  # the solved schedule's in-flight counts
+
+
+@pytest.mark.parametrize(("flags", "phrase"), [
+    (["--data-parallel", "2"], "--data-parallel: replicate stages in the schedule"),
+    (["--backend", "nccl"], "--backend nccl: the async replay runs on gloo"),
+    (["--batch-size", "6"], "--batch-size: must be a positive multiple of the schedule's 4"),
+    (["--model-arg", "width"], "--model-arg: expected KEY=VALUE"),
+])
+def test_run_refuses_what_the_replay_does_not_take(tmp_path, capsys, flags, phrase) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_sched("pipedream").to_dict()))
+    assert main(["run", str(path), *flags]) == 2
+    assert phrase in capsys.readouterr().err
