@@ -626,10 +626,14 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
     except PeriodicError as exc:
         raise ConfigError(str(exc)) from None
     doc = s.to_dict()
+    planned = cfg.extra("pipedream_plan")
     if args.json:
-        print(json.dumps({k: v for k, v in doc.items() if k not in ("tasks", "messages",
-                                                                    "problem")}))
+        extra = {"plan": _plan_doc(planned)} if planned else {}
+        print(json.dumps({**{k: v for k, v in doc.items() if k not in ("tasks", "messages",
+                                                                       "problem")}, **extra}))
     else:
+        if planned:
+            print_plan(planned)
         print_async_summary(s)
     if args.output:
         sys.stdout.flush()
@@ -638,6 +642,26 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
         if not args.json:
             print(f"written       {args.output}")
     return 0
+
+
+def _plan_doc(planned: Any) -> dict[str, Any]:
+    """The JSON of a ``pipedream:`` config's plan (the ``pipedream_plan`` extra)."""
+    d = dict(planned)
+    return {"config": d["config"], "period": d["period"], "devices": d["devices"],
+            "levels": [{"units": u, "bandwidth": b} for u, b in d["levels"]],
+            "stages": [{"first": a, "last": b, "replicas": r} for a, b, r in d["stages"]]}
+
+
+def print_plan(planned: Any, out: Any = None) -> None:
+    """PipeDream's plan of a ``pipedream:`` config: its notation, estimate and stages."""
+    out = out or sys.stdout
+    d = dict(planned)
+    levels = ", then ".join(f"{u} x {_fmt(b / 1e9)} GB/s" for u, b in d["levels"])
+    print(f"plan          pipedream {d['config']} on {d['devices']} devices ({levels}): "
+          f"estimated {_fmt(d['period'])} s per micro-batch (replicas' weight all-reduce "
+          "counted)", file=out)
+    for k, (a, b, r) in enumerate(d["stages"]):
+        print(f"  stage {k}: layers {a}..{b} on {r} device{'s' if r > 1 else ''}", file=out)
 
 
 def print_async_summary(s: Any, out: Any = None) -> None:

@@ -67,7 +67,8 @@ __all__ = [
 
 #: Sections that may be left empty (``memory:`` with every key commented out reads as null):
 #: null there means "all defaults", as an empty mapping does.
-_OPTIONAL_SECTIONS = ("links", "memory", "solver", "model", "cluster", "training")
+_OPTIONAL_SECTIONS = ("links", "memory", "solver", "model", "cluster", "training",
+                      "pipedream")
 
 
 def parse_config(data: Any, source: str = "<memory>",
@@ -102,6 +103,8 @@ def parse_config(data: Any, source: str = "<memory>",
     except ValidationError as exc:
         raise ConfigError(pydantic_message(exc)) from None
     check_size(cfg.pipeline)
+    if cfg.pipedream is not None:
+        return _from_pipedream(cfg, source)
     if cfg.model is not None or cfg.cluster is not None:
         return _from_model(cfg, data, source)
     if cfg.stages is None:
@@ -113,6 +116,86 @@ def parse_config(data: Any, source: str = "<memory>",
     check_totals(problem, "stages")
     return Config(problem=problem, solver=cfg.solver, source=source,
                   extras=async_extras(cfg, problem))
+
+
+#: Bound on PipeDream's DP: layers^3 x the sum over levels of units^2 (its states times the
+#: choices of each). Measured 1.0e7 to 5.4e7 of these per second (16 to 64 layers, two levels
+#: of 2 to 8 units, 2026-12-03), so the bound keeps the plan under about a minute.
+MAX_PLANNER_WORK = 6e8
+
+
+def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
+    """The ``pipedream:`` form: PipeDream's planner (:mod:`pipeopt.partition.pipedream`) chooses
+    the stages and their replicas from a layer profile and levels of devices; the problem is
+    its plan's chain (one device per stage, the replicas as an extra), memory from
+    ``memory.limit`` / ``memory.static`` (one value each), weight bytes from the layers."""
+    from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem
+
+    pl, pd, mem = cfg.pipeline, cfg.pipedream, cfg.memory
+    assert pd is not None
+    if pl.mode != "async":
+        raise ConfigError("pipedream: PipeDream's planner plans an asynchronous pipeline; set "
+                          "pipeline.mode: async")
+    why = "the planner chooses the stages and their replicas from pipedream.layers and levels"
+    for key, given in (("stages", cfg.stages is not None), ("model", cfg.model is not None),
+                       ("cluster", cfg.cluster is not None), ("training", bool(cfg.training)),
+                       ("links", cfg.links != LinksConfig()),
+                       ("pipeline.replicas", pl.replicas is not None),
+                       ("pipeline.virtual_stages", pl.virtual_stages != 1),
+                       ("memory.weight_bytes", mem.weight_bytes is not None),
+                       *((f"pipeline.{k}", getattr(pl, k) is not None) for k in SCALE_KEYS)):
+        if given:
+            raise ConfigError(f"{key}: not with pipedream: ({why})")
+    for key in ("limit", "static"):
+        if isinstance(getattr(mem, key), list):
+            raise ConfigError(f"memory.{key}: one value with pipedream: (the plan chooses the "
+                              "stages, so per-device values have no devices to name)")
+    lc = pd.layers
+    n = len(lc.forward)
+    cols = {}
+    for key in ("forward", "backward_input", "backward_weight", "output_bytes", "weight_bytes",
+                "activation_bytes"):
+        raw = getattr(lc, key)
+        cols[key] = [float(x) for x in _expand(f"pipedream.layers.{key}", raw, n, "layer")]
+        _check_values(f"pipedream.layers.{key}", raw, cols[key],
+                      "bytes" if key.endswith("bytes") else "s")
+    names = lc.names or [f"layer{i}" for i in range(n)]
+    if len(names) != n:
+        raise ConfigError(f"pipedream.layers.names: expected {n} names (one per layer), got "
+                          f"{len(names)}")
+    units = [lv.units for lv in pd.levels]
+    if pl.devices != math.prod(units):
+        raise ConfigError(f"pipeline.devices: must be the levels' {math.prod(units)} devices "
+                          f"({' x '.join(map(str, units))}), got {pl.devices}")
+    work = n ** 3 * sum(u * u for u in units)
+    if work > MAX_PLANNER_WORK:
+        raise ConfigError(f"pipedream.layers: {n} layers on levels of {units} units are too "
+                          f"many for the planner (layers^3 x sum units^2 = {work:.3g}, at most "
+                          f"{MAX_PLANNER_WORK:.3g}); merge layers")
+    layers = [Layer(names[i], cols["forward"][i], cols["backward_input"][i],
+                    cols["backward_weight"][i], cols["output_bytes"][i], cols["weight_bytes"][i],
+                    cols["activation_bytes"][i]) for i in range(n)]
+    levels = [Level(lv.units, lv.bandwidth) for lv in pd.levels]
+    result = plan(layers, levels)
+    prob, reps = plan_problem(layers, result, levels, microbatches=pl.microbatches)
+    s = prob.stages
+    limit = mem.limit if isinstance(mem.limit, int | float) or mem.limit is None else None
+    try:
+        prob = prob.replace(memory_limit=(None if limit is None else float(limit),) * s,
+                            static_memory=(float(mem.static),) * s,
+                            split_backward=pl.split_backward)
+    except ProblemError as exc:
+        raise ConfigError(f"memory: {exc}") from None
+    check_totals(prob, "pipedream.layers")
+    wb = tuple(math.fsum(cols["weight_bytes"][st.first:st.last + 1]) for st in result.stages)
+    summary = (("config", result.config()), ("period", result.period),
+               ("devices", result.devices), ("levels", tuple((lv.units, lv.bandwidth)
+                                                             for lv in levels)),
+               ("stages", tuple((names[st.first], names[st.last], st.replicas)
+                                for st in result.stages)))
+    return Config(problem=prob, solver=cfg.solver, source=source,
+                  extras=(("mode", "async"), ("weight_bytes", wb), ("replicas", reps),
+                          ("pipedream_plan", summary)))
 
 
 def _yaml_type(data: Any) -> str:

@@ -109,6 +109,35 @@ class SolverConfig(_Strict):
                                      description="seconds per CP-SAT time unit")
 
 
+class LevelConfig(_Strict):
+    """One level of ``pipedream.levels``: ``units`` of the level below (devices at the first
+    level) joined by links of ``bandwidth`` bytes/s."""
+
+    units: int = Field(ge=1, description="units of the level below (devices at the first)")
+    bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s between two units")
+
+
+class LayersConfig(_Strict):
+    """``pipedream.layers``: the layer profile, one value per layer (``forward`` sets the
+    count; the others may be one value for every layer). Seconds per micro-batch, bytes."""
+
+    forward: list[float] = Field(min_length=1)
+    backward_input: Scalars
+    backward_weight: Scalars
+    output_bytes: Scalars = Field(description="bytes of the layer's output (the message on)")
+    weight_bytes: Scalars = Field(description="bytes of the layer's weights (one copy)")
+    activation_bytes: Scalars = 0.0
+    names: list[str] | None = None
+
+
+class PipedreamConfig(_Strict):
+    """``pipedream:`` — PipeDream's planner chooses the stages and their replicas
+    (pipeline.mode: async); levels innermost first (devices per node, then nodes)."""
+
+    levels: list[LevelConfig] = Field(min_length=1)
+    layers: LayersConfig
+
+
 class ConfigFile(_Strict):
     """The whole file."""
 
@@ -120,6 +149,7 @@ class ConfigFile(_Strict):
     model: dict[str, Any] | None = None
     cluster: dict[str, Any] | None = None
     training: dict[str, Any] | None = None
+    pipedream: PipedreamConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -209,3 +209,93 @@ def test_cpsat_with_2bw_and_pipemare_weights_keeps_memory() -> None:
         assert s.period >= s.lower_bound - 1e-9
         search = solve_async(prob, method.replace("-cpsat", ""), (1.0,) * 3)
         assert s.period <= search.period + 1e-9
+
+
+# ----- PipeDream's planner from a config (pipedream:) ------------------------------------------
+PLANNER = ROOT / "examples" / "pipedream.yaml"
+
+
+def _planner_doc() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(PLANNER.read_text())
+
+
+def test_planner_config_is_the_python_example() -> None:
+    """examples/pipedream.yaml holds examples/pipedream_planner.py's profile: the same plan,
+    the same chain problem, replicas and weight bytes per stage."""
+    import runpy
+
+    from pipeopt.partition.pipedream import Level, plan, plan_problem
+
+    example = runpy.run_path(str(ROOT / "examples" / "pipedream_planner.py"))
+    layers = example["vgg_like"]()
+    levels = [Level(4, 10e9), Level(2, 1.25e9)]
+    want = plan(layers, levels)
+    prob, reps = plan_problem(layers, want, levels, microbatches=16)
+    cfg = load_config(str(PLANNER))
+    assert cfg.extra("mode") == "async" and cfg.extra("replicas") == reps == (4, 3, 1)
+    assert dict(cfg.extra("pipedream_plan"))["config"] == want.config() == "4-3-1"
+    assert cfg.problem.forward == pytest.approx(prob.forward)
+    assert cfg.problem.backward_weight == pytest.approx(prob.backward_weight)
+    assert cfg.problem.message_size == pytest.approx(prob.message_size)
+    assert cfg.problem.bandwidth == prob.bandwidth
+    # conv1..conv6, conv7..conv10, conv11..fc8: their fp32 weights
+    assert cfg.extra("weight_bytes") == pytest.approx((4.6108e6, 2.636e7, 5.252e8))
+
+
+def test_cli_solve_prints_the_plan_4_3_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """The planner example's structure through the command line: the convolutions replicated
+    on 4 and 3 GPUs, the weight-heavy classifier on one; the period search on the plan reaches
+    the planner's estimate (12.9 ms, the resource bound)."""
+    assert main(["solve", str(PLANNER)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan          pipedream 4-3-1 on 8 devices (4 x 10 GB/s, then "
+                          "2 x 1.25 GB/s)")
+    assert "  stage 0: layers conv1..conv6 on 4 devices" in out
+    assert "  stage 2: layers conv11..fc8 on 1 device\n" in out
+    assert main(["solve", str(PLANNER), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["config"] == "4-3-1" and doc["plan"]["devices"] == 8
+    assert [s["replicas"] for s in doc["stages"]] == [4, 3, 1]
+    assert doc["plan"]["period"] == pytest.approx(0.0129)
+    assert doc["period"] == pytest.approx(doc["plan"]["period"], rel=1e-9)
+    assert main(["solve", str(PLANNER), "--method", "pipedream", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["period"] == pytest.approx(0.019096)  # 19.10 ms
+
+
+@pytest.mark.parametrize(("change", "phrase"), [
+    (lambda d: d["pipeline"].update(mode="sync"), "pipedream: PipeDream's planner plans an "
+     "asynchronous pipeline; set pipeline.mode: async"),
+    (lambda d: d["pipeline"].update(devices=6), "pipeline.devices: must be the levels' 8 "
+     "devices (4 x 2), got 6"),
+    (lambda d: d.update(stages={"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}),
+     "stages: not with pipedream:"),
+    (lambda d: d["pipeline"].update(replicas=2), "pipeline.replicas: not with pipedream:"),
+    (lambda d: d.update(memory={"weight_bytes": 1.0}), "memory.weight_bytes: not with "
+     "pipedream:"),
+    (lambda d: d.update(memory={"limit": [1.0, 2.0]}), "memory.limit: one value with "
+     "pipedream:"),
+    (lambda d: d["pipedream"]["layers"].update(weight_bytes=[1.0, 2.0]),
+     "pipedream.layers.weight_bytes: expected 16 values (one per layer), got 2"),
+    (lambda d: d["pipedream"]["layers"]["forward"].__setitem__(2, -1.0),
+     "pipedream.layers.forward[2]: must be a finite number >= 0 (s), got -1.0"),
+    (lambda d: d["pipedream"]["layers"].update(names=["a"]),
+     "pipedream.layers.names: expected 16 names"),
+    (lambda d: d["pipedream"]["levels"][0].update(units=0), "pipedream.levels[0].units"),
+    (lambda d: d["pipedream"]["levels"][1].update(bandwidth=0), "pipedream.levels[1].bandwidth"),
+    (lambda d: d["pipedream"]["layers"].update(fwd=1.0),
+     "pipedream.layers.fwd: unknown key; did you mean 'forward'?"),
+    (lambda d: d["pipedream"]["layers"].update(forward=[1e-3] * 400),
+     "pipedream.layers: 400 layers on levels of [4, 2] units are too many for the planner"),
+])
+def test_bad_planner_configs_name_the_key(change: Any, phrase: str) -> None:
+    doc = _planner_doc()
+    change(doc)
+    if len(doc["pipedream"]["layers"]["forward"]) == 400:  # the other columns alike
+        doc["pipedream"]["layers"] = {"forward": [1e-3] * 400, "backward_input": 1e-3,
+                                      "backward_weight": 1e-3, "output_bytes": 1.0,
+                                      "weight_bytes": 1.0}
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    assert phrase in str(err.value)
