@@ -622,7 +622,8 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
     _async_method(args, cfg.solver.method)
     try:
         s = solve_async(cfg.problem, cfg.solver.method, cfg.extra("weight_bytes"),
-                        time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
+                        time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()),
+                        sync_s=cfg.extra("sync_s", ()))
     except PeriodicError as exc:
         raise ConfigError(str(exc)) from None
     doc = s.to_dict()
@@ -678,6 +679,11 @@ def print_async_summary(s: Any, out: Any = None) -> None:
     print(f"warm-up       {_fmt(s.warmup)} s (as long again to drain)", file=out)
     print(f"devices       {sum(s.replicas)}" + (" (replicated stages: in flight, versions, "
           "staleness and memory per replica)" if max(s.replicas) > 1 else ""), file=out)
+    if any(s.sync_s):
+        rows = ", ".join(f"stage {k} {_fmt(x)} s every {s.replicas[k]} micro-batches"
+                         for k, x in enumerate(s.sync_s) if x)
+        print(f"replica sync  {rows} (the replicas' gradient all-reduce: period >= sync / "
+              "replicas)", file=out)
     print("stage  replicas  in flight  weight versions  staleness  peak memory", file=out)
     for k in range(prob.stages):
         d = prob.stage_device[k]
@@ -702,7 +708,8 @@ def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
         sync_names = _method_list(",".join(n for n in names if n not in async_names)) if [
             n for n in names if n not in async_names] else []
     rows = compare_async(cfg.problem, cfg.extra("weight_bytes"), async_names, sync_names,
-                         time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()))
+                         time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()),
+                         sync_s=cfg.extra("sync_s", ()))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
         return 0

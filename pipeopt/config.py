@@ -129,7 +129,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
     the stages and their replicas from a layer profile and levels of devices; the problem is
     its plan's chain (one device per stage, the replicas as an extra), memory from
     ``memory.limit`` / ``memory.static`` (one value each), weight bytes from the layers."""
-    from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem
+    from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem, plan_sync_s
 
     pl, pd, mem = cfg.pipeline, cfg.pipedream, cfg.memory
     assert pd is not None
@@ -141,6 +141,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                        ("cluster", cfg.cluster is not None), ("training", bool(cfg.training)),
                        ("links", cfg.links != LinksConfig()),
                        ("pipeline.replicas", pl.replicas is not None),
+                       ("pipeline.replica_bandwidth", pl.replica_bandwidth is not None),
                        ("pipeline.virtual_stages", pl.virtual_stages != 1),
                        ("memory.weight_bytes", mem.weight_bytes is not None),
                        *((f"pipeline.{k}", getattr(pl, k) is not None) for k in SCALE_KEYS)):
@@ -195,6 +196,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                                 for st in result.stages)))
     return Config(problem=prob, solver=cfg.solver, source=source,
                   extras=(("mode", "async"), ("weight_bytes", wb), ("replicas", reps),
+                          ("sync_s", plan_sync_s(layers, result)),
                           ("pipedream_plan", summary)))
 
 

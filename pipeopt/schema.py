@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pipeopt.costs.collectives import all_reduce_time
 from pipeopt.errors import MAX_SEED, MAX_WORKERS, ConfigError
 from pipeopt.problem import Problem, Scale
 
@@ -53,6 +54,9 @@ class PipelineConfig(_Strict):
                             "flushes (PipeDream), solved for its period")
     replicas: int | list[int] | None = Field(
         None, description="async: devices that run each stage round-robin (default 1)")
+    replica_bandwidth: Scalars | None = Field(
+        None, description="async: bytes/s between the devices of a replicated stage, for "
+        "their gradient all-reduce (default: not modelled)")
 
     @field_validator(*("microbatch_scale", "microbatch_memory_scale",
                        "microbatch_message_scale"), mode="before")
@@ -450,8 +454,9 @@ def async_extras(cfg: ConfigFile, problem: Problem) -> tuple[tuple[str, Any], ..
         if raw is not None:
             raise ConfigError("memory.weight_bytes: used only with pipeline.mode: async (the "
                               "extra weight versions of an asynchronous pipeline)")
-        if cfg.pipeline.replicas is not None:
-            raise ConfigError("pipeline.replicas: used only with pipeline.mode: async")
+        for key in ("replicas", "replica_bandwidth"):
+            if getattr(cfg.pipeline, key) is not None:
+                raise ConfigError(f"pipeline.{key}: used only with pipeline.mode: async")
         return ()
     if problem.virtual_stages != 1:
         raise ConfigError(f"pipeline.virtual_stages: pipeline.mode: async runs one stage per "
@@ -474,4 +479,15 @@ def async_extras(cfg: ConfigFile, problem: Problem) -> tuple[tuple[str, Any], ..
         if r < 1:
             raise ConfigError(f"{_at('pipeline.replicas', cfg.pipeline.replicas, i)}: must be an "
                               f"integer >= 1 (devices running the stage), got {r}")
-    return (("mode", "async"), ("weight_bytes", tuple(wb)), ("replicas", tuple(reps)))
+    out = (("mode", "async"), ("weight_bytes", tuple(wb)), ("replicas", tuple(reps)))
+    raw_bw = cfg.pipeline.replica_bandwidth
+    if raw_bw is None:
+        return out
+    bws = [float(x) for x in _expand("pipeline.replica_bandwidth", raw_bw, s, "stage")]
+    for i, x in enumerate(bws):
+        if not (x > 0):  # inf: a network too fast to count
+            raise ConfigError(f"{_at('pipeline.replica_bandwidth', raw_bw, i)}: must be > 0 "
+                              f"bytes/s, got {x}")
+    sync = tuple(all_reduce_time(r, w, 0.0, b) if r > 1 else 0.0
+                 for r, w, b in zip(reps, wb, bws, strict=True))
+    return (*out, ("sync_s", sync))

@@ -299,3 +299,36 @@ def test_bad_planner_configs_name_the_key(change: Any, phrase: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(doc)
     assert phrase in str(err.value)
+
+
+
+def test_replica_bandwidth_gives_the_all_reduce_by_hand(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    # Stage 1 (weights 2 bytes) on 2 replicas joined by 0.5 bytes/s: a ring all-reduce of
+    # 2 (2 - 1) / 2 * 2 / 0.5 = 4 s every 2 micro-batches, 2 s per micro-batch, under the
+    # 3.5 s of stage 1's work: the period does not move. At 0.1 bytes/s: 20 s, 10 s each.
+    cfg = parse_config(config(pipeline__replicas=[1, 2, 1], pipeline__replica_bandwidth=0.5))
+    assert cfg.extra("sync_s") == pytest.approx((0.0, 4.0, 0.0))
+    slow = parse_config(config(pipeline__replicas=[1, 2, 1], pipeline__replica_bandwidth=0.1))
+    s = solve_async(slow.problem, "periodic", slow.extra("weight_bytes"),
+                    replicas=slow.extra("replicas"), sync_s=slow.extra("sync_s"))
+    assert s.period == pytest.approx(10.0) and s.lower_bound == pytest.approx(10.0)
+    with pytest.raises(ConfigError, match=r"pipeline\.replica_bandwidth: used only with "
+                                          r"pipeline\.mode: async"):
+        parse_config(config(pipeline__mode="sync", memory__weight_bytes=None,
+                            pipeline__replica_bandwidth=1.0))
+    with pytest.raises(ConfigError, match=r"pipeline.replica_bandwidth\[1\]: must be > 0"):
+        parse_config(config(pipeline__replica_bandwidth=[1.0, 0.0, 1.0]))
+
+
+def test_cli_prints_the_replica_sync(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    import yaml
+
+    path = tmp_path / "rep.yaml"
+    path.write_text(yaml.safe_dump(config(pipeline__replicas=[1, 2, 1],
+                                          pipeline__replica_bandwidth=0.1)))
+    assert main(["solve", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "period        10 s per micro-batch" in out
+    assert "replica sync  stage 1 20 s every 2 micro-batches" in out

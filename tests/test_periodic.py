@@ -272,6 +272,43 @@ def test_pipedream_with_a_replicated_stage_by_hand() -> None:
     assert s.peak_memory == pytest.approx((7.0, 3.0, 1.0))
 
 
+@pytest.mark.parametrize(("sync", "period"), [(0.0, 6.0), (8.0, 6.0), (12.0, 6.0),
+                                              (16.0, 8.0), (30.0, 15.0)])
+def test_replicas_all_reduce_bounds_the_period(sync: float, period: float) -> None:
+    """Stage 1 (12 s of work) on 2 replicas: 6 s per micro-batch from its devices; one
+    all-reduce of ``sync`` s among the two every round of 2 micro-batches adds a resource of
+    ``sync / 2`` s per micro-batch. The period is the larger of the two, for the search and for
+    PipeDream's hand-made pattern (whose own least period here is 6 s), and stays valid."""
+    from pipeopt.workloads.periodic import replica_sync_bound
+
+    prob = chain([1, 4, 1], [1, 4, 1], [1, 4, 1])
+    reps, sync_s = (1, 2, 1), (0.0, sync, 0.0)
+    assert replica_sync_bound(prob, reps, sync_s) == pytest.approx(sync / 2)
+    assert period_lower_bound(prob, reps, sync_s) == pytest.approx(period)
+    for s in (solve_periodic(prob, replicas=reps, sync_s=sync_s),
+              async_pattern(prob, "pipedream", (1.0,) * 3, replicas=reps, sync_s=sync_s)):
+        assert s.period == pytest.approx(period), s.method
+        assert s.sync_s == sync_s and check_periodic(s) == []
+        back = type(s).from_dict(json.loads(json.dumps(s.to_dict())))
+        assert back.sync_s == sync_s and back.period == s.period
+
+
+def test_replicas_all_reduce_is_checked() -> None:
+    prob = chain([1, 4, 1], [1, 4, 1], [1, 4, 1])
+    s = solve_periodic(prob, replicas=(1, 2, 1))
+    with pytest.raises(PeriodicError, match=r"period: 6 s is shorter than stage 1's gradient "
+                       r"all-reduce among its 2 replicas per micro-batch \(sync_s 14 s / 2\)"):
+        s.replace(sync_s=(0.0, 14.0, 0.0))
+    with pytest.raises(PeriodicError, match=r"sync_s\[0\]: stage 0 runs on one device"):
+        s.replace(sync_s=(1.0, 0.0, 0.0))
+    with pytest.raises(PeriodicError, match=r"sync_s: expected 3 values"):
+        s.replace(sync_s=(1.0,))
+    doc = s.to_dict()
+    for st in doc["stages"]:  # a document written before sync_s reads as none
+        del st["sync_s"]
+    assert type(s).from_dict(doc).sync_s == (0.0, 0.0, 0.0)
+
+
 def test_replicated_graph_with_one_replica_is_the_training_graph() -> None:
     from pipeopt.workloads import training
     from pipeopt.workloads.periodic import replicated_graph

@@ -130,3 +130,26 @@ def test_the_planner_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith("plan 4-3-1:")  # convolutions on 4 and 3 GPUs, the classifier on 1
     assert "periodic: period 12.90 ms (bound 12.90 ms)" in out
+
+
+def test_plan_sync_s_is_the_ring_over_the_replicas_slowest_link() -> None:
+    """The all-reduce of each stage's weights among its replicas (the periodic model's
+    ``sync_s``): ``2 (r - 1) / r * bytes / bandwidth`` over the highest level the stage is
+    replicated across; by hand on the VGG-like example (both replicated stages inside a node)
+    and on one layer replicated over 2 nodes x 2 GPUs (pure data parallelism: the ring crosses
+    the slow link)."""
+    import runpy
+    from pathlib import Path
+
+    from pipeopt.partition.pipedream import plan_sync_s
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "pipedream_planner.py"
+    layers = runpy.run_path(str(path))["vgg_like"]()
+    result = plan(layers, [Level(4, 10e9), Level(2, 1.25e9)])
+    assert [s.sync_bandwidth for s in result.stages] == [10e9, 10e9, math.inf]
+    assert plan_sync_s(layers, result) == pytest.approx(
+        (2 * 3 / 4 * 4.6108e6 / 10e9, 2 * 2 / 3 * 2.636e7 / 10e9, 0.0))
+    one = [Layer("x", 1.0, 1.0, 1.0, 1.0, 8.0)]
+    dp = plan(one, [Level(2, 100.0), Level(2, 10.0)])
+    assert dp.config() == "4" and dp.stages[0].sync_bandwidth == 10.0
+    assert plan_sync_s(one, dp) == pytest.approx((2 * 3 / 4 * 8.0 / 10.0,))

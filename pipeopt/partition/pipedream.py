@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
+from pipeopt.costs.collectives import all_reduce_time
 from pipeopt.errors import ConfigError
 from pipeopt.problem import Problem, chain_links
 
@@ -66,12 +67,15 @@ class Level:
 @dataclass(frozen=True)
 class Stage:
     """Layers ``first..last`` (inclusive) on ``replicas`` devices; ``split_level``: the level
-    whose link joins this stage to the next (0 for the last stage)."""
+    whose link joins this stage to the next (0 for the last stage); ``sync_bandwidth``: the
+    slowest link among the replicas (bytes/s: the bandwidth of the highest level at which
+    the plan replicates it; inf with one replica)."""
 
     first: int
     last: int
     replicas: int
     split_level: int = 0
+    sync_bandwidth: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -160,9 +164,10 @@ _Best = Callable[[int, int, int, int], tuple[float, tuple[tuple[int, int], ...]]
 
 
 def _stages(best: _Best, levels: tuple[Level, ...], k: int, i: int, j: int, m: int,
-            times: int) -> list[Stage]:
+            times: int, bandwidth: float = math.inf) -> list[Stage]:
     """The flattened stages of the best pipeline of layers i..j on m units of level k, each
-    unit replicated ``times`` over by the levels above."""
+    unit replicated ``times`` over by the levels above, whose slowest link among the copies
+    has ``bandwidth`` (bytes/s)."""
     _, cuts = best(k, i, j, m)
     parts = []
     start, left = i, m - sum(r for _, r in cuts)
@@ -172,10 +177,11 @@ def _stages(best: _Best, levels: tuple[Level, ...], k: int, i: int, j: int, m: i
     parts.append((start, j, left))
     out: list[Stage] = []
     for n, (a, b, r) in enumerate(parts):
-        inner = ([Stage(a, b, r * times)] if k == 0 else
-                 _stages(best, levels, k - 1, a, b, levels[k - 1].units, r * times))
+        bw = min(bandwidth, levels[k].bandwidth) if r > 1 else bandwidth
+        inner = ([Stage(a, b, r * times, sync_bandwidth=bw)] if k == 0 else
+                 _stages(best, levels, k - 1, a, b, levels[k - 1].units, r * times, bw))
         if n < len(parts) - 1:  # the cut after this part crosses a link of level k
-            inner[-1] = Stage(inner[-1].first, inner[-1].last, inner[-1].replicas, k + 1)
+            inner[-1] = replace(inner[-1], split_level=k + 1)
         out += inner
     return out
 
@@ -202,3 +208,18 @@ def plan_problem(layers: Sequence[Layer], result: Plan, levels: Sequence[Level],
                    message_size=tuple(layers[s.last].output_bytes for s in st[:-1]),
                    meta=(("plan", result.config()),))
     return prob, tuple(s.replicas for s in st)
+
+
+def plan_sync_s(layers: Sequence[Layer], result: Plan) -> tuple[float, ...]:
+    """Per stage of a plan, seconds of one ring all-reduce of its layers' weight bytes among
+    its replicas over their slowest link (``2 (r - 1) / r * bytes / bandwidth``, the
+    planner's own ``sync``, Patarasuk and Yuan, 2009; 0 with one replica): the ``sync_s`` of
+    the periodic model (:func:`pipeopt.workloads.periodic.replica_sync_bound`). One flat ring
+    over the slowest link is what a stage replicated across levels costs at most; the planner
+    counts each level's part apart."""
+    out = []
+    for s in result.stages:
+        w = math.fsum(layers[x].weight_bytes for x in range(s.first, s.last + 1))
+        out.append(0.0 if s.replicas == 1 else
+                   all_reduce_time(s.replicas, w, 0.0, s.sync_bandwidth))
+    return tuple(out)

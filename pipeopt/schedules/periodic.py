@@ -161,10 +161,13 @@ def cyclic_period(n: int, arcs: Sequence[Arc], start: float) -> tuple[float, lis
 
 def cyclic_schedule(problem: Problem, in_flight: Sequence[int], *, policy: str = "stash",
                     weight_bytes: Sequence[float] = (), method: str = "cyclic",
-                    update_every: int = 0, replicas: Sequence[int] = ()) -> PeriodicSchedule:
+                    update_every: int = 0, replicas: Sequence[int] = (),
+                    sync_s: Sequence[float] = ()) -> PeriodicSchedule:
     """The earliest periodic schedule of the 1F1B-async cyclic order with ``in_flight[k]``
     micro-batches in flight on each device of stage k (module docstring), at its least
-    period; ``replicas[k]`` devices run stage k round-robin."""
+    period, and no shorter than the replicas' all-reduce allows (``sync_s``, see
+    :func:`~pipeopt.workloads.periodic.replica_sync_bound`); ``replicas[k]`` devices run
+    stage k round-robin."""
     one_stage_per_device(problem)
     reps = check_replicas(problem, replicas)
     s = problem.stages
@@ -173,7 +176,7 @@ def cyclic_schedule(problem: Problem, in_flight: Sequence[int], *, policy: str =
         raise NotApplicable(f"in_flight: expected {s} integers >= 1 (one per stage), got "
                             f"{list(in_flight)}")
     n, arcs = _arcs(problem, counts, reps)
-    lb = period_lower_bound(problem, reps)
+    lb = period_lower_bound(problem, reps, sync_s)
     period, x = cyclic_period(n, arcs, lb)
     nt = len(problem.kinds) * s
     origin = x[0]  # F of stage 0: every other node follows it within one micro-batch
@@ -184,7 +187,8 @@ def cyclic_schedule(problem: Problem, in_flight: Sequence[int], *, policy: str =
                  for q, (a, b) in enumerate(link_edges(problem)))
     return PeriodicSchedule(problem, period, tasks, msgs, policy=policy,
                             weight_bytes=tuple(weight_bytes), method=method,
-                            lower_bound=lb, update_every=update_every, replicas=reps)
+                            lower_bound=lb, update_every=update_every, replicas=reps,
+                            sync_s=tuple(sync_s))
 
 
 def one_f_one_b_async(problem: Problem, replicas: Sequence[int] = ()) -> list[int]:
@@ -197,15 +201,16 @@ def one_f_one_b_async(problem: Problem, replicas: Sequence[int] = ()) -> list[in
 
 
 def async_pattern(problem: Problem, method: str, weight_bytes: Sequence[float] = (),
-                  replicas: Sequence[int] = ()) -> PeriodicSchedule:
+                  replicas: Sequence[int] = (), sync_s: Sequence[float] = ()
+                  ) -> PeriodicSchedule:
     """The hand-made pattern ``method`` (:data:`ASYNC_METHODS`): 1F1B-async with its weight
-    policy, on ``replicas[k]`` devices per stage."""
+    policy, on ``replicas[k]`` devices per stage (their all-reduce ``sync_s[k]`` s)."""
     if method not in ASYNC_METHODS:
         raise NotApplicable(f"method: {method!r} is not an asynchronous pattern; choose one of "
                             f"{', '.join(ASYNC_METHODS)}")
     return cyclic_schedule(problem, one_f_one_b_async(problem, replicas),
                            policy=ASYNC_METHODS[method], weight_bytes=weight_bytes,
-                           method=method, replicas=replicas)
+                           method=method, replicas=replicas, sync_s=sync_s)
 
 
 def check_periodic(schedule: PeriodicSchedule) -> list[str]:

@@ -381,18 +381,20 @@ def check_async_method(name: str) -> None:
 
 
 def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), *,
-                time_limit: float = 10.0, replicas: Any = ()) -> Any:
+                time_limit: float = 10.0, replicas: Any = (), sync_s: Any = ()) -> Any:
     """The :class:`~pipeopt.workloads.periodic.PeriodicSchedule` of ``method`` on
     ``problem``'s steady state, checked by unrolling it through the core validator.
     ``weight_bytes``: bytes of one copy of each stage's weights; ``time_limit`` in seconds
-    (searches only); ``replicas[k]``: devices that run stage k round-robin (default one).
-    A hand-made pattern over a memory limit raises :class:`~pipeopt.schedules.NotApplicable`,
-    as hand-made synchronous schedules do."""
+    (searches only); ``replicas[k]``: devices that run stage k round-robin (default one);
+    ``sync_s[k]``: seconds of their gradient all-reduce per round of ``replicas[k]``
+    micro-batches (a lower bound on the period). A hand-made pattern over a memory limit
+    raises :class:`~pipeopt.schedules.NotApplicable`, as hand-made synchronous schedules
+    do."""
     from pipeopt.schedules.periodic import validate_periodic
 
     check_async_method(method)
     method = "periodic" if method == "auto" else method
-    sched = _run_async(problem, method, weight_bytes, time_limit, replicas)
+    sched = _run_async(problem, method, weight_bytes, time_limit, replicas, sync_s)
     if ASYNC_METHODS[method][1] == "pattern":
         over = sched.over_memory()
         if over:  # hand-made: no memory awareness
@@ -405,21 +407,21 @@ def solve_async(problem: Problem, method: str = "auto", weight_bytes: Any = (), 
 
 
 def _run_async(problem: Problem, method: str, weight_bytes: Any, time_limit: float,
-               replicas: Any) -> Any:
+               replicas: Any, sync_s: Any = ()) -> Any:
     """The PeriodicSchedule of one asynchronous method (not yet validated)."""
     from pipeopt.schedules.periodic import async_pattern
     from pipeopt.solvers.periodic import solve_periodic
 
     policy, how = ASYNC_METHODS[method]
     if how == "pattern":
-        return async_pattern(problem, method, weight_bytes, replicas)
+        return async_pattern(problem, method, weight_bytes, replicas, sync_s)
     if how == "search":
         return solve_periodic(problem, weight_bytes, policy, time_limit=time_limit,
-                              replicas=replicas).replace(method=method)
+                              replicas=replicas, sync_s=sync_s).replace(method=method)
     from pipeopt.solvers.periodic_cpsat import solve_periodic_cpsat
 
     return solve_periodic_cpsat(problem, weight_bytes, policy, time_limit=time_limit,
-                                replicas=replicas)
+                                replicas=replicas, sync_s=sync_s)
 
 
 @dataclass(frozen=True)
@@ -456,11 +458,12 @@ class AsyncRow:
 
 def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | None = None,
                   sync_names: list[str] | None = None, *, time_limit: float = 10.0,
-                  replicas: Any = ()) -> list[AsyncRow]:
+                  replicas: Any = (), sync_s: Any = ()) -> list[AsyncRow]:
     """Rank asynchronous methods ``names`` (default: all) beside synchronous ones
     ``sync_names`` (default: the hand-made schedules and ``greedy``) by period per micro-batch,
     those within memory first; ``time_limit`` per search (s). ``replicas`` apply to the
-    asynchronous methods only (the synchronous ones run one device per stage)."""
+    asynchronous methods only (the synchronous ones run one device per stage), and so does
+    ``sync_s`` (their all-reduce per round, s)."""
     from pipeopt.schedules.periodic import validate_periodic
 
     rows: list[AsyncRow] = []
@@ -468,7 +471,7 @@ def compare_async(problem: Problem, weight_bytes: Any = (), names: list[str] | N
         check_async_method(name)
         try:
             s = _run_async(problem, "periodic" if name == "auto" else name, weight_bytes,
-                           time_limit, replicas)
+                           time_limit, replicas, sync_s)
         except NotApplicable as exc:
             rows.append(AsyncRow(name, "async", error=str(exc)))
             continue

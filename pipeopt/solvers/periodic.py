@@ -49,12 +49,13 @@ def _key(s: PeriodicSchedule) -> tuple[float, float]:
 
 
 def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy: str = "stash",
-                   *, time_limit: float = 10.0, replicas: Sequence[int] = ()
-                   ) -> PeriodicSchedule:
+                   *, time_limit: float = 10.0, replicas: Sequence[int] = (),
+                   sync_s: Sequence[float] = ()) -> PeriodicSchedule:
     """The shortest-period pattern found within every device's memory (module docstring),
     with ``lower_bound`` = max(resource bound, memory bound); ``replicas[k]`` devices run
-    stage k round-robin. ``time_limit`` in seconds. Raises :class:`NotApplicable` when even
-    one micro-batch in flight does not fit."""
+    stage k round-robin, ``sync_s[k]`` seconds of their all-reduce per round (a resource
+    load, :func:`~pipeopt.workloads.periodic.replica_sync_bound`). ``time_limit`` in seconds.
+    Raises :class:`NotApplicable` when even one micro-batch in flight does not fit."""
     one_stage_per_device(problem)
     reps = check_replicas(problem, replicas)
     if policy not in POLICIES:
@@ -73,7 +74,7 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
             raise NotApplicable(f"memory.limit[{d}]: one micro-batch in flight on stage {k} "
                                 f"needs {need:g} bytes ({policy} weights), over the limit "
                                 f"{problem.memory_limit[d]:g}")
-    resource = period_lower_bound(problem, reps)
+    resource = period_lower_bound(problem, reps, sync_s)
     bound = max(resource, memory_period_bound(problem, wb, policy, reps))
     # Enough in flight (in all, over a stage's replicas) to hide the longest round trip
     # behind the resource bound.
@@ -83,7 +84,7 @@ def solve_periodic(problem: Problem, weight_bytes: Sequence[float] = (), policy:
     def run(counts: Sequence[int]) -> PeriodicSchedule | None:
         try:
             return cyclic_schedule(problem, counts, policy=policy, weight_bytes=wb,
-                                   method="periodic", replicas=reps)
+                                   method="periodic", replicas=reps, sync_s=sync_s)
         except Deadlock:
             return None
 

@@ -56,15 +56,18 @@ _STEPS_PER_PERIOD = 1000
 def solve_periodic_cpsat(problem: Problem, weight_bytes: Sequence[float] = (),
                          policy: str = "stash", *, time_limit: float = 10.0,
                          replicas: Sequence[int] = (), resolution: float | None = None,
-                         workers: int | None = None, seed: int = 0) -> PeriodicSchedule:
+                         workers: int | None = None, seed: int = 0,
+                         sync_s: Sequence[float] = ()) -> PeriodicSchedule:
     """The least period found by the cyclic CP-SAT model (module docstring) within
     ``time_limit`` seconds; ``resolution``: seconds per time unit (default: the search's
-    period / 1000)."""
+    period / 1000); ``sync_s``: the replicas' all-reduce per round (s), which bounds the
+    period from below (the bisection starts at the search's bound, which includes it)."""
     t0 = time.monotonic()
     one_stage_per_device(problem)
     reps = check_replicas(problem, replicas)
     wb = tuple(weight_bytes) or (0.0,) * problem.stages
-    start_point = solve_periodic(problem, wb, policy, time_limit=time_limit / 4, replicas=reps)
+    start_point = solve_periodic(problem, wb, policy, time_limit=time_limit / 4, replicas=reps,
+                                 sync_s=sync_s)
     bound = start_point.lower_bound or 0.0
     if start_point.period <= bound * (1 + 1e-9):
         return start_point.replace(method="periodic-cpsat")
@@ -95,7 +98,8 @@ def solve_periodic_cpsat(problem: Problem, weight_bytes: Sequence[float] = (),
         if tighter is not None:
             best = (best[0], tighter)
     period, starts = best
-    return _schedule(problem, model_data, period, starts, wb, policy, reps, bound)
+    return _schedule(problem, model_data, period, starts, wb, policy, reps, bound,
+                     start_point.sync_s)
 
 
 class _Data:
@@ -226,7 +230,7 @@ def _add_memory(model: cp_model.CpModel, data: _Data, start: list[cp_model.IntVa
 
 def _schedule(problem: Problem, data: _Data, period: int, starts: list[int],
               wb: tuple[float, ...], policy: str, reps: tuple[int, ...],
-              bound: float) -> PeriodicSchedule:
+              bound: float, sync_s: tuple[float, ...]) -> PeriodicSchedule:
     """The pattern in seconds."""
     u = data.unit
     nt = len(data.tasks)
@@ -234,4 +238,5 @@ def _schedule(problem: Problem, data: _Data, period: int, starts: list[int],
     msgs = tuple(PatternMessage(a.kind, a.stage, b.stage, starts[nt + q] * u)
                  for q, (a, b) in enumerate(data.links))
     return PeriodicSchedule(problem, period * u, tasks, msgs, policy=policy, weight_bytes=wb,
-                            method="periodic-cpsat", lower_bound=bound, replicas=reps)
+                            method="periodic-cpsat", lower_bound=bound, replicas=reps,
+                            sync_s=sync_s)

@@ -26,7 +26,10 @@ Replicated stages (PipeDream's data-parallel stages, section 3.1 of the SOSP'19 
 ``replicas[k]`` devices run stage k round-robin, micro-batch j on replica ``j mod replicas[k]``,
 so each replica runs one copy of the stage's tasks every ``replicas[k]`` periods; the unrolled
 graph has one device per replica (with its stage's device memory and links). The replicas'
-gradient synchronisation is not modelled. Per-stage figures below are per replica.
+gradient synchronisation (``sync_s``: one all-reduce per round of ``replicas[k]``
+micro-batches) is a load on their own network that bounds the period
+(:func:`replica_sync_bound`); it is not placed as tasks in the unrolled graph. Per-stage
+figures below are per replica.
 
 Memory of a device in steady state (bytes): its static memory (which holds one version of its
 weights) + ``(versions - 1) * weight_bytes[k]`` per stage + the peak of the activations of the
@@ -124,12 +127,14 @@ def check_replicas(problem: Problem, replicas: Sequence[int]) -> tuple[int, ...]
     return reps
 
 
-def period_lower_bound(problem: Problem, replicas: Sequence[int] = ()) -> float:
+def period_lower_bound(problem: Problem, replicas: Sequence[int] = (),
+                       sync_s: Sequence[float] = ()) -> float:
     """A lower bound on the period of every periodic schedule of ``problem`` (s per
     micro-batch): the largest work per micro-batch of one resource, i.e. of a device (the
-    durations of its stages' tasks, over the stage's ``replicas``) or of a directed link (the
+    durations of its stages' tasks, over the stage's ``replicas``), of a directed link (the
     transmissions it carries; between replicated stages a link carries one micro-batch of
-    every ``lcm(r_a, r_b)``).
+    every ``lcm(r_a, r_b)``), or of the network among a replicated stage's devices
+    (:func:`replica_sync_bound`: ``sync_s[k] / replicas[k]``).
 
     Proof: a device runs one task at a time and each period adds one copy of each of its
     tasks, so over ``N`` micro-batches it is busy ``N * work`` within ``(N - 1) * T + L`` (``L``
@@ -149,7 +154,47 @@ def period_lower_bound(problem: Problem, replicas: Sequence[int] = ()) -> float:
         pair = (problem.stage_device[a.stage], problem.stage_device[b.stage])
         link[pair] = link.get(pair, 0.0) + (problem.transfer(a.stage, b.stage)[0]
                                             / math.lcm(reps[a.stage], reps[b.stage]))
-    return max([*dev, *link.values()])
+    return max([*dev, *link.values(), replica_sync_bound(problem, reps, sync_s)])
+
+
+def check_sync(problem: Problem, replicas: Sequence[int], sync_s: Sequence[float]
+               ) -> tuple[float, ...]:
+    """``sync_s`` per stage (``()``: none), checked: finite numbers >= 0 s, and 0 on a stage
+    that runs on one device (it has no replicas to synchronise with). Raises
+    :class:`PeriodicError` naming the stage."""
+    reps = check_replicas(problem, replicas)
+    if not sync_s:
+        return (0.0,) * problem.stages
+    out = tuple(sync_s)
+    if len(out) != problem.stages:
+        raise PeriodicError(f"sync_s: expected {problem.stages} values (one per stage), got "
+                            f"{len(out)}")
+    for k, x in enumerate(out):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not (
+                math.isfinite(x) and x >= 0):
+            raise PeriodicError(f"sync_s[{k}]: must be a finite number >= 0 s, got {x!r}")
+        if x > 0 and reps[k] == 1:
+            raise PeriodicError(f"sync_s[{k}]: stage {k} runs on one device, so it has no "
+                                f"replicas to synchronise with; got {x} s")
+    return tuple(float(x) for x in out)
+
+
+def replica_sync_bound(problem: Problem, replicas: Sequence[int] = (),
+                       sync_s: Sequence[float] = ()) -> float:
+    """The period's bound from the replicas' gradient synchronisation (s per micro-batch):
+    ``max_k sync_s[k] / replicas[k]`` (0 without replicated stages).
+
+    ``sync_s[k]`` is one all-reduce of stage k's weight gradients among its ``r`` replicas
+    (PipeDream, SOSP'19, section 3.1: replicas of a stage synchronise as data parallelism
+    does), once per round of ``r`` micro-batches (one per replica), on the replicas' own
+    network, which carries one all-reduce at a time. Proof: over ``N`` micro-batches there are
+    ``floor(N / r)`` rounds, ``floor(N / r) * sync_s`` of that network's time within ``(N - 1)
+    T + L`` (``L`` the span of one micro-batch); as N grows, ``T >= sync_s / r``. The
+    all-reduce overlaps computation (the planner's ``max(compute, sync) / r`` assumes the
+    same) and is not placed as tasks in the unrolled graph."""
+    reps = check_replicas(problem, replicas)
+    sync = check_sync(problem, reps, sync_s)
+    return max((x / r for x, r in zip(sync, reps, strict=True)), default=0.0)
 
 
 def max_in_flight(problem: Problem, weight_bytes: Sequence[float], policy: str
@@ -243,7 +288,9 @@ class PeriodicSchedule:
     device's static memory); ``update_every``: micro-batches per weight update (1 for
     ``stash`` and ``pipemare``; ``2bw``: default, the most micro-batches in flight on a stage).
     ``lower_bound``: a proven lower bound on the period (s) or None; ``replicas[k]``: devices
-    that run stage k round-robin (``()``: one each).
+    that run stage k round-robin (``()``: one each); ``sync_s[k]``: seconds of one all-reduce
+    of stage k's gradients among its replicas, once per round of ``replicas[k]`` micro-batches
+    (``()``: none; the period must be at least :func:`replica_sync_bound`).
     """
 
     problem: Problem
@@ -257,6 +304,7 @@ class PeriodicSchedule:
     lower_bound: float | None = None
     replicas: tuple[int, ...] = ()
     meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    sync_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         p = self.problem
@@ -303,6 +351,12 @@ class PeriodicSchedule:
                                     f"got {x}")
         set_(self, "weight_bytes", wb)
         set_(self, "replicas", check_replicas(p, self.replicas))
+        set_(self, "sync_s", check_sync(p, self.replicas, self.sync_s))
+        for k, (x, r) in enumerate(zip(self.sync_s, self.replicas, strict=True)):
+            if x / r > self.period * (1 + _REL_TOL):
+                raise PeriodicError(f"period: {self.period:g} s is shorter than stage {k}'s "
+                                    f"gradient all-reduce among its {r} replicas per "
+                                    f"micro-batch (sync_s {x:g} s / {r})")
         every = self.update_every
         if not isinstance(every, int) or isinstance(every, bool) or every < 0:
             raise PeriodicError(f"update_every: must be an integer >= 1, got {every!r}")
@@ -471,7 +525,8 @@ class PeriodicSchedule:
                         "replica_in_flight": self.replica_in_flight[k],
                         "weight_versions": self.weight_versions[k],
                         "staleness": self.staleness[k],
-                        "weight_bytes": self.weight_bytes[k]} for k in range(p.stages)],
+                        "weight_bytes": self.weight_bytes[k],
+                        "sync_s": self.sync_s[k]} for k in range(p.stages)],
             "peak_memory": list(self.peak_memory),
             "weight_memory": list(self.weight_memory),
             "activation_memory": list(self.activation_memory),
@@ -530,7 +585,9 @@ class PeriodicSchedule:
                    lower_bound=doc.get("lower_bound") if isinstance(
                        doc.get("lower_bound"), int | float) else None,
                    replicas=tuple(int(_get(st, "replicas", int, f"stages[{k}].")) for k, st in
-                                  enumerate(stages)))
+                                  enumerate(stages)),
+                   sync_s=tuple(float(_get(st, "sync_s", (int, float), f"stages[{k}]."))
+                                if "sync_s" in st else 0.0 for k, st in enumerate(stages)))
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
