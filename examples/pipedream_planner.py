@@ -11,8 +11,9 @@ classifier on one GPU, the structure of PipeDream's VGG-16 configurations (SOSP'
 "15-1" on 16 GPUs); pure data parallelism would all-reduce the classifier's weights over the
 slow link between the nodes. The plan's stages then run PipeDream's 1F1B-async with weight
 stashing, and the periodic search (more micro-batches in flight where the round trip through
-the later stages needs them); neither models the replicas' weight synchronisation, which the
-planner's estimate counts.
+the later stages needs them), both with the replicas' gradient all-reduce as a load on their
+network (``plan_sync_s``: here 0.69 ms every 4 micro-batches on the first stage, 3.5 ms every
+3 on the second, well under the period).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem
+from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem, plan_sync_s
 from pipeopt.solvers import solve_async
 
 CONV_MS = [1.7, 3.7, 1.8, 3.7, 1.8, 3.7, 3.7, 1.8, 3.7, 3.7, 0.9, 0.9, 0.9]
@@ -55,7 +56,8 @@ def main() -> None:
     prob, replicas = plan_problem(layers, result, levels)
     weights = [sum(x.weight_bytes for x in layers[s.first:s.last + 1]) for s in result.stages]
     for method in ("pipedream", "periodic"):
-        steady = solve_async(prob, method, weights, replicas=replicas)
+        steady = solve_async(prob, method, weights, replicas=replicas,
+                             sync_s=plan_sync_s(layers, result))
         print(f"{method:>9}: period {steady.period * 1e3:.2f} ms (bound "
               f"{steady.lower_bound * 1e3:.2f} ms), in flight per GPU "
               f"{list(steady.replica_in_flight)}, weight versions "
