@@ -112,7 +112,7 @@ def test_replay_matches_the_reference_per_microbatch() -> None:
 
 @pytest.mark.torch
 def test_example_solves_plots_and_runs_in_the_executor_check(tmp_path, capsys) -> None:
-    """examples/async.yaml end to end: solve, plot, and run --check (tiny-gpt, one iteration
+    """examples/async.yaml end to end: solve, plot, and run --check (the mlp, one iteration
     of its 16 micro-batches on 4 ranks)."""
     pytest.importorskip("torch")
     out = tmp_path / "async.json"
@@ -120,7 +120,7 @@ def test_example_solves_plots_and_runs_in_the_executor_check(tmp_path, capsys) -
     assert main(["plot", str(out), "-o", str(tmp_path / "async.png")]) == 0
     assert (tmp_path / "async.png").stat().st_size > 0
     capsys.readouterr()
-    assert main(["run", str(out), "--check", "--json", "--steps", "1"]) == 0
+    assert main(["run", str(out), "--check", "--json", "--steps", "1", "--model", "mlp"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["grads_match"] is True and doc["versions_match"] is True
     assert doc["ranks"] == 4 and doc["microbatches"] == 16
@@ -138,3 +138,39 @@ def test_run_refuses_what_the_replay_does_not_take(tmp_path, capsys, flags, phra
     path.write_text(json.dumps(_sched("pipedream").to_dict()))
     assert main(["run", str(path), *flags]) == 2
     assert phrase in capsys.readouterr().err
+
+
+@pytest.mark.torch
+def test_cli_exit_status_on_mismatch_and_failure(tmp_path, capsys, monkeypatch) -> None:
+    """Exit 1 when a gradient differs or a version was not the planned one, and when a rank
+    fails (its message on standard error); 0 when all match. No ranks start: the run is
+    replaced by canned results."""
+    pytest.importorskip("torch")
+    import pipeopt.executor.periodic as ep
+
+    s = _sched("pipedream")
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(s.to_dict()))
+    plan = version_plan(s, replay_orders(s, 4))
+
+    def canned(grads_ok: bool, versions_ok: bool):
+        def fake(jobs):
+            return [ep.AsyncRunResult(s.method, s.policy, P, 4, [1.0] * 4, 0.1, 1.0, plan,
+                                      list(plan.held), versions_ok, max_abs_grad_diff=0.5,
+                                      grads_match=grads_ok, worst_param="0.final.0.weight")]
+        return fake
+
+    for grads_ok, versions_ok, rc in ((True, True, 0), (False, True, 1), (True, False, 1)):
+        monkeypatch.setattr(ep, "run_async", canned(grads_ok, versions_ok))
+        assert main(["run", str(path), "--check", "--steps", "1"]) == rc
+        out = capsys.readouterr().out
+        assert ("MISMATCH" in out) == (not grads_ok)
+        assert ("every forward and backward on its planned version: NO" in out) == (
+            not versions_ok)
+
+    def fails(jobs):
+        raise ExecutorError("rank 2 failed: boom")
+
+    monkeypatch.setattr(ep, "run_async", fails)
+    assert main(["run", str(path), "--steps", "1"]) == 1
+    assert "pipeopt: run failed: rank 2 failed: boom" in capsys.readouterr().err

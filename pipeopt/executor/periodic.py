@@ -4,8 +4,9 @@
 the pattern is unrolled for ``--steps`` x ``problem.microbatches`` micro-batches, each device
 runs its tasks in the order of their unrolled start times (:func:`replay_orders`; warm-up and
 drain included, never a flush), and activations and gradients cross ranks as point-to-point
-messages, one tag per micro-batch and direction. PyTorch's pipelining runtime flushes every
-step and keeps one weight version, so this is a small loop of its own.
+messages, one tag per micro-batch and direction, posted in one global order
+(:func:`replay_sequence`). PyTorch's pipelining runtime flushes every step and keeps one weight
+version, so this is a small loop of its own.
 
 Weights, per the schedule's policy (the module docstring of :mod:`pipeopt.workloads.periodic`):
 
@@ -26,9 +27,13 @@ applies the update. :func:`version_plan` derives from the device orders which ve
 forward and backward uses; every rank reports the versions it used and the most it held, and
 :func:`reference_async` recomputes every micro-batch's gradient in one process with the planned
 versions and the same updates in the same order, which the run's gradients are compared with.
-Backend: gloo (CPU). Sends are asynchronous and a rank blocks only on a receive, which is
-deadlock-free because the device orders come from a valid timed schedule; on NCCL a send may
-block until its receive is posted, so the replay refuses ``--backend nccl``.
+Backend: gloo (CPU). Every rank walks the same sequence of all ops in their unrolled start
+order; a message's send (after its producer) and its receive are both posted, non-blocking, at
+the producer's place, so the two ranks of a pair post their messages in the same order, and a
+rank blocks only when a consumer waits for its input, whose producer comes earlier in the
+sequence (a valid timed schedule orders producers first): no rank waits on a later one. NCCL
+(whose send may wait for its receive, in order per pair) is what this order is made for, but it
+is untested (one GPU per rank: no machine here has two), so the replay refuses it.
 """
 
 from __future__ import annotations
@@ -64,11 +69,14 @@ class VersionPlan:
     held: tuple[int, ...]
 
 
-def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
-    """Per device, the ops of micro-batches ``0 .. microbatches - 1`` in the order of their
-    start in the unrolled pattern (micro-batch j's copy starts ``j * period`` after 0's).
-    Raises :class:`ExecutorError` for what the replay does not run (replicated stages, several
-    stages on a device) or an order a one-device loop cannot follow."""
+def replay_sequence(schedule: PeriodicSchedule, microbatches: int) -> tuple[Op, ...]:
+    """Every op of micro-batches ``0 .. microbatches - 1`` on every device, in the order of
+    their start in the unrolled pattern (micro-batch j's copy starts ``j * period`` after 0's;
+    ties by micro-batch, kind, then down the chain for F and up it for B and W, so that a
+    producer comes before its consumer). Every rank walks this one sequence: a message's send
+    and receive are posted at its producer's place in it, so each pair of ranks posts its
+    messages in the same order. Raises :class:`ExecutorError` for what the replay does not run
+    (replicated stages, several stages on a device)."""
     p = schedule.problem
     if max(schedule.replicas) > 1:
         raise ExecutorError(f"replicas: the async replay runs one device per stage, the "
@@ -76,15 +84,27 @@ def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
     if p.virtual_stages != 1 or sorted(p.stage_device) != list(range(p.devices)):
         raise ExecutorError("pipeline.virtual_stages: the async replay runs one stage per "
                             "device")
-    if not isinstance(microbatches, int) or microbatches < 1:
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ExecutorError(f"microbatches: must be an integer >= 1, got {microbatches!r}")
     T = schedule.period
-    rows: list[list[tuple[float, int, int, Op]]] = [[] for _ in range(p.devices)]
+    timed = []
     for t in schedule.tasks:
         ki = p.kinds.index(t.kind)
-        for j in range(microbatches):
-            rows[p.stage_device[t.stage]].append((t.start + j * T, j, ki, Op(t.kind, t.stage, j)))
-    orders = tuple(tuple(op for *_, op in sorted(row)) for row in rows)
+        down = t.stage if t.kind == "F" else -t.stage
+        timed += [(t.start + j * T, j, ki, down, Op(t.kind, t.stage, j))
+                  for j in range(microbatches)]
+    return tuple(op for *_, op in sorted(timed))
+
+
+def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
+    """Per device, its ops of :func:`replay_sequence`. Raises :class:`ExecutorError` as it
+    does, and for an order a one-device loop cannot follow (a kind out of micro-batch order,
+    a backward before its forward)."""
+    p = schedule.problem
+    rows: list[list[Op]] = [[] for _ in range(p.devices)]
+    for op in replay_sequence(schedule, microbatches):
+        rows[p.stage_device[op.stage]].append(op)
+    orders = tuple(tuple(row) for row in rows)
     for d, order in enumerate(orders):  # what the loop relies on: FIFO per kind, F < B < W
         seen: dict[str, int] = {}
         for op in order:
@@ -205,7 +225,8 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     prob = schedule.problem
     m = prob.microbatches
     n = cfg.steps * m
-    orders = replay_orders(schedule, n)
+    sequence = replay_sequence(schedule, n)
+    replay_orders(schedule, n)  # its checks
     k = prob.stage_device.index(rank)
     last_stage = k == prob.stages - 1
     peer = {k - 1: prob.stage_device[k - 1] if k else None,
@@ -247,9 +268,15 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
         pending.append((dist.isend(t, dst, tag=tag), t))
         pending[:] = [(w, x) for w, x in pending if not w.is_completed()]
 
-    def recv(shape_dtype: tuple[Any, Any], src: int, tag: int) -> Any:
+    posted: dict[int, tuple[Any, Any]] = {}  # tag -> (work, buffer) of a posted receive
+
+    def post_recv(shape_dtype: tuple[Any, Any], src: int, tag: int) -> None:
         buf = torch.empty(shape_dtype[0], dtype=shape_dtype[1], device=device)
-        dist.recv(buf, src, tag=tag)
+        posted[tag] = (dist.irecv(buf, src, tag=tag), buf)
+
+    def recv(tag: int) -> Any:
+        work, buf = posted.pop(tag)
+        work.wait()
         return buf
 
     def weights(v: int) -> dict[str, Any]:
@@ -260,14 +287,22 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
 
     dist.barrier()
     t0 = time.perf_counter()
-    for op in orders[rank]:
+    for op in sequence:
         j, it = op.microbatch, op.microbatch // m
+        # A message to this rank: its receive is posted where its producer stands in the
+        # sequence, as its sender posts the send (the same order on both ranks of a pair).
+        if op.kind == "F" and op.stage == k - 1:
+            post_recv(io[k], peer[k - 1], 2 * j)
+        elif op.kind == "B" and op.stage == k + 1:
+            post_recv(io[k + 1], peer[k + 1], 2 * j + 1)
+        if op.stage != k:
+            continue
         if op.kind == "F":
             if k == 0:
                 x = data(j)[0]
             else:
                 status.text = f"step {it}: {op} waits for the output of {op.stage - 1}F{j}"
-                x = recv(io[k], peer[k - 1], 2 * j).requires_grad_(True)
+                x = recv(2 * j).requires_grad_(True)
             status.text = f"step {it}: running {op}"
             a = time.perf_counter()
             fwd_v[j] = version
@@ -288,7 +323,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
             g = None
             if not last_stage:
                 status.text = f"step {it}: {op} waits for the gradient of {op.stage + 1}B{j}"
-                g = recv(io[k + 1], peer[k + 1], 2 * j + 1)
+                g = recv(2 * j + 1)
             status.text = f"step {it}: running {op}"
             a = time.perf_counter()
             if stash:
@@ -460,9 +495,8 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, Any]]) -> list[AsyncRunResu
         if s.problem.devices != world:
             raise ExecutorError("run_async: every job must have the same number of devices")
         if c.backend == "nccl":
-            raise ExecutorError("backend: the async replay runs on gloo (a NCCL send may "
-                                "wait for its receive, which the replay's order does not "
-                                "guarantee)")
+            raise ExecutorError("backend: the async replay runs on gloo (not yet tested on "
+                                "NCCL, which needs a GPU per rank)")
         plans.append(version_plan(s, replay_orders(s, c.steps * s.problem.microbatches)))
         _preflight(s, c)
     per_rank = spawn(_jobs, world, (list(jobs), "gloo"), backend="gloo",
@@ -514,7 +548,8 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
                  "not in the async replay (each update is a micro-batch's own)"),
                 ("--torch-split", args.torch_split, "the async replay has its own backward"),
                 ("--costs-out", bool(args.costs_out), "not written for a periodic schedule"),
-                ("--backend nccl", args.backend == "nccl", "the async replay runs on gloo"))
+                ("--backend nccl", args.backend == "nccl", "the async replay runs on gloo "
+                 "(not yet tested on NCCL)"))
     for flag, bad, why in refusals:
         if bad:
             raise ConfigError(f"{flag}: {why}")
