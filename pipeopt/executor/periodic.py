@@ -237,8 +237,11 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     batches: dict[int, tuple[list[Any], list[Any]]] = {}
 
     def data(j: int) -> tuple[Any, Any]:
+        """Micro-batch j's inputs and targets (read at its forward, in micro-batch order: one
+        iteration's batch is kept at a time)."""
         it = j // m
         if it not in batches:
+            batches.clear()
             batches[it] = batch_for(spec, bs, cfg.seed, it, m)
         xs, ys = batches[it]
         return xs[j % m].to(device), ys[j % m].to(device)
@@ -298,9 +301,8 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
         if op.stage != k:
             continue
         if op.kind == "F":
-            if k == 0:
-                x = data(j)[0]
-            else:
+            x, y = data(j)
+            if k:
                 status.text = f"step {it}: {op} waits for the output of {op.stage - 1}F{j}"
                 x = recv(2 * j).requires_grad_(True)
             status.text = f"step {it}: running {op}"
@@ -314,11 +316,11 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
                 with torch.no_grad():
                     out = _functional(mod, live, x)
             if last_stage:
-                out = spec.loss_fn(out, data(j)[1])
+                out = spec.loss_fn(out, y)
                 losses[j] = float(out.detach())
             else:
                 send(out, peer[k + 1], 2 * j)
-            saved[j] = (x, out) if stash else (x.detach(),)
+            saved[j] = (x, out) if stash else (x.detach(), y)
         elif op.kind == "B":
             g = None
             if not last_stage:
@@ -331,13 +333,13 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
                 params = copies[used[j]]
                 bwd_v[j] = used[j]
             else:
-                (x,) = saved.pop(j)
+                x, y = saved.pop(j)
                 x = x.requires_grad_(k > 0)
                 params = live
                 bwd_v[j] = version
                 out = _functional(mod, live, x)
                 if last_stage:
-                    out = spec.loss_fn(out, data(j)[1])
+                    out = spec.loss_fn(out, y)
             inputs = ([x] if k else []) + list(params.values())
             grads = torch.autograd.grad(out, inputs, grad_outputs=g)
             if k:
