@@ -707,6 +707,8 @@ def _compare_async(args: argparse.Namespace, cfg: Any) -> int:
         async_names = [n for n in names if n in async_methods()]
         sync_names = _method_list(",".join(n for n in names if n not in async_names)) if [
             n for n in names if n not in async_names] else []
+    if cfg.extra("pipedream_plan") and not args.json:
+        print_plan(cfg.extra("pipedream_plan"))
     rows = compare_async(cfg.problem, cfg.extra("weight_bytes"), async_names, sync_names,
                          time_limit=cfg.solver.time_limit, replicas=cfg.extra("replicas", ()),
                          sync_s=cfg.extra("sync_s", ()))

@@ -262,6 +262,9 @@ def test_cli_solve_prints_the_plan_4_3_1(capsys: pytest.CaptureFixture[str]) -> 
     assert doc["period"] == pytest.approx(doc["plan"]["period"], rel=1e-9)
     assert main(["solve", str(PLANNER), "--method", "pipedream", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["period"] == pytest.approx(0.019096)  # 19.10 ms
+    assert main(["compare", str(PLANNER), "--methods", "pipedream,periodic"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan          pipedream 4-3-1") and "\nperiodic   async" in out
 
 
 @pytest.mark.parametrize(("change", "phrase"), [
