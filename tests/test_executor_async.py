@@ -174,3 +174,29 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, capsys, monkeypatch) 
     monkeypatch.setattr(ep, "run_async", fails)
     assert main(["run", str(path), "--steps", "1"]) == 1
     assert "pipeopt: run failed: rank 2 failed: boom" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["pipedream", "periodic", "periodic-2bw", "pipemare",
+                                    "periodic-pipemare"])
+def test_replay_plan_agrees_with_the_model_on_the_example(method: str) -> None:
+    """On examples/async.yaml (unbalanced stages, a slow link): the versions the replay holds
+    are the model's ``weight_versions`` (2BW: at most 2), and the staleness it realises, the
+    most updates between a micro-batch's forward weights and its own update (stash) or its
+    backward weights (PipeMare), is the model's ``staleness``."""
+    from pipeopt.config import load_config
+
+    cfg = load_config(str(ROOT / "examples" / "async.yaml"))
+    s = solve_async(cfg.problem, method, cfg.extra("weight_bytes"), time_limit=5)
+    n = 64
+    plan = version_plan(s, replay_orders(s, n))
+    if s.policy == "2bw":
+        assert all(h <= v for h, v in zip(plan.held, s.weight_versions, strict=True))
+        assert all(h == 2 for h, f in zip(plan.held, s.replica_in_flight, strict=True) if f > 1)
+        return
+    assert plan.held == s.weight_versions
+    for k in range(cfg.problem.stages):
+        if s.policy == "stash":
+            got = max(j - plan.forward[k][j] for j in range(n))
+        else:
+            got = max(b - f for b, f in zip(plan.backward[k], plan.forward[k], strict=True))
+        assert got == s.staleness[k], (method, k)
