@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from pipeopt.cli import main
-from pipeopt.executor.periodic import replay_orders, version_plan
+from pipeopt.executor.periodic import replay_orders, replay_sequence, version_plan
 from pipeopt.executor.procs import ExecutorError
-from pipeopt.problem import uniform_problem
+from pipeopt.problem import Op, uniform_problem
+from pipeopt.schedules.periodic import async_pattern
 from pipeopt.solvers import solve_async
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,32 +39,50 @@ def test_device_orders_are_1f1b_async_by_hand() -> None:
 def test_weight_versions_of_each_policy() -> None:
     n = 16
     stash = _sched("pipedream")
-    plan = version_plan(stash, replay_orders(stash, n))
+    plan = version_plan(stash, replay_sequence(stash, n))
     assert plan.held == tuple(P - k for k in range(P)) == stash.weight_versions  # p - k
     assert plan.forward == plan.backward  # a backward reads the version its forward read
     for k in range(P):  # in steady state forward j reads the weights after j - (p - k) + 1
         assert all(plan.forward[k][j] == j - (P - k) + 1 for j in range(P, n))
     assert plan.updates == (n,) * P
     two = _sched("pipedream-2bw")
-    plan = version_plan(two, replay_orders(two, n))
+    plan = version_plan(two, replay_sequence(two, n))
     assert two.update_every == P and plan.updates == (n // P,) * P
     # two versions where micro-batches of two update groups are in flight; the last stage has
     # one in flight, so it never reads an older one (the model counts 2 there)
     assert plan.held == (2, 2, 2, 1) and max(plan.held) <= max(two.weight_versions)
     assert plan.forward == plan.backward
     mare = _sched("pipemare")
-    plan = version_plan(mare, replay_orders(mare, n))
+    plan = version_plan(mare, replay_sequence(mare, n))
     assert plan.held == (1,) * P == mare.weight_versions
     for k in range(P):  # the backward's weights are staleness = p - k - 1 updates newer
         assert all(plan.backward[k][j] - plan.forward[k][j] == mare.staleness[k] == P - k - 1
                    for j in range(P, n))
 
 
-def test_replay_refuses_replicated_stages() -> None:
-    rep = solve_async(uniform_problem(P, M, f=1.0, b=2.0, w=0.5), "periodic",
-                      weight_bytes=(1.0,) * P, replicas=(1, 2, 1, 1))
-    with pytest.raises(ExecutorError, match=r"replicas: .*\[1, 2, 1, 1\]"):
-        replay_orders(rep, 8)
+def test_replicated_stages_by_hand() -> None:
+    """Stage 1 on 2 replicas (PipeDream's round-robin): ranks 0 | 1, 2 | 3, micro-batch j of
+    stage 1 on rank 1 + j mod 2; the replicas update together once per round of two
+    micro-batches (their gradients all-reduced), where the round's last backward stands."""
+    from pipeopt.executor.periodic import rank_of
+
+    prob = uniform_problem(3, 4, f=1.0, b=2.0, w=0.5)
+    s = async_pattern(prob, "pipedream", (1.0,) * 3, replicas=(1, 2, 1))
+    assert [rank_of(s, 1, j) for j in range(4)] == [1, 2, 1, 2]
+    orders = replay_orders(s, 8)
+    assert len(orders) == 4
+    assert {op.microbatch for op in orders[2]} == {1, 3, 5, 7}
+    plan = version_plan(s, replay_sequence(s, 8))
+    assert plan.updates == (8, 4, 8)  # stage 1: one update per round of 2
+    # stage 1's forward j reads the weights after the rounds whose last W came before it
+    w_pos = {op: i for i, op in enumerate(replay_sequence(s, 8))}
+    for j in range(8):
+        done = sum(1 for u in range(4) if w_pos[Op("W", 1, 2 * u + 1)] < w_pos[Op("F", 1, j)])
+        assert plan.forward[1][j] == done
+    assert plan.held[1] <= s.weight_versions[1] + 1
+    two = async_pattern(prob, "pipedream-2bw", (1.0,) * 3, replicas=(1, 2, 1))
+    with pytest.raises(ExecutorError, match=r"replicas: .*\[1, 2, 1\] with stash or pipemare"):
+        replay_orders(two, 8)
 
 
 @pytest.mark.torch
@@ -76,7 +95,7 @@ def test_reference_tells_versions_apart() -> None:
 
     s = _sched("pipedream")
     cfg = RunConfig(model="mlp", model_options=(("width", 8),), steps=2, lr=0.5)
-    plan = version_plan(s, replay_orders(s, 8))
+    plan = version_plan(s, replay_sequence(s, 8))
     fresh = VersionPlan(tuple(tuple(range(8)) for _ in range(P)),
                         tuple(tuple(range(8)) for _ in range(P)), plan.updates, (1,) * P)
     a, b = reference_async(s, cfg, plan), reference_async(s, cfg, fresh)
@@ -89,17 +108,21 @@ def test_reference_tells_versions_apart() -> None:
 
 @pytest.mark.torch
 def test_replay_matches_the_reference_per_microbatch() -> None:
-    """PipeDream, 2BW and PipeMare on 4 gloo ranks, 8 micro-batches each (2 x 4): every
-    micro-batch's weight gradient, every loss and the final weights equal the one-process
-    reference's within rtol = atol = 1e-5 (fp32; in practice bit-equal), and every forward
-    and backward used the planned version."""
+    """PipeDream, 2BW and PipeMare on 4 gloo ranks, 8 micro-batches each (2 x 4), and
+    PipeDream and PipeMare with a stage on 2 replicas: every micro-batch's weight gradient,
+    every loss and the final weights (of every replica) equal the one-process reference's
+    within rtol = atol = 1e-5 (fp32; in practice bit-equal but for the all-reduce's order),
+    and every forward and backward used the planned version."""
     pytest.importorskip("torch")
     from pipeopt.executor.launch import RunConfig
     from pipeopt.executor.periodic import run_async
 
-    jobs = [(_sched(m), RunConfig(model="mlp", model_options=(("width", 16),), steps=2,
-                                  lr=0.1, check=True))
-            for m in ("pipedream", "pipedream-2bw", "pipemare")]
+    cfg = RunConfig(model="mlp", model_options=(("width", 16),), steps=2, lr=0.1, check=True)
+    jobs = [(_sched(m), cfg) for m in ("pipedream", "pipedream-2bw", "pipemare")]
+    # 3 stages, the middle one on 2 replicas (4 ranks too): all-reduced rounds
+    rep = uniform_problem(3, 4, f=1.0, b=2.0, w=0.5)
+    jobs += [(async_pattern(rep, m, (1.0,) * 3, replicas=(1, 2, 1)), cfg)
+             for m in ("pipedream", "pipemare")]
     results = run_async(jobs)
     for (s, _), r in zip(jobs, results, strict=True):
         assert r.versions_match, s.method
@@ -108,6 +131,7 @@ def test_replay_matches_the_reference_per_microbatch() -> None:
         assert r.max_abs_grad_diff <= 1e-5, s.method
         assert len(r.losses) == 8 and r.losses == pytest.approx(r.reference_losses, rel=1e-5)
     assert results[0].held == [4, 3, 2, 1] and results[2].held == [1, 1, 1, 1]
+    assert results[3].plan.updates == (8, 4, 8)
 
 
 @pytest.mark.torch
@@ -151,7 +175,7 @@ def test_cli_exit_status_on_mismatch_and_failure(tmp_path, capsys, monkeypatch) 
     s = _sched("pipedream")
     path = tmp_path / "s.json"
     path.write_text(json.dumps(s.to_dict()))
-    plan = version_plan(s, replay_orders(s, 4))
+    plan = version_plan(s, replay_sequence(s, 4))
 
     def canned(grads_ok: bool, versions_ok: bool):
         def fake(jobs):
@@ -188,7 +212,7 @@ def test_replay_plan_agrees_with_the_model_on_the_example(method: str) -> None:
     cfg = load_config(str(ROOT / "examples" / "async.yaml"))
     s = solve_async(cfg.problem, method, cfg.extra("weight_bytes"), time_limit=5)
     n = 64
-    plan = version_plan(s, replay_orders(s, n))
+    plan = version_plan(s, replay_sequence(s, n))
     if s.policy == "2bw":
         assert all(h <= v for h, v in zip(plan.held, s.weight_versions, strict=True))
         assert all(h == 2 for h, f in zip(plan.held, s.replica_in_flight, strict=True) if f > 1)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeopt.errors import ConfigError
-from pipeopt.executor.procs import ExecutorError
+from pipeopt.executor.procs import ExecutorError, available_memory_bytes, check_rank_capacity
 from pipeopt.problem import Op
 from pipeopt.workloads.periodic import PeriodicSchedule
 
@@ -76,11 +76,12 @@ def replay_sequence(schedule: PeriodicSchedule, microbatches: int) -> tuple[Op, 
     producer comes before its consumer). Every rank walks this one sequence: a message's send
     and receive are posted at its producer's place in it, so each pair of ranks posts its
     messages in the same order. Raises :class:`ExecutorError` for what the replay does not run
-    (replicated stages, several stages on a device)."""
+    (several stages on a device, 2BW with replicated stages)."""
     p = schedule.problem
-    if max(schedule.replicas) > 1:
-        raise ExecutorError(f"replicas: the async replay runs one device per stage, the "
-                            f"schedule replicates stages {list(schedule.replicas)}")
+    if max(schedule.replicas) > 1 and schedule.policy == "2bw":
+        raise ExecutorError(f"replicas: the async replay runs replicated stages "
+                            f"{list(schedule.replicas)} with stash or pipemare weights, not "
+                            "2bw")
     if p.virtual_stages != 1 or sorted(p.stage_device) != list(range(p.devices)):
         raise ExecutorError("pipeline.virtual_stages: the async replay runs one stage per "
                             "device")
@@ -96,20 +97,29 @@ def replay_sequence(schedule: PeriodicSchedule, microbatches: int) -> tuple[Op, 
     return tuple(op for *_, op in sorted(timed))
 
 
+def rank_of(schedule: PeriodicSchedule, stage: int, microbatch: int) -> int:
+    """The rank that runs ``microbatch`` on ``stage``: stage k's replica ``j mod replicas[k]``,
+    ranks numbered stage by stage (as :func:`~pipeopt.workloads.periodic.replicated_graph`
+    numbers devices; one stage per device, so stage k is device k)."""
+    reps = schedule.replicas
+    return sum(reps[:stage]) + microbatch % reps[stage]
+
+
 def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
-    """Per device, its ops of :func:`replay_sequence`. Raises :class:`ExecutorError` as it
-    does, and for an order a one-device loop cannot follow (a kind out of micro-batch order,
-    a backward before its forward)."""
+    """Per rank (:func:`rank_of`), its ops of :func:`replay_sequence`. Raises
+    :class:`ExecutorError` as it does, and for an order a one-device loop cannot follow (a
+    kind out of micro-batch order, a backward before its forward)."""
     p = schedule.problem
-    rows: list[list[Op]] = [[] for _ in range(p.devices)]
+    rows: list[list[Op]] = [[] for _ in range(sum(schedule.replicas))]
     for op in replay_sequence(schedule, microbatches):
-        rows[p.stage_device[op.stage]].append(op)
+        rows[rank_of(schedule, op.stage, op.microbatch)].append(op)
     orders = tuple(tuple(row) for row in rows)
     for d, order in enumerate(orders):  # what the loop relies on: FIFO per kind, F < B < W
         seen: dict[str, int] = {}
         for op in order:
+            r = schedule.replicas[op.stage]
             prev = p.kinds[p.kinds.index(op.kind) - 1] if op.kind != "F" else None
-            if seen.get(op.kind, -1) != op.microbatch - 1 or (
+            if seen.get(op.kind, op.microbatch % r - r) != op.microbatch - r or (
                     prev is not None and seen.get(prev, -1) < op.microbatch):
                 raise ExecutorError(f"device {d}: the pattern runs {op} out of micro-batch "
                                     "order; the replay needs each kind in micro-batch order")
@@ -117,37 +127,46 @@ def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
     return orders
 
 
-def updates_after(schedule: PeriodicSchedule, microbatch: int) -> bool:
-    """Whether a stage applies an update after ``microbatch``'s last backward task (every
-    micro-batch, or every ``update_every``-th with 2BW)."""
-    return schedule.policy != "2bw" or (microbatch + 1) % schedule.update_every == 0
+def update_group(schedule: PeriodicSchedule, stage: int) -> int:
+    """Micro-batches whose gradients one update of ``stage`` averages: its replicas (one
+    all-reduced round, one micro-batch per replica), else ``update_every`` with 2BW, else 1.
+    The update is applied where the group's last micro-batch's last backward task stands in
+    :func:`replay_sequence`, on every replica."""
+    r = schedule.replicas[stage]
+    if r > 1:
+        return r
+    return schedule.update_every if schedule.policy == "2bw" else 1
 
 
-def version_plan(schedule: PeriodicSchedule, orders: Orders) -> VersionPlan:
-    """The weight versions of a replay in these device orders (see :class:`VersionPlan`)."""
+def version_plan(schedule: PeriodicSchedule, sequence: Sequence[Op]) -> VersionPlan:
+    """The weight versions of a replay of this :func:`replay_sequence` (see
+    :class:`VersionPlan`; ``held`` per stage: the most on one of its replicas)."""
     p = schedule.problem
-    n = max((op.microbatch for order in orders for op in order), default=-1) + 1
+    n = max((op.microbatch for op in sequence), default=-1) + 1
     last = p.kinds[-1]
     fwd = [[0] * n for _ in range(p.stages)]
     bwd = [[0] * n for _ in range(p.stages)]
     updates = [0] * p.stages
     held = [1] * p.stages
     stash = schedule.policy != "pipemare"
-    for order in orders:
-        in_flight: dict[int, int] = {}
-        for op in order:
-            k, j, v = op.stage, op.microbatch, updates[op.stage]
-            if op.kind == "F":
-                fwd[k][j] = v
-                if stash:
-                    in_flight[j] = v
-                    held[k] = max(held[k], len({v, *in_flight.values()}))
-            if op.kind == "B":
-                bwd[k][j] = fwd[k][j] if stash else v
-            if op.kind == last:
-                in_flight.pop(j, None)
-                if updates_after(schedule, j):
-                    updates[k] += 1
+    in_flight: dict[int, dict[int, int]] = {}  # rank -> its micro-batches in flight -> version
+    for op in sequence:
+        k, j, v = op.stage, op.microbatch, updates[op.stage]
+        mine = in_flight.setdefault(rank_of(schedule, k, j), {})
+        if op.kind == "F":
+            fwd[k][j] = v
+            if stash:
+                mine[j] = v
+                held[k] = max(held[k], len({v, *mine.values()}))
+        if op.kind == "B":
+            bwd[k][j] = fwd[k][j] if stash else v
+        if op.kind == last:
+            mine.pop(j, None)
+            if (j + 1) % update_group(schedule, k) == 0:
+                updates[k] += 1  # on every replica: each holds the new weights beside its own
+                for c in range(schedule.replicas[k]):
+                    stashed = in_flight.get(rank_of(schedule, k, c), {}).values()
+                    held[k] = max(held[k], len({updates[k], *stashed}))
     return VersionPlan(tuple(map(tuple, fwd)), tuple(map(tuple, bwd)), tuple(updates),
                        tuple(held))
 
@@ -213,9 +232,12 @@ def _boundaries(spec: Any, stages: Sequence[Any], x: Any) -> list[tuple[Any, Any
 
 def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cfg: Any,
               status: Any) -> dict[str, Any]:
-    """Replay ``schedule``'s device ``rank`` (process group joined): returns the versions its
-    stage used and held, its micro-batches' losses (last stage), op durations (s), wall time,
-    and with ``cfg.check`` every micro-batch's weight gradient and the final weights."""
+    """Replay ``schedule``'s rank ``rank`` (process group joined; stage k's replica c, see
+    :func:`rank_of`): returns the versions its micro-batches used and the most it held, its
+    micro-batches' losses (last stage), op durations (s), wall time, and with ``cfg.check``
+    every micro-batch's weight gradient and the final weights. A replicated stage all-reduces
+    the gradients of each round (one micro-batch per replica) and every replica applies their
+    mean where the round's last backward task stands in the sequence."""
     import torch
     import torch.distributed as dist
 
@@ -223,14 +245,18 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     from pipeopt.executor.models import build_model, split_stages
 
     prob = schedule.problem
+    reps = schedule.replicas
     m = prob.microbatches
     n = cfg.steps * m
     sequence = replay_sequence(schedule, n)
     replay_orders(schedule, n)  # its checks
-    k = prob.stage_device.index(rank)
+    firsts = [sum(reps[:i]) for i in range(prob.stages)]
+    k = max(i for i in range(prob.stages) if firsts[i] <= rank)
+    c, r = rank - firsts[k], reps[k]
     last_stage = k == prob.stages - 1
-    peer = {k - 1: prob.stage_device[k - 1] if k else None,
-            k + 1: prob.stage_device[k + 1] if not last_stage else None}
+    # Every rank creates every replicated stage's group, in stage order (torch requires it).
+    groups = {i: dist.new_group(list(range(firsts[i], firsts[i] + reps[i])), backend="gloo")
+              for i in range(prob.stages) if reps[i] > 1}
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
     bs = cfg.batch(m)
@@ -251,27 +277,28 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     live = dict(mod.named_parameters())
     opt = optimizer(cfg.optimizer, list(live.values()), cfg.lr)
     stash = schedule.policy != "pipemare"
+    group_size = update_group(schedule, k)
+    last_kind = prob.kinds[-1]
     version = 0
     copies: dict[int, dict[str, Any]] = {}  # version -> the weights as they were (stash, 2bw)
     saved: dict[int, tuple[Any, ...]] = {}  # micro-batch -> what its backward needs
     used: dict[int, int] = {}  # micro-batch in flight -> its version
     wgrads: dict[int, tuple[Any, ...]] = {}
     acc: list[Any] | None = None
+    reducing: dict[int, tuple[Any, Any]] = {}  # round -> (work, flat gradients) all-reducing
     pending: list[tuple[Any, Any]] = []
+    posted: dict[int, tuple[Any, Any]] = {}  # tag -> (work, buffer) of a posted receive
     losses: dict[int, float] = {}
     fwd_v: dict[int, int] = {}
     bwd_v: dict[int, int] = {}
     grads_out: dict[int, dict[str, Any]] = {}
     held = 1
     durations: dict[str, list[float]] = {}
-    last_kind = prob.kinds[-1]
 
     def send(t: Any, dst: int, tag: int) -> None:
         t = t.detach().contiguous()
         pending.append((dist.isend(t, dst, tag=tag), t))
         pending[:] = [(w, x) for w, x in pending if not w.is_completed()]
-
-    posted: dict[int, tuple[Any, Any]] = {}  # tag -> (work, buffer) of a posted receive
 
     def post_recv(shape_dtype: tuple[Any, Any], src: int, tag: int) -> None:
         buf = torch.empty(shape_dtype[0], dtype=shape_dtype[1], device=device)
@@ -288,19 +315,32 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
                          for name, q in live.items()}
         return copies[v]
 
+    def update(total: list[Any]) -> None:
+        """Apply the mean of a group's gradients (``total``: their sum) to the newest weights;
+        drop the copies no micro-batch in flight reads."""
+        nonlocal version, held
+        for q, t in zip(live.values(), total, strict=True):
+            q.grad = t / group_size
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        version += 1
+        for v in [v for v in copies if v not in used.values()]:
+            del copies[v]
+        held = max(held, len({version, *used.values()}))
+
     dist.barrier()
     t0 = time.perf_counter()
     for op in sequence:
         j, it = op.microbatch, op.microbatch // m
+        a = time.perf_counter()
         # A message to this rank: its receive is posted where its producer stands in the
         # sequence, as its sender posts the send (the same order on both ranks of a pair).
-        if op.kind == "F" and op.stage == k - 1:
-            post_recv(io[k], peer[k - 1], 2 * j)
-        elif op.kind == "B" and op.stage == k + 1:
-            post_recv(io[k + 1], peer[k + 1], 2 * j + 1)
-        if op.stage != k:
-            continue
-        if op.kind == "F":
+        if op.kind == "F" and op.stage == k - 1 and j % r == c:
+            post_recv(io[k], rank_of(schedule, k - 1, j), 2 * j)
+        elif op.kind == "B" and op.stage == k + 1 and j % r == c:
+            post_recv(io[k + 1], rank_of(schedule, k + 1, j), 2 * j + 1)
+        mine = op.stage == k and j % r == c
+        if mine and op.kind == "F":
             x, y = data(j)
             if k:
                 status.text = f"step {it}: {op} waits for the output of {op.stage - 1}F{j}"
@@ -319,9 +359,9 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
                 out = spec.loss_fn(out, y)
                 losses[j] = float(out.detach())
             else:
-                send(out, peer[k + 1], 2 * j)
+                send(out, rank_of(schedule, k + 1, j), 2 * j)
             saved[j] = (x, out) if stash else (x.detach(), y)
-        elif op.kind == "B":
+        elif mine and op.kind == "B":
             g = None
             if not last_stage:
                 status.text = f"step {it}: {op} waits for the gradient of {op.stage + 1}B{j}"
@@ -343,27 +383,37 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
             inputs = ([x] if k else []) + list(params.values())
             grads = torch.autograd.grad(out, inputs, grad_outputs=g)
             if k:
-                send(grads[0], peer[k - 1], 2 * j + 1)
+                send(grads[0], rank_of(schedule, k - 1, j), 2 * j + 1)
             wgrads[j] = grads[1:] if k else grads
-        if op.kind == last_kind:
-            if op.kind != "B":
-                status.text = f"step {it}: running {op}"
-                a = time.perf_counter()
+        if mine and op.kind == last_kind:
+            status.text = f"step {it}: running {op}"
             g_j = wgrads.pop(j)
+            used.pop(j, None)
             if cfg.check:
                 grads_out[j] = {name: t.detach().cpu().numpy().copy()
                                 for name, t in zip(live, g_j, strict=True)}
-            acc = list(g_j) if acc is None else [s + t for s, t in zip(acc, g_j, strict=True)]
-            if updates_after(schedule, j):
-                for q, s in zip(live.values(), acc, strict=True):
-                    q.grad = s / (schedule.update_every if schedule.policy == "2bw" else 1)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                acc, version = None, version + 1
-            used.pop(j, None)
-            for v in [v for v in copies if v not in used.values()]:
-                del copies[v]  # no micro-batch in flight reads it (the newest: made on demand)
-        durations.setdefault(f"{op.kind}{op.stage}", []).append(time.perf_counter() - a)
+            if r > 1:  # this replica's share of the round, summed over the replicas
+                flat = torch.cat([t.reshape(-1) for t in g_j])
+                reducing[j // r] = (dist.all_reduce(flat, group=groups[k], async_op=True),
+                                    flat)
+            else:
+                acc = list(g_j) if acc is None else [u + t for u, t in
+                                                     zip(acc, g_j, strict=True)]
+        if op.stage == k and op.kind == last_kind and (j + 1) % group_size == 0:
+            if r > 1:  # the round's last backward: every replica applies the mean here
+                status.text = f"step {it}: {op} waits for the all-reduce of stage {k}"
+                work, flat = reducing.pop(j // r)
+                work.wait()
+                total = [t.view_as(q) for t, q in zip(
+                    flat.split([q.numel() for q in live.values()]), live.values(),
+                    strict=True)]
+                update(total)
+            else:
+                assert acc is not None  # the group's gradients, summed above
+                update(acc)
+                acc = None
+        if mine:
+            durations.setdefault(f"{op.kind}{op.stage}", []).append(time.perf_counter() - a)
     status.text = f"step {cfg.steps - 1}: waiting for its sends to complete"
     for w, _ in pending:
         w.wait()
@@ -371,9 +421,9 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     dist.barrier()
     final = {name: q.detach().cpu().numpy().copy() for name, q in live.items()} \
         if cfg.check else {}
-    return {"stage": k, "forward": [fwd_v[j] for j in range(n)],
-            "backward": [bwd_v[j] for j in range(n)], "held": held, "losses": losses,
-            "op_durations": durations, "wall": wall, "grads": grads_out, "final": final}
+    return {"stage": k, "replica": c, "forward": fwd_v, "backward": bwd_v, "held": held,
+            "losses": losses, "op_durations": durations, "wall": wall, "grads": grads_out,
+            "final": final}
 
 
 def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
@@ -382,8 +432,9 @@ def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
     stage on the version :attr:`VersionPlan.forward` names, the gradient of its loss on the
     versions :attr:`VersionPlan.backward` names (the same, but for ``pipemare``, whose backward
     runs each stage again from its input), then each stage's update, in micro-batch order, as
-    the run applies them. Returns per micro-batch its loss and per stage its weight gradients,
-    and the final weights (numpy arrays)."""
+    the run applies them (the mean of each :func:`update_group`'s gradients). Returns per
+    micro-batch its loss and per stage its weight gradients, and the final weights (numpy
+    arrays)."""
     import torch
 
     from pipeopt.executor.check import batch_for, optimizer
@@ -440,13 +491,13 @@ def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
                 got[k] = dict(zip(pk, res[1:] if k else res, strict=True))
         losses.append(float(loss.detach()))
         grads.append([{name: t.detach().numpy().copy() for name, t in d.items()} for d in got])
-        div = schedule.update_every if schedule.policy == "2bw" else 1
         for k in range(prob.stages):
             gk = list(got[k].values())
             acc[k] = gk if acc[k] is None else [s + t for s, t in zip(acc[k], gk, strict=True)]
-            if updates_after(schedule, j):
+            size = update_group(schedule, k)
+            if (j + 1) % size == 0:
                 for q, s in zip(live[k].values(), acc[k], strict=True):
-                    q.grad = s / div
+                    q.grad = s / size
                 opts[k].step()
                 opts[k].zero_grad(set_to_none=True)
                 acc[k] = None
@@ -491,40 +542,49 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, Any]]) -> list[AsyncRunResu
 
     if not jobs:
         return []
-    world = jobs[0][0].problem.devices
+    world = sum(jobs[0][0].replicas)
     plans = []
     for s, c in jobs:
-        if s.problem.devices != world:
-            raise ExecutorError("run_async: every job must have the same number of devices")
+        if sum(s.replicas) != world:
+            raise ExecutorError("run_async: every job must have the same number of ranks "
+                                "(devices of every stage's replicas)")
         if c.backend == "nccl":
             raise ExecutorError("backend: the async replay runs on gloo (not yet tested on "
                                 "NCCL, which needs a GPU per rank)")
-        plans.append(version_plan(s, replay_orders(s, c.steps * s.problem.microbatches)))
+        plans.append(version_plan(s, replay_sequence(s, c.steps * s.problem.microbatches)))
         _preflight(s, c)
     per_rank = spawn(_jobs, world, (list(jobs), "gloo"), backend="gloo",
                      timeout=sum(c.timeout for _, c in jobs), threads=jobs[0][1].threads,
                      op_timeout=max(c.op_timeout for _, c in jobs))
     out = []
     for i, ((s, c), plan) in enumerate(zip(jobs, plans, strict=True)):
-        reports = sorted((r[i] for r in per_rank), key=lambda r: r["stage"])
+        reports = [r[i] for r in per_rank]  # rank order: stage by stage, replicas in order
+        stages = s.problem.stages
         n = c.steps * s.problem.microbatches
-        losses = reports[-1]["losses"]
+        owner = {(k, j): reports[rank_of(s, k, j)] for k in range(stages) for j in range(n)}
+        losses = {j: owner[(stages - 1, j)]["losses"][j] for j in range(n)}
         res = AsyncRunResult(
             s.method, s.policy, world, n, [losses[j] for j in range(n)],
             max(r["wall"] for r in reports), s.span + (n - 1) * s.period, plan,
-            [r["held"] for r in reports],
-            all(tuple(r["forward"]) == plan.forward[k] and tuple(r["backward"])
-                == plan.backward[k] for k, r in enumerate(reports)),
+            [max(r["held"] for r in reports if r["stage"] == k) for k in range(stages)],
+            all(owner[(k, j)]["forward"][j] == plan.forward[k][j]
+                and owner[(k, j)]["backward"][j] == plan.backward[k][j]
+                for k in range(stages) for j in range(n)),
             op_costs(reports))
         if c.check:
             ref = reference_async(s, c, plan)
-            got = {k: {f"mb{j}.{name}": a for j in range(n) for name, a in r["grads"][j].items()}
-                   | {f"final.{name}": a for name, a in r["final"].items()}
-                   for k, r in enumerate(reports)}
-            want = {k: {f"mb{j}.{name}": a for j in range(n)
-                        for name, a in ref["grads"][j][k].items()}
-                    | {f"final.{name}": a for name, a in ref["final"][k].items()}
-                    for k in range(len(reports))}
+            got: dict[int, dict[str, Any]] = {k: {} for k in range(stages)}
+            want: dict[int, dict[str, Any]] = {k: {} for k in range(stages)}
+            for k in range(stages):
+                for j in range(n):
+                    for name, a in owner[(k, j)]["grads"][j].items():
+                        got[k][f"mb{j}.{name}"] = a
+                        want[k][f"mb{j}.{name}"] = ref["grads"][j][k][name]
+            for r in reports:  # every replica ends with the reference's weights
+                for name, a in r["final"].items():
+                    got[r["stage"]][f"final.r{r['replica']}.{name}"] = a
+                    want[r["stage"]][f"final.r{r['replica']}.{name}"] = \
+                        ref["final"][r["stage"]][name]
             cmp = compare_grads(got, want, c.rtol, c.atol)
             res.reference_losses = ref["losses"]
             res.max_abs_grad_diff = cmp.max_abs_grad_diff
@@ -543,7 +603,7 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
     import os
 
     refusals = (("--data-parallel", args.data_parallel != 1, "replicate stages in the "
-                 "schedule (pipeline.replicas) instead; the replay does not run them yet"),
+                 "schedule instead (pipeline.replicas)"),
                 ("--recompute", args.recompute, "not in the async replay"),
                 ("--autocast", args.autocast is not None, "not in the async replay"),
                 ("--clip-grad-norm", args.clip_grad_norm is not None,
@@ -571,6 +631,11 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
         replay_orders(schedule, args.steps * m)
     except ExecutorError as exc:
         raise ConfigError(f"{args.schedule}: {exc}") from None
+    try:
+        check_rank_capacity(sum(schedule.replicas), os.cpu_count(), available_memory_bytes(),
+                            args.max_ranks)
+    except ExecutorError as exc:
+        raise ConfigError(f"run: {exc}") from None
 
 
 def cmd_run_async(args: argparse.Namespace, schedule: PeriodicSchedule,
