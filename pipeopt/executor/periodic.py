@@ -21,9 +21,12 @@ Weights, per the schedule's policy (the module docstring of :mod:`pipeopt.worklo
   runs the stage's forward again on the newest weights and differentiates that (the gradient at
   the weights of the backward, on the input the forward received; PipeMare itself keeps the
   forward's activations, which a generic model cannot re-weight).
+* replicated stages (PipeDream's round-robin replicas, one rank each): a stage's replicas
+  all-reduce the gradients of each round (one micro-batch per replica) and all apply their
+  mean where the round's last backward task stands in the sequence (stash and pipemare).
 
 A backward task (``B``) computes the input and the weight gradients; ``W`` (split backward)
-applies the update. :func:`version_plan` derives from the device orders which version each
+applies the update. :func:`version_plan` derives from the sequence which version each
 forward and backward uses; every rank reports the versions it used and the most it held, and
 :func:`reference_async` recomputes every micro-batch's gradient in one process with the planned
 versions and the same updates in the same order, which the run's gradients are compared with.
