@@ -34,7 +34,9 @@ Backend: gloo (CPU). Every rank walks the same sequence of all ops in their unro
 order; a message's send (after its producer) and its receive are both posted, non-blocking, at
 the producer's place, so the two ranks of a pair post their messages in the same order, and a
 rank blocks only when a consumer waits for its input, whose producer comes earlier in the
-sequence (a valid timed schedule orders producers first): no rank waits on a later one. NCCL
+sequence (a valid timed schedule orders producers first), or when an update waits for its
+round's all-reduce, which every replica joined at its own backward, earlier too: no rank waits
+on a later one. NCCL
 (whose send may wait for its receive, in order per pair) is what this order is made for, but it
 is untested (one GPU per rank: no machine here has two), so the replay refuses it.
 """
