@@ -498,20 +498,23 @@ def test_steady_cpu_allocator_on_glibc() -> None:
 
 
 def test_measured_problem_keeps_the_fused_split_share() -> None:
-    from pipeopt.executor.launch import RunResult, measured_problem
+    from pipeopt.executor.launch import RunResult, measured_problem, measured_schedule
+    from pipeopt.schedules import fused_variant
 
-    sched = _orders_schedule("1f1b", 2, 2, False)  # fused: B = backward_input + weight
+    sched = _orders_schedule("1f1b", 2, 2, False)  # fused from the start: B = input + weight
     prob = sched.problem.replace(backward_input=(2.0, 2.0), backward_weight=(1.0, 1.0))
     sched = simulate(prob, sched.device_orders(), method="1f1b")
     res = RunResult("1f1b", 2, [1.0], [0.5], sched.makespan,
                     op_costs={("F", 0): 0.1, ("F", 1): 0.2, ("B", 0): 0.3, ("B", 1): 0.6})
     got = measured_problem(sched, res)
-    assert got.forward == pytest.approx((0.1, 0.2))
-    assert got.backward_input == pytest.approx((0.2, 0.4))  # 2 : 1 as before
-    assert got.backward_weight == pytest.approx((0.1, 0.2))
-    assert got.durations["B"] == pytest.approx((0.3, 0.6))
+    assert got.split_backward and got.forward == pytest.approx((0.1, 0.2))
+    assert got.backward_input == (2.0, 2.0) and got.backward_weight == (1.0, 1.0)
     assert dict(got.meta)["measured_costs"]["from_run_of"] == "1f1b"
     assert dict(got.meta)["fused_backward"] == pytest.approx([0.3, 0.6])  # recorded apart
+    fused = fused_variant(got)
+    assert fused.backward_input == pytest.approx((0.2, 0.4))  # 2 : 1 as before
+    assert fused.backward_weight == pytest.approx((0.1, 0.2))
+    assert measured_schedule(sched, res).problem.durations["B"] == pytest.approx((0.3, 0.6))
     split = _orders_schedule("zb-h1", 2, 2, True)
     split = Schedule(split.problem.replace(meta=(("fused_backward", [0.5, 0.5]),)),
                      "zb-h1", split.ops)
@@ -520,6 +523,42 @@ def test_measured_problem_keeps_the_fused_split_share() -> None:
     got = measured_problem(split, res)
     assert got.backward_input[0] == 0.7 and got.backward_weight[0] == 0.4
     assert dict(got.meta)["fused_backward"] == [0.5, 0.5]  # a split run keeps the fused one
+
+
+def test_fused_run_costs_out_keeps_the_split_costs(tmp_path) -> None:
+    """A 1F1B run of a split problem (profiled: B 0.5, W 0.25, fused 0.6 s per stage) measures
+    F 0.1 s and a fused backward of 0.3 s. The file ``--costs-out`` writes re-times 1F1B on
+    them, and the problem solved from it prices 1F1B at the measured fused backward and ZB-H1
+    at the split it had, by hand (p = 2, m = 2, no latency):
+    1F1B  (m + p - 1)(F + B_fused) = 3 x 0.4 = 1.2 s;
+    ZB-H1 stage 1 runs F B on micro-batch 0 after stage 0's F (0.1 + 0.1 + 0.5), then stage 0
+          runs B W B W back to back (stage 1's second B ends at 1.3 < 1.45): 0.7 + 2 x 0.75
+          = 2.2 s."""
+    from pipeopt.config import config_from_schedule
+    from pipeopt.executor.launch import RunResult, measured_schedule
+    from pipeopt.io import dump_schedule
+    from pipeopt.schedules import SPLIT_COSTS
+    from pipeopt.solvers import run_classic
+
+    prob = uniform_problem(2, 2, f=0.2, b=0.5, w=0.25).replace(
+        meta=(("fused_backward", [0.6, 0.6]),))
+    sched = run_classic(prob, "1f1b")
+    assert not sched.problem.split_backward
+    assert sched.makespan == pytest.approx(3 * (0.2 + 0.6))  # priced at the profiled fused
+    assert dict(sched.problem.meta)[SPLIT_COSTS] == {"backward_input": [0.5, 0.5],
+                                                     "backward_weight": [0.25, 0.25]}
+    res = RunResult("1f1b", 2, [1.0], [0.5], sched.makespan,
+                    op_costs={("F", 0): 0.1, ("F", 1): 0.1, ("B", 0): 0.3, ("B", 1): 0.3})
+    out = tmp_path / "measured.json"
+    dump_schedule(measured_schedule(sched, res), out)
+    problem = config_from_schedule(out).problem
+    assert problem.split_backward  # the split problem is back, on the measured costs
+    assert problem.forward == (0.1, 0.1)
+    assert problem.backward_input == (0.5, 0.5) and problem.backward_weight == (0.25, 0.25)
+    assert dict(problem.meta)["fused_backward"] == [0.3, 0.3]
+    assert run_classic(problem, "1f1b").makespan == pytest.approx(1.2)
+    zb = run_classic(problem, "zb-h1")
+    assert zb.problem.split_backward and zb.makespan == pytest.approx(2.2)
 
 
 def test_split_stage_cuts_only_between_single_tensors() -> None:

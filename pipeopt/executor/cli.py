@@ -114,13 +114,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     bad = args.check and not res.grads_match
     if args.costs_out:
-        from pipeopt.executor.launch import measured_problem
+        from pipeopt.executor.launch import measured_schedule
         from pipeopt.io import dump_schedule
-        from pipeopt.schedule import SolverInfo
-        from pipeopt.simulate import simulate
 
-        measured = simulate(measured_problem(sched, res), sched.device_orders(),
-                            method=sched.method, solver=SolverInfo(status="heuristic"))
+        measured = measured_schedule(sched, res)
         write_output("--costs-out", args.costs_out,
                      lambda path: dump_schedule(measured, path))
     if args.json:

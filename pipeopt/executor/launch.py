@@ -45,8 +45,9 @@ from pipeopt.executor.procs import (
 )
 from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
 from pipeopt.problem import Op, Problem
-from pipeopt.schedule import Schedule
-from pipeopt.schedules import fused_variant
+from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedules import fused_variant, split_variant
+from pipeopt.simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -314,28 +315,41 @@ def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
 
 
 def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
-    """The schedule's problem with each stage's F, B and W durations replaced by the medians
-    measured in ``result`` (seconds; time from the op's input being there to its end, steps
-    after the first). A fused backward's measured time also goes to ``meta.fused_backward``
-    (what a fused schedule on a split problem is priced at, see
-    :func:`pipeopt.schedules.fused_variant`), and B and W share it in the problem's own
-    proportion; a split run keeps the ``fused_backward`` it had. Links, memory and everything
-    else stay as they were."""
+    """The split problem of ``schedule`` with each stage's F, B and W durations replaced by
+    the medians measured in ``result`` (seconds; time from the op's input being there to its
+    end, steps after the first), so that it prices fused and split backward alike. A run of a
+    fused schedule measures the fused backward, which goes to ``meta.fused_backward`` (what a
+    fused schedule is priced at, see :func:`pipeopt.schedules.fused_variant`); its B and W
+    stay those of the split problem the schedule was fused from (``meta
+    .split_backward_costs``; else the problem's own B and W). A split run keeps the
+    ``fused_backward`` it had. Links, memory and everything else stay as they were."""
     prob, costs = schedule.problem, result.op_costs
-    meta = dict(prob.meta)
+    split = prob if prob.split_backward else split_variant(prob)
+    if not split.split_backward:  # fused from the start: B and W in their own proportion
+        split = prob.replace(split_backward=True)
+    meta = dict(split.meta)
     meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
                               "steps": len(result.step_times)}
     f = tuple(costs.get(("F", k), x) for k, x in enumerate(prob.forward))
-    if prob.split_backward:
-        return prob.replace(
-            forward=f, meta=tuple(meta.items()),
-            backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(
-                prob.backward_input)),
-            backward_weight=tuple(costs.get(("W", k), x) for k, x in enumerate(
-                prob.backward_weight)))
-    meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
-                              for k in range(prob.stages)]
-    return fused_variant(prob.replace(split_backward=True, forward=f, meta=tuple(meta.items())))
+    if not prob.split_backward:
+        meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
+                                  for k in range(prob.stages)]
+        return split.replace(forward=f, meta=tuple(meta.items()))
+    return split.replace(
+        forward=f, meta=tuple(meta.items()),
+        backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(prob.backward_input)),
+        backward_weight=tuple(costs.get(("W", k), x)
+                              for k, x in enumerate(prob.backward_weight)))
+
+
+def measured_schedule(schedule: Schedule, result: RunResult) -> Schedule:
+    """``schedule``'s own orders re-timed on :func:`measured_problem` (its fused variant for a
+    fused schedule): what ``pipeopt run --costs-out`` writes."""
+    prob = measured_problem(schedule, result)
+    if not schedule.problem.split_backward:
+        prob = fused_variant(prob)
+    return simulate(prob, schedule.device_orders(), method=schedule.method,
+                    solver=SolverInfo(status="heuristic"))
 
 
 def _jobs_rank(rank: int, world: int, device: torch.device,
