@@ -206,14 +206,18 @@ DECODER = RunConfig(model="decoder_model:decoder", check=True, steps=2, optimize
 def test_decoder_two_ranks_matches_reference() -> None:
     """A Hugging Face-style decoder (tuples between stages) under 1F1B, ZB-H1, ZB-V and the
     greedy solver's schedule on 2 gloo ranks equals one-process training; also with every
-    layer an activation checkpoint (1F1B, ZB-H1)."""
+    layer an activation checkpoint (1F1B by the flag, ZB-H1 as its problem says)."""
     p, m = 2, 4
     greedy = solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy")
     scheds = [_orders_schedule("1f1b", p, m, False), _orders_schedule("zb-h1", p, m, True),
               _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
               greedy]
     jobs = [(s, DECODER) for s in scheds]
-    jobs += [(s, dataclasses.replace(DECODER, recompute=True)) for s in scheds[:2]]
+    jobs.append((scheds[0], dataclasses.replace(DECODER, recompute="full")))
+    zb = scheds[1]  # its problem says recompute: full (as the model form records it)
+    zb = Schedule(zb.problem.replace(meta=(("cost_model", {"recompute": "full"}),)), zb.method,
+                  zb.ops)
+    jobs.append((zb, DECODER))
     _assert_all_match(jobs, run_pipelines(jobs))
 
 
@@ -559,6 +563,51 @@ def test_fused_run_costs_out_keeps_the_split_costs(tmp_path) -> None:
     assert run_classic(problem, "1f1b").makespan == pytest.approx(1.2)
     zb = run_classic(problem, "zb-h1")
     assert zb.problem.split_backward and zb.makespan == pytest.approx(2.2)
+
+
+def test_recompute_follows_the_problem() -> None:
+    """Activation checkpointing where the model form says ``recompute: full`` (the model's mode,
+    or a stage's own in ``stage_costs``), none for ``selective`` (with a note); ``--recompute``
+    overrides it on every stage, saying where it contradicts the problem."""
+    from pipeopt.config import parse_config
+    from pipeopt.executor.launch import _build
+    from pipeopt.executor.models import recompute_modes, recompute_plan
+
+    doc = {"pipeline": {"devices": 2, "microbatches": 2, "split_backward": False},
+           "model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 128,
+                     "recompute": "full"},
+           "cluster": {"gpu": "A100-80GB", "gpus_per_node": 2}}
+    prob = parse_config(doc).problem
+    assert recompute_modes(prob) == ("full", "full")
+    assert recompute_plan(prob) == ((True, True), [])
+    meta = dict(prob.meta)
+    rows = [dict(r) for r in meta["stage_costs"]]
+    rows[0]["recompute"] = "none"
+    rows[1]["recompute"] = "selective"
+    mixed = prob.replace(meta=tuple({**meta, "stage_costs": rows}.items()))
+    assert recompute_modes(mixed) == ("none", "selective")
+    checkpointed, notes = recompute_plan(mixed)
+    assert checkpointed == (False, False) and "stage(s) 1: selective" in notes[0]
+    checkpointed, notes = recompute_plan(mixed, "full")
+    assert checkpointed == (True, True)
+    assert notes == ["--recompute full: overrides the problem's recompute (stage 0: none, "
+                     "stage 1: selective); its op times assume the problem's, so the measured "
+                     "ones will differ"]
+    assert recompute_plan(prob, "full") == ((True, True), [])  # agrees: nothing to say
+    assert recompute_plan(uniform_problem(2, 2)) == ((False, False), [])  # no model form
+    rows[1]["recompute"] = "some"
+    bad = prob.replace(meta=tuple({**meta, "stage_costs": rows}.items()))
+    with pytest.raises(ModelError, match=r"^problem\.meta\.stage_costs\[1\]\.recompute: must "
+                       r"be one of none, selective, full, got 'some'"):
+        recompute_modes(bad)
+    sched = simulate(mixed, GENERATORS["1f1b"](mixed), method="1f1b")
+    rows[1]["recompute"] = "full"
+    sched = Schedule(mixed.replace(meta=tuple({**meta, "stage_costs": rows}.items())), "1f1b",
+                     sched.ops)
+    _, _, mods, _ = _build(sched, RunConfig(model="tiny-gpt"))
+    assert [m.recompute for m in mods] == [False, True]
+    _, _, mods, _ = _build(sched, RunConfig(model="tiny-gpt", recompute="none"))
+    assert [m.recompute for m in mods] == [False, False]
 
 
 def test_split_stage_cuts_only_between_single_tensors() -> None:

@@ -84,7 +84,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     Every flag and the schedule are checked before torch is imported (which takes seconds)."""
     sched = check_run_args(args)
     from pipeopt.executor.launch import RunConfig, run_pipeline
-    from pipeopt.executor.models import ModelError
+    from pipeopt.executor.models import ModelError, recompute_plan
+
+    try:
+        for note in recompute_plan(sched.problem, args.recompute)[1]:
+            print(f"pipeopt: note: {note}", file=sys.stderr)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
 
     if args.backend == "nccl":  # the one check that needs torch, so the last one
         import torch
@@ -231,9 +237,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--data-parallel", type=int, default=1, metavar="N",
                    help="replicas of the pipeline (devices x N ranks), each on its share of a "
                    "batch N times as large; gradients averaged (default 1)")
-    p.add_argument("--recompute", action="store_true",
-                   help="activation checkpointing: every layer's forward runs again in its "
-                   "backward")
+    p.add_argument("--recompute", nargs="?", const="full", choices=["none", "full"],
+                   help="activation checkpointing on every stage (full: every layer's forward "
+                   "runs again in its backward; none: never), whatever the schedule's problem "
+                   "says (default: where its model form says recompute: full)")
     p.add_argument("--torch-split", action="store_true",
                    help="split backward as PyTorch's runtime does it (whole stage), not "
                    "pipeopt's per-layer refinement")

@@ -34,7 +34,7 @@ from pipeopt.executor.check import (
     stage_grads,
 )
 from pipeopt.executor.export import schedule_rows
-from pipeopt.executor.models import ModelSpec, build_model, split_stages
+from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
 from pipeopt.executor.procs import (
     ExecutorError,
     Fault,
@@ -62,8 +62,10 @@ class RunConfig:
     name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
     baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
     devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step. ``recompute``: every layer
-    an activation checkpoint."""
+    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
+    checkpoints activations where the schedule's problem says (model form: ``full``
+    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
+    on every stage whatever it says."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -85,7 +87,7 @@ class RunConfig:
     per_layer_split: bool = True
     torch_schedule: str | None = None
     data_parallel: int = 1
-    recompute: bool = False
+    recompute: str | None = None
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -167,23 +169,25 @@ def _build(schedule: Schedule, cfg: RunConfig
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
+    checkpointed, _ = recompute_plan(prob, cfg.recompute)
     mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
-                         cfg.recompute) for k, mod in enumerate(stages)]
+                         checkpointed[k]) for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
     return spec, stages, mods, _stage_io(mods, xs[0])
 
 
-def _groups(world: int, p: int, dp: int, replica: int, rank: int, backend: str,
-            op_timeout: float) -> tuple[Any, Any]:
-    """This rank's pipeline group (its replica's ``p`` ranks) and data-parallel group (the
-    ranks of its pipeline rank in every replica; None with one replica). Every rank creates
-    every group, in the same order, as torch.distributed requires."""
-    timeout = timedelta(seconds=op_timeout)
-    pp = [dist.new_group(list(range(d * p, (d + 1) * p)), backend=backend, timeout=timeout)
-          for d in range(dp)]
-    dpg = [dist.new_group(list(range(r, world, p)), backend=backend, timeout=timeout)
-           for r in range(p)] if dp > 1 else [None] * p
-    return pp[replica], dpg[rank]
+def _groups(p: int, dp: int, device: torch.device, backend: str, op_timeout: float
+            ) -> tuple[Any, Any]:
+    """This rank's pipeline group and data-parallel group (None with one replica): the two
+    dimensions of a DeviceMesh, data x pipeline (rank = replica * p + pipeline rank), whose
+    groups time out after ``op_timeout`` seconds."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape, names = ((dp, p), ("dp", "pp")) if dp > 1 else ((p,), ("pp",))
+    opts = _torch.group_options(backend, op_timeout)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names,
+                            backend_override={n: (backend, opts) for n in names})
+    return mesh["pp"].get_group(), mesh["dp"].get_group() if dp > 1 else None
 
 
 def _grad_example(x: Any) -> Any:
@@ -223,7 +227,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     m, bs = prob.microbatches, cfg.batch(prob.microbatches)
     rows, order = schedule_rows(schedule)
     replica, rank = divmod(rank, p)  # from here on, rank is the pipeline rank
-    group, dp_group = _groups(world, p, dp, replica, rank, backend, cfg.op_timeout)
+    group, dp_group = _groups(p, dp, device, backend, cfg.op_timeout)
     clock = OpClock(list[Op | None](schedule.device_orders()[rank]), status,
                     _waits_for(schedule, rank), cuda=device.type == "cuda")
     mine = sorted(prob.device_stages[rank])

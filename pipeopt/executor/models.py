@@ -280,3 +280,48 @@ def split_stages(spec: ModelSpec, problem: Problem) -> list[nn.Module]:
         raise ModelError(f"problem.meta.partition: covers {part[-1][1]} layers, model "
                          f"{spec.name} has {n}")
     return [nn.Sequential(*spec.layers[a:b]) for a, b in part]
+
+
+#: Recompute modes of the model form (``model.recompute``; per stage in ``meta.stage_costs``).
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def recompute_modes(problem: Problem) -> tuple[str, ...]:
+    """Each stage's recompute mode as the model form recorded it: ``meta.stage_costs[k]
+    .recompute`` where given, else the model's ``meta.cost_model.recompute``, else ``none``."""
+    meta = dict(problem.meta)
+    model = (meta.get("cost_model") or {}).get("recompute", "none")
+    rows = meta.get("stage_costs") or []
+    modes = []
+    for k in range(problem.stages):
+        row = rows[k] if k < len(rows) and isinstance(rows[k], dict) else {}
+        mode, where = (row["recompute"], f"stage_costs[{k}]") if "recompute" in row else (
+            model, "cost_model")
+        if mode not in RECOMPUTE_MODES:
+            raise ModelError(f"problem.meta.{where}.recompute: must be one of "
+                             f"{', '.join(RECOMPUTE_MODES)}, got {mode!r}")
+        modes.append(mode)
+    return tuple(modes)
+
+
+def recompute_plan(problem: Problem, override: str | None = None
+                   ) -> tuple[tuple[bool, ...], list[str]]:
+    """Per stage whether every layer is an activation checkpoint, and notes for the user. The
+    problem decides (:func:`recompute_modes`: ``full`` checkpoints, ``selective`` cannot be
+    reproduced on arbitrary layers and runs without); ``override`` (``none`` or ``full``, the
+    ``--recompute`` flag) applies to every stage, with a note where it contradicts the
+    problem, whose times then do not describe the run."""
+    modes = recompute_modes(problem)
+    if override is not None:
+        if override not in ("none", "full"):
+            raise ModelError(f"--recompute: must be none or full, got {override!r}")
+        differ = [f"stage {k}: {m}" for k, m in enumerate(modes) if m != override]
+        notes = [f"--recompute {override}: overrides the problem's recompute "
+                 f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); its op "
+                 "times assume the problem's, so the measured ones will differ"] if differ else []
+        return (override == "full",) * problem.stages, notes
+    sel = [str(k) for k, m in enumerate(modes) if m == "selective"]
+    notes = [f"stage(s) {', '.join(sel)}: selective recompute (the attention core only) is "
+             "not reproduced, since the executor checkpoints whole layers; they run without "
+             "recompute"] if sel else []
+    return tuple(m == "full" for m in modes), notes
