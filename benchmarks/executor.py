@@ -22,6 +22,7 @@ within 15%, executor no slower than 1.05x.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import tempfile
@@ -412,6 +413,17 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return agree / len(pairs) if pairs else 1.0
 
 
+def load_note(ranks: int | None = None) -> str:
+    """The machine's load average and cores; with ``ranks`` (before a run), a warning when
+    that load plus the ranks exceeds the cores: the ranks then share cores with other work,
+    and the step times measure the machine, not the schedules."""
+    one, five, _ = os.getloadavg()
+    cores = os.cpu_count() or 1
+    busy = (f"; BUSY: {ranks} ranks on top of this load exceed the cores, so these times do "
+            "not rank the schedules") if ranks is not None and one + ranks > cores else ""
+    return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {cores} cores{busy}"
+
+
 def ranking(args: argparse.Namespace) -> None:
     """Per model: the project profile (``pipeopt profile`` then the config form, split
     backward; fused methods are priced at the profile's fused backward), every method solved
@@ -426,6 +438,7 @@ def ranking(args: argparse.Namespace) -> None:
                   for meth in RANK_METHODS]
         cfg = RunConfig(model=model, model_options=options, steps=args.steps,
                         batch_size=args.batch)
+        before = load_note(p)
         t0 = time.perf_counter()
         per_rank = spawn(_bench_rank, p, ([("ours", s, cfg) for s in scheds], args.rounds),
                          timeout=3600, backend="gloo")
@@ -436,6 +449,7 @@ def ranking(args: argparse.Namespace) -> None:
         predicted = [s.makespan for s in scheds]
         print(f"{model} ({p} gloo ranks, {m} micro-batches, {args.rounds} rounds x "
               f"{args.steps} steps, {time.perf_counter() - t0:.0f} s)")
+        print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
         for s, pred, meas in zip(scheds, predicted, measured, strict=True):
             print(f"  {s.method:<10} predicted {pred * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} "
                   f"ms  error {meas / pred - 1:+6.1%}")

@@ -17,9 +17,10 @@ torch = pytest.importorskip("torch")
 
 from pipeopt.executor import _torch  # noqa: E402
 from pipeopt.executor.check import compare_grads  # noqa: E402
+from pipeopt.executor.export import schedule_rows, to_torch_csv  # noqa: E402
 from pipeopt.executor.launch import RunConfig, run_pipelines  # noqa: E402
 from pipeopt.executor.models import ModelError, build_model, split_stages  # noqa: E402
-from pipeopt.executor.runtime import ExecutorError, Fault, schedule_rows  # noqa: E402
+from pipeopt.executor.procs import ExecutorError, Fault  # noqa: E402
 from pipeopt.problem import Op, Problem, uniform_problem  # noqa: E402
 from pipeopt.schedule import Schedule  # noqa: E402
 from pipeopt.schedules import GENERATORS  # noqa: E402
@@ -83,7 +84,8 @@ def _random_orders(prob: Problem, rnd: random.Random) -> list[list[Op]]:
 def test_torch_lowers_any_valid_schedule(p: int, m: int, v: int, vshape: bool,
                                          split: bool, seed: int) -> None:
     """Every valid schedule becomes actions that PyTorch validates and lowers (its send /
-    receive insertion fails on a schedule that would deadlock); the last stage's forwards run
+    receive insertion fails on a schedule that would deadlock), and PyTorch's parser reads the
+    exported CSV back to the same actions; the last stage's forwards run
     in micro-batch order after relabelling, as the runtime's loss bookkeeping needs."""
     prob = uniform_problem(p, m, virtual_stages=v, split_backward=split,
                            placement="vshape" if vshape and v == 2 else "loop")
@@ -92,7 +94,10 @@ def test_torch_lowers_any_valid_schedule(p: int, m: int, v: int, vshape: bool,
     assert sorted(order) == list(range(m))
     last = [j for row in rows for k, kind, j in row if kind == "F" and k == prob.stages - 1]
     assert last == list(range(m))
-    lowered = _torch.lower(_torch.rows_to_actions(rows), prob.stages, m)
+    actions = _torch.rows_to_actions(rows)
+    cells = [line.split(",") for line in to_torch_csv(sched).splitlines()]  # PyTorch reads
+    assert [[_torch.parse_action(c) for c in row] for row in cells] == list(actions.values())
+    lowered = _torch.lower(actions, prob.stages, m)
     sends = sum(str(a).count("SEND") for acts in lowered.values() for a in acts)
     remote = sum(prob.stage_device[k] != prob.stage_device[k + 1] for k in range(prob.stages - 1))
     assert sends == 2 * m * remote  # an activation and a gradient per remote boundary
@@ -284,7 +289,7 @@ def test_killing_the_launcher_ends_every_rank(tmp_path) -> None:
     script.write_text(  # imports under __main__: a rank re-imports this module at start
         "if __name__ == '__main__':\n"
         "    from pipeopt.executor.launch import RunConfig, run_pipelines\n"
-        "    from pipeopt.executor.runtime import Fault\n"
+        "    from pipeopt.executor.procs import Fault\n"
         "    from pipeopt.problem import uniform_problem\n"
         "    from pipeopt.schedules import GENERATORS\n"
         "    from pipeopt.simulate import simulate\n"

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +23,8 @@ from torch import nn
 from pipeopt._malloc import steady_cpu_allocator
 from pipeopt.executor import _torch
 from pipeopt.executor.check import (
-    ATOL,
     AUTOCAST,
-    RTOL,
+    RunConfig,
     batch_for,
     clip_grads,
     compare_grads,
@@ -37,65 +36,16 @@ from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
 from pipeopt.executor.procs import (
     ExecutorError,
-    Fault,
     RankStatus,
     rank_device,
     resolve_backend,
     spawn,
 )
-from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
+from pipeopt.executor.runtime import OpClock, StageModule, TimedStage
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import fused_variant, split_variant
 from pipeopt.simulate import simulate
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to run a schedule: model name and factory keywords, training steps, batch size
-    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
-    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
-    rank (default: cores / ranks), whether to compare with the one-process reference, the
-    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
-    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
-    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
-    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
-    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
-    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
-    checkpoints activations where the schedule's problem says (model form: ``full``
-    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
-    on every stage whatever it says."""
-
-    model: str = "mlp"
-    model_options: tuple[tuple[str, Any], ...] = ()
-    steps: int = 1
-    batch_size: int | None = None
-    lr: float = 0.01
-    seed: int = 0
-    timeout: float = 300.0
-    backend: str = "auto"
-    threads: int | None = None
-    check: bool = False
-    rtol: float = RTOL
-    atol: float = ATOL
-    fault: Fault | None = None
-    op_timeout: float = 120.0
-    optimizer: str = "sgd"
-    clip_grad_norm: float | None = None
-    autocast: str | None = None
-    per_layer_split: bool = True
-    torch_schedule: str | None = None
-    data_parallel: int = 1
-    recompute: str | None = None
-
-    def batch(self, microbatches: int) -> int:
-        """The batch size for ``microbatches``; must split evenly."""
-        bs = self.batch_size or 4 * microbatches
-        if bs % microbatches:
-            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
-                                "micro-batches")
-        return bs
 
 
 @dataclass
@@ -129,19 +79,15 @@ class RunResult:
         return statistics.median(times)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary."""
-        return {"method": self.method, "ranks": self.world, "loss": self.loss,
-                "losses": self.losses, "step_time": self.step_time,
-                "step_times": self.step_times, "predicted_step_time": self.predicted_step_time,
-                "reference_losses": self.reference_losses,
-                "reference_step_time": self.reference_step_time,
-                "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
-                "worst_param": self.worst_param, "peak_memory": self.peak_memory,
-                "op_costs": {f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
-                                                                      key=lambda x: x[0][::-1])}}
+        """JSON-able summary (``ranks`` for ``world``; op costs keyed like ``0F``)."""
+        out = {**asdict(self), "ranks": self.world, "loss": self.loss,
+               "step_time": self.step_time, "op_costs": {
+                   f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
+                                                              key=lambda x: x[0][::-1])}}
+        del out["world"]
+        return out
 
 
-# ----- process plumbing ------------------------------------------------------------------------
 # ----- the replay job --------------------------------------------------------------------------
 def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     """The micro-batch ``sample`` and every stage's output for it (no gradients): the example
@@ -170,8 +116,8 @@ def _build(schedule: Schedule, cfg: RunConfig
     stages = split_stages(spec, prob)
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
     checkpointed, _ = recompute_plan(prob, cfg.recompute)
-    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
-                         checkpointed[k]) for k, mod in enumerate(stages)]
+    mods = [StageModule(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
+                        checkpointed[k]) for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
     return spec, stages, mods, _stage_io(mods, xs[0])
 
@@ -191,6 +137,8 @@ def _groups(p: int, dp: int, device: torch.device, backend: str, op_timeout: flo
 
 
 def _grad_example(x: Any) -> Any:
+    """A copy of ``x`` (or of each tensor of a tuple) that takes a gradient where it can: the
+    example outputs PyTorch's stage builds its gradient buffers from."""
     if isinstance(x, tuple):
         return tuple(_grad_example(t) for t in x)
     return x.clone().requires_grad_(x.is_floating_point())
@@ -374,12 +322,7 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     if cfg.check:
         # replica 0's gradients (every replica holds the same after the average)
         grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r["grads"].items()}
-        ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
-                            batch_size=cfg.batch(schedule.problem.microbatches) * dp, lr=cfg.lr,
-                            microbatches=schedule.problem.microbatches * dp,
-                            seed=cfg.seed, model_options=dict(cfg.model_options),
-                            optim=cfg.optimizer, clip=cfg.clip_grad_norm,
-                            autocast=cfg.autocast)
+        ref = reference_run(schedule.problem, cfg, replicas=dp)
         cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
@@ -420,9 +363,6 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
-    if cfg.optimizer not in ("sgd", "adamw") or (cfg.autocast or "bf16") not in AUTOCAST:
-        raise ExecutorError(f"optimizer {cfg.optimizer!r} / autocast {cfg.autocast!r}: "
-                            f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
     rows, _ = schedule_rows(schedule)
     try:  # torch's own validation and lowering, before any process starts
         _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
@@ -431,6 +371,8 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
                             f"{exc}") from None
     try:
         _build(schedule, cfg)
+    except ModelError:
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
