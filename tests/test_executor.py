@@ -615,6 +615,14 @@ def test_recompute_follows_the_problem() -> None:
     assert [m.recompute for m in mods] == [False, False]
 
 
+def test_run_config_refuses_an_unknown_recipe() -> None:
+    with pytest.raises(ValueError, match=r"optimizer 'adam' / autocast None: expected sgd or "
+                       r"adamw / bf16, fp16 or None"):
+        RunConfig(optimizer="adam")
+    with pytest.raises(ValueError, match=r"autocast 'fp8'"):
+        RunConfig(autocast="fp8")
+
+
 def test_split_stage_cuts_only_between_single_tensors() -> None:
     """A multi-layer stage with split backward is cut after every layer that hands on one
     differentiable tensor; a layer handing on a tuple joins the next layer's segment. B then W
