@@ -220,8 +220,8 @@ def test_decoder_two_ranks_matches_reference() -> None:
     jobs = [(s, DECODER) for s in scheds]
     jobs.append((scheds[0], dataclasses.replace(DECODER, recompute="full")))
     zb = scheds[1]  # its problem says recompute: full (as the model form records it)
-    zb = Schedule(zb.problem.replace(meta=(("cost_model", {"recompute": "full"}),)), zb.method,
-                  zb.ops)
+    rows = [{"stage": k, "recompute": "full"} for k in range(zb.problem.stages)]
+    zb = Schedule(zb.problem.replace(meta=(("stage_costs", rows),)), zb.method, zb.ops)
     jobs.append((zb, DECODER))
     _assert_all_match(jobs, run_pipelines(jobs))
 
@@ -571,9 +571,9 @@ def test_fused_run_costs_out_keeps_the_split_costs(tmp_path) -> None:
 
 
 def test_recompute_follows_the_problem() -> None:
-    """Activation checkpointing where the model form says ``recompute: full`` (the model's mode,
-    or a stage's own in ``stage_costs``), none for ``selective`` (with a note); ``--recompute``
-    overrides it on every stage, saying where it contradicts the problem."""
+    """Activation checkpointing where the model form says ``recompute: full`` (each stage's mode
+    in ``stage_costs``), none for ``selective`` (with a note); ``--recompute`` overrides it on
+    every stage, saying where it contradicts the problem."""
     from pipeopt.config import parse_config
     from pipeopt.executor.launch import _build
     from pipeopt.executor.models import recompute_modes, recompute_plan

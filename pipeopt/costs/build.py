@@ -201,9 +201,6 @@ class ModelPlan:
     group: int = 1
     #: Sequences per micro-batch of a transformer model (None for layer_costs / profiles).
     micro_batch_size: int | None = None
-    #: ``model.recompute`` of a transformer model (``none`` for layer_costs / profiles); the
-    #: executor checkpoints activations as it says (``problem.meta.cost_model.recompute``).
-    recompute: str = "none"
     #: What the cost model decided for the user, said in ``problem.meta.notes``.
     notes: tuple[str, ...] = ()
     #: Per micro-batch cost ratios from ``training.sequence_lengths`` (None: all equal).
@@ -492,8 +489,7 @@ class ModelPlan:
                            "bytes_per_param": self.training.bytes_per_param,
                            "model_params": self.model_params,
                            "data_parallel": self.training.data_parallel,
-                           "micro_batch_size": self.micro_batch_size,
-                           "recompute": self.recompute},
+                           "micro_batch_size": self.micro_batch_size},
             **(meta or {}),
         }
         if self.ratios is not None:
@@ -620,7 +616,6 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
                      memory_limit=limits, extra_static=extra, training=tcfg,
                      model_params=params, replica_gpus=replicas, group=group, ratios=ratios,
                      micro_batch_size=mcfg.micro_batch_size if origin == "analytic" else None,
-                     recompute=mcfg.recompute if origin == "analytic" else "none",
                      notes=tuple(notes),
                      explicit_scales=explicit or None,
                      recompute=mcfg.recompute if origin == "analytic" else None,

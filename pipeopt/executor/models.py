@@ -284,18 +284,16 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 def recompute_modes(problem: Problem) -> tuple[str, ...]:
-    """Each stage's recompute mode as the model form recorded it: ``meta.stage_costs[k]
-    .recompute`` where given, else the model's ``meta.cost_model.recompute``, else ``none``."""
-    meta = dict(problem.meta)
-    model = (meta.get("cost_model") or {}).get("recompute", "none")
-    rows = meta.get("stage_costs") or []
+    """Each stage's recompute mode as the model form recorded it (``meta.stage_costs[k]
+    .recompute``: the model's mode, or the stage's own under ``recompute: per_stage``), else
+    ``none``."""
+    rows = dict(problem.meta).get("stage_costs") or []
     modes = []
     for k in range(problem.stages):
         row = rows[k] if k < len(rows) and isinstance(rows[k], dict) else {}
-        mode, where = (row["recompute"], f"stage_costs[{k}]") if "recompute" in row else (
-            model, "cost_model")
+        mode = row.get("recompute", "none")
         if mode not in RECOMPUTE_MODES:
-            raise ModelError(f"problem.meta.{where}.recompute: must be one of "
+            raise ModelError(f"problem.meta.stage_costs[{k}].recompute: must be one of "
                              f"{', '.join(RECOMPUTE_MODES)}, got {mode!r}")
         modes.append(mode)
     return tuple(modes)
