@@ -11,17 +11,19 @@ of them (``--profiler``, default ``ranks``) and replayed; each measured step tim
 against the makespan of the same orders on both profiles and on the median op durations seen
 in the run itself (this isolates the executor's own overhead from cost-model errors). Then
 pipeopt's executor replaying 1F1B against PyTorch's own ``Schedule1F1B`` on the same model,
-split and process count, measured in the same run with interleaved rounds. Aims: prediction
-within 15%, executor no slower than 1.05x.
+split and process count, measured in the same run with interleaved rounds, and its ZB-V
+against ``ScheduleZBVZeroBubble`` likewise. Aims: prediction within 15%, executor no slower
+than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
-        [--profiler ranks|project]
+        [--profiler ranks|project] [--no-replan] [--no-vshape]
     python benchmarks/executor.py --ranking   # 5 methods x 2 models: errors, Kendall tau
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import tempfile
@@ -43,7 +45,7 @@ from pipeopt.executor.launch import (
     spawn,
 )
 from pipeopt.executor.models import build_model, split_stages
-from pipeopt.problem import Op, Problem, chain_links
+from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.simulate import simulate
 from pipeopt.solvers import solve
@@ -200,13 +202,13 @@ def profile(ranks: int, microbatches: int, batch: int, partition: Any = None, re
 
 def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, RunConfig]],
                 rounds: int, status: Any = None) -> dict[str, list[dict[str, Any]]]:
-    """Every job ``rounds`` times, interleaved; ``('ours', schedule, cfg)`` or
-    ``('torch', problem, cfg)``."""
+    """Every job ``rounds`` times, interleaved; ``('ours', schedule, cfg)``, or
+    ``('torch:NAME', schedule, cfg)``: PyTorch's schedule class NAME on the schedule's stages."""
     out: dict[str, list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for i, (kind, obj, cfg) in enumerate(jobs):
-            if kind == "torch":  # PyTorch's own schedule class on the same stages
-                cfg = replace(cfg, torch_schedule="Schedule1F1B")
+            if kind.startswith("torch:"):  # PyTorch's own schedule class on the same stages
+                cfg = replace(cfg, torch_schedule=kind.removeprefix("torch:"))
             res = run_rank(rank, world, device, obj, cfg, "gloo", status)
             out.setdefault(str(i), []).append(res)
     return out
@@ -280,6 +282,8 @@ def main() -> None:
                     help="instead: every method of RANK_METHODS on each model of RANK_MODELS, "
                     "solved on the project profile, run in interleaved rounds; predicted vs "
                     "measured step time per method and the Kendall tau of the two orders")
+    ap.add_argument("--no-vshape", dest="vshape", action="store_false",
+                    help="skip pipeopt's ZB-V against PyTorch's ScheduleZBVZeroBubble")
     ap.add_argument("--no-replan", dest="replan", action="store_false",
                     help="skip the last phase: CP-SAT re-planned on the op times the ZB-H1 "
                     "runs measured (pipeopt run --costs-out), run again")
@@ -310,7 +314,7 @@ def main() -> None:
     jobs: list[tuple[str, Any, RunConfig]] = [("ours", s, cfg) for s in scheds]
     # PyTorch's Schedule1F1B right after ours in every round (fused problem, like our 1F1B),
     # so that both see the same machine load.
-    jobs.insert(1, ("torch", scheds[0], cfg))
+    jobs.insert(1, ("torch:Schedule1F1B", scheds[0], cfg))
     job_of = [0, *range(2, len(jobs))]  # job index of each schedule
     t0 = time.perf_counter()
     per_rank = spawn(_bench_rank, p, (jobs, args.rounds), timeout=600, backend="gloo")
@@ -396,6 +400,8 @@ def main() -> None:
           "(median of per-round ratios; aim <= 1.05)")
     if args.replan:
         _replan(scheds, job_of, per_rank, args, p)
+    if args.vshape:
+        vshape(args)
 
 
 #: Models and methods of ``--ranking`` (issue 17: >= 5 methods on >= 2 models).
@@ -412,6 +418,17 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return agree / len(pairs) if pairs else 1.0
 
 
+def load_note(ranks: int | None = None) -> str:
+    """The machine's load average and cores; with ``ranks`` (before a run), a warning when
+    that load plus the ranks exceeds the cores: the ranks then share cores with other work,
+    and the step times measure the machine, not the schedules."""
+    one, five, _ = os.getloadavg()
+    cores = os.cpu_count() or 1
+    busy = (f"; BUSY: {ranks} ranks on top of this load exceed the cores, so these times do "
+            "not rank the schedules") if ranks is not None and one + ranks > cores else ""
+    return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {cores} cores{busy}"
+
+
 def ranking(args: argparse.Namespace) -> None:
     """Per model: the project profile (``pipeopt profile`` then the config form, split
     backward; fused methods are priced at the profile's fused backward), every method solved
@@ -426,6 +443,7 @@ def ranking(args: argparse.Namespace) -> None:
                   for meth in RANK_METHODS]
         cfg = RunConfig(model=model, model_options=options, steps=args.steps,
                         batch_size=args.batch)
+        before = load_note(p)
         t0 = time.perf_counter()
         per_rank = spawn(_bench_rank, p, ([("ours", s, cfg) for s in scheds], args.rounds),
                          timeout=3600, backend="gloo")
@@ -436,12 +454,36 @@ def ranking(args: argparse.Namespace) -> None:
         predicted = [s.makespan for s in scheds]
         print(f"{model} ({p} gloo ranks, {m} micro-batches, {args.rounds} rounds x "
               f"{args.steps} steps, {time.perf_counter() - t0:.0f} s)")
+        print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
         for s, pred, meas in zip(scheds, predicted, measured, strict=True):
             print(f"  {s.method:<10} predicted {pred * 1e3:8.1f} ms  measured {meas * 1e3:8.1f} "
                   f"ms  error {meas / pred - 1:+6.1%}")
         tau = kendall_tau(predicted, measured)
         worst = max(abs(meas / pred - 1) for pred, meas in zip(predicted, measured, strict=True))
         print(f"  Kendall tau {tau:+.2f} (aim >= 0.8); worst error {worst:.1%} (aim <= 10%)")
+
+
+def vshape(args: argparse.Namespace) -> None:
+    """pipeopt's ZB-V against PyTorch's ``ScheduleZBVZeroBubble`` on the same stages (the
+    model split evenly into two stages per rank, placed in a V as both expect), in interleaved
+    rounds: the executor's own overhead on a schedule of several stages per rank."""
+    p, m = args.ranks, args.microbatches
+    zbv = solve(uniform_problem(p, m, virtual_stages=2, placement="vshape"), "zb-v")
+    cfg = RunConfig(model=MODEL, model_options=OPTIONS, steps=args.steps, batch_size=args.batch)
+    jobs = [("ours", zbv, cfg), ("torch:ScheduleZBVZeroBubble", zbv, cfg)]
+    t0 = time.perf_counter()
+    runs = spawn(_bench_rank, p, (jobs, args.rounds), timeout=600, backend="gloo")
+
+    def median_step(job: int, rnd: int) -> float:
+        res = _assemble(zbv, RunConfig(), [runs[r][str(job)][rnd] for r in range(p)])
+        return statistics.median(res.step_times[1:] or res.step_times)
+
+    per_round = [median_step(0, rnd) / median_step(1, rnd) for rnd in range(args.rounds)]
+    ratio = statistics.median(per_round)
+    print(f"zb-v ({time.perf_counter() - t0:.1f} s, {2 * p} stages on {p} ranks): pipeopt "
+          f"/ torch ScheduleZBVZeroBubble per round {', '.join(f'{x:.2f}' for x in per_round)}")
+    print(f"{'PASS' if ratio <= 1.05 else 'MISS'} pipeopt ZB-V / torch ScheduleZBVZeroBubble "
+          f"{ratio:.3f} (median of per-round ratios; aim <= 1.05)")
 
 
 def _replan(scheds: list[Schedule], job_of: list[int], per_rank: list[Any],

@@ -525,7 +525,9 @@ def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | Non
                          **overrides: Any) -> Config:
     """The problem of a schedule JSON (for example the measured costs that ``pipeopt run
     --costs-out`` writes), to solve again; ``doc`` is the file already parsed, if it was.
-    ``overrides`` are ``solver:`` keys (defaults otherwise). The schedule is validated first."""
+    ``overrides`` are ``solver:`` keys (defaults otherwise). The schedule is validated first.
+    A schedule that fused the backward of a split problem gives that split problem back
+    (:func:`pipeopt.schedules.split_variant`), so every method is priced as before."""
     from pipeopt.io import load_schedule, schedule_from_dict
 
     sched = load_schedule(path) if doc is None else schedule_from_dict(doc)
@@ -534,5 +536,7 @@ def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | Non
                                               if v is not None})
     except ValidationError as exc:
         raise ConfigError(pydantic_message(exc, "solver")) from None
-    return Config(problem=sched.problem, solver=solver, source=str(path),
+    from pipeopt.schedules.base import split_variant  # a fused schedule's split costs
+
+    return Config(problem=split_variant(sched.problem), solver=solver, source=str(path),
                   extras=(("from_schedule", sched.method),))

@@ -17,9 +17,10 @@ torch = pytest.importorskip("torch")
 
 from pipeopt.executor import _torch  # noqa: E402
 from pipeopt.executor.check import compare_grads  # noqa: E402
+from pipeopt.executor.export import schedule_rows, to_torch_csv  # noqa: E402
 from pipeopt.executor.launch import RunConfig, run_pipelines  # noqa: E402
 from pipeopt.executor.models import ModelError, build_model, split_stages  # noqa: E402
-from pipeopt.executor.runtime import ExecutorError, Fault, schedule_rows  # noqa: E402
+from pipeopt.executor.procs import ExecutorError, Fault  # noqa: E402
 from pipeopt.problem import Op, Problem, uniform_problem  # noqa: E402
 from pipeopt.schedule import Schedule  # noqa: E402
 from pipeopt.schedules import GENERATORS  # noqa: E402
@@ -83,7 +84,8 @@ def _random_orders(prob: Problem, rnd: random.Random) -> list[list[Op]]:
 def test_torch_lowers_any_valid_schedule(p: int, m: int, v: int, vshape: bool,
                                          split: bool, seed: int) -> None:
     """Every valid schedule becomes actions that PyTorch validates and lowers (its send /
-    receive insertion fails on a schedule that would deadlock); the last stage's forwards run
+    receive insertion fails on a schedule that would deadlock), and PyTorch's parser reads the
+    exported CSV back to the same actions; the last stage's forwards run
     in micro-batch order after relabelling, as the runtime's loss bookkeeping needs."""
     prob = uniform_problem(p, m, virtual_stages=v, split_backward=split,
                            placement="vshape" if vshape and v == 2 else "loop")
@@ -92,7 +94,10 @@ def test_torch_lowers_any_valid_schedule(p: int, m: int, v: int, vshape: bool,
     assert sorted(order) == list(range(m))
     last = [j for row in rows for k, kind, j in row if kind == "F" and k == prob.stages - 1]
     assert last == list(range(m))
-    lowered = _torch.lower(_torch.rows_to_actions(rows), prob.stages, m)
+    actions = _torch.rows_to_actions(rows)
+    cells = [line.split(",") for line in to_torch_csv(sched).splitlines()]  # PyTorch reads
+    assert [[_torch.parse_action(c) for c in row] for row in cells] == list(actions.values())
+    lowered = _torch.lower(actions, prob.stages, m)
     sends = sum(str(a).count("SEND") for acts in lowered.values() for a in acts)
     remote = sum(prob.stage_device[k] != prob.stage_device[k + 1] for k in range(prob.stages - 1))
     assert sends == 2 * m * remote  # an activation and a gradient per remote boundary
@@ -206,14 +211,18 @@ DECODER = RunConfig(model="decoder_model:decoder", check=True, steps=2, optimize
 def test_decoder_two_ranks_matches_reference() -> None:
     """A Hugging Face-style decoder (tuples between stages) under 1F1B, ZB-H1, ZB-V and the
     greedy solver's schedule on 2 gloo ranks equals one-process training; also with every
-    layer an activation checkpoint (1F1B, ZB-H1)."""
+    layer an activation checkpoint (1F1B by the flag, ZB-H1 as its problem says)."""
     p, m = 2, 4
     greedy = solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy")
     scheds = [_orders_schedule("1f1b", p, m, False), _orders_schedule("zb-h1", p, m, True),
               _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
               greedy]
     jobs = [(s, DECODER) for s in scheds]
-    jobs += [(s, dataclasses.replace(DECODER, recompute=True)) for s in scheds[:2]]
+    jobs.append((scheds[0], dataclasses.replace(DECODER, recompute="full")))
+    zb = scheds[1]  # its problem says recompute: full (as the model form records it)
+    rows = [{"stage": k, "recompute": "full"} for k in range(zb.problem.stages)]
+    zb = Schedule(zb.problem.replace(meta=(("stage_costs", rows),)), zb.method, zb.ops)
+    jobs.append((zb, DECODER))
     _assert_all_match(jobs, run_pipelines(jobs))
 
 
@@ -280,7 +289,7 @@ def test_killing_the_launcher_ends_every_rank(tmp_path) -> None:
     script.write_text(  # imports under __main__: a rank re-imports this module at start
         "if __name__ == '__main__':\n"
         "    from pipeopt.executor.launch import RunConfig, run_pipelines\n"
-        "    from pipeopt.executor.runtime import Fault\n"
+        "    from pipeopt.executor.procs import Fault\n"
         "    from pipeopt.problem import uniform_problem\n"
         "    from pipeopt.schedules import GENERATORS\n"
         "    from pipeopt.simulate import simulate\n"
@@ -498,20 +507,23 @@ def test_steady_cpu_allocator_on_glibc() -> None:
 
 
 def test_measured_problem_keeps_the_fused_split_share() -> None:
-    from pipeopt.executor.launch import RunResult, measured_problem
+    from pipeopt.executor.launch import RunResult, measured_problem, measured_schedule
+    from pipeopt.schedules import fused_variant
 
-    sched = _orders_schedule("1f1b", 2, 2, False)  # fused: B = backward_input + weight
+    sched = _orders_schedule("1f1b", 2, 2, False)  # fused from the start: B = input + weight
     prob = sched.problem.replace(backward_input=(2.0, 2.0), backward_weight=(1.0, 1.0))
     sched = simulate(prob, sched.device_orders(), method="1f1b")
     res = RunResult("1f1b", 2, [1.0], [0.5], sched.makespan,
                     op_costs={("F", 0): 0.1, ("F", 1): 0.2, ("B", 0): 0.3, ("B", 1): 0.6})
     got = measured_problem(sched, res)
-    assert got.forward == pytest.approx((0.1, 0.2))
-    assert got.backward_input == pytest.approx((0.2, 0.4))  # 2 : 1 as before
-    assert got.backward_weight == pytest.approx((0.1, 0.2))
-    assert got.durations["B"] == pytest.approx((0.3, 0.6))
+    assert got.split_backward and got.forward == pytest.approx((0.1, 0.2))
+    assert got.backward_input == (2.0, 2.0) and got.backward_weight == (1.0, 1.0)
     assert dict(got.meta)["measured_costs"]["from_run_of"] == "1f1b"
     assert dict(got.meta)["fused_backward"] == pytest.approx([0.3, 0.6])  # recorded apart
+    fused = fused_variant(got)
+    assert fused.backward_input == pytest.approx((0.2, 0.4))  # 2 : 1 as before
+    assert fused.backward_weight == pytest.approx((0.1, 0.2))
+    assert measured_schedule(sched, res).problem.durations["B"] == pytest.approx((0.3, 0.6))
     split = _orders_schedule("zb-h1", 2, 2, True)
     split = Schedule(split.problem.replace(meta=(("fused_backward", [0.5, 0.5]),)),
                      "zb-h1", split.ops)
@@ -520,6 +532,95 @@ def test_measured_problem_keeps_the_fused_split_share() -> None:
     got = measured_problem(split, res)
     assert got.backward_input[0] == 0.7 and got.backward_weight[0] == 0.4
     assert dict(got.meta)["fused_backward"] == [0.5, 0.5]  # a split run keeps the fused one
+
+
+def test_fused_run_costs_out_keeps_the_split_costs(tmp_path) -> None:
+    """A 1F1B run of a split problem (profiled: B 0.5, W 0.25, fused 0.6 s per stage) measures
+    F 0.1 s and a fused backward of 0.3 s. The file ``--costs-out`` writes re-times 1F1B on
+    them, and the problem solved from it prices 1F1B at the measured fused backward and ZB-H1
+    at the split it had, by hand (p = 2, m = 2, no latency):
+    1F1B  (m + p - 1)(F + B_fused) = 3 x 0.4 = 1.2 s;
+    ZB-H1 stage 1 runs F B on micro-batch 0 after stage 0's F (0.1 + 0.1 + 0.5), then stage 0
+          runs B W B W back to back (stage 1's second B ends at 1.3 < 1.45): 0.7 + 2 x 0.75
+          = 2.2 s."""
+    from pipeopt.config import config_from_schedule
+    from pipeopt.executor.launch import RunResult, measured_schedule
+    from pipeopt.io import dump_schedule
+    from pipeopt.schedules import SPLIT_COSTS
+    from pipeopt.solvers import run_classic
+
+    prob = uniform_problem(2, 2, f=0.2, b=0.5, w=0.25).replace(
+        meta=(("fused_backward", [0.6, 0.6]),))
+    sched = run_classic(prob, "1f1b")
+    assert not sched.problem.split_backward
+    assert sched.makespan == pytest.approx(3 * (0.2 + 0.6))  # priced at the profiled fused
+    assert dict(sched.problem.meta)[SPLIT_COSTS] == {"backward_input": [0.5, 0.5],
+                                                     "backward_weight": [0.25, 0.25]}
+    res = RunResult("1f1b", 2, [1.0], [0.5], sched.makespan,
+                    op_costs={("F", 0): 0.1, ("F", 1): 0.1, ("B", 0): 0.3, ("B", 1): 0.3})
+    out = tmp_path / "measured.json"
+    dump_schedule(measured_schedule(sched, res), out)
+    problem = config_from_schedule(out).problem
+    assert problem.split_backward  # the split problem is back, on the measured costs
+    assert problem.forward == (0.1, 0.1)
+    assert problem.backward_input == (0.5, 0.5) and problem.backward_weight == (0.25, 0.25)
+    assert dict(problem.meta)["fused_backward"] == [0.3, 0.3]
+    assert run_classic(problem, "1f1b").makespan == pytest.approx(1.2)
+    zb = run_classic(problem, "zb-h1")
+    assert zb.problem.split_backward and zb.makespan == pytest.approx(2.2)
+
+
+def test_recompute_follows_the_problem() -> None:
+    """Activation checkpointing where the model form says ``recompute: full`` (each stage's mode
+    in ``stage_costs``), none for ``selective`` (with a note); ``--recompute`` overrides it on
+    every stage, saying where it contradicts the problem."""
+    from pipeopt.config import parse_config
+    from pipeopt.executor.launch import _build
+    from pipeopt.executor.models import recompute_modes, recompute_plan
+
+    doc = {"pipeline": {"devices": 2, "microbatches": 2, "split_backward": False},
+           "model": {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 16, "vocab": 128,
+                     "recompute": "full"},
+           "cluster": {"gpu": "A100-80GB", "gpus_per_node": 2}}
+    prob = parse_config(doc).problem
+    assert recompute_modes(prob) == ("full", "full")
+    assert recompute_plan(prob) == ((True, True), [])
+    meta = dict(prob.meta)
+    rows = [dict(r) for r in meta["stage_costs"]]
+    rows[0]["recompute"] = "none"
+    rows[1]["recompute"] = "selective"
+    mixed = prob.replace(meta=tuple({**meta, "stage_costs": rows}.items()))
+    assert recompute_modes(mixed) == ("none", "selective")
+    checkpointed, notes = recompute_plan(mixed)
+    assert checkpointed == (False, False) and "stage(s) 1: selective" in notes[0]
+    checkpointed, notes = recompute_plan(mixed, "full")
+    assert checkpointed == (True, True)
+    assert notes == ["--recompute full: overrides the problem's recompute (stage 0: none, "
+                     "stage 1: selective); its op times assume the problem's, so the measured "
+                     "ones will differ"]
+    assert recompute_plan(prob, "full") == ((True, True), [])  # agrees: nothing to say
+    assert recompute_plan(uniform_problem(2, 2)) == ((False, False), [])  # no model form
+    rows[1]["recompute"] = "some"
+    bad = prob.replace(meta=tuple({**meta, "stage_costs": rows}.items()))
+    with pytest.raises(ModelError, match=r"^problem\.meta\.stage_costs\[1\]\.recompute: must "
+                       r"be one of none, selective, full, got 'some'"):
+        recompute_modes(bad)
+    sched = simulate(mixed, GENERATORS["1f1b"](mixed), method="1f1b")
+    rows[1]["recompute"] = "full"
+    sched = Schedule(mixed.replace(meta=tuple({**meta, "stage_costs": rows}.items())), "1f1b",
+                     sched.ops)
+    _, _, mods, _ = _build(sched, RunConfig(model="tiny-gpt"))
+    assert [m.recompute for m in mods] == [False, True]
+    _, _, mods, _ = _build(sched, RunConfig(model="tiny-gpt", recompute="none"))
+    assert [m.recompute for m in mods] == [False, False]
+
+
+def test_run_config_refuses_an_unknown_recipe() -> None:
+    with pytest.raises(ValueError, match=r"optimizer 'adam' / autocast None: expected sgd or "
+                       r"adamw / bf16, fp16 or None"):
+        RunConfig(optimizer="adam")
+    with pytest.raises(ValueError, match=r"autocast 'fp8'"):
+        RunConfig(autocast="fp8")
 
 
 def test_split_stage_cuts_only_between_single_tensors() -> None:

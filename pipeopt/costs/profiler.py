@@ -93,8 +93,7 @@ def executor_split(layer: Any, device: Any, loss: Callable[[Any], Any] | None = 
 
     from pipeopt.executor.runtime import Segment, StageModule, backward_input, backward_weight
 
-    mod = StageModule(list(layer) if isinstance(layer, torch.nn.Sequential) else [layer],
-                      segmented=True)
+    mod = StageModule(layer, segmented=True)
 
     def f(inp: Any) -> Any:
         out = mod(inp)

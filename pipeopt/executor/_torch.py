@@ -44,8 +44,9 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "lower", "parse_action",
-           "rows_to_actions", "runtime", "stage_backward_input", "stage_backward_weight"]
+__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "group_options", "lower",
+           "parse_action", "rows_to_actions", "runtime", "stage_backward_input",
+           "stage_backward_weight"]
 
 #: pipeopt op kind -> torch computation type (B is our split input gradient when split).
 _KIND = {"F": _ComputationType.FORWARD, "I": _ComputationType.BACKWARD_INPUT,
@@ -84,3 +85,17 @@ def lower(actions: dict[int, list[Any]], stages: int, microbatches: int
     stage_rank = _validate_schedule(actions, len(actions), stages, microbatches)
     return _add_send_recv({r: list(a) for r, a in actions.items()},
                           stage_to_rank=lambda s: stage_rank[s], num_stages=stages)
+
+
+def group_options(backend: str, timeout_s: float) -> Any:
+    """Process-group options of ``backend`` (gloo, nccl) whose operations time out after
+    ``timeout_s`` seconds, for ``init_device_mesh``'s ``backend_override`` (the timeout is the
+    options' private ``_timeout``, which DeviceMesh reads)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    opts = (dist.ProcessGroupNCCL.Options() if backend == "nccl"
+            else dist.ProcessGroupGloo._Options())
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    return opts

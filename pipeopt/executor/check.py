@@ -1,5 +1,6 @@
-"""The non-pipelined reference: the same micro-batches, seed and initial weights in one process,
-and the comparison of its gradients with a pipelined run's."""
+"""How a schedule runs (:class:`RunConfig`), the non-pipelined reference (the same
+micro-batches, seed, initial weights and training recipe in one process) and the comparison of
+its gradients with a pipelined run's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import torch
 
 from pipeopt.executor.models import build_model, split_stages
-from pipeopt.executor.runtime import stage_module
+from pipeopt.executor.procs import ExecutorError, Fault
+from pipeopt.executor.runtime import StageModule
 from pipeopt.problem import Problem
 
 #: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
@@ -63,39 +65,83 @@ def optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.o
 
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float,
                total: Callable[[torch.Tensor], object] = lambda t: None) -> None:
-    """Scale the gradients of ``params`` to the global norm ``max_norm`` (torch's
-    ``clip_grad_norm_`` rule); ``total`` sums the squared norm over processes in place (an
-    all-reduce) when the parameters are spread over several."""
-    sq = torch.zeros((), dtype=torch.float64, device=params[0].device if params else "cpu")
-    for p in params:
-        if p.grad is not None:
-            sq += p.grad.double().pow(2).sum()
+    """torch's ``clip_grad_norm_`` of ``params`` to the global norm ``max_norm``; ``total`` sums
+    the squared norm over processes in place (an all-reduce) when the parameters are spread
+    over several."""
+    sq = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]).double()
+    sq = sq.pow(2)
     total(sq)
-    scale = min(1.0, max_norm / (float(sq) ** 0.5 + 1e-6))
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(scale)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, sq.sqrt())
 
 
-def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, lr: float,
-                  seed: int, model_options: dict[str, Any] | None = None,
-                  microbatches: int | None = None,
-                  optim: str = "sgd", clip: float | None = None, autocast: str | None = None
-                  ) -> dict[str, Any]:
-    """Train ``steps`` steps without pipelining (optimizer ``optim``, gradients clipped to the
-    global norm ``clip``, forward under ``autocast``); returns per-step losses and step times
-    (seconds) and the gradients of the last step per stage (after clipping). ``microbatches``
-    (default: the problem's) splits each batch, as the pipelines of every replica did."""
-    spec = build_model(model, problem, seed=seed, **(model_options or {}))
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a schedule: model name and factory keywords, training steps, batch size
+    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
+    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
+    rank (default: cores / ranks), whether to compare with the one-process reference, the
+    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
+    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
+    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
+    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
+    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
+    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
+    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
+    checkpoints activations where the schedule's problem says (model form: ``full``
+    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
+    on every stage whatever it says."""
+
+    model: str = "mlp"
+    model_options: tuple[tuple[str, Any], ...] = ()
+    steps: int = 1
+    batch_size: int | None = None
+    lr: float = 0.01
+    seed: int = 0
+    timeout: float = 300.0
+    backend: str = "auto"
+    threads: int | None = None
+    check: bool = False
+    rtol: float = RTOL
+    atol: float = ATOL
+    fault: Fault | None = None
+    op_timeout: float = 120.0
+    optimizer: str = "sgd"
+    clip_grad_norm: float | None = None
+    autocast: str | None = None
+    per_layer_split: bool = True
+    torch_schedule: str | None = None
+    data_parallel: int = 1
+    recompute: str | None = None
+
+    def batch(self, microbatches: int) -> int:
+        """The batch size for ``microbatches``; must split evenly."""
+        bs = self.batch_size or 4 * microbatches
+        if bs % microbatches:
+            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
+                                "micro-batches")
+        return bs
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("sgd", "adamw") or (self.autocast or "bf16") not in AUTOCAST:
+            raise ValueError(f"optimizer {self.optimizer!r} / autocast {self.autocast!r}: "
+                             f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
+
+
+def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1) -> dict[str, Any]:
+    """Train as ``cfg`` says (optimizer, clipping, autocast, ...) without pipelining, on the
+    batches of ``replicas`` pipelines split into as many micro-batches as they ran; returns
+    per-step losses and step times (seconds) and the gradients of the last step per stage
+    (after clipping)."""
+    spec = build_model(cfg.model, problem, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, problem)
-    modules = dict(enumerate(stages))
-    runs = [stage_module(mod, AUTOCAST[autocast] if autocast else None) for mod in stages]
+    runs = [StageModule(mod, AUTOCAST[cfg.autocast] if cfg.autocast else None)
+            for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
-    opt = optimizer(optim, params, lr)
-    m = microbatches or problem.microbatches
+    opt = optimizer(cfg.optimizer, params, cfg.lr)
+    m = problem.microbatches * replicas
     losses, times = [], []
-    for step in range(steps):
-        xs, ys = batch_for(spec, batch_size, seed, step, m)
+    for step in range(cfg.steps):
+        xs, ys = batch_for(spec, cfg.batch(problem.microbatches) * replicas, cfg.seed, step, m)
         opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         total = 0.0
@@ -106,9 +152,9 @@ def reference_run(problem: Problem, model: str, *, steps: int, batch_size: int, 
             loss = spec.loss_fn(h, y) / m
             loss.backward()
             total += loss.item()
-        if clip is not None:
-            clip_grads(params, clip)
-        grads = stage_grads(modules) if step == steps - 1 else None
+        if cfg.clip_grad_norm is not None:
+            clip_grads(params, cfg.clip_grad_norm)
+        grads = stage_grads(dict(enumerate(stages))) if step == cfg.steps - 1 else None
         opt.step()
         times.append(time.perf_counter() - t0)
         losses.append(total)

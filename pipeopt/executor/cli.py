@@ -43,20 +43,17 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
     if args.costs_out:
         check_writable("--costs-out", args.costs_out)  # before the run, not after it
     sched = load_schedule(args.schedule)
-    if args.steps < 1:
-        raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
     for flag, val, what in (("--timeout", args.timeout, "number of seconds"),
                             ("--op-timeout", args.op_timeout, "number of seconds"),
                             ("--lr", args.lr, "number"),
                             ("--clip-grad-norm", args.clip_grad_norm, "number")):
         if val is not None and not (math.isfinite(val) and val > 0):
             raise ConfigError(f"{flag}: must be a finite {what} > 0, got {val}")
-    if args.data_parallel < 1:
-        raise ConfigError(f"--data-parallel: must be >= 1, got {args.data_parallel}")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed: must be >= 0, got {args.seed}")
+    for flag, val, least in (("--steps", args.steps, 1), ("--seed", args.seed, 0),
+                             ("--data-parallel", args.data_parallel, 1),
+                             ("--threads", args.threads, 1), ("--max-ranks", args.max_ranks, 1)):
+        if val is not None and val < least:
+            raise ConfigError(f"{flag}: must be >= {least}, got {val}")
     m = sched.problem.microbatches
     if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
         raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
@@ -68,8 +65,6 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
         key, sep, _ = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
-    if args.max_ranks is not None and args.max_ranks < 1:
-        raise ConfigError(f"--max-ranks: must be >= 1, got {args.max_ranks}")
     if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # torchrun starts its own
         ranks = sched.problem.devices * args.data_parallel
         try:
@@ -91,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_async(args, periodic, _number)
     sched = check_run_args(args)
     from pipeopt.executor.launch import RunConfig, run_pipeline
-    from pipeopt.executor.models import ModelError
+    from pipeopt.executor.models import ModelError, recompute_plan
 
     if args.backend == "nccl":  # the one check that needs torch, so the last one
         import torch
@@ -99,18 +94,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
                               f"({torch.__version__}) sees none; use --backend gloo")
-    options = []
-    for item in args.model_arg or []:
-        key, _, val = item.partition("=")
-        options.append((key, _number(val)))
-    cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
-                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    timeout=args.timeout, backend=args.backend,
-                    threads=args.threads, check=args.check, op_timeout=args.op_timeout,
-                    optimizer=args.optimizer, clip_grad_norm=args.clip_grad_norm,
-                    autocast=args.autocast, per_layer_split=not args.torch_split,
-                    data_parallel=args.data_parallel, recompute=args.recompute)
+    same = ("model", "steps", "batch_size", "lr", "seed", "timeout", "backend", "threads",
+            "check", "op_timeout", "optimizer", "clip_grad_norm", "autocast", "data_parallel",
+            "recompute")  # flags named as RunConfig's fields
+    options = tuple((k, _number(v)) for k, _, v in (a.partition("=") for a in args.model_arg or []))
+    cfg = RunConfig(**{k: getattr(args, k) for k in same}, model_options=options,
+                    per_layer_split=not args.torch_split)
     try:
+        for note in recompute_plan(sched.problem, args.recompute)[1]:
+            print(f"pipeopt: note: {note}", file=sys.stderr)
         res = run_pipeline(sched, cfg)
     except ModelError as exc:
         raise ConfigError(str(exc)) from None
@@ -121,13 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     bad = args.check and not res.grads_match
     if args.costs_out:
-        from pipeopt.executor.launch import measured_problem
+        from pipeopt.executor.launch import measured_schedule
         from pipeopt.io import dump_schedule
-        from pipeopt.schedule import SolverInfo
-        from pipeopt.simulate import simulate
 
-        measured = simulate(measured_problem(sched, res), sched.device_orders(),
-                            method=sched.method, solver=SolverInfo(status="heuristic"))
+        measured = measured_schedule(sched, res)
         write_output("--costs-out", args.costs_out,
                      lambda path: dump_schedule(measured, path))
     if args.json:
@@ -241,9 +230,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--data-parallel", type=int, default=1, metavar="N",
                    help="replicas of the pipeline (devices x N ranks), each on its share of a "
                    "batch N times as large; gradients averaged (default 1)")
-    p.add_argument("--recompute", action="store_true",
-                   help="activation checkpointing: every layer's forward runs again in its "
-                   "backward")
+    p.add_argument("--recompute", nargs="?", const="full", choices=["none", "full"],
+                   help="activation checkpointing on every stage (full: every layer's forward "
+                   "runs again in its backward; none: never), whatever the schedule's problem "
+                   "says (default: where its model form says recompute: full)")
     p.add_argument("--torch-split", action="store_true",
                    help="split backward as PyTorch's runtime does it (whole stage), not "
                    "pipeopt's per-layer refinement")

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +23,8 @@ from torch import nn
 from pipeopt._malloc import steady_cpu_allocator
 from pipeopt.executor import _torch
 from pipeopt.executor.check import (
-    ATOL,
     AUTOCAST,
-    RTOL,
+    RunConfig,
     batch_for,
     clip_grads,
     compare_grads,
@@ -34,65 +33,19 @@ from pipeopt.executor.check import (
     stage_grads,
 )
 from pipeopt.executor.export import schedule_rows
-from pipeopt.executor.models import ModelSpec, build_model, split_stages
+from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
 from pipeopt.executor.procs import (
     ExecutorError,
-    Fault,
     RankStatus,
     rank_device,
     resolve_backend,
     spawn,
 )
-from pipeopt.executor.runtime import OpClock, StageModule, TimedStage, stage_module
+from pipeopt.executor.runtime import OpClock, StageModule, TimedStage
 from pipeopt.problem import Op, Problem
-from pipeopt.schedule import Schedule
-from pipeopt.schedules import fused_variant
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to run a schedule: model name and factory keywords, training steps, batch size
-    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
-    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
-    rank (default: cores / ranks), whether to compare with the one-process reference, the
-    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
-    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
-    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
-    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
-    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
-    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step. ``recompute``: every layer
-    an activation checkpoint."""
-
-    model: str = "mlp"
-    model_options: tuple[tuple[str, Any], ...] = ()
-    steps: int = 1
-    batch_size: int | None = None
-    lr: float = 0.01
-    seed: int = 0
-    timeout: float = 300.0
-    backend: str = "auto"
-    threads: int | None = None
-    check: bool = False
-    rtol: float = RTOL
-    atol: float = ATOL
-    fault: Fault | None = None
-    op_timeout: float = 120.0
-    optimizer: str = "sgd"
-    clip_grad_norm: float | None = None
-    autocast: str | None = None
-    per_layer_split: bool = True
-    torch_schedule: str | None = None
-    data_parallel: int = 1
-    recompute: bool = False
-
-    def batch(self, microbatches: int) -> int:
-        """The batch size for ``microbatches``; must split evenly."""
-        bs = self.batch_size or 4 * microbatches
-        if bs % microbatches:
-            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
-                                "micro-batches")
-        return bs
+from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedules import fused_variant, split_variant
+from pipeopt.simulate import simulate
 
 
 @dataclass
@@ -126,19 +79,15 @@ class RunResult:
         return statistics.median(times)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary."""
-        return {"method": self.method, "ranks": self.world, "loss": self.loss,
-                "losses": self.losses, "step_time": self.step_time,
-                "step_times": self.step_times, "predicted_step_time": self.predicted_step_time,
-                "reference_losses": self.reference_losses,
-                "reference_step_time": self.reference_step_time,
-                "max_abs_grad_diff": self.max_abs_grad_diff, "grads_match": self.grads_match,
-                "worst_param": self.worst_param, "peak_memory": self.peak_memory,
-                "op_costs": {f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
-                                                                      key=lambda x: x[0][::-1])}}
+        """JSON-able summary (``ranks`` for ``world``; op costs keyed like ``0F``)."""
+        out = {**asdict(self), "ranks": self.world, "loss": self.loss,
+               "step_time": self.step_time, "op_costs": {
+                   f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
+                                                              key=lambda x: x[0][::-1])}}
+        del out["world"]
+        return out
 
 
-# ----- process plumbing ------------------------------------------------------------------------
 # ----- the replay job --------------------------------------------------------------------------
 def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     """The micro-batch ``sample`` and every stage's output for it (no gradients): the example
@@ -166,26 +115,30 @@ def _build(schedule: Schedule, cfg: RunConfig
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
-    mods = [stage_module(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
-                         cfg.recompute) for k, mod in enumerate(stages)]
+    checkpointed, _ = recompute_plan(prob, cfg.recompute)
+    mods = [StageModule(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
+                        checkpointed[k]) for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
     return spec, stages, mods, _stage_io(mods, xs[0])
 
 
-def _groups(world: int, p: int, dp: int, replica: int, rank: int, backend: str,
-            op_timeout: float) -> tuple[Any, Any]:
-    """This rank's pipeline group (its replica's ``p`` ranks) and data-parallel group (the
-    ranks of its pipeline rank in every replica; None with one replica). Every rank creates
-    every group, in the same order, as torch.distributed requires."""
-    timeout = timedelta(seconds=op_timeout)
-    pp = [dist.new_group(list(range(d * p, (d + 1) * p)), backend=backend, timeout=timeout)
-          for d in range(dp)]
-    dpg = [dist.new_group(list(range(r, world, p)), backend=backend, timeout=timeout)
-           for r in range(p)] if dp > 1 else [None] * p
-    return pp[replica], dpg[rank]
+def _groups(p: int, dp: int, device: torch.device, backend: str, op_timeout: float
+            ) -> tuple[Any, Any]:
+    """This rank's pipeline group and data-parallel group (None with one replica): the two
+    dimensions of a DeviceMesh, data x pipeline (rank = replica * p + pipeline rank), whose
+    groups time out after ``op_timeout`` seconds."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape, names = ((dp, p), ("dp", "pp")) if dp > 1 else ((p,), ("pp",))
+    opts = _torch.group_options(backend, op_timeout)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names,
+                            backend_override={n: (backend, opts) for n in names})
+    return mesh["pp"].get_group(), mesh["dp"].get_group() if dp > 1 else None
 
 
 def _grad_example(x: Any) -> Any:
+    """A copy of ``x`` (or of each tensor of a tuple) that takes a gradient where it can: the
+    example outputs PyTorch's stage builds its gradient buffers from."""
     if isinstance(x, tuple):
         return tuple(_grad_example(t) for t in x)
     return x.clone().requires_grad_(x.is_floating_point())
@@ -222,7 +175,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     m, bs = prob.microbatches, cfg.batch(prob.microbatches)
     rows, order = schedule_rows(schedule)
     replica, rank = divmod(rank, p)  # from here on, rank is the pipeline rank
-    group, dp_group = _groups(world, p, dp, replica, rank, backend, cfg.op_timeout)
+    group, dp_group = _groups(p, dp, device, backend, cfg.op_timeout)
     clock = OpClock(list[Op | None](schedule.device_orders()[rank]), status,
                     _waits_for(schedule, rank), cuda=device.type == "cuda")
     mine = sorted(prob.device_stages[rank])
@@ -314,28 +267,41 @@ def op_costs(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], float]:
 
 
 def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
-    """The schedule's problem with each stage's F, B and W durations replaced by the medians
-    measured in ``result`` (seconds; time from the op's input being there to its end, steps
-    after the first). A fused backward's measured time also goes to ``meta.fused_backward``
-    (what a fused schedule on a split problem is priced at, see
-    :func:`pipeopt.schedules.fused_variant`), and B and W share it in the problem's own
-    proportion; a split run keeps the ``fused_backward`` it had. Links, memory and everything
-    else stay as they were."""
+    """The split problem of ``schedule`` with each stage's F, B and W durations replaced by
+    the medians measured in ``result`` (seconds; time from the op's input being there to its
+    end, steps after the first), so that it prices fused and split backward alike. A run of a
+    fused schedule measures the fused backward, which goes to ``meta.fused_backward`` (what a
+    fused schedule is priced at, see :func:`pipeopt.schedules.fused_variant`); its B and W
+    stay those of the split problem the schedule was fused from (``meta
+    .split_backward_costs``; else the problem's own B and W). A split run keeps the
+    ``fused_backward`` it had. Links, memory and everything else stay as they were."""
     prob, costs = schedule.problem, result.op_costs
-    meta = dict(prob.meta)
+    split = prob if prob.split_backward else split_variant(prob)
+    if not split.split_backward:  # fused from the start: B and W in their own proportion
+        split = prob.replace(split_backward=True)
+    meta = dict(split.meta)
     meta["measured_costs"] = {"from_run_of": schedule.method, "ranks": result.world,
                               "steps": len(result.step_times)}
     f = tuple(costs.get(("F", k), x) for k, x in enumerate(prob.forward))
-    if prob.split_backward:
-        return prob.replace(
-            forward=f, meta=tuple(meta.items()),
-            backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(
-                prob.backward_input)),
-            backward_weight=tuple(costs.get(("W", k), x) for k, x in enumerate(
-                prob.backward_weight)))
-    meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
-                              for k in range(prob.stages)]
-    return fused_variant(prob.replace(split_backward=True, forward=f, meta=tuple(meta.items())))
+    if not prob.split_backward:
+        meta["fused_backward"] = [costs.get(("B", k), prob.durations["B"][k])
+                                  for k in range(prob.stages)]
+        return split.replace(forward=f, meta=tuple(meta.items()))
+    return split.replace(
+        forward=f, meta=tuple(meta.items()),
+        backward_input=tuple(costs.get(("B", k), x) for k, x in enumerate(prob.backward_input)),
+        backward_weight=tuple(costs.get(("W", k), x)
+                              for k, x in enumerate(prob.backward_weight)))
+
+
+def measured_schedule(schedule: Schedule, result: RunResult) -> Schedule:
+    """``schedule``'s own orders re-timed on :func:`measured_problem` (its fused variant for a
+    fused schedule): what ``pipeopt run --costs-out`` writes."""
+    prob = measured_problem(schedule, result)
+    if not schedule.problem.split_backward:
+        prob = fused_variant(prob)
+    return simulate(prob, schedule.device_orders(), method=schedule.method,
+                    solver=SolverInfo(status="heuristic"))
 
 
 def _jobs_rank(rank: int, world: int, device: torch.device,
@@ -356,12 +322,7 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     if cfg.check:
         # replica 0's gradients (every replica holds the same after the average)
         grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r["grads"].items()}
-        ref = reference_run(schedule.problem, cfg.model, steps=cfg.steps,
-                            batch_size=cfg.batch(schedule.problem.microbatches) * dp, lr=cfg.lr,
-                            microbatches=schedule.problem.microbatches * dp,
-                            seed=cfg.seed, model_options=dict(cfg.model_options),
-                            optim=cfg.optimizer, clip=cfg.clip_grad_norm,
-                            autocast=cfg.autocast)
+        ref = reference_run(schedule.problem, cfg, replicas=dp)
         cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
@@ -402,9 +363,6 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
-    if cfg.optimizer not in ("sgd", "adamw") or (cfg.autocast or "bf16") not in AUTOCAST:
-        raise ExecutorError(f"optimizer {cfg.optimizer!r} / autocast {cfg.autocast!r}: "
-                            f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
     rows, _ = schedule_rows(schedule)
     try:  # torch's own validation and lowering, before any process starts
         _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
@@ -413,6 +371,8 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
                             f"{exc}") from None
     try:
         _build(schedule, cfg)
+    except ModelError:
+        raise
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "

@@ -96,6 +96,20 @@ class Head(nn.Module):
         return self.out(self.ln(x))
 
 
+def token_batches(vocab: int, seq_len: int) -> Callable[[int, int], Batch]:
+    """``make_batch`` of random token sequences whose targets are the next tokens."""
+    def make_batch(batch_size: int, seed: int) -> Batch:
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return make_batch
+
+
+def token_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` (..., vocab) against token ids."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
 def tiny_gpt(layers: int = 4, hidden: int = 64, heads: int = 4, vocab: int = 128,
              seq_len: int = 16) -> ModelSpec:
     """A GPT of ``layers`` blocks as ``layers + 2`` pipeline layers (embedding, blocks, head);
@@ -103,16 +117,7 @@ def tiny_gpt(layers: int = 4, hidden: int = 64, heads: int = 4, vocab: int = 128
     mods: list[nn.Module] = [Embedding(vocab, hidden, seq_len)]
     mods += [Block(hidden, heads) for _ in range(layers)]
     mods.append(Head(hidden, vocab))
-
-    def make_batch(batch_size: int, seed: int) -> Batch:
-        g = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=g)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-    return ModelSpec("tiny-gpt", mods, make_batch, loss_fn)
+    return ModelSpec("tiny-gpt", mods, token_batches(vocab, seq_len), token_loss)
 
 
 def mlp(layers: int = 4, width: int = 64) -> ModelSpec:
@@ -210,16 +215,8 @@ def _wrap(name: str, made: Any) -> ModelSpec:
                          f"or a ModelSpec, got {type(made).__name__}")
     first = next((mod for layer in layers for mod in layer.modules()
                   if isinstance(mod, nn.Linear | nn.Embedding)), None)
-    if isinstance(first, nn.Embedding):
-        vocab = first.num_embeddings
-
-        def make_batch(batch_size: int, seed: int) -> Batch:
-            g = torch.Generator().manual_seed(seed)
-            return (torch.randint(0, vocab, (batch_size, 16), generator=g),
-                    torch.randint(0, vocab, (batch_size, 16), generator=g))
-
-        def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+    if isinstance(first, nn.Embedding):  # sequences of 16 tokens
+        make_batch, loss_fn = token_batches(first.num_embeddings, 16), token_loss
     elif isinstance(first, nn.Linear):
         width = first.in_features
         seq = nn.Sequential(*layers)
@@ -280,3 +277,46 @@ def split_stages(spec: ModelSpec, problem: Problem) -> list[nn.Module]:
         raise ModelError(f"problem.meta.partition: covers {part[-1][1]} layers, model "
                          f"{spec.name} has {n}")
     return [nn.Sequential(*spec.layers[a:b]) for a, b in part]
+
+
+#: Recompute modes of the model form (``model.recompute``; per stage in ``meta.stage_costs``).
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def recompute_modes(problem: Problem) -> tuple[str, ...]:
+    """Each stage's recompute mode as the model form recorded it (``meta.stage_costs[k]
+    .recompute``: the model's mode, or the stage's own under ``recompute: per_stage``), else
+    ``none``."""
+    rows = dict(problem.meta).get("stage_costs") or []
+    modes = []
+    for k in range(problem.stages):
+        row = rows[k] if k < len(rows) and isinstance(rows[k], dict) else {}
+        mode = row.get("recompute", "none")
+        if mode not in RECOMPUTE_MODES:
+            raise ModelError(f"problem.meta.stage_costs[{k}].recompute: must be one of "
+                             f"{', '.join(RECOMPUTE_MODES)}, got {mode!r}")
+        modes.append(mode)
+    return tuple(modes)
+
+
+def recompute_plan(problem: Problem, override: str | None = None
+                   ) -> tuple[tuple[bool, ...], list[str]]:
+    """Per stage whether every layer is an activation checkpoint, and notes for the user. The
+    problem decides (:func:`recompute_modes`: ``full`` checkpoints, ``selective`` cannot be
+    reproduced on arbitrary layers and runs without); ``override`` (``none`` or ``full``, the
+    ``--recompute`` flag) applies to every stage, with a note where it contradicts the
+    problem, whose times then do not describe the run."""
+    modes = recompute_modes(problem)
+    if override is not None:
+        if override not in ("none", "full"):
+            raise ModelError(f"--recompute: must be none or full, got {override!r}")
+        differ = [f"stage {k}: {m}" for k, m in enumerate(modes) if m != override]
+        notes = [f"--recompute {override}: overrides the problem's recompute "
+                 f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); its op "
+                 "times assume the problem's, so the measured ones will differ"] if differ else []
+        return (override == "full",) * problem.stages, notes
+    sel = [str(k) for k, m in enumerate(modes) if m == "selective"]
+    notes = [f"stage(s) {', '.join(sel)}: selective recompute (the attention core only) is "
+             "not reproduced, since the executor checkpoints whole layers; they run without "
+             "recompute"] if sel else []
+    return tuple(m == "full" for m in modes), notes

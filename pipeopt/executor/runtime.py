@@ -22,12 +22,8 @@ from torch.distributed.pipelining import PipelineStage
 from torch.utils.checkpoint import checkpoint
 
 from pipeopt.executor import _torch
-from pipeopt.executor.export import schedule_rows
-from pipeopt.executor.procs import ExecutorError, Fault, RankStatus
+from pipeopt.executor.procs import ExecutorError, RankStatus
 from pipeopt.problem import Op
-
-__all__ = ["ExecutorError", "Fault", "OpClock", "RankStatus", "Segment", "StageModule",
-           "TimedStage", "backward_input", "backward_weight", "schedule_rows", "stage_module"]
 
 
 # ----- stages -----------------------------------------------------------------------------------
@@ -55,17 +51,18 @@ def _no_view(x: Any) -> Any:
 
 
 class StageModule(nn.Module):
-    """The layers of one stage run in a row (a layer's tuple output is the next layer's
-    arguments), under autocast to ``autocast`` (a dtype) when given. With ``segmented``, the
+    """The layers of one stage (``mod``: an ``nn.Sequential``'s children, else ``mod`` itself,
+    parameters shared) run in a row (a layer's tuple output is the next layer's arguments),
+    under autocast to ``autocast`` (a dtype) when given. With ``segmented``, the
     forward cuts the stage after every layer that hands on one differentiable tensor (its
     successor starts from a leaf) and appends the :class:`Segment` list to ``segments``. With
     ``recompute``, every layer is an activation checkpoint (its forward runs again in the
     backward)."""
 
-    def __init__(self, layers: Sequence[nn.Module], autocast: torch.dtype | None = None,
+    def __init__(self, mod: nn.Module, autocast: torch.dtype | None = None,
                  segmented: bool = False, recompute: bool = False) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(mod if isinstance(mod, nn.Sequential) else [mod])
         self.autocast, self.recompute = autocast, recompute
         self.segmented = segmented and len(self.layers) > 1
         self.segments: list[list[Segment]] = []
@@ -103,14 +100,6 @@ class StageModule(nn.Module):
         if self.recompute and torch.is_grad_enabled():  # keep the input, redo it in backward
             return checkpoint(_call, layer, h, use_reentrant=False)
         return _call(layer, h)
-
-
-def stage_module(mod: nn.Module, autocast: torch.dtype | None = None,
-                 segmented: bool = False, recompute: bool = False) -> StageModule:
-    """A :class:`StageModule` over the layers of ``mod`` (an ``nn.Sequential``'s children, or
-    ``mod`` itself), sharing their parameters."""
-    layers = list(mod) if isinstance(mod, nn.Sequential) else [mod]
-    return StageModule(layers, autocast, segmented, recompute)
 
 
 @dataclass

@@ -10,7 +10,14 @@ PyTorch's own schedules, read as data for the ``torch:NAME`` methods, are in
 
 from __future__ import annotations
 
-from pipeopt.schedules.base import Generator, NotApplicable, Orders, fused_variant
+from pipeopt.schedules.base import (
+    SPLIT_COSTS,
+    Generator,
+    NotApplicable,
+    Orders,
+    fused_variant,
+    split_variant,
+)
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
@@ -37,5 +44,5 @@ GENERATORS: dict[str, Generator] = {
 #: formulas, e.g. 1F1B's (p - 1)(F + B + W), arise.
 FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
 
-__all__ = ["FUSED_BACKWARD", "GENERATORS", "Generator", "NotApplicable", "Orders",
-           "fused_variant"]
+__all__ = ["FUSED_BACKWARD", "GENERATORS", "SPLIT_COSTS", "Generator", "NotApplicable",
+           "Orders", "fused_variant", "split_variant"]
