@@ -438,6 +438,25 @@ def reference_decode(replay: Replay, opts: ServeOptions
     prompts = prompt_tokens(replay.plan, dict(opts.model_kwargs(
         replay.plan, replay.stages))["vocab"], opts.seed)
     tokens, logits = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend (with the ranks, too)
+    try:
+        rows_of = _decode_alone(model, replay, prompts)
+    finally:
+        torch.set_num_threads(threads)
+    for rows in rows_of:
+        tokens.append([int(row.argmax()) for row in rows])
+        logits.append(torch.stack(rows))
+    return tokens, logits
+
+
+def _decode_alone(model: nn.Module, replay: Replay, prompts: Sequence[Sequence[int]]
+                  ) -> list[list[torch.Tensor]]:
+    """Per request, the logits of each generated token, greedily, the whole sequence run
+    through ``model`` at every step."""
+    import torch
+
+    out = []
     with torch.no_grad():
         for r, req in enumerate(replay.plan.requests):
             seq, rows = list(prompts[r]), []
@@ -445,9 +464,8 @@ def reference_decode(replay: Replay, opts: ServeOptions
                 row = model(torch.tensor([seq]))[0, -1]
                 rows.append(row)
                 seq.append(int(row.argmax()))
-            tokens.append(seq[req.prompt:])
-            logits.append(torch.stack(rows))
-    return tokens, logits
+            out.append(rows)
+    return out
 
 
 @dataclass
