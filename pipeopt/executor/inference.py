@@ -422,7 +422,9 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - t0
     left = sum(held.values()) + sum(len(c) for c in caches)
-    return {"tokens": tokens, "logits": {r: torch.stack(v) for r, v in logits.items()},
+    # numpy, not tensors: a tensor crosses to the parent as a shared-memory handle that needs
+    # this process alive when it is read, and the rank ends once it has reported.
+    return {"tokens": tokens, "logits": {r: torch.stack(v).numpy() for r, v in logits.items()},
             "peak_kv_tokens": peak, "kv_left": left, "wall_s": wall}
 
 
@@ -519,8 +521,9 @@ def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult
         res.mismatched = [r for r in range(n) if res.tokens[r] != ref[r]]
         res.tokens_match = not res.mismatched
         res.max_abs_logit_diff = max(
-            (float((logits[r] - ref_logits[r]).abs().max()) for r in range(n)
-             if r in logits and logits[r].shape == ref_logits[r].shape), default=math.inf)
+            (float(abs(logits[r] - ref_logits[r].numpy()).max()) for r in range(n)
+             if r in logits and logits[r].shape == tuple(ref_logits[r].shape)),
+            default=math.inf)
     return res
 
 
@@ -636,8 +639,8 @@ def cmd_run_serving(args: argparse.Namespace) -> int:
           f"iterations")
     print(f"replay        {res.wall_s:.4g} s, {plan.output_tokens / res.wall_s:.4g} tokens/s "
           "on this machine")
-    print(f"KV cache      at most {', '.join(map(str, res.peak_kv_tokens))} entries per rank "
-          f"(per block: one per token held); {sum(res.kv_left)} left at the end")
+    print(f"KV cache      at most {', '.join(map(str, res.peak_kv_tokens))} tokens' entries "
+          f"held at once per rank (in each of its blocks); {sum(res.kv_left)} left at the end")
     if opts.check:
         verdict = "ok" if res.tokens_match else f"MISMATCH in requests {res.mismatched[:10]}"
         print(f"check         tokens equal a one-process greedy decode: {verdict} (max logit "
