@@ -36,6 +36,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -498,15 +499,56 @@ class ServeResult:
                 "max_abs_logit_diff": self.max_abs_logit_diff, "mismatched": self.mismatched}
 
 
-def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult:
-    """Replay ``replay`` on spawned gloo (or nccl) ranks, one per stage; with ``opts.check``
+def under_torchrun() -> bool:
+    """True when this process is one rank started by torchrun (RANK and WORLD_SIZE set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult | None:
+    """Replay ``replay`` on spawned gloo (or nccl) ranks, one per stage, or as this rank
+    under torchrun (the result then on rank 0 only, None elsewhere); with ``opts.check``
     compare every request's tokens with :func:`reference_decode`."""
     from pipeopt.executor.procs import spawn
 
     opts = opts or ServeOptions()
     build_layers(replay, opts)  # a model that cannot be built fails here, before any rank
-    reports = spawn(serve_rank, replay.stages, (replay, opts), timeout=opts.timeout,
-                    backend=opts.backend, threads=opts.threads, op_timeout=opts.op_timeout)
+    if under_torchrun():
+        reports = _torchrun_rank(replay, opts)
+        if reports is None:
+            return None
+    else:
+        reports = spawn(serve_rank, replay.stages, (replay, opts), timeout=opts.timeout,
+                        backend=opts.backend, threads=opts.threads, op_timeout=opts.op_timeout)
+    return _result(replay, opts, reports)
+
+
+def _torchrun_rank(replay: Replay, opts: ServeOptions) -> list[dict[str, Any]] | None:
+    """Run this torchrun rank's stage; rank 0 gets every rank's report, the others None."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt.executor.procs import rank_device, resolve_backend
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = resolve_backend(opts.backend)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout))
+    try:
+        device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
+        payload = serve_rank(rank, world, device, replay, opts)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    return gathered
+
+
+def _result(replay: Replay, opts: ServeOptions, reports: Sequence[dict[str, Any]]
+            ) -> ServeResult:
+    """The result of every rank's report, checked against the reference on request."""
     got, logits = reports[-1]["tokens"], reports[-1]["logits"]
     n = len(replay.plan.requests)
     res = ServeResult(replay.method, replay.stages,
@@ -593,18 +635,13 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Replay, ServeOptions]:
     opts.model_kwargs(replay.plan, replay.stages)  # its ConfigErrors before torch
     if args.max_ranks is not None and args.max_ranks < 1:
         raise ConfigError(f"--max-ranks: must be >= 1, got {args.max_ranks}")
-    try:
-        check_rank_capacity(replay.stages, None if args.max_ranks else _cores(),
-                            available_memory_bytes(), args.max_ranks)
-    except ExecutorError as exc:
-        raise ConfigError(f"run: {exc}") from None
+    if not under_torchrun():  # torchrun starts its own ranks
+        try:
+            check_rank_capacity(replay.stages, os.cpu_count(),
+                                available_memory_bytes(), args.max_ranks)
+        except ExecutorError as exc:
+            raise ConfigError(f"run: {exc}") from None
     return replay, opts
-
-
-def _cores() -> int | None:
-    import os
-
-    return os.cpu_count()
 
 
 def cmd_run_serving(args: argparse.Namespace) -> int:
@@ -622,6 +659,8 @@ def cmd_run_serving(args: argparse.Namespace) -> int:
     except ExecutorError as exc:
         print(f"pipeopt: run failed: {exc}", file=sys.stderr)
         return 1
+    if res is None:  # a torchrun rank other than 0
+        return 0
     bad = bool(opts.check and not res.tokens_match)
     if args.json:
         print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": "tiny-gpt",
