@@ -71,6 +71,17 @@ def test_cap_plan_keeps_iterations_and_the_first_token_in_place() -> None:
         cap_plan(plan, max_output=0)
 
 
+def test_model_defaults_are_tiny_gpts() -> None:
+    import inspect
+
+    from pipeopt.executor.inference import MODEL_DEFAULTS, MODEL_KEYS
+    from pipeopt.executor.models import tiny_gpt
+
+    params = inspect.signature(tiny_gpt).parameters
+    assert set(MODEL_KEYS) == set(params)
+    assert all(params[k].default == v for k, v in MODEL_DEFAULTS)
+
+
 def _in_one_process(replay: Replay, opts: ServeOptions) -> list[list[int]]:
     """The replay's iterations in the plan's order through every layer in this process, KV
     cached as the ranks keep it: the tokens per request."""

@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 
 #: The keywords of :func:`pipeopt.executor.models.tiny_gpt` a replay takes (``--model-arg``).
 MODEL_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len")
+#: ``tiny_gpt``'s own defaults, repeated so that flags are checked before torch is imported
+#: (a test keeps them equal to the function's).
+MODEL_DEFAULTS = (("hidden", 64), ("heads", 4), ("vocab", 128))
 
 
 # ----- the plan to replay (pure) -----------------------------------------------------------
@@ -220,9 +223,8 @@ class ServeOptions:
         longest = max(r.kv_tokens for r in plan.requests)
         kw.setdefault("layers", max(1, stages))
         kw.setdefault("seq_len", longest)
-        kw.setdefault("hidden", 32)
-        kw.setdefault("heads", 4)
-        kw.setdefault("vocab", 64)
+        for key, val in MODEL_DEFAULTS:
+            kw.setdefault(key, val)
         if kw["seq_len"] < longest:
             raise ConfigError(f"--model-arg seq_len: must hold the longest request's {longest} "
                               f"positions (prompt + output - 1), got {kw['seq_len']}")
