@@ -211,7 +211,14 @@ def test_cli_refusals_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixtur
     for flags, message in cases:
         assert main(["run", str(path), *flags]) == 2, flags
         assert message in capsys.readouterr().err, flags
+    from pipeopt.core.greedy import solve_greedy
+    from pipeopt.workloads import training
+
     prob = uniform_problem(2, 2)
+    graph_file = tmp_path / "graph.json"  # v2, but a training graph's schedule
+    dump_any(solve_greedy(training.build(prob)), graph_file)
+    assert main(["run", str(graph_file)]) == 2
+    assert "schedule: its graph records no serving plan" in capsys.readouterr().err
     chain = tmp_path / "chain.json"
     dump_schedule(simulate_chain(prob, GENERATORS["1f1b"](prob)), chain)
     assert main(["run", str(chain), "--max-prompt", "4"]) == 2
