@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from pipeopt.core.simulate import simulate  # noqa: E402
 from pipeopt.core.validate import check  # noqa: E402
 from pipeopt.executor.inference import (  # noqa: E402
+    Message,
     Replay,
     ServeOptions,
     build_layers,
@@ -69,6 +70,20 @@ def test_cap_plan_keeps_iterations_and_the_first_token_in_place() -> None:
     assert cap_plan(plan, max_prompt=1).iterations[2].chunks == (Chunk(0, 0, 1),)
     with pytest.raises(ValueError, match=r"--max-output: must be an integer >= 1, got 0"):
         cap_plan(plan, max_output=0)
+
+
+def test_messages_in_one_global_order_by_send_time() -> None:
+    """Two stages, one request (prompt 2, output 3): prefill i0 (reads 2 KV entries: 3 s per
+    stage, 0-3 and 3-6), decodes i1 (4 s: 6-10, 10-14) and i2 (5 s: 14-19, 19-24). Messages by
+    the end of the task that sends them: hidden i0 at 3, tokens i0 at 6, hidden i1 at 10,
+    tokens i1 at 14, hidden i2 at 19; i2's tokens end the request and go nowhere."""
+    plan = wi.continuous_plan([Request(2, 3)], 1, 8)
+    sched = simulate(wi.build(plan, (UNIT, UNIT)), wi.plan_orders(plan, 2), check=False)
+    assert list(sched.end) == [3.0, 6.0, 10.0, 14.0, 19.0, 24.0]
+    replay = replay_of(sched)
+    assert replay.messages == (Message("hidden", 0, 0, 1), Message("tokens", 0, 1, 0),
+                               Message("hidden", 1, 0, 1), Message("tokens", 1, 1, 0),
+                               Message("hidden", 2, 0, 1))
 
 
 def test_model_defaults_are_tiny_gpts() -> None:

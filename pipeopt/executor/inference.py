@@ -16,12 +16,13 @@ order). Per rank:
 * hidden states go to the next stage, the last stage samples greedily (argmax) and sends the
   tokens back to the first stage (the ring), which feeds each to the request's next decode.
 
-Messages between two ranks are received in the order the sender sends them (its device order),
-so the same code runs on nccl, which matches point-to-point messages by order, not by tag;
-sends are non-blocking, and a rank waits only for a message the schedule says it needs (every
-dependency of a task starts before it; the graph has these edges, so a valid schedule cannot
-deadlock). :func:`reference_decode` is the check: each request decoded alone in one process by
-the model's own uncached forward; the tokens must be equal.
+Every rank posts its sends and receives in one global order of the messages (by the
+schedule's end time of the task that sends each), receives non-blocking and as early as that
+order allows, so each pair of ranks issues its messages in the same order on both sides (what
+nccl needs, matching point-to-point messages by order, not by tag), and a rank waits only for
+a message the graph has an edge for, sent before the task that needs it starts: a valid
+schedule cannot deadlock. :func:`reference_decode` is the check: each request decoded alone in
+one process by the model's own uncached forward; the tokens must be equal.
 
 ``max_prompt`` / ``max_output`` cap the lengths (:func:`cap_plan`): the iterations keep their
 places and groups, a prompt's chunks are cut so that its first token still comes out of the
@@ -41,7 +42,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeopt.core.schedule import GraphSchedule
@@ -134,14 +135,27 @@ def segments(plan: Plan, b: int) -> tuple[Segment, ...]:
     return tuple(out)
 
 
+class Message(NamedTuple):
+    """Iteration ``iteration``'s ``hidden`` states (stage ``src`` to ``src + 1``) or its
+    sampled ``tokens`` (the last stage back to the first)."""
+
+    kind: str
+    iteration: int
+    src: int
+    dst: int
+
+
 @dataclass(frozen=True)
 class Replay:
     """What every rank replays: the (capped) plan, per device (= stage) the iterations it runs
-    in the schedule's order (empty iterations left out), and the source schedule's method."""
+    in the schedule's order (empty iterations left out), every message in one global order (by
+    the schedule's end time of the task that sends it, then sender, then iteration), and the
+    source schedule's method."""
 
     plan: Plan
     orders: tuple[tuple[int, ...], ...]
     method: str
+    messages: tuple[Message, ...] = ()
 
     @property
     def stages(self) -> int:
@@ -180,7 +194,15 @@ def replay_of(schedule: GraphSchedule, max_prompt: int | None = None,
             if plan.iterations[b].tokens:
                 its.append(b)
         orders.append(tuple(its))
-    return Replay(plan, tuple(orders), schedule.method)
+    replay = Replay(plan, tuple(orders), schedule.method)
+    end, timed = schedule.end, []
+    for b in range(n if s > 1 else 0):
+        if not plan.iterations[b].tokens:
+            continue
+        timed += [(end[b * s + k], k, b, Message("hidden", b, k, k + 1)) for k in range(s - 1)]
+        if replay.feeds_back(b):
+            timed.append((end[b * s + s - 1], s - 1, b, Message("tokens", b, s - 1, 0)))
+    return replace(replay, messages=tuple(m for *_, m in sorted(timed)))
 
 
 def stage_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
@@ -308,28 +330,60 @@ def stage_forward(layers: Sequence[nn.Module], x: torch.Tensor, positions: torch
 
 
 # ----- one rank ------------------------------------------------------------------------------
-class _Inbox:
-    """Messages from one rank, received in the order it sends them (``expected``: its
-    iterations that send), kept until asked for."""
+class _Mailbox:
+    """One rank's messages in :attr:`Replay.messages`' order: every rank posts its sends and
+    receives in that one order, receives as early as the order allows (non-blocking), so each
+    pair of ranks issues its messages in the same order on both sides (what nccl needs; gloo
+    is content with it) and a rank waits only for a message sent before the task that needs
+    it starts."""
 
-    def __init__(self, src: int, expected: Sequence[int], make: Any) -> None:
-        self.src, self.expected, self.next, self.make = src, list(expected), 0, make
-        self.got: dict[int, Any] = {}
+    def __init__(self, rank: int, messages: Sequence[Message], make: Any,
+                 status: RankStatus) -> None:
+        self.rank, self.make, self.status = rank, make, status
+        self.queue = [m for m in messages if rank in (m.src, m.dst)]
+        self.next = 0
+        self.posted: dict[tuple[str, int], tuple[Any, Any, int]] = {}  # work, buffer, src
+        self.sends: list[Any] = []
+        self._post_receives()
 
-    def take(self, b: int, status: RankStatus, what: str) -> Any:
+    def _post_receives(self) -> None:
         import torch.distributed as dist
 
-        while b not in self.got:
-            if self.next >= len(self.expected):
-                raise ExecutorError(f"iteration {b}: rank {self.src} sends no {what} for it")
-            nb = self.expected[self.next]
+        while self.next < len(self.queue) and self.queue[self.next].dst == self.rank:
+            m = self.queue[self.next]
+            buf = self.make(m)
+            self.posted[(m.kind, m.iteration)] = (dist.irecv(buf, src=m.src), buf, m.src)
             self.next += 1
-            status.text = f"{status.text.split(';')[0]}; waiting for the {what} of iteration " \
-                          f"{nb} from rank {self.src}"
-            buf = self.make(nb)
-            dist.recv(buf, src=self.src)
-            self.got[nb] = buf
-        return self.got.pop(b)
+
+    def send(self, kind: str, b: int, tensor: Any) -> None:
+        import torch.distributed as dist
+
+        m = self.queue[self.next] if self.next < len(self.queue) else None
+        if m is None or (m.kind, m.iteration, m.src) != (kind, b, self.rank):
+            raise ExecutorError(f"rank {self.rank}: sends the {kind} of iteration {b}, the "
+                                f"message order expects {m}")
+        self.sends.append(dist.isend(tensor.contiguous(), dst=m.dst))
+        self.next += 1
+        self._post_receives()
+
+    def take(self, kind: str, b: int) -> Any:
+        if (kind, b) not in self.posted:
+            raise ExecutorError(f"rank {self.rank}: needs the {kind} of iteration {b} before "
+                                "the message order lets it arrive (a schedule whose times do "
+                                "not follow its data flow)")
+        work, buf, src = self.posted.pop((kind, b))
+        self.status.text = (f"{self.status.text.split(';')[0]}; waiting for the {kind} of "
+                            f"iteration {b} from rank {src}")
+        work.wait()
+        return buf
+
+    def finish(self) -> None:
+        """Wait for every send (each has its receive posted by then)."""
+        if self.next != len(self.queue) or self.posted:
+            raise ExecutorError(f"rank {self.rank}: {len(self.queue) - self.next} messages "
+                                f"not sent, {len(self.posted)} not used")
+        for work in self.sends:
+            work.wait()
 
 
 def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOptions,
@@ -355,12 +409,14 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
     prompts = prompt_tokens(plan, kw["vocab"], opts.seed)
     first, last = rank == 0, rank == s - 1
     f64 = torch.float64
-    hidden_in = None if first else _Inbox(
-        rank - 1, replay.orders[rank - 1],
-        lambda b: torch.empty(plan.iterations[b].tokens, hidden, dtype=f64, device=device))
-    tokens_in = None if not first or last else _Inbox(
-        s - 1, [b for b in replay.orders[s - 1] if replay.feeds_back(b)],
-        lambda b: torch.empty(len(replay.yielding(b)), dtype=torch.int64, device=device))
+
+    def buffer(m: Message) -> torch.Tensor:
+        if m.kind == "hidden":
+            return torch.empty(plan.iterations[m.iteration].tokens, hidden, dtype=f64,
+                               device=device)
+        return torch.empty(len(replay.yielding(m.iteration)), dtype=torch.int64, device=device)
+
+    mail = _Mailbox(rank, replay.messages, buffer, status)
     latest: dict[int, int] = {}  # first stage: each request's newest token
     applied: set[int] = set()
     previous: dict[tuple[int, int], int] = {}  # (request, iteration) -> its iteration before
@@ -371,7 +427,6 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
     logits: dict[int, list[torch.Tensor]] = {}
     held: dict[int, int] = {}  # request -> KV entries this stage holds for it
     peak = 0
-    sends: list[Any] = []
     order = replay.orders[rank]
     dist.barrier()
     t0 = time.perf_counter()
@@ -381,11 +436,11 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
             status.text = f"step {n + 1}/{len(order)}: iteration {b} on stage {rank}"
             if first:
                 for seg in segs:
-                    if tokens_in is None or seg.position < plan.requests[seg.request].prompt:
+                    if last or seg.position < plan.requests[seg.request].prompt:
                         continue
                     p = previous[(seg.request, b)]  # a decode: the ring brings p's tokens
                     if p not in applied:
-                        got = tokens_in.take(p, status, "tokens").tolist()
+                        got = mail.take("tokens", p).tolist()
                         latest.update(zip(replay.yielding(p), got, strict=True))
                         applied.add(p)
                 ids = [t for seg in segs for t in (
@@ -394,8 +449,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
                     else (latest[seg.request],))]
                 x = torch.tensor(ids, dtype=torch.int64, device=device)
             else:
-                assert hidden_in is not None
-                x = hidden_in.take(b, status, "hidden states")
+                x = mail.take("hidden", b)
             positions = torch.tensor([seg.position + i for seg in segs
                                       for i in range(seg.tokens)], device=device)
             out = stage_forward(layers, x, positions, segs, caches)
@@ -403,7 +457,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
                 held[seg.request] = held.get(seg.request, 0) + seg.tokens
             peak = max(peak, sum(held.values()))
             if not last:
-                sends.append(dist.isend(out.contiguous(), dst=rank + 1))
+                mail.send("hidden", b, out)
             elif out.shape[0]:
                 picked = out.argmax(dim=-1)
                 for r, tok, row in zip(replay.yielding(b), picked.tolist(), out, strict=True):
@@ -412,14 +466,13 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
                 if first:
                     latest.update(zip(replay.yielding(b), picked.tolist(), strict=True))
                 elif replay.feeds_back(b):
-                    sends.append(dist.isend(picked, dst=0))
+                    mail.send("tokens", b, picked)
             for r in it.finished:  # the request ends: its KV cache goes
                 for cache in caches:
                     cache.pop(r, None)
                 held.pop(r, None)
         status.text = f"step {len(order)}/{len(order)}: waiting for sends to finish"
-        for work in sends:
-            work.wait()
+        mail.finish()
         dist.barrier()  # no rank leaves while a peer still reads from it
     if device.type == "cuda":
         torch.cuda.synchronize(device)
