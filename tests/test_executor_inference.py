@@ -193,7 +193,7 @@ def test_example_runs_in_the_executor_check(tmp_path: Path,
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(text.replace("count: 60", "count: 8"))
     out = tmp_path / "serve.json"
-    assert main(["solve", str(cfg), "-o", str(out), "--time-limit", "5"]) == 0
+    assert main(["solve", str(cfg), "-o", str(out), "--time-limit", "3"]) == 0
     capsys.readouterr()
     rc = main(["run", str(out), "--check", "--max-prompt", "12", "--max-output", "4",
                "--backend", "gloo", "--json"])

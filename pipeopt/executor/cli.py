@@ -87,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if is_served_plan(args.schedule):
         return cmd_run_serving(args)
-    if args.max_prompt is not None or args.max_output is not None:
+    if getattr(args, "max_prompt", None) is not None or getattr(args, "max_output",
+                                                                 None) is not None:
         raise ConfigError("--max-prompt / --max-output: apply to served inference plans "
                           f"(schedule JSON v2), and {args.schedule} is not one")
     sched = check_run_args(args)

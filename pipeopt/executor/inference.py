@@ -723,13 +723,14 @@ def cmd_run_serving(args: argparse.Namespace) -> int:
         return 1 if bad else 0
     plan = replay.plan
     kw = opts.model_kwargs(plan, replay.stages)
+    capped = getattr(args, "max_prompt", None) or getattr(args, "max_output", None)
     print(f"schedule      {args.schedule} ({res.method}, served plan, {res.ranks} ranks)")
     print(f"model         tiny-gpt {', '.join(f'{k}={v}' for k, v in kw.items())} (float64), "
           f"not the planned model")
     print(f"requests      {len(plan.requests)}: prompts {min(r.prompt for r in plan.requests)}"
           f"-{max(r.prompt for r in plan.requests)} tokens, outputs "
           f"{min(r.output for r in plan.requests)}-{max(r.output for r in plan.requests)}"
-          f"{' (capped)' if args.max_prompt or args.max_output else ''}; {res.iterations} "
+          f"{' (capped)' if capped else ''}; {res.iterations} "
           f"iterations")
     print(f"replay        {res.wall_s:.4g} s, {plan.output_tokens / res.wall_s:.4g} tokens/s "
           "on this machine")
