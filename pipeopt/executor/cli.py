@@ -76,7 +76,10 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails.
-    Every flag and the schedule are checked before torch is imported (which takes seconds)."""
+    Every flag and the schedule are checked before torch is imported (which takes seconds).
+    A periodic (async) document goes to :mod:`pipeopt.executor.periodic`, a schedule JSON v2
+    of a served inference plan to :mod:`pipeopt.executor.inference`."""
+    from pipeopt.executor.inference import cmd_run_serving, is_served_plan
     from pipeopt.views_cli import load_periodic
 
     periodic = load_periodic(args.schedule)  # pipeline.mode: async's own document
@@ -84,6 +87,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from pipeopt.executor.periodic import cmd_run_async
 
         return cmd_run_async(args, periodic, _number)
+    if is_served_plan(args.schedule):
+        return cmd_run_serving(args)
+    if getattr(args, "max_prompt", None) is not None or getattr(args, "max_output",
+                                                                 None) is not None:
+        raise ConfigError("--max-prompt / --max-output: apply to served inference plans "
+                          f"(schedule JSON v2), and {args.schedule} is not one")
     sched = check_run_args(args)
     from pipeopt.executor.launch import RunConfig, run_pipeline
     from pipeopt.executor.models import ModelError, recompute_plan
@@ -209,7 +218,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p = sub.add_parser("run", help=help_, description=help_,
                        epilog="Example: " + EXAMPLES["run"] + ". Under torchrun, each process "
                        "is one rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).")
-    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1)")
+    p.add_argument("schedule", help="schedule JSON (pipeopt.schedule/v1), or a served "
+                   "inference plan (v2, from a file): replayed forward only with a KV cache")
     p.add_argument("--model", default="tiny-gpt",
                    help="tiny-gpt, mlp, or MODULE:FACTORY returning an nn.Sequential or a list "
                    "of stage modules (default: tiny-gpt)")
@@ -251,6 +261,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                    help="start at most N rank processes, in place of the default limit (4 per "
                    "core and about 440 MiB of available memory each)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--max-prompt", type=int, metavar="TOKENS",
+                   help="served inference plan: cut every prompt to at most this many tokens "
+                   "(the iterations keep their places; docs/executor.md)")
+    p.add_argument("--max-output", type=int, metavar="TOKENS",
+                   help="served inference plan: generate at most this many tokens per request")
     p.add_argument("--costs-out", metavar="FILE",
                    help="write the schedule re-timed on the op durations measured in this run "
                    "(median per stage and kind, steps after the first): a schedule JSON whose "

@@ -1,0 +1,743 @@
+"""Replay a served inference plan on torch.distributed: forward only, a KV cache per stage.
+
+A schedule JSON v2 whose graph records a serving plan (:func:`pipeopt.workloads.inference.
+serving_plan`: requests, iterations of prefill chunks and decodes) runs here as the plan says,
+on one process per stage, with the tiny causal GPT of :func:`pipeopt.executor.models.tiny_gpt`
+in float64 standing in for the planned model (a Llama-70B plan cannot run on a CPU; what is
+replayed is the plan's structure: stages, requests, iterations, their groups and each device's
+order). Per rank:
+
+* the stage's layers (embedding, blocks, head cut evenly into the plan's stages);
+* every iteration of the device's order (the schedule's start times), its tokens batched:
+  prefill chunks attend to the request's cached keys and causally to themselves, a decode to its
+  context; the linear layers run over all of the iteration's tokens at once;
+* a KV cache per request per block: created by the request's first chunk, extended by every
+  further chunk and decode, freed at the end of the iteration in which the request ends;
+* hidden states go to the next stage, the last stage samples greedily (argmax) and sends the
+  tokens back to the first stage (the ring), which feeds each to the request's next decode.
+
+Every rank posts its sends and receives in one global order of the messages (by the
+schedule's end time of the task that sends each), receives non-blocking and as early as that
+order allows, so each pair of ranks issues its messages in the same order on both sides (what
+nccl needs, matching point-to-point messages by order, not by tag), and a rank waits only for
+a message the graph has an edge for, sent before the task that needs it starts: a valid
+schedule cannot deadlock. :func:`reference_decode` is the check: each request decoded alone in
+one process by the model's own uncached forward; the tokens must be equal.
+
+``max_prompt`` / ``max_output`` cap the lengths (:func:`cap_plan`): the iterations keep their
+places and groups, a prompt's chunks are cut so that its first token still comes out of the
+same iteration, decodes past the cap are dropped (the request ends earlier), and an iteration
+left empty is skipped. This module imports torch only in the functions that run the model, so
+``pipeopt run`` checks its flags first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pipeopt.core.schedule import GraphSchedule
+from pipeopt.errors import ConfigError
+from pipeopt.executor.procs import (
+    ExecutorError,
+    RankStatus,
+    available_memory_bytes,
+    check_rank_capacity,
+)
+from pipeopt.workloads.inference import (
+    Chunk,
+    Decode,
+    Plan,
+    plan_from_meta,
+    plan_meta,
+    serving_plan,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: The keywords of :func:`pipeopt.executor.models.tiny_gpt` a replay takes (``--model-arg``).
+MODEL_KEYS = ("layers", "hidden", "heads", "vocab", "seq_len")
+#: ``tiny_gpt``'s own defaults, repeated so that flags are checked before torch is imported
+#: (a test keeps them equal to the function's).
+MODEL_DEFAULTS = (("hidden", 64), ("heads", 4), ("vocab", 128))
+
+
+# ----- the plan to replay (pure) -----------------------------------------------------------
+def cap_plan(plan: Plan, max_prompt: int | None = None, max_output: int | None = None) -> Plan:
+    """``plan`` with prompts cut to ``max_prompt`` tokens and outputs to ``max_output`` (None:
+    no cap). Iterations keep their index and group: a chunk keeps the part of its range below
+    the capped prompt (the chunk that ended the prompt ends the capped one, so the first token
+    comes out of the same iteration), decode ``j`` stays while ``j < output``; chunks and
+    decodes cut away leave their iteration smaller or empty."""
+    for flag, cap in (("--max-prompt", max_prompt), ("--max-output", max_output)):
+        if cap is not None and (not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"{flag}: must be an integer >= 1, got {cap!r}")
+    if max_prompt is None and max_output is None:
+        return plan
+    prompt = [r.prompt if max_prompt is None else min(r.prompt, max_prompt)
+              for r in plan.requests]
+    output = [r.output if max_output is None else min(r.output, max_output)
+              for r in plan.requests]
+    prefill: list[list[Chunk]] = []
+    decode: list[list[Decode]] = []
+    for it in plan.iterations:
+        chunks = []
+        for c in it.chunks:
+            p = prompt[c.request]
+            end = c.cached + c.tokens
+            a = min(c.cached, p - 1)
+            b = p if end == plan.requests[c.request].prompt else min(end, p - 1)
+            if b > a:
+                chunks.append(Chunk(c.request, a, b - a))
+        prefill.append(chunks)
+        decode.append([Decode(d.request, prompt[d.request] + j) for d in it.decodes
+                       if (j := d.context - plan.requests[d.request].prompt) < output[d.request]])
+    meta = plan_meta(plan)
+    meta["requests"] = {"prompt": prompt, "output": output,
+                        "arrival": [r.arrival for r in plan.requests]}
+    meta["iterations"] = {"group": [it.group for it in plan.iterations],
+                          "prefill": prefill, "decode": decode}
+    return plan_from_meta(meta)
+
+
+class Segment(NamedTuple):
+    """The rows ``offset .. offset + tokens - 1`` of an iteration: request ``request``'s tokens
+    at positions ``position ..``; ``logit``: its last row yields a token."""
+
+    request: int
+    offset: int
+    position: int
+    tokens: int
+    logit: bool
+
+
+def segments(plan: Plan, b: int) -> tuple[Segment, ...]:
+    """Iteration ``b``'s rows: its chunks, then its decodes, in the plan's order."""
+    it, out, row = plan.iterations[b], [], 0
+    for c in it.chunks:
+        out.append(Segment(c.request, row, c.cached, c.tokens,
+                           c.cached + c.tokens == plan.requests[c.request].prompt))
+        row += c.tokens
+    for d in it.decodes:
+        out.append(Segment(d.request, row, d.context - 1, 1, True))
+        row += 1
+    return tuple(out)
+
+
+class Message(NamedTuple):
+    """Iteration ``iteration``'s ``hidden`` states (stage ``src`` to ``src + 1``) or its
+    sampled ``tokens`` (the last stage back to the first)."""
+
+    kind: str
+    iteration: int
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What every rank replays: the (capped) plan, per device (= stage) the iterations it runs
+    in the schedule's order (empty iterations left out), every message in one global order (by
+    the schedule's end time of the task that sends it, then sender, then iteration), and the
+    source schedule's method."""
+
+    plan: Plan
+    orders: tuple[tuple[int, ...], ...]
+    method: str
+    messages: tuple[Message, ...] = ()
+
+    @property
+    def stages(self) -> int:
+        return len(self.orders)
+
+    def yielding(self, b: int) -> tuple[int, ...]:
+        """Requests whose token iteration ``b`` yields, in its rows' order."""
+        return tuple(s.request for s in segments(self.plan, b) if s.logit)
+
+    def feeds_back(self, b: int) -> bool:
+        """Whether iteration ``b``'s tokens go back to the first stage: some request it yields
+        for decodes again (the message carries all of them, in :meth:`yielding`'s order)."""
+        ends = set(self.plan.iterations[b].finished)
+        return any(r not in ends for r in self.yielding(b))
+
+
+def replay_of(schedule: GraphSchedule, max_prompt: int | None = None,
+              max_output: int | None = None) -> Replay:
+    """The :class:`Replay` of a schedule of a serving plan's graph; ValueError when the graph
+    records no plan or a device runs another stage's task."""
+    plan = serving_plan(schedule.graph)
+    if plan is None:
+        raise ValueError("schedule: its graph records no serving plan (graph.meta.workload "
+                         "inference); pipeopt run replays chain schedules (v1) and served "
+                         "inference plans")
+    plan = cap_plan(plan, max_prompt, max_output)
+    s, n = schedule.graph.devices, len(plan.iterations)
+    orders = []
+    for d, tasks in enumerate(schedule.device_orders()):
+        its = []
+        for i in tasks:
+            b, k = divmod(i, s)
+            if i >= n * s or k != d:
+                raise ValueError(f"schedule: device {d} runs task {i}, which is not one of its "
+                                 f"stage's iterations")
+            if plan.iterations[b].tokens:
+                its.append(b)
+        orders.append(tuple(its))
+    replay = Replay(plan, tuple(orders), schedule.method)
+    end, timed = schedule.end, []
+    for b in range(n if s > 1 else 0):
+        if not plan.iterations[b].tokens:
+            continue
+        timed += [(end[b * s + k], k, b, Message("hidden", b, k, k + 1)) for k in range(s - 1)]
+        if replay.feeds_back(b):
+            timed.append((end[b * s + s - 1], s - 1, b, Message("tokens", b, s - 1, 0)))
+    return replace(replay, messages=tuple(m for *_, m in sorted(timed)))
+
+
+def stage_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+    """Even ``[first, last)`` ranges of ``layers`` pipeline layers over ``stages``."""
+    cuts = [k * layers // stages for k in range(stages + 1)]
+    return tuple(itertools.pairwise(cuts))
+
+
+def prompt_tokens(plan: Plan, vocab: int, seed: int) -> tuple[tuple[int, ...], ...]:
+    """Each request's prompt token ids, drawn uniformly from ``0 .. vocab - 1`` by ``seed``."""
+    rng = random.Random(seed)
+    return tuple(tuple(rng.randrange(vocab) for _ in range(r.prompt)) for r in plan.requests)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How to replay: the tiny GPT's keywords (``layers`` default: the stages; ``seq_len``
+    default: the longest request's prompt + output - 1, which it must hold), the seed of weights
+    and prompts, the whole run's and one message's timeouts (s), backend, intra-op threads per
+    rank, and whether to decode every request alone in one process and compare (``check``)."""
+
+    model_options: tuple[tuple[str, int], ...] = ()
+    seed: int = 0
+    timeout: float = 300.0
+    op_timeout: float = 120.0
+    backend: str = "auto"
+    threads: int | None = None
+    check: bool = True
+
+    def model_kwargs(self, plan: Plan, stages: int) -> dict[str, int]:
+        """The keywords for ``tiny_gpt``; ConfigError naming the ``--model-arg`` that cannot
+        serve ``plan`` on ``stages`` stages."""
+        kw = dict(self.model_options)
+        for key, val in kw.items():
+            if key not in MODEL_KEYS:
+                raise ConfigError(f"--model-arg: tiny-gpt takes {', '.join(MODEL_KEYS)}, not "
+                                  f"{key!r}")
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ConfigError(f"--model-arg {key}: must be an integer >= 1, got {val!r}")
+        longest = max(r.kv_tokens for r in plan.requests)
+        kw.setdefault("layers", max(1, stages))
+        kw.setdefault("seq_len", longest)
+        for key, val in MODEL_DEFAULTS:
+            kw.setdefault(key, val)
+        if kw["seq_len"] < longest:
+            raise ConfigError(f"--model-arg seq_len: must hold the longest request's {longest} "
+                              f"positions (prompt + output - 1), got {kw['seq_len']}")
+        if kw["layers"] + 2 < stages:
+            raise ConfigError(f"--model-arg layers: {kw['layers']} blocks + embedding + head "
+                              f"are fewer layers than the plan's {stages} stages")
+        if kw["hidden"] % kw["heads"]:
+            raise ConfigError(f"--model-arg hidden: must be a multiple of heads "
+                              f"({kw['heads']}), got {kw['hidden']}")
+        if kw["vocab"] < 2:
+            raise ConfigError(f"--model-arg vocab: must be >= 2, got {kw['vocab']}")
+        return kw
+
+
+# ----- the model, forward only with a KV cache ---------------------------------------------
+def build_layers(replay: Replay, opts: ServeOptions) -> list[nn.Module]:
+    """The tiny GPT's pipeline layers (embedding, blocks, head) in float64, drawn by the seed
+    (the same on every rank and in the reference)."""
+    import torch
+
+    from pipeopt.executor.models import tiny_gpt
+
+    torch.manual_seed(opts.seed)
+    spec = tiny_gpt(**opts.model_kwargs(replay.plan, replay.stages))
+    return [layer.double().eval() for layer in spec.layers]
+
+
+def _block_step(block: Any, x: torch.Tensor, segs: Sequence[Segment],
+                cache: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``block`` (:class:`pipeopt.executor.models.Block`) on an iteration's rows ``x``
+    (tokens x hidden): the linear layers over all rows, attention per segment over its
+    request's cached keys and values (extended here) and causally over its own rows."""
+    import torch
+    from torch.nn import functional as F
+
+    c = x.shape[1]
+    h = block.heads
+    d = c // h
+    q, k, v = block.qkv(block.ln1(x)).split(c, dim=1)
+    outs = []
+    for s in segs:
+        rows = slice(s.offset, s.offset + s.tokens)
+        qs, ks, vs = (z[rows].reshape(s.tokens, h, d).transpose(0, 1) for z in (q, k, v))
+        if s.request in cache:
+            old_k, old_v = cache[s.request]
+            ks, vs = torch.cat((old_k, ks), dim=1), torch.cat((old_v, vs), dim=1)
+        keys = ks.shape[1]
+        if keys != s.position + s.tokens:
+            raise ExecutorError(f"request {s.request}: {keys - s.tokens} keys cached, its "
+                                f"tokens start at position {s.position} (an iteration out of "
+                                "order)")
+        cache[s.request] = (ks, vs)
+        scores = (qs @ ks.transpose(-2, -1)) / math.sqrt(d)
+        # Row i (position s.position + i) sees keys 0 .. s.position + i.
+        mask = torch.ones(s.tokens, keys, dtype=torch.bool, device=x.device).triu(
+            keys - s.tokens + 1)
+        att = scores.masked_fill(mask, float("-inf")).softmax(dim=-1) @ vs
+        outs.append(att.transpose(0, 1).reshape(s.tokens, c))
+    x = x + block.proj(torch.cat(outs))
+    return x + block.fc2(F.gelu(block.fc1(block.ln2(x))))
+
+
+def stage_forward(layers: Sequence[nn.Module], x: torch.Tensor, positions: torch.Tensor,
+                  segs: Sequence[Segment], caches: Sequence[dict[int, Any]]) -> torch.Tensor:
+    """One stage on one iteration: token ids or hidden rows in; hidden rows, or the logits of
+    the rows that yield a token when the stage holds the head, out. ``caches``: one per block
+    of ``layers``, in order."""
+    from pipeopt.executor.models import Block, Embedding, Head
+
+    blocks = iter(caches)
+    for layer in layers:
+        if isinstance(layer, Embedding):
+            x = layer.tok(x) + layer.pos[positions]
+        elif isinstance(layer, Block):
+            x = _block_step(layer, x, segs, next(blocks))
+        elif isinstance(layer, Head):
+            x = layer(x[[s.offset + s.tokens - 1 for s in segs if s.logit]])
+        else:
+            raise ExecutorError(f"layer {type(layer).__name__}: not a tiny-gpt layer")
+    return x
+
+
+# ----- one rank ------------------------------------------------------------------------------
+class _Mailbox:
+    """One rank's messages in :attr:`Replay.messages`' order: every rank posts its sends and
+    receives in that one order, receives as early as the order allows (non-blocking), so each
+    pair of ranks issues its messages in the same order on both sides (what nccl needs; gloo
+    is content with it) and a rank waits only for a message sent before the task that needs
+    it starts."""
+
+    def __init__(self, rank: int, messages: Sequence[Message], make: Any,
+                 status: RankStatus) -> None:
+        self.rank, self.make, self.status = rank, make, status
+        self.queue = [m for m in messages if rank in (m.src, m.dst)]
+        self.next = 0
+        self.posted: dict[tuple[str, int], tuple[Any, Any, int]] = {}  # work, buffer, src
+        self.sends: list[Any] = []
+        self._post_receives()
+
+    def _post_receives(self) -> None:
+        import torch.distributed as dist
+
+        while self.next < len(self.queue) and self.queue[self.next].dst == self.rank:
+            m = self.queue[self.next]
+            buf = self.make(m)
+            self.posted[(m.kind, m.iteration)] = (dist.irecv(buf, src=m.src), buf, m.src)
+            self.next += 1
+
+    def send(self, kind: str, b: int, tensor: Any) -> None:
+        import torch.distributed as dist
+
+        m = self.queue[self.next] if self.next < len(self.queue) else None
+        if m is None or (m.kind, m.iteration, m.src) != (kind, b, self.rank):
+            raise ExecutorError(f"rank {self.rank}: sends the {kind} of iteration {b}, the "
+                                f"message order expects {m}")
+        self.sends.append(dist.isend(tensor.contiguous(), dst=m.dst))
+        self.next += 1
+        self._post_receives()
+
+    def take(self, kind: str, b: int) -> Any:
+        if (kind, b) not in self.posted:
+            raise ExecutorError(f"rank {self.rank}: needs the {kind} of iteration {b} before "
+                                "the message order lets it arrive (a schedule whose times do "
+                                "not follow its data flow)")
+        work, buf, src = self.posted.pop((kind, b))
+        self.status.text = (f"{self.status.text.split(';')[0]}; waiting for the {kind} of "
+                            f"iteration {b} from rank {src}")
+        work.wait()
+        return buf
+
+    def finish(self) -> None:
+        """Wait for every send (each has its receive posted by then)."""
+        if self.next != len(self.queue) or self.posted:
+            raise ExecutorError(f"rank {self.rank}: {len(self.queue) - self.next} messages "
+                                f"not sent, {len(self.posted)} not used")
+        for work in self.sends:
+            work.wait()
+
+
+def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOptions,
+               status: RankStatus | None = None) -> dict[str, Any]:
+    """Run stage ``rank``'s iterations in its order (process group joined). Returns the
+    tokens and logits of every request (last rank; others empty), the most KV entries held at
+    once and those left at the end (per request, not per layer), and the wall time (s)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt.executor.models import Block
+
+    status = status or RankStatus()
+    plan, s = replay.plan, replay.stages
+    if world != s:
+        raise ExecutorError(f"world size {world} does not match the plan's {s} stages")
+    all_layers = build_layers(replay, opts)
+    a, b_ = stage_bounds(len(all_layers), s)[rank]
+    layers = [layer.to(device) for layer in all_layers[a:b_]]
+    kw = opts.model_kwargs(plan, s)
+    hidden = kw["hidden"]
+    caches: list[dict[int, Any]] = [{} for layer in layers if isinstance(layer, Block)]
+    prompts = prompt_tokens(plan, kw["vocab"], opts.seed)
+    first, last = rank == 0, rank == s - 1
+    f64 = torch.float64
+
+    def buffer(m: Message) -> torch.Tensor:
+        if m.kind == "hidden":
+            return torch.empty(plan.iterations[m.iteration].tokens, hidden, dtype=f64,
+                               device=device)
+        return torch.empty(len(replay.yielding(m.iteration)), dtype=torch.int64, device=device)
+
+    mail = _Mailbox(rank, replay.messages, buffer, status)
+    latest: dict[int, int] = {}  # first stage: each request's newest token
+    applied: set[int] = set()
+    previous: dict[tuple[int, int], int] = {}  # (request, iteration) -> its iteration before
+    for r, its in enumerate(plan.request_iterations):
+        for p, q in itertools.pairwise(its):
+            previous[(r, q)] = p
+    tokens: dict[int, list[int]] = {}
+    logits: dict[int, list[torch.Tensor]] = {}
+    held: dict[int, int] = {}  # request -> KV entries this stage holds for it
+    peak = 0
+    order = replay.orders[rank]
+    dist.barrier()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for n, b in enumerate(order):
+            it, segs = plan.iterations[b], segments(plan, b)
+            status.text = f"step {n + 1}/{len(order)}: iteration {b} on stage {rank}"
+            if first:
+                for seg in segs:
+                    if last or seg.position < plan.requests[seg.request].prompt:
+                        continue
+                    p = previous[(seg.request, b)]  # a decode: the ring brings p's tokens
+                    if p not in applied:
+                        got = mail.take("tokens", p).tolist()
+                        latest.update(zip(replay.yielding(p), got, strict=True))
+                        applied.add(p)
+                ids = [t for seg in segs for t in (
+                    prompts[seg.request][seg.position:seg.position + seg.tokens]
+                    if seg.position < plan.requests[seg.request].prompt
+                    else (latest[seg.request],))]
+                x = torch.tensor(ids, dtype=torch.int64, device=device)
+            else:
+                x = mail.take("hidden", b)
+            positions = torch.tensor([seg.position + i for seg in segs
+                                      for i in range(seg.tokens)], device=device)
+            out = stage_forward(layers, x, positions, segs, caches)
+            for seg in segs:
+                held[seg.request] = held.get(seg.request, 0) + seg.tokens
+            peak = max(peak, sum(held.values()))
+            if not last:
+                mail.send("hidden", b, out)
+            elif out.shape[0]:
+                picked = out.argmax(dim=-1)
+                for r, tok, row in zip(replay.yielding(b), picked.tolist(), out, strict=True):
+                    tokens.setdefault(r, []).append(tok)
+                    logits.setdefault(r, []).append(row.cpu())
+                if first:
+                    latest.update(zip(replay.yielding(b), picked.tolist(), strict=True))
+                elif replay.feeds_back(b):
+                    mail.send("tokens", b, picked)
+            for r in it.finished:  # the request ends: its KV cache goes
+                for cache in caches:
+                    cache.pop(r, None)
+                held.pop(r, None)
+        status.text = f"step {len(order)}/{len(order)}: waiting for sends to finish"
+        mail.finish()
+        dist.barrier()  # no rank leaves while a peer still reads from it
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    left = sum(held.values()) + sum(len(c) for c in caches)
+    # numpy, not tensors: a tensor crosses to the parent as a shared-memory handle that needs
+    # this process alive when it is read, and the rank ends once it has reported.
+    return {"tokens": tokens, "logits": {r: torch.stack(v).numpy() for r, v in logits.items()},
+            "peak_kv_tokens": peak, "kv_left": left, "wall_s": wall}
+
+
+# ----- the reference and the run -----------------------------------------------------------
+def reference_decode(replay: Replay, opts: ServeOptions
+                     ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Every request decoded greedily alone in this process by the model's uncached forward
+    (the whole sequence each step): its tokens and the logits of each."""
+    import torch
+
+    layers = build_layers(replay, opts)
+    model = torch.nn.Sequential(*layers)
+    prompts = prompt_tokens(replay.plan, dict(opts.model_kwargs(
+        replay.plan, replay.stages))["vocab"], opts.seed)
+    tokens, logits = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend (with the ranks, too)
+    try:
+        rows_of = _decode_alone(model, replay, prompts)
+    finally:
+        torch.set_num_threads(threads)
+    for rows in rows_of:
+        tokens.append([int(row.argmax()) for row in rows])
+        logits.append(torch.stack(rows))
+    return tokens, logits
+
+
+def _decode_alone(model: nn.Module, replay: Replay, prompts: Sequence[Sequence[int]]
+                  ) -> list[list[torch.Tensor]]:
+    """Per request, the logits of each generated token, greedily, the whole sequence run
+    through ``model`` at every step."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for r, req in enumerate(replay.plan.requests):
+            seq, rows = list(prompts[r]), []
+            for _ in range(req.output):
+                row = model(torch.tensor([seq]))[0, -1]
+                rows.append(row)
+                seq.append(int(row.argmax()))
+            out.append(rows)
+    return out
+
+
+@dataclass
+class ServeResult:
+    """A replayed serving plan: the tokens of every request, and with the check the
+    reference's and the largest logit difference; per rank the most KV entries held at once
+    (tokens, per request, not per layer) and those left at the end (0: all freed); times s."""
+
+    method: str
+    ranks: int
+    iterations: int
+    tokens: list[list[int]]
+    wall_s: float
+    peak_kv_tokens: list[int]
+    kv_left: list[int]
+    reference_tokens: list[list[int]] | None = None
+    reference_s: float | None = None
+    tokens_match: bool | None = None
+    max_abs_logit_diff: float | None = None
+    mismatched: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary."""
+        return {"method": self.method, "ranks": self.ranks, "iterations": self.iterations,
+                "requests": len(self.tokens), "tokens": self.tokens, "wall_s": self.wall_s,
+                "peak_kv_tokens": self.peak_kv_tokens, "kv_left": self.kv_left,
+                "reference_s": self.reference_s, "tokens_match": self.tokens_match,
+                "max_abs_logit_diff": self.max_abs_logit_diff, "mismatched": self.mismatched}
+
+
+def under_torchrun() -> bool:
+    """True when this process is one rank started by torchrun (RANK and WORLD_SIZE set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult | None:
+    """Replay ``replay`` on spawned gloo (or nccl) ranks, one per stage, or as this rank
+    under torchrun (the result then on rank 0 only, None elsewhere); with ``opts.check``
+    compare every request's tokens with :func:`reference_decode`."""
+    from pipeopt.executor.procs import spawn
+
+    opts = opts or ServeOptions()
+    build_layers(replay, opts)  # a model that cannot be built fails here, before any rank
+    if under_torchrun():
+        reports = _torchrun_rank(replay, opts)
+        if reports is None:
+            return None
+    else:
+        reports = spawn(serve_rank, replay.stages, (replay, opts), timeout=opts.timeout,
+                        backend=opts.backend, threads=opts.threads, op_timeout=opts.op_timeout)
+    return _result(replay, opts, reports)
+
+
+def _torchrun_rank(replay: Replay, opts: ServeOptions) -> list[dict[str, Any]] | None:
+    """Run this torchrun rank's stage; rank 0 gets every rank's report, the others None."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt.executor.procs import rank_device, resolve_backend
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = resolve_backend(opts.backend)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout))
+    try:
+        device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
+        payload = serve_rank(rank, world, device, replay, opts)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    return gathered
+
+
+def _result(replay: Replay, opts: ServeOptions, reports: Sequence[dict[str, Any]]
+            ) -> ServeResult:
+    """The result of every rank's report, checked against the reference on request."""
+    got, logits = reports[-1]["tokens"], reports[-1]["logits"]
+    n = len(replay.plan.requests)
+    res = ServeResult(replay.method, replay.stages,
+                      sum(1 for it in replay.plan.iterations if it.tokens),
+                      [got.get(r, []) for r in range(n)], max(r["wall_s"] for r in reports),
+                      [r["peak_kv_tokens"] for r in reports], [r["kv_left"] for r in reports])
+    if opts.check:
+        t0 = time.perf_counter()
+        ref, ref_logits = reference_decode(replay, opts)
+        res.reference_s = time.perf_counter() - t0
+        res.reference_tokens = ref
+        res.mismatched = [r for r in range(n) if res.tokens[r] != ref[r]]
+        res.tokens_match = not res.mismatched
+        res.max_abs_logit_diff = max(
+            (float(abs(logits[r] - ref_logits[r].numpy()).max()) for r in range(n)
+             if r in logits and logits[r].shape == tuple(ref_logits[r].shape)),
+            default=math.inf)
+    return res
+
+
+# ----- pipeopt run ---------------------------------------------------------------------------
+def is_served_plan(path: str) -> bool:
+    """True when ``path`` (not standard input) is a schedule JSON v2; ``pipeopt run`` then
+    replays it here. Unreadable files are left to the chain reader's messages."""
+    from pipeopt.graphio import FORMAT_V2
+    from pipeopt.io import read_schedule_doc
+    from pipeopt.simulate import ScheduleError
+
+    if path == "-":
+        return False
+    try:
+        doc = read_schedule_doc(path)
+    except ScheduleError:
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT_V2
+
+
+#: ``pipeopt run`` flags of training replays, refused for a served plan (flag, attribute).
+TRAINING_FLAGS = (("--batch-size", "batch_size"), ("--clip-grad-norm", "clip_grad_norm"),
+                  ("--autocast", "autocast"), ("--recompute", "recompute"),
+                  ("--torch-split", "torch_split"), ("--costs-out", "costs_out"))
+
+
+def check_serve_args(args: argparse.Namespace) -> tuple[Replay, ServeOptions]:
+    """Check ``pipeopt run``'s flags for a served plan and load it, importing no torch;
+    ConfigError naming the flag."""
+    from pipeopt.graphio import load_graph_schedule
+
+    for flag, attr in TRAINING_FLAGS:
+        if getattr(args, attr, None):
+            raise ConfigError(f"{flag}: applies to training schedules; {args.schedule} is a "
+                              "served inference plan (forward only)")
+    if getattr(args, "data_parallel", 1) != 1:
+        raise ConfigError("--data-parallel: applies to training schedules; a served plan runs "
+                          "one pipeline")
+    if args.model != "tiny-gpt":
+        raise ConfigError(f"--model: a served plan replays on tiny-gpt (its KV-cached forward "
+                          f"is written for it), got {args.model!r}")
+    for flag, val in (("--timeout", args.timeout), ("--op-timeout", args.op_timeout)):
+        if not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{flag}: must be a finite number of seconds > 0, got {val}")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
+    if args.seed < 0:
+        raise ConfigError(f"--seed: must be >= 0, got {args.seed}")
+    options = []
+    for item in args.model_arg or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        try:
+            options.append((key, int(val)))
+        except ValueError:
+            raise ConfigError(f"--model-arg {key}: must be an integer, got {val!r}") from None
+    sched = load_graph_schedule(args.schedule)
+    try:
+        replay = replay_of(sched, getattr(args, "max_prompt", None),
+                           getattr(args, "max_output", None))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    opts = ServeOptions(model_options=tuple(options), seed=args.seed, timeout=args.timeout,
+                        op_timeout=args.op_timeout, backend=args.backend,
+                        threads=args.threads, check=args.check)
+    opts.model_kwargs(replay.plan, replay.stages)  # its ConfigErrors before torch
+    if args.max_ranks is not None and args.max_ranks < 1:
+        raise ConfigError(f"--max-ranks: must be >= 1, got {args.max_ranks}")
+    if not under_torchrun():  # torchrun starts its own ranks
+        try:
+            check_rank_capacity(replay.stages, os.cpu_count(),
+                                available_memory_bytes(), args.max_ranks)
+        except ExecutorError as exc:
+            raise ConfigError(f"run: {exc}") from None
+    return replay, opts
+
+
+def cmd_run_serving(args: argparse.Namespace) -> int:
+    """``pipeopt run`` of a served plan: replay it, print what came out; exit 1 when a
+    request's tokens differ from the one-process decode (``--check``) or a rank fails."""
+    replay, opts = check_serve_args(args)
+    if opts.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
+                              f"({torch.__version__}) sees none; use --backend gloo")
+    try:
+        res = run_serving(replay, opts)
+    except ExecutorError as exc:
+        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
+        return 1
+    if res is None:  # a torchrun rank other than 0
+        return 0
+    bad = bool(opts.check and not res.tokens_match)
+    if args.json:
+        print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": "tiny-gpt",
+                          "model_args": opts.model_kwargs(replay.plan, replay.stages)}))
+        return 1 if bad else 0
+    plan = replay.plan
+    kw = opts.model_kwargs(plan, replay.stages)
+    capped = getattr(args, "max_prompt", None) or getattr(args, "max_output", None)
+    print(f"schedule      {args.schedule} ({res.method}, served plan, {res.ranks} ranks)")
+    print(f"model         tiny-gpt {', '.join(f'{k}={v}' for k, v in kw.items())} (float64), "
+          f"not the planned model")
+    print(f"requests      {len(plan.requests)}: prompts {min(r.prompt for r in plan.requests)}"
+          f"-{max(r.prompt for r in plan.requests)} tokens, outputs "
+          f"{min(r.output for r in plan.requests)}-{max(r.output for r in plan.requests)}"
+          f"{' (capped)' if capped else ''}; {res.iterations} "
+          f"iterations")
+    print(f"replay        {res.wall_s:.4g} s, {plan.output_tokens / res.wall_s:.4g} tokens/s "
+          "on this machine")
+    print(f"KV cache      at most {', '.join(map(str, res.peak_kv_tokens))} tokens' entries "
+          f"held at once per rank (in each of its blocks); {sum(res.kv_left)} left at the end")
+    if opts.check:
+        verdict = "ok" if res.tokens_match else f"MISMATCH in requests {res.mismatched[:10]}"
+        print(f"check         tokens equal a one-process greedy decode: {verdict} (max logit "
+              f"diff {res.max_abs_logit_diff:.3g}; reference {res.reference_s:.3g} s)")
+    return 1 if bad else 0
