@@ -556,17 +556,149 @@ def passing_bound(problem: Problem) -> float:
     return best
 
 
+#: How many of the largest feasible counts of micro-batches still holding a whole activation
+#: :func:`memory_bound` evaluates exactly at each F; smaller counts are bounded below by their
+#: chain term alone (a valid, weaker value: any number keeps the bound proven).
+_MEMORY_OPTIONS = 3
+#: :func:`memory_bound` follows each F in full for this many times M (the micro-batches that fit
+#: in memory), then by the least step per M F's (the steady state; the bound stays proven).
+_MEMORY_ROUNDS = 3
+
+
+def _memory_stage(problem: Problem, device: int, stage: int) -> tuple[float, float]:
+    """(makespan bound, span bound) of one stage on ``device`` by :func:`memory_bound`'s
+    argument, (0, 0) where memory does not bind in the steady state."""
+    m, tt, mt = problem.microbatches, problem.time_table[stage], problem.memory_table[stage]
+    free = _free_memory(problem, device)
+    act = problem.activation_memory[stage]
+    wgm, _, w_unit = _backward_work(problem, stage)
+    n_full = _max_in_flight(problem, device, stage)
+    if n_full >= m or act <= 0:
+        return 0.0, 0.0
+    f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
+    js = problem.distinct_microbatches
+    f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_unit))
+    trips = {j: round_trips(problem, j)[stage] for j in js}
+    hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
+    hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
+    if hold_w <= n_full * (f + b + w):
+        return 0.0, 0.0  # device time, not memory, sets the pace (a choice: see memory_bound)
+    arrivals = {j: _arrival(problem, j)[stage] for j in js}
+    a = min(arrivals.values())
+    first_b = min(trips.values())  # the first B of the stage starts this long after f_1
+    least = [0.0]  # least[n]: the memory factors of the n least-memory micro-batches, summed
+    for c in sorted(mt):
+        least.append(least[-1] + c)
+    split = w_unit > 0 and wgm > 0  # else everything is free once B ends
+    # Per option t (x = n_full - 1 - t micro-batches besides the new one hold a whole
+    # activation): the most that hold only the weight-gradient part beside them.
+    half: list[int] = []
+    for t in range(min(_MEMORY_OPTIONS, n_full)):
+        x, y = n_full - 1 - t, 0
+        room = free - act * least[x + 1]
+        while split and x + 1 + y < m and wgm * (least[x + 2 + y] - least[x + 1]) <= room:
+            y += 1
+        half.append(y)
+    rest = len(half) < n_full
+    # lo_i >= lo_{i-M} + step for every i > M: the least term of each option (x = M - 1 with
+    # no weight-gradient part beside: the W-chain; smaller x: one more F started since).
+    step = min(hold_w if split and half[0] == 0 else hold, hold + f)
+    last = min(m, _MEMORY_ROUNDS * n_full)  # computed in full up to here, then by step
+    lo = [0.0] * (last + 1)  # lo[i] <= f_i - f_1: the i-th F start after the first (1-based)
+    for i in range(2, last + 1):
+        best = lo[i - 1] + f
+        if i > n_full:
+            opt = lo[i - n_full + len(half)] + hold if rest else math.inf
+            for t, y_most in enumerate(half):
+                u = i - n_full + t  # micro-batches whose B has ended
+                z = u - y_most if split and u > y_most else (0 if split else u)
+                done = u * b + z * w
+                g = max(lo[u] + hold, (i - 1) * f + done,
+                        first_b + max(0, i - 1 - n_full) * f + done)
+                if z >= 1 and lo[z] + hold_w > g:
+                    g = lo[z] + hold_w
+                if g < opt:
+                    opt = g
+            if opt > best:
+                best = opt
+        lo[i] = best
+    end = max(lo[i] + (m - i) // n_full * step for i in range(last - n_full + 1, last + 1)
+              if (m - i) % n_full == 0) if last < m else lo[m]
+    paths = {j: _path(problem, j) - arrivals[j] for j in js}
+    own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
+    tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
+    return a + end + tail, end + own
+
+
+def memory_bound(problem: Problem) -> tuple[float, ...]:
+    """Per device, a makespan bound from its memory: at most M micro-batches in flight, each
+    resident for at least its round trip, cannot start faster than M per round trip (seconds;
+    0 where it does not apply).
+
+    Take a stage k on device d and number its F's 1..m by start, f_1 <= ... <= f_m. Memory (the
+    simulator's model): F(k, j) allocates ``act * c_j`` at its start, B(k, j) releases all but
+    ``wgm * c_j`` at its end, W(k, j) the rest at its end (a fused B releases everything); at
+    equal times releases come first. Only stage k's memory is counted (a device's other stages
+    only add to it), so at f_i, of the i - 1 micro-batches already started, x still hold a whole
+    activation and y only the weight-gradient part, with ``act * (least x + 1 factors) + wgm *
+    (next least y) <= limit - static`` (so x <= M - 1, M = :func:`_max_in_flight`); the other
+    u = i - 1 - x have ended their B and z = u - y their W. Writing ``lo_i`` for a bound on
+    ``f_i - f_1``:
+
+    * ``f_i - f_1 >= lo_u + hold``: the u micro-batches that ended B are distinct, so one of
+      them is F number >= u, and it held its activation from its F start for at least ``hold =
+      min_j (round_trip_k(j) + B_k c_j)``; likewise ``lo_z + hold_w`` with W's end (``+ W_k
+      c_j``);
+    * ``f_i - f_1 >= (i - 1) F + u B + z W``: those F's, B's and W's all ran on d between f_1
+      and f_i (F, B, W: the least over the micro-batches);
+    * ``f_i - f_1 >= min_j round_trip_k(j) + max(0, i - 1 - M) F + u B + z W`` when u >= 1:
+      until the first B starts nothing is released, so at most M F's start before it; the rest
+      of them, and every B and W, run after it;
+    * ``f_i >= f_{i-1} + F``.
+
+    For each x the most y is the least case (every term falls as y grows), so f_i - f_1 is at
+    least the least over x of the largest term, and ``lo`` follows from ``lo_1 = 0``. Only the
+    :data:`_MEMORY_OPTIONS` largest x are evaluated in full, smaller x by their first term
+    alone (it grows as x falls), which can only lower the bound. Then the makespan is at least
+    ``a + lo_m`` plus what follows the last F of the stage (a = the stage's earliest arrival):
+    that micro-batch's path from F(k, j) (round trip, its B's down to stage 0 with the links,
+    W(0, j), and its own W(k, j)), the least over j. Different micro-batches: F, B, W, hold and
+    the path are their least and the memory counts take the least-memory micro-batches first,
+    which only enlarges the set of (x, y). A device's bound is the largest over its stages.
+
+    Cost O(m) per stage; a stage is skipped (0: still a bound) where its device time per
+    micro-batch, F + B + W, is at least ``hold_w / M``: memory does not pace the steady state
+    there, and :func:`warmup_bound` already counts the warm-up and cool-down.
+    """
+    return tuple(mk for mk, _ in _memory_bounds(problem))
+
+
+def _memory_bounds(problem: Problem) -> list[tuple[float, float]]:
+    """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
+    W(k, j) end, the device's own ops from its first F to its last W)."""
+    out = []
+    for d in range(problem.devices):
+        if problem.memory_limit[d] is None:
+            out.append((0.0, 0.0))
+            continue
+        per = [_memory_stage(problem, d, k) for k in problem.device_stages[d]]
+        out.append((max(x for x, _ in per), max(y for _, y in per)))
+    return out
+
+
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
     return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
-               overtaking_bound(problem), passing_bound(problem))
+               overtaking_bound(problem), passing_bound(problem), *memory_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:
     """A lower bound on the largest per-device span: a device's work plus the idle time of its
-    warm-up and cool-down (:func:`pipeline_idle`)."""
+    warm-up and cool-down (:func:`pipeline_idle`), or :func:`memory_bound`'s span form (from
+    the device's first F to its last W)."""
     idle = pipeline_idle(problem)
-    return max(problem.device_work(d) + idle[d] for d in range(problem.devices))
+    return max(*(problem.device_work(d) + idle[d] for d in range(problem.devices)),
+               *(span for _, span in _memory_bounds(problem)))
 
 
 def iteration_lower_bound(problem: Problem) -> float:
