@@ -556,6 +556,54 @@ def passing_bound(problem: Problem) -> float:
     return best
 
 
+def link_bound(problem: Problem) -> float:
+    """The busiest directed link's messages, one at a time (seconds; 0 when no message
+    occupies its link for a positive time).
+
+    A message from stage k to k + 1 (or its gradient back) on different devices occupies the
+    directed link between them for ``message_size_k * c_kj / bandwidth`` seconds, one message at
+    a time, then arrives ``latency`` later (the simulator's link model). For a directed link
+    take every message it carries, from every stage boundary and micro-batch: none is ready
+    before the least over them of its sender's earliest end (an F's: the micro-batch's arrival
+    plus F; a B's: arrival, round trip and B of stage k + 1), they then occupy the link for the
+    sum of their transmissions, and after the last one leaves it the makespan is at least the
+    least over them of ``latency`` plus the receiver's path from its start (the micro-batch's
+    path less its earliest start of F(k + 1, j), resp. of B(k, j)). Same argument as a
+    device's bound, with the link as the machine.
+    """
+    if not problem.has_link_contention:
+        return 0.0
+    m, s = problem.microbatches, problem.stages
+    js = problem.distinct_microbatches
+    arr = {j: _arrival(problem, j) for j in js}
+    trips = {j: round_trips(problem, j) for j in js}
+    path = {j: _path(problem, j) for j in js}
+    tt, bwd = problem.time_table, problem.durations["B"]
+    # Per directed device link: [least ready, busy seconds, least after].
+    links: dict[tuple[int, int], list[float]] = {}
+    for k in range(s - 1):
+        for src, dst in ((k, k + 1), (k + 1, k)):
+            tx, lat = problem.transfer(src, dst)
+            if tx <= 0:
+                continue
+            busy = tx * (m if problem.uniform_microbatches
+                         else math.fsum(problem.message_table[k]))
+            if src == k:  # forward: F(k, j) ends, F(k + 1, j) starts after
+                ready = min(arr[j][k] + problem.forward[k] * tt[k][j] for j in js)
+                after = min(lat + path[j] - arr[j][k + 1] for j in js)
+            else:  # backward: B(k + 1, j) ends, B(k, j) starts after
+                ready = min(arr[j][k + 1] + trips[j][k + 1] + bwd[k + 1] * tt[k + 1][j]
+                            for j in js)
+                after = min(lat + path[j] - arr[j][k] - trips[j][k] for j in js)
+            key = (problem.stage_device[src], problem.stage_device[dst])
+            if key in links:
+                r, b, a = links[key]
+                links[key] = [min(r, ready), b + busy, min(a, after)]
+            else:
+                links[key] = [ready, busy, after]
+    return max((r + b + a for r, b, a in links.values()), default=0.0)
+
+
 #: How many of the largest feasible counts of micro-batches still holding a whole activation
 #: :func:`memory_bound` evaluates exactly at each F; smaller counts are bounded below by their
 #: chain term alone (a valid, weaker value: any number keeps the bound proven).
@@ -689,7 +737,8 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float]]:
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
     return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
-               overtaking_bound(problem), passing_bound(problem), *memory_bound(problem))
+               overtaking_bound(problem), passing_bound(problem), *memory_bound(problem),
+               link_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:

@@ -188,3 +188,53 @@ def test_bound_below_brute_force(m: int, latency: float) -> None:
         assert max(memory_bound(prob)) <= best * (1 + 1e-9)
         assert makespan_lower_bound(prob) <= best * (1 + 1e-9)
     assert max(memory_bound(prob)) > 0
+
+
+def _slow_link(m: int) -> Problem:
+    """Two devices, F = B = W = 1 s, 4-byte messages over a 1 byte/s link (4 s each way)."""
+    lat, bw = chain_links(2, [0.0], [1.0])
+    return uniform_problem(2, m, 1.0, 1.0, 1.0).replace(latency=lat, bandwidth=bw,
+                                                        message_size=(4.0,))
+
+
+def test_link_bound_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Forward link: the first activation is ready at 1 s (F(0, 0) ends), three of them occupy
+    # it for 12 s, and after the last one F1 + B1 + 4 s back + B0 + W0 = 8 s remain: 21 s.
+    # The backward link alike: first ready at 1 + 4 + 1 + 1 = 7, 12 s, then B0 + W0: 21 s.
+    # The other bounds: device 0's 9 s of work and 11 - 3 s of idle before its first B: 17 s.
+    # A schedule meets it: F's at 0, 1, 2 on device 0, messages back to back, so F(1, j) at
+    # 5, 9, 13, B(1, j) right after, gradients sent at 7, 11, 15, and B(0, 2) + W(0, 2) end
+    # at 21.
+    prob = _slow_link(3)
+    assert bounds.link_bound(prob) == pytest.approx(21.0)
+    assert _old_bound(prob) == pytest.approx(17.0)
+    assert makespan_lower_bound(prob) == pytest.approx(21.0)
+    assert _proven_optimum(prob, "makespan", monkeypatch) == pytest.approx(21.0)
+    assert bounds.link_bound(_slow_link(3).replace(message_size=(0.0,))) == 0.0
+
+
+def test_link_bound_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random tiny instances with serialized links (and different micro-batches): the bound
+    never exceeds CP-SAT's proven optimum."""
+    rng = random.Random(5)
+    checked = stronger = 0
+    for _ in range(25):
+        p, m = rng.choice([2, 3]), rng.choice([2, 3])
+        lat, bw = chain_links(p, [rng.choice([0.0, 0.5, 2.0]) for _ in range(p - 1)],
+                              [rng.choice([0.5, 1.0, 4.0]) for _ in range(p - 1)])
+        prob = Problem(devices=p, microbatches=m, split_backward=rng.random() < 0.5,
+                       forward=[rng.choice([0.5, 1.0]) for _ in range(p)],
+                       backward_input=[rng.choice([0.5, 1.0, 2.0]) for _ in range(p)],
+                       backward_weight=[rng.choice([0.5, 1.0]) for _ in range(p)],
+                       latency=lat, bandwidth=bw,
+                       message_size=[rng.choice([0.0, 1.0, 3.0]) for _ in range(p - 1)],
+                       microbatch_scale=tuple(rng.choice([0.5, 1.0, 2.0]) for _ in range(m))
+                       if rng.random() < 0.3 else ())
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if best is None:
+            continue
+        checked += 1
+        assert bounds.link_bound(prob) <= best * (1 + 1e-9), prob
+        assert makespan_lower_bound(prob) <= best * (1 + 1e-9), prob
+        stronger += bounds.link_bound(prob) > _old_bound(prob) * (1 + 1e-9)
+    assert checked >= 20 and stronger >= 3
