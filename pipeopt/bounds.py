@@ -17,6 +17,7 @@ that exist only for micro-batches of different cost, :func:`overtaking_bound` an
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterator
 from typing import Literal
@@ -613,10 +614,15 @@ _MEMORY_OPTIONS = 3
 _MEMORY_ROUNDS = 3
 
 
-def _memory_stage(problem: Problem, device: int, stage: int) -> tuple[float, float]:
+#: Per micro-batch (distinct ones): round trips, arrivals (per stage) and path (seconds).
+_Paths = dict[int, tuple[tuple[float, ...], list[float], float]]
+
+
+def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
+                  ) -> tuple[float, float]:
     """(makespan bound, span bound) of one stage on ``device`` by :func:`memory_bound`'s
     argument, (0, 0) where memory does not bind in the steady state."""
-    m, tt, mt = problem.microbatches, problem.time_table[stage], problem.memory_table[stage]
+    m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
     act = problem.activation_memory[stage]
     wgm, _, w_unit = _backward_work(problem, stage)
@@ -624,29 +630,38 @@ def _memory_stage(problem: Problem, device: int, stage: int) -> tuple[float, flo
     if n_full >= m or act <= 0:
         return 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
-    js = problem.distinct_microbatches
+    js = per.keys()
     f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_unit))
-    trips = {j: round_trips(problem, j)[stage] for j in js}
+    trips = {j: per[j][0][stage] for j in js}
     hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
     hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
     if hold_w <= n_full * (f + b + w):
         return 0.0, 0.0  # device time, not memory, sets the pace (a choice: see memory_bound)
-    arrivals = {j: _arrival(problem, j)[stage] for j in js}
+    arrivals = {j: per[j][1][stage] for j in js}
     a = min(arrivals.values())
     first_b = min(trips.values())  # the first B of the stage starts this long after f_1
-    least = [0.0]  # least[n]: the memory factors of the n least-memory micro-batches, summed
-    for c in sorted(mt):
-        least.append(least[-1] + c)
     split = w_unit > 0 and wgm > 0  # else everything is free once B ends
     # Per option t (x = n_full - 1 - t micro-batches besides the new one hold a whole
-    # activation): the most that hold only the weight-gradient part beside them.
+    # activation): the most that hold only the weight-gradient part beside them (the
+    # least-memory ones; a larger count only adds options, so rounding up is safe).
     half: list[int] = []
-    for t in range(min(_MEMORY_OPTIONS, n_full)):
-        x, y = n_full - 1 - t, 0
-        room = free - act * least[x + 1]
-        while split and x + 1 + y < m and wgm * (least[x + 2 + y] - least[x + 1]) <= room:
-            y += 1
-        half.append(y)
+    if problem.uniform_microbatches:
+        for t in range(min(_MEMORY_OPTIONS, n_full)):
+            x = n_full - 1 - t
+            half.append(_whole(free - act * (x + 1), wgm, m - 1 - x) if split else 0)
+    else:
+        least = [0.0]  # least[n]: the n least memory factors, summed
+        for c in sorted(problem.memory_table[stage]):
+            least.append(least[-1] + c)
+        for t in range(min(_MEMORY_OPTIONS, n_full)):
+            x = n_full - 1 - t
+            y = 0
+            if split:
+                room = free - act * least[x + 1]
+                y = max(0, bisect.bisect_right(least, least[x + 1] + room / wgm) - x - 2)
+                while x + 1 + y < m and wgm * (least[x + 2 + y] - least[x + 1]) <= room:
+                    y += 1
+            half.append(min(y, m - 1 - x))
     rest = len(half) < n_full
     # lo_i >= lo_{i-M} + step for every i > M: the least term of each option (x = M - 1 with
     # no weight-gradient part beside: the W-chain; smaller x: one more F started since).
@@ -672,7 +687,7 @@ def _memory_stage(problem: Problem, device: int, stage: int) -> tuple[float, flo
         lo[i] = best
     end = max(lo[i] + (m - i) // n_full * step for i in range(last - n_full + 1, last + 1)
               if (m - i) % n_full == 0) if last < m else lo[m]
-    paths = {j: _path(problem, j) - arrivals[j] for j in js}
+    paths = {j: per[j][2] - arrivals[j] for j in js}
     own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
     tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
     return a + end + tail, end + own
@@ -725,12 +740,16 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float]]:
     """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
     W(k, j) end, the device's own ops from its first F to its last W)."""
     out = []
+    per: _Paths = {}
+    if any(x is not None for x in problem.memory_limit):
+        per = {j: (round_trips(problem, j), _arrival(problem, j), _path(problem, j))
+               for j in problem.distinct_microbatches}
     for d in range(problem.devices):
         if problem.memory_limit[d] is None:
             out.append((0.0, 0.0))
             continue
-        per = [_memory_stage(problem, d, k) for k in problem.device_stages[d]]
-        out.append((max(x for x, _ in per), max(y for _, y in per)))
+        got = [_memory_stage(problem, d, k, per) for k in problem.device_stages[d]]
+        out.append((max(x for x, _ in got), max(y for _, y in got)))
     return out
 
 
