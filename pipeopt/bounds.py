@@ -627,7 +627,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
     act = problem.activation_memory[stage]
     wgm, _, w_unit = _backward_work(problem, stage)
     n_full = _max_in_flight(problem, device, stage)
-    if n_full >= m or act <= 0:
+    if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
         return 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
     js = per.keys()

@@ -238,3 +238,18 @@ def test_link_bound_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None
         assert makespan_lower_bound(prob) <= best * (1 + 1e-9), prob
         stronger += bounds.link_bound(prob) > _old_bound(prob) * (1 + 1e-9)
     assert checked >= 20 and stronger >= 3
+
+
+def test_edge_memory_values() -> None:
+    """No room for one activation, static memory over the limit, zero-size weight gradients,
+    a fused backward: finite bounds, no error."""
+    base = _xdc(4, 8)
+    for prob in (base.replace(memory_limit=(0.5,) * 4),
+                 base.replace(static_memory=(5.0,) * 4),
+                 base.replace(weight_grad_memory=(5e-324,) * 4),
+                 base.replace(weight_grad_memory=(0.0,) * 4),
+                 base.replace(split_backward=False)):
+        assert all(math.isfinite(x) for x in memory_bound(prob))
+        assert math.isfinite(makespan_lower_bound(prob))
+        assert math.isfinite(span_lower_bound(prob))
+    assert memory_bound(base.replace(memory_limit=(0.5,) * 4)) == (0.0,) * 4
