@@ -619,16 +619,16 @@ _Paths = dict[int, tuple[tuple[float, ...], list[float], float]]
 
 
 def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
-                  ) -> tuple[float, float]:
-    """(makespan bound, span bound) of one stage on ``device`` by :func:`memory_bound`'s
-    argument, (0, 0) where memory does not bind in the steady state."""
+                  ) -> tuple[float, float, float]:
+    """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
+    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
     act = problem.activation_memory[stage]
     wgm, _, w_unit = _backward_work(problem, stage)
     n_full = _max_in_flight(problem, device, stage)
     if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
     js = per.keys()
     f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_unit))
@@ -636,7 +636,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
     hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
     hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
     if hold_w <= n_full * (f + b + w):
-        return 0.0, 0.0  # device time, not memory, sets the pace (a choice: see memory_bound)
+        return 0.0, 0.0, 0.0  # device time, not memory, sets the pace (see memory_bound)
     arrivals = {j: per[j][1][stage] for j in js}
     a = min(arrivals.values())
     first_b = min(trips.values())  # the first B of the stage starts this long after f_1
@@ -690,7 +690,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
     paths = {j: per[j][2] - arrivals[j] for j in js}
     own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
     tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
-    return a + end + tail, end + own
+    return a + end + tail, end + own, a + end + own
 
 
 def memory_bound(problem: Problem) -> tuple[float, ...]:
@@ -733,12 +733,14 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     micro-batch, F + B + W, is at least ``hold_w / M``: memory does not pace the steady state
     there, and :func:`warmup_bound` already counts the warm-up and cool-down.
     """
-    return tuple(mk for mk, _ in _memory_bounds(problem))
+    return tuple(mk for mk, _, _ in _memory_bounds(problem))
 
 
-def _memory_bounds(problem: Problem) -> list[tuple[float, float]]:
+def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
     """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
-    W(k, j) end, the device's own ops from its first F to its last W)."""
+    W(k, j) end, the device's own ops from its first F to its last W; its iteration form: the
+    stage's last W ends no earlier than ``a + lo_m`` plus that, then its gradient reduction
+    runs), the largest over the device's stages."""
     out = []
     per: _Paths = {}
     if any(x is not None for x in problem.memory_limit):
@@ -746,10 +748,11 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float]]:
                for j in problem.distinct_microbatches}
     for d in range(problem.devices):
         if problem.memory_limit[d] is None:
-            out.append((0.0, 0.0))
+            out.append((0.0, 0.0, 0.0))
             continue
-        got = [_memory_stage(problem, d, k, per) for k in problem.device_stages[d]]
-        out.append((max(x for x, _ in got), max(y for _, y in got)))
+        got = [(k, *_memory_stage(problem, d, k, per)) for k in problem.device_stages[d]]
+        out.append((max(x for _, x, _, _ in got), max(y for _, _, y, _ in got),
+                    max(z + problem.grad_reduce[k] if z > 0 else 0.0 for k, _, _, z in got)))
     return out
 
 
@@ -766,18 +769,21 @@ def span_lower_bound(problem: Problem) -> float:
     the device's first F to its last W)."""
     idle = pipeline_idle(problem)
     return max(*(problem.device_work(d) + idle[d] for d in range(problem.devices)),
-               *(span for _, span in _memory_bounds(problem)))
+               *(span for _, span, _ in _memory_bounds(problem)))
 
 
 def iteration_lower_bound(problem: Problem) -> float:
     """A lower bound on the iteration time: the makespan bound, and for each device holding one
     stage, its :func:`warmup_bound` plus that stage's gradient reduction (the device's last op
-    is the stage's last W, or fused B, after which the reduction runs)."""
+    is the stage's last W, or fused B, after which the reduction runs); and
+    :func:`memory_bound`'s bound on each stage's last W plus its reduction."""
     out = makespan_lower_bound(problem)
     for d, bound in enumerate(warmup_bound(problem)):
         stages = problem.device_stages[d]
         if len(stages) == 1:
             out = max(out, bound + problem.grad_reduce[stages[0]])
+    if any(problem.grad_reduce):
+        out = max(out, *(it for _, _, it in _memory_bounds(problem)))
     return out
 
 

@@ -15,6 +15,7 @@ from pipeopt import bounds
 from pipeopt.bounds import (
     critical_path,
     device_bound,
+    iteration_lower_bound,
     makespan_lower_bound,
     memory_bound,
     overtaking_bound,
@@ -125,7 +126,9 @@ def _random_problem(rng: random.Random) -> Problem:
     scale: tuple[float, ...] = ()
     if rng.random() < 0.3:
         scale = tuple(rng.choice([0.5, 1.0, 2.0]) for _ in range(m))
+    reduce = [rng.choice([0.0, 0.0, 2.0, 8.0]) for _ in range(s)] if rng.random() < 0.3 else ()
     return Problem(devices=p, microbatches=m, virtual_stages=v, placement="vshape",
+                   grad_reduce=reduce,
                    split_backward=split, forward=[rng.choice(t) for _ in range(s)],
                    backward_input=[rng.choice(t) for _ in range(s)],
                    backward_weight=[rng.choice(t) for _ in range(s)],
@@ -153,8 +156,9 @@ def _proven_optimum(problem: Problem, objective: str,
 
 def test_bounds_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
     """On random tiny instances (tight memory, slow links, different micro-batches, two stages
-    per device): the makespan and span bounds never exceed CP-SAT's proven optima, and the
-    memory bound is the strongest one on some of them (so this tests it)."""
+    per device, gradient reductions): the makespan, iteration and span bounds never exceed
+    CP-SAT's proven optima (the iteration time: the makespan objective counts reductions), and
+    the memory bound is the strongest one on some of them (so this tests it)."""
     rng = random.Random(12)
     stronger = checked = 0
     for _ in range(40):
@@ -165,6 +169,7 @@ def test_bounds_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
         checked += 1
         assert max(memory_bound(prob)) <= best * (1 + 1e-9), prob
         assert makespan_lower_bound(prob) <= best * (1 + 1e-9), prob
+        assert iteration_lower_bound(prob) <= best * (1 + 1e-9), prob  # reductions included
         if max(memory_bound(prob)) > _old_bound(prob) * (1 + 1e-9):
             stronger += 1
             span = _proven_optimum(prob, "span", monkeypatch)
@@ -253,3 +258,11 @@ def test_edge_memory_values() -> None:
         assert math.isfinite(makespan_lower_bound(prob))
         assert math.isfinite(span_lower_bound(prob))
     assert memory_bound(base.replace(memory_limit=(0.5,) * 4)) == (0.0,) * 4
+
+
+def test_iteration_bound_with_reduction_by_hand() -> None:
+    # _one_slot with a 5 s reduction of stage 0 after its last B (fused): that B starts no
+    # earlier than 16 + 7 and ends at 24, so the iteration takes at least 29 s.
+    prob = _one_slot().replace(grad_reduce=(5.0, 0.0))
+    assert iteration_lower_bound(prob) == pytest.approx(29.0)
+    assert brute_force(prob)[0] == pytest.approx(29.0)
