@@ -722,7 +722,12 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     For each x the most y is the least case (every term falls as y grows), so f_i - f_1 is at
     least the least over x of the largest term, and ``lo`` follows from ``lo_1 = 0``. Only the
     :data:`_MEMORY_OPTIONS` largest x are evaluated in full, smaller x by their first term
-    alone (it grows as x falls), which can only lower the bound. Then the makespan is at least
+    alone (it grows as x falls), which can only lower the bound. ``lo`` is computed so up to
+    i = :data:`_MEMORY_ROUNDS` * M, then stepped: for every i > M, ``f_i - f_{i-M} >= step =
+    min(hold_w if no weight-gradient part fits beside M - 1 whole activations and the new one
+    else hold, hold + F)`` (x = M - 1 gives u = i - M; a smaller x gives u >= i - M + 1 and
+    ``f_{i-M+1} >= f_{i-M} + F``), so ``f_m - f_1 >= lo_j + step * (m - j) / M`` for the j of
+    the last M computed with ``m - j`` a multiple of M. Then the makespan is at least
     ``a + lo_m`` plus what follows the last F of the stage (a = the stage's earliest arrival):
     that micro-batch's path from F(k, j) (round trip, its B's down to stage 0 with the links,
     W(0, j), and its own W(k, j)), the least over j. Different micro-batches: F, B, W, hold and
