@@ -734,9 +734,11 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     the path are their least and the memory counts take the least-memory micro-batches first,
     which only enlarges the set of (x, y). A device's bound is the largest over its stages.
 
-    Cost O(m) per stage; a stage is skipped (0: still a bound) where its device time per
-    micro-batch, F + B + W, is at least ``hold_w / M``: memory does not pace the steady state
-    there, and :func:`warmup_bound` already counts the warm-up and cool-down.
+    Cost O(min(m, M * _MEMORY_ROUNDS)) per stage (and sorting its memory factors when they
+    differ), the round trips and paths once per problem. A stage is skipped (0: still a
+    bound) where its device time per micro-batch, F + B + W, is at least ``hold_w / M``:
+    memory does not pace the steady state there, and :func:`warmup_bound` already counts the
+    warm-up and cool-down.
     """
     return tuple(mk for mk, _, _ in _memory_bounds(problem))
 
