@@ -1,7 +1,7 @@
 """Search quality at scale (issue 12): greedy, cpsat and auto against the lower bound, before
 (a base checkout, run in a subprocess) and after (this checkout), measured in one run.
 
-Run: python benchmarks/search.py [--time-limit 30] [--workers 2] [--large]
+Run: python benchmarks/search.py [--time-limit 30] [--workers 2] [--large | --small]
                                  [--base /tmp/base-lns] [--json out.json]
 
 Instances (T_F = 1 s, T_B = 1.2 s, T_W = 0.8 s per device and micro-batch, activation memory 1
@@ -10,12 +10,16 @@ activations, on every device):
 
 * ``xdc p=8 m=16``, ``xdc p=16 m=64`` (and ``xdc p=32 m=128`` with ``--large``): a chain of two
   datacenters, latency 8 x T_F on the link between devices p/2-1 and p/2, none elsewhere;
-* ``vshape p=8 m=16``: two chunks per device in the V placement, no link delay.
+* ``vshape p=8 m=16``: two chunks per device in the V placement, no link delay;
+* with ``--small`` instead: ``xdc p=4 m=12`` and ``xdc p=8 m=24``, where memory paces stage 0
+  and CP-SAT proves the optimum (how tight the analytic bound is).
 
 For each method it prints the objective (iteration time, seconds), its ratio to the best lower
 bound known in this run (the analytic bound or a search's proven bound, before or after), the
 solve time, and with ``--base`` the same for the base checkout and the after / before ratio of
-the objectives (< 1: the change made it faster).
+the objectives (< 1: the change made it faster). Per instance it prints each checkout's
+analytic bound (``bound`` after, ``bound0`` before: a stronger bound raises it) and its
+wall time (``bound_s``).
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ def vshape(p: int, m: int) -> Problem:
                            placement="vshape", memory_limit=float(p))
 
 
-def instances(large: bool) -> dict[str, Problem]:
+def instances(large: bool, small: bool = False) -> dict[str, Problem]:
+    if small:  # memory paces these, and CP-SAT proves their optimum: how tight the bound is
+        return {"xdc p=4 m=12": xdc(4, 12), "xdc p=8 m=24": xdc(8, 24)}
     out = {"xdc p=8 m=16": xdc(8, 16), "xdc p=16 m=64": xdc(16, 64),
            "vshape p=8 m=16": vshape(8, 16)}
     if large:
@@ -63,11 +69,14 @@ def instances(large: bool) -> dict[str, Problem]:
     return out
 
 
-def measure(large: bool, time_limit: float, workers: int) -> dict[str, Any]:
+def measure(large: bool, time_limit: float, workers: int, small: bool = False
+            ) -> dict[str, Any]:
     """Per instance: the analytic bound and, per method, objective, proven bound, seconds."""
     res: dict[str, Any] = {}
-    for name, prob in instances(large).items():
-        row: dict[str, Any] = {"ops": prob.num_ops, "bound": lower_bound(prob, "makespan")}
+    for name, prob in instances(large, small).items():
+        t = time.perf_counter()
+        row: dict[str, Any] = {"ops": prob.num_ops, "bound": lower_bound(prob, "makespan"),
+                               "bound_s": time.perf_counter() - t}
         for method in METHODS:
             t = time.perf_counter()
             s = solve(prob, method, time_limit=time_limit, workers=workers)
@@ -84,6 +93,8 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--large", action="store_true", help="add p=32, m=128")
+    ap.add_argument("--small", action="store_true",
+                    help="instead: xdc p=4 m=12 and p=8 m=24, where CP-SAT proves the optimum")
     ap.add_argument("--base", type=Path, help="a base checkout to measure first")
     ap.add_argument("--json", type=Path, help="write the figures here (a new file)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # JSON to stdout
@@ -95,13 +106,14 @@ def main() -> None:
         if not (args.base / "pipeopt").is_dir():
             sys.exit(f"--base: {args.base} is not a pipeopt checkout (no pipeopt/ in it)")
         cmd = [sys.executable, __file__, "--time-limit", str(args.time_limit), "--workers",
-               str(args.workers), "--child"] + (["--large"] if args.large else [])
+               str(args.workers), "--child"] + (["--large"] if args.large else []) + (
+                   ["--small"] if args.small else [])
         env = {**os.environ, "PIPEOPT_BENCH_ROOT": str(args.base.resolve()),
                "PYTHONPATH": str(args.base.resolve())}
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         sys.stderr.write(out.stderr)
         base = json.loads(out.stdout)
-    after = measure(args.large, args.time_limit, args.workers)
+    after = measure(args.large, args.time_limit, args.workers, args.small)
     if args.child:
         sys.stdout.write(json.dumps(after))
         return
@@ -115,6 +127,8 @@ def main() -> None:
         head += f" {'before':>8} {'ratio':>6} {'time':>6} {'after/before':>12}"
     print(head)
     for name, row in after.items():
+        extra = f" bound0 {base[name]['bound']:.5g}" if base is not None else ""
+        print(f"{name:<18} analytic bound {row['bound']:.5g} ({row['bound_s']:.3f} s){extra}")
         runs = [row] + ([base[name]] if base is not None else [])
         bound = max([r["bound"] for r in runs]
                     + [r[m]["bound"] for r in runs for m in METHODS

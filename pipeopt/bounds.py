@@ -17,6 +17,7 @@ that exist only for micro-batches of different cost, :func:`overtaking_bound` an
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterator
 from typing import Literal
@@ -556,28 +557,240 @@ def passing_bound(problem: Problem) -> float:
     return best
 
 
+def link_bound(problem: Problem) -> float:
+    """The busiest directed link's messages, one at a time (seconds; 0 when no message
+    occupies its link for a positive time).
+
+    A message from stage k to k + 1 (or its gradient back) on different devices occupies the
+    directed link between them for ``message_size_k * c_kj / bandwidth`` seconds, one message at
+    a time, then arrives ``latency`` later (the simulator's link model). For a directed link
+    take every message it carries, from every stage boundary and micro-batch: none is ready
+    before the least over them of its sender's earliest end (an F's: the micro-batch's arrival
+    plus F; a B's: arrival, round trip and B of stage k + 1), they then occupy the link for the
+    sum of their transmissions, and after the last one leaves it the makespan is at least the
+    least over them of ``latency`` plus the receiver's path from its start (the micro-batch's
+    path less its earliest start of F(k + 1, j), resp. of B(k, j)). Same argument as a
+    device's bound, with the link as the machine.
+    """
+    if not problem.has_link_contention:
+        return 0.0
+    m, s = problem.microbatches, problem.stages
+    js = problem.distinct_microbatches
+    arr = {j: _arrival(problem, j) for j in js}
+    trips = {j: round_trips(problem, j) for j in js}
+    path = {j: _path(problem, j) for j in js}
+    tt, bwd = problem.time_table, problem.durations["B"]
+    # Per directed device link: [least ready, busy seconds, least after].
+    links: dict[tuple[int, int], list[float]] = {}
+    for k in range(s - 1):
+        for src, dst in ((k, k + 1), (k + 1, k)):
+            tx, lat = problem.transfer(src, dst)
+            if tx <= 0:
+                continue
+            busy = tx * (m if problem.uniform_microbatches
+                         else math.fsum(problem.message_table[k]))
+            if src == k:  # forward: F(k, j) ends, F(k + 1, j) starts after
+                ready = min(arr[j][k] + problem.forward[k] * tt[k][j] for j in js)
+                after = min(lat + path[j] - arr[j][k + 1] for j in js)
+            else:  # backward: B(k + 1, j) ends, B(k, j) starts after
+                ready = min(arr[j][k + 1] + trips[j][k + 1] + bwd[k + 1] * tt[k + 1][j]
+                            for j in js)
+                after = min(lat + path[j] - arr[j][k] - trips[j][k] for j in js)
+            key = (problem.stage_device[src], problem.stage_device[dst])
+            if key in links:
+                r, b, a = links[key]
+                links[key] = [min(r, ready), b + busy, min(a, after)]
+            else:
+                links[key] = [ready, busy, after]
+    return max((r + b + a for r, b, a in links.values()), default=0.0)
+
+
+#: How many of the largest feasible counts of micro-batches still holding a whole activation
+#: :func:`memory_bound` evaluates exactly at each F; smaller counts are bounded below by their
+#: chain term alone (a valid, weaker value: any number keeps the bound proven).
+_MEMORY_OPTIONS = 3
+#: :func:`memory_bound` follows each F in full for this many times M (the micro-batches that fit
+#: in memory), then by the least step per M F's (the steady state; the bound stays proven).
+_MEMORY_ROUNDS = 3
+
+
+#: Per micro-batch (distinct ones): round trips, arrivals (per stage) and path (seconds).
+_Paths = dict[int, tuple[tuple[float, ...], list[float], float]]
+
+
+def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
+                  ) -> tuple[float, float, float]:
+    """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
+    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply."""
+    m, tt = problem.microbatches, problem.time_table[stage]
+    free = _free_memory(problem, device)
+    act = problem.activation_memory[stage]
+    wgm, _, w_unit = _backward_work(problem, stage)
+    n_full = _max_in_flight(problem, device, stage)
+    if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
+        return 0.0, 0.0, 0.0
+    f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
+    js = per.keys()
+    f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_unit))
+    trips = {j: per[j][0][stage] for j in js}
+    hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
+    hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
+    if hold_w <= n_full * (f + b + w):
+        return 0.0, 0.0, 0.0  # device time, not memory, sets the pace (see memory_bound)
+    arrivals = {j: per[j][1][stage] for j in js}
+    a = min(arrivals.values())
+    first_b = min(trips.values())  # the first B of the stage starts this long after f_1
+    split = w_unit > 0 and wgm > 0  # else everything is free once B ends
+    # Per option t (x = n_full - 1 - t micro-batches besides the new one hold a whole
+    # activation): the most that hold only the weight-gradient part beside them (the
+    # least-memory ones; a larger count only adds options, so rounding up is safe).
+    half: list[int] = []
+    if problem.uniform_microbatches:
+        for t in range(min(_MEMORY_OPTIONS, n_full)):
+            x = n_full - 1 - t
+            half.append(_whole(free - act * (x + 1), wgm, m - 1 - x) if split else 0)
+    else:
+        least = [0.0]  # least[n]: the n least memory factors, summed
+        for c in sorted(problem.memory_table[stage]):
+            least.append(least[-1] + c)
+        for t in range(min(_MEMORY_OPTIONS, n_full)):
+            x = n_full - 1 - t
+            y = 0
+            if split:
+                room = free - act * least[x + 1]
+                y = max(0, bisect.bisect_right(least, least[x + 1] + room / wgm) - x - 2)
+                while x + 1 + y < m and wgm * (least[x + 2 + y] - least[x + 1]) <= room:
+                    y += 1
+            half.append(min(y, m - 1 - x))
+    rest = len(half) < n_full
+    # lo_i >= lo_{i-M} + step for every i > M: the least term of each option (x = M - 1 with
+    # no weight-gradient part beside: the W-chain; smaller x: one more F started since).
+    step = min(hold_w if split and half[0] == 0 else hold, hold + f)
+    last = min(m, _MEMORY_ROUNDS * n_full)  # computed in full up to here, then by step
+    lo = [0.0] * (last + 1)  # lo[i] <= f_i - f_1: the i-th F start after the first (1-based)
+    for i in range(2, last + 1):
+        best = lo[i - 1] + f
+        if i > n_full:
+            opt = lo[i - n_full + len(half)] + hold if rest else math.inf
+            for t, y_most in enumerate(half):
+                u = i - n_full + t  # micro-batches whose B has ended
+                z = u - y_most if split and u > y_most else (0 if split else u)
+                done = u * b + z * w
+                g = max(lo[u] + hold, (i - 1) * f + done,
+                        first_b + max(0, i - 1 - n_full) * f + done)
+                if z >= 1 and lo[z] + hold_w > g:
+                    g = lo[z] + hold_w
+                if g < opt:
+                    opt = g
+            if opt > best:
+                best = opt
+        lo[i] = best
+    end = max(lo[i] + (m - i) // n_full * step for i in range(last - n_full + 1, last + 1)
+              if (m - i) % n_full == 0) if last < m else lo[m]
+    paths = {j: per[j][2] - arrivals[j] for j in js}
+    own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
+    tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
+    return a + end + tail, end + own, a + end + own
+
+
+def memory_bound(problem: Problem) -> tuple[float, ...]:
+    """Per device, a makespan bound from its memory: at most M micro-batches in flight, each
+    resident for at least its round trip, cannot start faster than M per round trip (seconds;
+    0 where it does not apply).
+
+    Take a stage k on device d and number its F's 1..m by start, f_1 <= ... <= f_m. Memory (the
+    simulator's model): F(k, j) allocates ``act * c_j`` at its start, B(k, j) releases all but
+    ``wgm * c_j`` at its end, W(k, j) the rest at its end (a fused B releases everything); at
+    equal times releases come first. Only stage k's memory is counted (a device's other stages
+    only add to it), so at f_i, of the i - 1 micro-batches already started, x still hold a whole
+    activation and y only the weight-gradient part, with ``act * (least x + 1 factors) + wgm *
+    (next least y) <= limit - static`` (so x <= M - 1, M = :func:`_max_in_flight`); the other
+    u = i - 1 - x have ended their B and z = u - y their W. Writing ``lo_i`` for a bound on
+    ``f_i - f_1``:
+
+    * ``f_i - f_1 >= lo_u + hold``: the u micro-batches that ended B are distinct, so one of
+      them is F number >= u, and it held its activation from its F start for at least ``hold =
+      min_j (round_trip_k(j) + B_k c_j)``; likewise ``lo_z + hold_w`` with W's end (``+ W_k
+      c_j``);
+    * ``f_i - f_1 >= (i - 1) F + u B + z W``: those F's, B's and W's all ran on d between f_1
+      and f_i (F, B, W: the least over the micro-batches);
+    * ``f_i - f_1 >= min_j round_trip_k(j) + max(0, i - 1 - M) F + u B + z W`` when u >= 1:
+      until the first B starts nothing is released, so at most M F's start before it; the rest
+      of them, and every B and W, run after it;
+    * ``f_i >= f_{i-1} + F``.
+
+    For each x the most y is the least case (every term falls as y grows), so f_i - f_1 is at
+    least the least over x of the largest term, and ``lo`` follows from ``lo_1 = 0``. Only the
+    :data:`_MEMORY_OPTIONS` largest x are evaluated in full, smaller x by their first term
+    alone (it grows as x falls), which can only lower the bound. ``lo`` is computed so up to
+    i = :data:`_MEMORY_ROUNDS` * M, then stepped: for every i > M, ``f_i - f_{i-M} >= step =
+    min(hold_w if no weight-gradient part fits beside M - 1 whole activations and the new one
+    else hold, hold + F)`` (x = M - 1 gives u = i - M; a smaller x gives u >= i - M + 1 and
+    ``f_{i-M+1} >= f_{i-M} + F``), so ``f_m - f_1 >= lo_j + step * (m - j) / M`` for the j of
+    the last M computed with ``m - j`` a multiple of M. Then the makespan is at least
+    ``a + lo_m`` plus what follows the last F of the stage (a = the stage's earliest arrival):
+    that micro-batch's path from F(k, j) (round trip, its B's down to stage 0 with the links,
+    W(0, j), and its own W(k, j)), the least over j. Different micro-batches: F, B, W, hold and
+    the path are their least and the memory counts take the least-memory micro-batches first,
+    which only enlarges the set of (x, y). A device's bound is the largest over its stages.
+
+    Cost O(min(m, M * _MEMORY_ROUNDS)) per stage (and sorting its memory factors when they
+    differ), the round trips and paths once per problem. A stage is skipped (0: still a
+    bound) where its device time per micro-batch, F + B + W, is at least ``hold_w / M``:
+    memory does not pace the steady state there, and :func:`warmup_bound` already counts the
+    warm-up and cool-down.
+    """
+    return tuple(mk for mk, _, _ in _memory_bounds(problem))
+
+
+def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
+    """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
+    W(k, j) end, the device's own ops from its first F to its last W; its iteration form: the
+    stage's last W ends no earlier than ``a + lo_m`` plus that, then its gradient reduction
+    runs), the largest over the device's stages."""
+    out = []
+    per: _Paths = {}
+    if any(x is not None for x in problem.memory_limit):
+        per = {j: (round_trips(problem, j), _arrival(problem, j), _path(problem, j))
+               for j in problem.distinct_microbatches}
+    for d in range(problem.devices):
+        if problem.memory_limit[d] is None:
+            out.append((0.0, 0.0, 0.0))
+            continue
+        got = [(k, *_memory_stage(problem, d, k, per)) for k in problem.device_stages[d]]
+        out.append((max(x for _, x, _, _ in got), max(y for _, _, y, _ in got),
+                    max(z + problem.grad_reduce[k] if z > 0 else 0.0 for k, _, _, z in got)))
+    return out
+
+
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
     return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
-               overtaking_bound(problem), passing_bound(problem))
+               overtaking_bound(problem), passing_bound(problem), *memory_bound(problem),
+               link_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:
     """A lower bound on the largest per-device span: a device's work plus the idle time of its
-    warm-up and cool-down (:func:`pipeline_idle`)."""
+    warm-up and cool-down (:func:`pipeline_idle`), or :func:`memory_bound`'s span form (from
+    the device's first F to its last W)."""
     idle = pipeline_idle(problem)
-    return max(problem.device_work(d) + idle[d] for d in range(problem.devices))
+    return max(*(problem.device_work(d) + idle[d] for d in range(problem.devices)),
+               *(span for _, span, _ in _memory_bounds(problem)))
 
 
 def iteration_lower_bound(problem: Problem) -> float:
     """A lower bound on the iteration time: the makespan bound, and for each device holding one
     stage, its :func:`warmup_bound` plus that stage's gradient reduction (the device's last op
-    is the stage's last W, or fused B, after which the reduction runs)."""
+    is the stage's last W, or fused B, after which the reduction runs); and
+    :func:`memory_bound`'s bound on each stage's last W plus its reduction."""
     out = makespan_lower_bound(problem)
     for d, bound in enumerate(warmup_bound(problem)):
         stages = problem.device_stages[d]
         if len(stages) == 1:
             out = max(out, bound + problem.grad_reduce[stages[0]])
+    if any(problem.grad_reduce):
+        out = max(out, *(it for _, _, it in _memory_bounds(problem)))
     return out
 
 

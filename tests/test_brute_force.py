@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeopt.bounds import iteration_lower_bound, makespan_lower_bound
+from pipeopt.bounds import iteration_lower_bound, makespan_lower_bound, memory_bound
 from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.simulate import DeadlockError, simulate, validate
 from pipeopt.solvers import SolveOptions, fits_memory
@@ -141,7 +141,7 @@ def tiny_problems(draw) -> Problem:
     act = (draw(st.sampled_from([1.0, 2.0])), 1.0)
     limit = tuple(a * draw(st.integers(1, m)) if draw(st.booleans()) else None for a in act)
     return _two_devices(m, split=split, f=pair(), b=pair(), w=pair(),
-                        latency=draw(st.sampled_from([0.0, 0.5, 2.0])), act=act,
+                        latency=draw(st.sampled_from([0.0, 0.5, 2.0, 5.0])), act=act,
                         wgm=(act[0] / 2, 0.5), limit=limit,
                         reduce=draw(st.sampled_from([(), (1.0, 0.0), (0.0, 4.0)])))
 
@@ -150,6 +150,7 @@ def tiny_problems(draw) -> Problem:
 @given(tiny_problems())
 def test_analytic_bounds_hold_on_tiny_problems(problem: Problem) -> None:
     best, _ = brute_force(problem)
+    assert max(memory_bound(problem)) <= best * (1 + 1e-9)  # (the 5 s latency makes it bind)
     assert makespan_lower_bound(problem) <= best * (1 + 1e-9)
     assert iteration_lower_bound(problem) <= best * (1 + 1e-9)
     sched = validate(solve_cpsat(problem, SolveOptions(time_limit=10, workers=2)))
