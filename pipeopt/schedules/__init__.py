@@ -13,6 +13,7 @@ from __future__ import annotations
 from pipeopt.schedules.base import Generator, NotApplicable, Orders, fused_variant
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
+from pipeopt.schedules.crosspipe import crosspipe, crosspipe_v
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
 
@@ -29,6 +30,8 @@ GENERATORS: dict[str, Generator] = {
     "v-min": v_min,
     "zb-1p": zb_1p,
     "zb-2p": zb_2p,
+    "crosspipe": crosspipe,
+    "crosspipe-v": crosspipe_v,
 }
 
 #: Schedules whose published form runs the whole backward as one op: the gradient leaves only
