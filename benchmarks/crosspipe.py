@@ -2,7 +2,7 @@
 (a base checkout, run in a subprocess at the same time) and after (this checkout).
 
 Run: python benchmarks/crosspipe.py [--time-limit 10] [--workers 1] [--base /tmp/base-xpipe]
-                                    [--quick] [--json out.json]
+                                    [--time-tolerance 0] [--quick] [--json out.json]
 
 64 instances (``--quick``: the 16 with p = 8 and one memory): p = 4 and 8 devices, m = 2p
 micro-batches, T_F = 1 s, T_B = 1.2 s, T_W = 0.8 s per device and micro-batch (split evenly over
@@ -75,12 +75,14 @@ def instances(quick: bool) -> dict[str, Problem]:
     return out
 
 
-def run_auto(probs: dict[str, Problem], time_limit: float, workers: int) -> dict[str, Any]:
+def run_auto(probs: dict[str, Problem], time_limit: float, workers: int,
+             tolerance: float) -> dict[str, Any]:
     """auto's iteration time and wall time per instance."""
     out = {}
     for key, prob in probs.items():
         t0 = time.perf_counter()
-        sched = solve(prob, "auto", time_limit=time_limit, workers=workers)
+        sched = solve(prob, "auto", time_limit=time_limit, workers=workers,
+                      time_tolerance=tolerance)
         out[key] = {"time": sched.iteration_time, "wall_s": time.perf_counter() - t0,
                     "method": sched.method}
     return out
@@ -114,6 +116,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--time-tolerance", type=float, default=0.0,
+                    help="auto's solver.time_tolerance (default 0: the fastest, whatever "
+                         "its memory; auto's own default 0.01 trades up to 1%% for memory)")
     ap.add_argument("--base", type=Path, help="a base checkout: auto before the change")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -121,27 +126,29 @@ def main() -> None:
     args = ap.parse_args()
     probs = instances(args.quick)
     if args.auto_only:
-        json.dump(run_auto(probs, args.time_limit, args.workers), sys.stdout)
+        json.dump(run_auto(probs, args.time_limit, args.workers, args.time_tolerance),
+                  sys.stdout)
         return
     child = None
     if args.base is not None:  # the base checkout's auto, at the same time in a subprocess
         cmd = [sys.executable, str(Path(__file__).resolve()), "--auto-only",
-               "--time-limit", str(args.time_limit), "--workers", str(args.workers)]
+               "--time-limit", str(args.time_limit), "--workers", str(args.workers),
+               "--time-tolerance", str(args.time_tolerance)]
         if args.quick:
             cmd.append("--quick")
         env = {**os.environ, "PIPEOPT_BENCH_ROOT": str(args.base.resolve()),
                "PYTHONPATH": str(args.base.resolve())}
         child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     greedy = run_greedy(probs)
-    after = run_auto(probs, args.time_limit, args.workers)
+    after = run_auto(probs, args.time_limit, args.workers, args.time_tolerance)
     before: dict[str, Any] = {}
     if child is not None:
         out, _ = child.communicate()
         if child.returncode != 0:
             raise SystemExit(f"the base run failed (exit {child.returncode})")
         before = json.loads(out)
-    print(f"auto {args.time_limit:g} s, {args.workers} worker(s); iteration time (s) and "
-          "auto / greedy")
+    print(f"auto {args.time_limit:g} s, {args.workers} worker(s), time_tolerance "
+          f"{args.time_tolerance:g}; iteration time (s) and auto / greedy")
     head = f"{'instance':28} {'greedy':>8} {'g s':>5}"
     if before:
         head += f" {'before':>8} {'b/g':>7}"

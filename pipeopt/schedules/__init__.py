@@ -10,10 +10,13 @@ PyTorch's own schedules, read as data for the ``torch:NAME`` methods, are in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pipeopt.problem import Problem
 from pipeopt.schedules.base import Generator, NotApplicable, Orders, fused_variant
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
-from pipeopt.schedules.crosspipe import crosspipe, crosspipe_v
+from pipeopt.schedules.crosspipe import crosspipe, crosspipe_v, estimated_seconds
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
 
@@ -34,11 +37,18 @@ GENERATORS: dict[str, Generator] = {
     "crosspipe-v": crosspipe_v,
 }
 
+#: Estimated wall time (seconds) of the generators that search (several variants each), for
+#: callers under a time limit; the others take a few microseconds per op.
+COST_ESTIMATES: dict[str, Callable[[Problem], float]] = {
+    "crosspipe": estimated_seconds,
+    "crosspipe-v": estimated_seconds,
+}
+
 #: Schedules whose published form runs the whole backward as one op: the gradient leaves only
 #: when both the input and the weight gradients are done (as autograd computes them together).
 #: They are timed on the fused variant of the problem, which is how their published bubble
 #: formulas, e.g. 1F1B's (p - 1)(F + B + W), arise.
 FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
 
-__all__ = ["FUSED_BACKWARD", "GENERATORS", "Generator", "NotApplicable", "Orders",
+__all__ = ["COST_ESTIMATES", "FUSED_BACKWARD", "GENERATORS", "Generator", "NotApplicable", "Orders",
            "fused_variant"]

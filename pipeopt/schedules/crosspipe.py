@@ -322,9 +322,12 @@ _CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
 _ONE_CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
     (0, None, True), (0, 0.5, True), (0, 1.0, True), (0, 0.5, False))
 #: Ops times variants one call may build: past it, only the first variants of :func:`rules`
-#: (at least one) are tried. Each variant costs about 30 us per op on the development machine,
-#: so this keeps a call to about two seconds.
+#: (at least one) are tried, which keeps a call to about two seconds (:data:`SECONDS_PER_OP`).
 MAX_VARIANT_OPS = 60_000
+#: Wall time of one variant per op (seconds), on the 2-core development machine: 18 us at
+#: p = 8, m = 16 in a V (32 variants in 0.45 s), 41 us at p = 64, m = 1024 (one variant of
+#: 196,608 ops in 8.1 s); the larger is used for estimates.
+SECONDS_PER_OP = 41e-6
 
 
 def rules(problem: Problem) -> list[Rule]:
@@ -336,6 +339,12 @@ def rules(problem: Problem) -> list[Rule]:
     out = [Rule(b, w, r, lead, links) for w, b, (r, lead, links)
            in itertools.product(w_fills, (True, False), chunks)]
     return out[:max(1, MAX_VARIANT_OPS // max(1, problem.num_ops))]
+
+
+def estimated_seconds(problem: Problem) -> float:
+    """About how long :func:`crosspipe` / :func:`crosspipe_v` take on ``problem`` (seconds),
+    so that a caller under a time limit can skip them."""
+    return len(rules(problem)) * problem.num_ops * SECONDS_PER_OP
 
 
 def best_plan(problem: Problem, method: str = "crosspipe") -> Plan:
