@@ -211,3 +211,15 @@ def test_auto_skips_the_greedy_when_it_would_overrun(monkeypatch):
     small, big = uniform_problem(4, 8), uniform_problem(64, 1024)
     assert COST_ESTIMATES["crosspipe"](big) / COST_ESTIMATES["crosspipe"](small) < (
         big.num_ops / small.num_ops)
+
+
+def test_compare_runs_the_v_greedy_on_two_chunks():
+    """compare cuts one-stage-per-device work into a V for crosspipe-v, as for ZB-V."""
+    from pipeopt.solvers import compare
+
+    prob = uniform_problem(4, 8, latency=1.0, memory_limit=4.0)
+    rows = {r.method: r for r in compare(prob, ["crosspipe", "crosspipe-v", "zb-v"])}
+    assert rows["crosspipe"].schedule is not None
+    vee = rows["crosspipe-v (v=2)"].schedule
+    assert vee is not None and vee.problem.virtual_stages == 2
+    assert vee.iteration_time <= rows["zb-v (v=2)"].schedule.iteration_time * (1 + 1e-9)
