@@ -322,8 +322,10 @@ _CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
 _ONE_CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
     (0, None, True), (0, 0.5, True), (0, 1.0, True), (0, 0.5, False))
 #: Ops times variants one call may build: past it, only the first variants of :func:`rules`
-#: (at least one) are tried, which keeps a call to about two seconds (:data:`SECONDS_PER_OP`).
-MAX_VARIANT_OPS = 60_000
+#: (at least one) are tried, which keeps a call under about a second (:data:`SECONDS_PER_OP`)
+#: so that ``auto`` can afford it at a 5 s limit (its hand-made share is 1.5 s) up to a few
+#: thousand ops; all 32 V variants still run at p = 8, m = 16 (768 ops).
+MAX_VARIANT_OPS = 25_000
 #: Wall time of one variant per op (seconds), on the 2-core development machine: 18 us at
 #: p = 8, m = 16 in a V (32 variants in 0.45 s), 41 us at p = 64, m = 1024 (one variant of
 #: 196,608 ops in 8.1 s); the larger is used for estimates.
