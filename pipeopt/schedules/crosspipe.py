@@ -338,8 +338,11 @@ def rules(problem: Problem) -> list[Rule]:
     at most :data:`MAX_VARIANT_OPS` ops' worth of them (at least one)."""
     w_fills = (False, True) if problem.split_backward else (False,)
     chunks = _CHUNK_VARIANTS if problem.virtual_stages > 1 else _ONE_CHUNK_VARIANTS
-    out = [Rule(b, w, r, lead, links) for w, b, (r, lead, links)
-           in itertools.product(w_fills, (True, False), chunks)]
+    # Warm-up variants outermost: when the list is cut, the first warm-ups are tried with every
+    # priority (at p = 16, m = 64 across four datacenters the best schedule needs a warm-up cap
+    # with the W filling every gap; the priorities change the makespan by up to 12% there).
+    out = [Rule(b, w, r, lead, links) for (r, lead, links), w, b
+           in itertools.product(chunks, w_fills, (True, False))]
     return out[:max(1, MAX_VARIANT_OPS // max(1, problem.num_ops))]
 
 
