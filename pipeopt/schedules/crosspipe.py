@@ -318,7 +318,9 @@ class _Greedy:
 _CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
     (0, None, True), (0, 0.5, False), (1, 0.25, True), (1, 0.5, True), (0, 1.0, True),
     (1, 1.0, False), (1, None, True), (0, 0.25, True))
-#: The same for one chunk per device, (reserve 0, lead on the return of the backward).
+#: The same for one chunk per device (no reserve; the lead caps forwards ahead of the stage's
+#: own backward): on uniform-cost chains (p = 4..8, latency 0..2 F, 1x and 2x memory) no lead
+#: or 1/2 were best most often, 1 and 1/2 without the links on some.
 _ONE_CHUNK_VARIANTS: tuple[tuple[int, float | None, bool], ...] = (
     (0, None, True), (0, 0.5, True), (0, 1.0, True), (0, 0.5, False))
 #: Ops times variants one call may build: past it, only the first variants of :func:`rules`
