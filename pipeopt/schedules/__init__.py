@@ -10,6 +10,9 @@ PyTorch's own schedules, read as data for the ``torch:NAME`` methods, are in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from pipeopt.problem import Problem
 from pipeopt.schedules.base import (
     SPLIT_COSTS,
     Generator,
@@ -20,6 +23,7 @@ from pipeopt.schedules.base import (
 )
 from pipeopt.schedules.classic import gpipe, interleaved_1f1b, looped_bfs, one_f_one_b
 from pipeopt.schedules.controllable_memory import v_half, v_min
+from pipeopt.schedules.crosspipe import crosspipe, crosspipe_v, estimated_seconds
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
 
@@ -36,6 +40,15 @@ GENERATORS: dict[str, Generator] = {
     "v-min": v_min,
     "zb-1p": zb_1p,
     "zb-2p": zb_2p,
+    "crosspipe": crosspipe,
+    "crosspipe-v": crosspipe_v,
+}
+
+#: Estimated wall time (seconds) of the generators that search (several variants each), for
+#: callers under a time limit; the others take a few microseconds per op.
+COST_ESTIMATES: dict[str, Callable[[Problem], float]] = {
+    "crosspipe": estimated_seconds,
+    "crosspipe-v": estimated_seconds,
 }
 
 #: Schedules whose published form runs the whole backward as one op: the gradient leaves only
@@ -44,5 +57,5 @@ GENERATORS: dict[str, Generator] = {
 #: formulas, e.g. 1F1B's (p - 1)(F + B + W), arise.
 FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
 
-__all__ = ["FUSED_BACKWARD", "GENERATORS", "SPLIT_COSTS", "Generator", "NotApplicable",
-           "Orders", "fused_variant", "split_variant"]
+__all__ = ["COST_ESTIMATES", "FUSED_BACKWARD", "GENERATORS", "SPLIT_COSTS", "Generator",
+           "NotApplicable", "Orders", "fused_variant", "split_variant"]

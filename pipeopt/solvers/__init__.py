@@ -255,7 +255,7 @@ class CompareRow:
 #: :func:`compare` uses for them on a problem with one stage per device.
 CHUNKED: dict[str, tuple[int, str]] = {
     "interleaved-1f1b": (2, "loop"), "looped-bfs": (2, "loop"), "zb-v": (2, "vshape"),
-    "v-half": (2, "vshape"), "v-min": (2, "vshape"),
+    "v-half": (2, "vshape"), "v-min": (2, "vshape"), "crosspipe-v": (2, "vshape"),
     "torch:Interleaved1F1B": (2, "loop"), "torch:InterleavedZeroBubble": (2, "loop"),
     "torch:ZBVZeroBubble": (2, "vshape"), "torch:DualPipeV": (2, "vshape"),
 }

@@ -2,7 +2,9 @@
 
 Candidates, in order: every hand-made schedule that keeps the memory limits (those published
 with a fused backward also re-timed with B and W split, which is never slower; with micro-batches
-of different cost each also run longest micro-batch first), the ``greedy``
+of different cost each also run longest micro-batch first; CrossPipe's latency-aware greedies
+``crosspipe`` / ``crosspipe-v`` among them, so on slow links the best of these is usually
+theirs and the searches start from it), the ``greedy``
 list scheduler, then ``cpsat`` warm-started from the best so far when the instance is small
 enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is
 in ``details['skipped_cpsat']``). The result is the candidate with the best objective, so it is
@@ -30,7 +32,7 @@ from typing import Any
 
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule
-from pipeopt.schedules import GENERATORS, NotApplicable
+from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
@@ -203,6 +205,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         label = name if mb_order is None else name + LONGEST_FIRST
         if classics and time.perf_counter() - t0 > CLASSIC_SHARE * options.time_limit:
             notes.append((f"classic_{label}", "skipped: time limit"))
+            continue
+        cost = COST_ESTIMATES[name](problem) if name in COST_ESTIMATES else 0.0
+        if classics and time.perf_counter() - t0 + cost > CLASSIC_SHARE * options.time_limit:
+            notes.append((f"classic_{label}", f"skipped: would take about {cost:.3g} s"))
             continue
         try:
             # Orders over the memory limits are dropped before they are timed; their split
