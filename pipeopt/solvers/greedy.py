@@ -31,8 +31,11 @@ headroom is for the largest micro-batch (see :func:`_run`). Several permutations
 with the variants (:func:`microbatch_orders`: short ones at both ends and long ones in the
 middle in a few proportions, shortest first, given, longest first, alternating); the chosen one
 is ``details['microbatch_order']`` (also :attr:`Schedule.microbatch_order`). Then a seeded
-local search swaps two micro-batches or moves one in the best order, keeping a change when the
-best variant's policy gives a shorter schedule (:func:`_order_search`).
+iterated local search over the order, from the two best variants (policy and order): swap two
+micro-batches of different cost or move one, keep a change that is no worse under that
+variant's policy, restart from the best order with a few random moves when stuck; the best
+order found is timed again with every variant (:func:`_order_search`). It takes the time the
+variants leave of half the time limit (``auto`` gives CP-SAT the rest).
 """
 
 from __future__ import annotations
