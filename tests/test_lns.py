@@ -108,3 +108,21 @@ def test_key_breaks_ties_by_span_then_memory() -> None:
     assert not lns.better(same, same)
     assert lns.better((1.0, 2.0, 2.0, 9.0), same)
     assert not lns.better((1.0 + 1e-6, 0.0, 0.0, 0.0), same)
+
+
+def test_microbatch_window_follows_the_incumbents_order() -> None:
+    """The ``microbatches`` window frees micro-batches consecutive in the incumbent's order
+    (reversed here), not in their numbering."""
+    import random
+
+    prob = uniform_problem(3, 6, 1.0, 1.0, 1.0).replace(
+        microbatch_scale=(1.0, 2.0, 1.5, 0.5, 3.0, 1.0))
+    order = (5, 4, 3, 2, 1, 0)
+    inc = run_classic(prob, "1f1b", order=order)
+    assert inc.microbatch_order == order
+    for seed in range(20):
+        free = lns.window_ops(prob, inc, "microbatches", 0.34, random.Random(seed))
+        band = sorted({op.microbatch for op in free})
+        pos = sorted(order.index(j) for j in band)
+        assert len(band) == 3 and pos == list(range(pos[0], pos[0] + 3))
+        assert free == {op for op in prob.ops() if op.microbatch in band}

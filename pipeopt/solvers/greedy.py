@@ -31,8 +31,11 @@ headroom is for the largest micro-batch (see :func:`_run`). Several permutations
 with the variants (:func:`microbatch_orders`: short ones at both ends and long ones in the
 middle in a few proportions, shortest first, given, longest first, alternating); the chosen one
 is ``details['microbatch_order']`` (also :attr:`Schedule.microbatch_order`). Then a seeded
-local search swaps two micro-batches or moves one in the best order, keeping a change when the
-best variant's policy gives a shorter schedule (:func:`_order_search`).
+iterated local search over the order, from the two best variants (policy and order): swap two
+micro-batches of different cost or move one, keep a change that is no worse under that
+variant's policy, restart from the best order with a few random moves when stuck; the best
+order found is timed again with every variant (:func:`_order_search`). It takes the time the
+variants leave of half the time limit (``auto`` gives CP-SAT the rest).
 """
 
 from __future__ import annotations
@@ -62,11 +65,31 @@ _WORK_BUDGET_OPS = 400_000
 _MAX_RESTARTS = 256
 _RESTART_BUDGET_OPS = 150_000
 _NOISE = (0.02, 0.05, 0.1, 0.2, 0.3)
-#: Micro-batches of different cost: after the variants, a local search over the micro-batch
-#: order (swap two, or move one) with the best variant's policy, within this many ops in all.
-#: On the 9 instances of ``benchmarks/variable_microbatches.py`` with p >= 8 it shortened the
-#: best variant's makespan by 0.3-6 % (2.4 % geomean; e.g. p16 m64 lognormal 233.1 -> 219.2 s).
-_ORDER_SEARCH_OPS = 400_000
+#: Micro-batches of different cost: after the variants, an iterated local search over the
+#: micro-batch order (:func:`_order_search`) from the best :data:`_ORDER_STARTS` variants (policy
+#: and order), within this many ops in all and at most :data:`_ORDER_SEARCH_ITERS` timings per
+#: start (so small instances stop well before the time limit and a seed gives one answer).
+#: On the 9 instances of ``benchmarks/variable_microbatches.py`` with p >= 8 the first version
+#: (first-improvement swaps and moves from the best variant, 400k ops) shortened the best
+#: variant's makespan by 0.3-6 % (2.4 % geomean; e.g. p16 m64 lognormal 233.1 -> 219.2 s).
+#: This one, against it (greedy alone, 30 s limit, the same lightly loaded machine): shorter
+#: or equal on all 8 of them, e.g. p8 m32 text/image 77.49 -> 76.01 s, p8 m64 zipf 136.65 ->
+#: 135.61, p16 m64 text/image 169.45 -> 168.23, p16 m64 lognormal 219.20 -> 219.18.
+_ORDER_SEARCH_OPS = 3_200_000
+_ORDER_SEARCH_ITERS = 2000
+_ORDER_STARTS = 2
+#: A swap is only tried between micro-batches whose time scales differ by more than this share
+#: of the larger of the two (swapping two of about the same cost rarely changes the schedule);
+#: a near move shifts one micro-batch by at most this many places; after this many timings
+#: without a better order a chain restarts from its best order moved by this many random
+#: moves. Tuned by hand on ``benchmarks/variable_microbatches.py`` (see benchmarks/README.md).
+_SWAP_MIN_DIFF = 0.1
+_NEAR_MOVE = 3
+_STALL = 150
+_KICK = 3
+#: Share of the order search's time left for timing its best order with every variant and
+#: with noisy restarts.
+_POLISH_SHARE = 0.2
 #: With serialized links the simulator re-times this many of the best variants.
 _RETIME_BEST = 3
 _INF = math.inf
@@ -593,14 +616,20 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     found.sort(key=lambda x: (x[0], x[1]))
     if found and len(mb_orders) > 1 and not interrupted and not (
             found[0][0] <= bound * (1 + 1e-9) and exact_timing):
-        _, _, _, pname, c = found[0]
-        better = _order_search(problem, by_name[pname], mb_orders[c], found[0][0], options.seed,
-                               # a quarter of the time limit at most: auto's CP-SAT runs after
-                               min(t0 + max(0.05, 0.5 * options.time_limit),
-                                   time.perf_counter() + 0.25 * options.time_limit), span_obj)
+        starts: list[tuple[Policy, tuple[int, ...], float]] = []
+        for val, _, _, pname, c in found:  # the best distinct (policy, order) pairs
+            if len(starts) == _ORDER_STARTS:
+                break
+            if all((pol.name, o) != (pname, mb_orders[c]) for pol, o, _ in starts):
+                starts.append((by_name[pname], mb_orders[c], val))
+        # Until half the time limit from the start, like the variants: auto's CP-SAT runs after
+        # (with micro-batches of different cost it moves the greedy's answer little; the order
+        # does: see the module docstring).
+        better = _order_search(problem, starts, options.seed,
+                               t0 + max(0.05, 0.5 * options.time_limit), span_obj)
         if better is not None:
             mb_orders.append(better[2])
-            found.insert(0, (better[0], -1, better[1], pname, len(mb_orders) - 1))
+            found.insert(0, (better[0], -1, better[1], better[3].name, len(mb_orders) - 1))
     if not found:
         found = [(0.0, 0, sequential_orders(problem), "sequential", 0)]
     # The greedy's own timing is the simulator's when links only delay; when messages queue on
@@ -627,37 +656,110 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
                                        details=details))
 
 
-def _order_search(problem: Problem, policy: Policy, order: tuple[int, ...], value: float,
+def _differ(problem: Problem, a: int, b: int) -> bool:
+    """Do micro-batches ``a`` and ``b`` differ in time scale by more than
+    :data:`_SWAP_MIN_DIFF` of the larger of the two? (Swapping two of nearly equal cost is
+    wasted work.)"""
+    ta, tb = problem.time_scale[a], problem.time_scale[b]
+    return abs(ta - tb) > _SWAP_MIN_DIFF * max(ta, tb)
+
+
+def _neighbour(problem: Problem, cur: list[int], rand: random.Random) -> list[int] | None:
+    """One random change of the micro-batch order ``cur``: swap two micro-batches of different
+    cost, move one anywhere, or move one by at most :data:`_NEAR_MOVE` places (a third each);
+    None when the draw changes nothing worth timing."""
+    m = len(cur)
+    new = list(cur)
+    a = rand.randrange(m)
+    u = rand.random()
+    if u < 1 / 3:
+        b = rand.randrange(m)
+        if not _differ(problem, new[a], new[b]):
+            return None
+        new[a], new[b] = new[b], new[a]
+        return new
+    if u < 2 / 3:
+        b = rand.randrange(m)
+    else:
+        b = min(m - 1, max(0, a + rand.choice((-1, 1)) * rand.randint(1, _NEAR_MOVE)))
+    if a == b:
+        return None
+    new.insert(b, new.pop(a))
+    return new
+
+
+def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], float]],
                   seed: int, deadline: float, span: bool = False
-                  ) -> tuple[float, list[list[Op]], tuple[int, ...]] | None:
-    """First-improvement local search over the micro-batch order: swap two micro-batches or
-    move one elsewhere (seeded), keep the change when ``policy`` then gives a lower objective;
-    within :data:`_ORDER_SEARCH_OPS` ops (none on larger instances) and until ``deadline``
-    (perf_counter seconds).
-    (objective, orders of ``problem``, order) of the best order found, None if none beat
-    ``value``."""
+                  ) -> tuple[float, list[list[Op]], tuple[int, ...], Policy] | None:
+    """Iterated local search over the micro-batch order, one chain per start
+    ``(policy, order, objective)`` (the best variants so far), each with an equal share of
+    the iterations and of the time left.
+
+    A chain draws a neighbour (:func:`_neighbour`: swap, move, near move; seeded) and times it
+    with its ``policy``; it moves to a neighbour that is no worse (sideways moves cross the
+    plateaus that many orders of equal makespan form) and, after :data:`_STALL` draws without
+    improvement, restarts from its best order with :data:`_KICK` random moves. Within
+    :data:`_ORDER_SEARCH_OPS` ops in all (none on larger instances) and until ``deadline``
+    (perf_counter seconds), less :data:`_POLISH_SHARE` of the time left, in which the best
+    order is timed with every variant of :data:`POLICIES` and with seeded noisy restarts.
+    Returns (objective, orders of ``problem``, order, policy) of the best order found, None if
+    none beat its start."""
     m = problem.microbatches
-    rand = random.Random(seed)
-    best: tuple[float, list[list[Op]], tuple[int, ...]] | None = None
-    cur = list(order)
-    for _ in range(_ORDER_SEARCH_OPS // max(1, problem.num_ops)):
-        if time.perf_counter() > deadline:
-            break
-        new = list(cur)
-        a, b = rand.randrange(m), rand.randrange(m)
-        if rand.random() < 0.5:
-            new[a], new[b] = new[b], new[a]
-        else:
-            new.insert(b, new.pop(a))
-        try:
-            orders, makespan, spans = _run(_Context(problem.permute_microbatches(new)), policy,
-                                           deadline)
-        except (_Stuck, _OutOfTime):
-            break
-        val = max(spans) if span else makespan
-        if val < value - 1e-9:
-            value, cur = val, new
-            best = (val, _relabel(orders, tuple(new)), tuple(new))
+    iters = min(_ORDER_SEARCH_ITERS,
+                _ORDER_SEARCH_OPS // max(1, problem.num_ops) // max(1, len(starts)))
+    best: tuple[float, list[list[Op]], tuple[int, ...], Policy] | None = None
+    now = time.perf_counter()
+    chains_end = now + (1 - _POLISH_SHARE) * max(0.0, deadline - now)
+    for c, (policy, order, value) in enumerate(starts):
+        rand = random.Random(seed * 7919 + c)
+        left = (chains_end - time.perf_counter()) / (len(starts) - c)
+        stop = min(chains_end, time.perf_counter() + left)
+        top = value if best is None else min(value, best[0])
+        cur_val, cur = value, list(order)
+        chain_best, chain_val = list(order), value
+        stall = 0
+        for _ in range(iters):
+            if time.perf_counter() > stop:
+                break
+            if stall >= _STALL:  # kick: a few random moves away from the chain's best
+                cur = list(chain_best)
+                for _ in range(_KICK):
+                    a, b = rand.randrange(m), rand.randrange(m)
+                    cur.insert(b, cur.pop(a))
+                cur_val, stall = _INF, 0
+            new = _neighbour(problem, cur, rand)
+            if new is None:
+                continue
+            try:
+                orders, makespan, spans = _run(
+                    _Context(problem.permute_microbatches(new)), policy, stop)
+            except (_Stuck, _OutOfTime):
+                break
+            val = max(spans) if span else makespan
+            stall = 0 if val < chain_val - 1e-9 else stall + 1
+            if val <= cur_val + 1e-9:
+                cur_val, cur = val, new
+            if val < chain_val - 1e-9:
+                chain_val, chain_best = val, new
+            if val < top - 1e-9:
+                top = val
+                best = (val, _relabel(orders, tuple(new)), tuple(new), policy)
+    if best is not None and time.perf_counter() < deadline:
+        # The chains timed their order with one policy each: another may suit it better, and
+        # so may a seeded restart with a little noise in the F/B/W choices (as after the
+        # variants; the order search leaves a share of its time for them).
+        ctx = _Context(problem.permute_microbatches(best[2]))
+        noisy = [replace(POLICIES[i % len(POLICIES)], noise=_NOISE[i % len(_NOISE)],
+                         seed=seed * 7919 + _MAX_RESTARTS + i)
+                 for i in range(min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // max(1, problem.num_ops)))]
+        for policy in (*POLICIES, *noisy):
+            try:
+                orders, makespan, spans = _run(ctx, policy, deadline)
+            except (_Stuck, _OutOfTime):
+                continue
+            val = max(spans) if span else makespan
+            if val < best[0] - 1e-9:
+                best = (val, _relabel(orders, best[2]), best[2], policy)
     return best
 
 

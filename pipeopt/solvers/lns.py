@@ -5,7 +5,8 @@ the ops outside it keep their starts, those after the window all shifted by one 
 (:func:`_fix_outside`); the window minimises the objective,
 then the sum of its start times (:func:`_compact_objective`). Windows, in rotation:
 
-* ``microbatches``: a band of consecutive micro-batches across all devices;
+* ``microbatches``: a band of micro-batches consecutive in the incumbent's order
+  (:attr:`Schedule.microbatch_order`) across all devices;
 * ``devices``: a few consecutive devices across all micro-batches;
 * ``ramp-up`` / ``ramp-down``: the ops that start in the first / end in the last share of the
   incumbent's makespan;
@@ -101,9 +102,14 @@ def window_ops(problem: Problem, incumbent: Schedule, kind: str, share: float,
     docstring); offsets drawn from ``rng``."""
     m, p = problem.microbatches, problem.devices
     if kind == "microbatches":
+        # Consecutive in the incumbent's micro-batch order (the order its F ops start on stage
+        # 0: the identity for FIFO schedules, a permutation when micro-batches differ in cost),
+        # so the window frees micro-batches that run side by side.
         width = min(m, max(2, math.ceil(share * m)))
         lo = rng.randrange(m - width + 1)
-        return {op for op in problem.ops() if lo <= op.microbatch < lo + width}
+        order = incumbent.microbatch_order
+        band = set(order[lo:lo + width]) if len(order) == m else set(range(lo, lo + width))
+        return {op for op in problem.ops() if op.microbatch in band}
     if kind == "devices":
         width = min(p, max(1, math.ceil(share * p)))
         lo = rng.randrange(p - width + 1)
