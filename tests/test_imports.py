@@ -189,8 +189,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition",
      "pipeopt.partition.pipedream", "pipeopt.partition.pipeedge", "pipeopt.costs.moe"),
     ("pipeopt.config", "pipeopt.inference_config", "pipeopt.graph_config", "pipeopt.moe_config"),
-    ("pipeopt.executor", "pipeopt.plot", "pipeopt.plot_periodic", "pipeopt.trace",
-     "pipeopt.trace_periodic", "pipeopt.costs.profiler",
+    ("pipeopt.plan", "pipeopt.plan.spec", "pipeopt.plan.candidates", "pipeopt.plan.search",
+     "pipeopt.plan.report"),
+    ("pipeopt.executor", "pipeopt.plan.plot", "pipeopt.plot", "pipeopt.plot_periodic",
+     "pipeopt.trace", "pipeopt.trace_periodic", "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
      "pipeopt.__main__"),
 ]
