@@ -130,6 +130,7 @@ def test_pruning_never_discards_the_best() -> None:
     for data in cases:
         spec = parse_plan(data)
         result = plan(spec)
+        assert result.count("pruned", "bound") > 0  # else the check below checks nothing
         brute = _brute_force(spec)
         fastest = min(r.step_time_s for r in brute.values() if r.status == "scheduled")
         assert result.best is not None
@@ -144,8 +145,7 @@ def test_pruning_never_discards_the_best() -> None:
                 assert full.status != "scheduled", r.candidate
             if r.status == "scheduled":
                 assert r.step_time_s >= r.bound_s * (1 - 1e-9)
-    # The memory limit of the second case pruned something, and the first pruned by bound.
-    assert result.count("pruned", "memory") > 0
+    assert result.count("pruned", "memory") > 0  # the second case's memory limit
 
 
 @pytest.mark.parametrize(("change", "message"), [

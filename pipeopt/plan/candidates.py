@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,17 +123,19 @@ def bytes_per_param(spec: PlanSpec, cand: Candidate) -> float:
     return ZERO1_KEPT_BYTES + (total - ZERO1_KEPT_BYTES) / cand.dp
 
 
-def config_of(spec: PlanSpec, cand: Candidate, stage_layers: list[int] | None = None,
-              method: str = "auto", time_limit: float = 60.0) -> dict[str, Any]:
+def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
+              method: str = "auto", time_limit: float = 60.0, *, uniform: bool = False
+              ) -> dict[str, Any]:
     """The model-form config (a mapping, as YAML reads it) of ``cand``: what ``pipeopt solve``
-    takes. With ``stage_layers`` the partition is fixed to it, else the planner's rule:
-    the exact chain DP for one chunk per device, the uniform split for more (no ILP)."""
+    takes. With ``stage_layers`` the partition is fixed to it; else with ``uniform``
+    Megatron's even split, else the planner's rule: the exact chain DP for one chunk per
+    device, the even split for more (no ILP)."""
     training: dict[str, Any] = {**spec.training, "data_parallel": cand.dp,
                                 "bytes_per_param": bytes_per_param(spec, cand)}
     if stage_layers is not None:
         training["stage_layers"] = list(stage_layers)
     else:
-        training["partition"] = "dp" if cand.virtual_stages == 1 else "uniform"
+        training["partition"] = "dp" if cand.virtual_stages == 1 and not uniform else "uniform"
     data: dict[str, Any] = {
         "pipeline": {"devices": cand.pp, "microbatches": cand.microbatches,
                      "virtual_stages": cand.virtual_stages, "placement": "loop"},
@@ -147,12 +150,12 @@ def config_of(spec: PlanSpec, cand: Candidate, stage_layers: list[int] | None = 
     return data
 
 
-def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: list[int] | None = None
-               ) -> ModelPlan:
+def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
+               *, uniform: bool = False) -> ModelPlan:
     """The cost model's :class:`~pipeopt.costs.build.ModelPlan` of ``cand`` (layers placed on
     the cluster; no partition searched yet). Raises :class:`ConfigError` as the model form does
     (e.g. ranks that do not fit the cluster)."""
-    data = config_of(spec, cand, stage_layers)
+    data = config_of(spec, cand, stage_layers, uniform=uniform)
     cfg = ConfigFile.model_validate({k: v for k, v in data.items() if k != "solver"})
     return make_plan(cfg, spec.source)
 

@@ -2,8 +2,9 @@
 survivors best-bound-first, then search the best few longer (successive halving).
 
 Round 0 takes the candidates in the order of their partition-free bound
-(:func:`~pipeopt.plan.candidates.estimate`) stretched by 1F1B's bubble and schedules each with a fast method (the
-hand-made 1F1B, or interleaved 1F1B for v = 2, when it fits memory; the greedy otherwise).
+(:func:`~pipeopt.plan.candidates.estimate`) stretched by 1F1B's bubble and schedules each
+with a fast method (the hand-made 1F1B, or interleaved 1F1B for v = 2, when it fits memory;
+the greedy otherwise).
 A candidate whose bound exceeds the best step time scheduled so far is never scheduled:
 the bound is checked once before its partition (valid for every partition) and again on
 its built problem (:func:`pipeopt.bounds.iteration_lower_bound`, valid for every schedule
@@ -48,6 +49,9 @@ Status = Literal["scheduled", "pruned", "failed", "skipped"]
 
 #: Name of round 0's method: the hand-made schedule when it fits, else the greedy.
 SCREEN = "screen"
+#: Name of the no-search baseline's method: Megatron-LM's defaults, the hand-made 1F1B
+#: (interleaved for v = 2) on the even partition, nothing else.
+MEGATRON = "megatron"
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ class _Task:
     best_s: float | None
     stage_layers: tuple[int, ...] | None
     round: int
+    uniform: bool = False
 
 
 class _Context:
@@ -172,7 +177,8 @@ class _Context:
         t0 = time.perf_counter()
         cand = task.candidate
         try:
-            plan = with_topology(model_plan(self.spec, cand, task.stage_layers), self.topology)
+            plan = with_topology(model_plan(self.spec, cand, task.stage_layers,
+                                            uniform=task.uniform), self.topology)
         except ConfigError as exc:
             return CandidateResult(cand, "failed", f"cost model: {exc}")
         est = estimate(self.spec, cand, plan)
@@ -243,10 +249,12 @@ def _bound_pruned(cand: Candidate, bound: float, best: float, est: Estimate
 
 
 def _schedule(problem: Any, method: str, time_limit: float, v: int) -> Schedule:
-    if method != SCREEN:
+    if method not in (SCREEN, MEGATRON):
         # time_tolerance 0: the fastest schedule, not a leaner one within 1 % of it.
         return solve(problem, method, time_limit=time_limit, time_tolerance=0.0)
     classic = "1f1b" if v == 1 else "interleaved-1f1b"
+    if method == MEGATRON:
+        return solve(problem, classic)
     try:
         return solve(problem, classic)
     except NotApplicable:  # over the memory limit, or m not a multiple of p
@@ -412,7 +420,10 @@ class Plan:
         r = result or self.best
         if r is None:
             raise ValueError("plan: no candidate was scheduled")
-        method = r.method if r.method and "+" not in r.method else self.spec.plan.method
+        # "auto:zb-h1" is auto's choice, a method of its own; a reordered run is auto's.
+        method = (r.method or "").split(":")[-1]
+        if not method or "+" in method:
+            method = self.spec.plan.method
         return config_of(self.spec, r.candidate, list(r.stage_layers or ()) or None,
                          method=method, time_limit=time_limit)
 
@@ -449,10 +460,16 @@ class _State:
 
 
 def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = None,
-         on_progress: Callable[[PlanProgress], None] | None = None) -> Plan:
+         on_progress: Callable[[PlanProgress], None] | None = None,
+         baseline: bool = False) -> Plan:
     """Search ``spec``'s configurations (see the module docstring); ``time_limit`` (seconds)
     and ``jobs`` override ``plan.time_limit`` and ``plan.jobs``. Ctrl-C returns the plan so
-    far with ``interrupted`` set."""
+    far with ``interrupted`` set.
+
+    With ``baseline``, the no-search baseline of Megatron-LM's defaults: every configuration
+    on the even partition with the hand-made 1F1B (interleaved for v = 2) only, refused when
+    that is over the memory limit, and no later rounds (the same pruning, whose bounds hold for
+    these schedules too)."""
     pl = spec.plan
     limit = pl.time_limit if time_limit is None else time_limit
     jobs = pl.jobs if jobs is None else jobs
@@ -488,7 +505,8 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
         ctx = runner.context()
         for c in cands:
             try:
-                est[c] = estimate(spec, c, with_topology(model_plan(spec, c), ctx.topology))
+                est[c] = estimate(spec, c, with_topology(model_plan(spec, c, uniform=baseline),
+                                                         ctx.topology))
             except ConfigError as exc:
                 results[c] = CandidateResult(c, "failed", f"cost model: {exc}")
         for c, e in est.items():
@@ -505,12 +523,13 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
                 if b is not None and est[c].bound_s > b:
                     yield _bound_pruned(c, est[c].bound_s, b, est[c])
                 else:
-                    yield _Task(i, c, SCREEN, pl.screen_time_limit, b, None, 0)
+                    yield _Task(i, c, MEGATRON if baseline else SCREEN,
+                                pl.screen_time_limit, b, None, 0, uniform=baseline)
 
         runner.run(round0(), handle)
         pool = sorted((r for r in results.values() if r.status == "scheduled"), key=rank_key)
         keep, rnd, limit_r = min(pl.finalists, len(pool)), 0, pl.screen_time_limit
-        while pool and time.perf_counter() < deadline:
+        while pool and not baseline and time.perf_counter() < deadline:
             rnd += 1
             state.round = rnd
             limit_r *= pl.halving
