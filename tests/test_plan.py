@@ -287,3 +287,24 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path, jobs: int) -> N
     assert written["pipeline"]["devices"] >= 1
     assert math.isfinite(json.loads(out_sched.read_text(encoding="utf-8"))["metrics"][
         "iteration_time"]) if "metrics" in json.loads(out_sched.read_text()) else True
+
+
+@pytest.mark.slow
+def test_readme_plan_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "Plan a run": its command runs and prints the table shown (the scheduled rows'
+    configurations and step times, the counts line)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("$ pipeopt plan examples/plan_llama70b.yaml")
+    shown = readme[start:readme.index("```", start)].splitlines()
+    argv = shown[0].removeprefix("$ pipeopt ").split()
+    argv = [str(tmp_path / a) if a.startswith("best.") else
+            str(ROOT / a) if a.startswith("examples/") else a for a in argv]
+    assert main([*argv, "-q"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split(";")[0] == shown[1].split(";")[0]  # the counts, not the wall time
+    want = [line for line in shown if "scheduled" in line and line[:1].isdigit()]
+    got = [line for line in out if "scheduled" in line and line[:1].isdigit()]
+    assert want and [w.split()[:10] for w in want] == [g.split()[:10] for g in got]
+    for w, g in zip(want, got, strict=True):
+        assert float(g.split()[10]) == pytest.approx(float(w.split()[10]), rel=0.02)
+    assert (tmp_path / "best.yaml").exists() and (tmp_path / "best.json").exists()

@@ -24,10 +24,11 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _row(r: CandidateResult, rank: str) -> list[str]:
+def _row(r: CandidateResult, rank: str, priced: bool) -> list[str]:
     c = r.candidate
     gap = r.gap
-    why = r.status if not r.reason else f"{r.status}: {r.reason}"
+    # The reason's first word (memory, bound, time limit ...); --json has it whole.
+    why = r.status if not r.reason else f"{r.status} ({r.reason.split(':')[0]})"
     return [rank, str(c.gpus), str(c.tp), str(c.pp), str(c.dp), str(c.micro_batch_size),
             str(c.microbatches), str(c.virtual_stages), c.recompute, str(c.zero),
             _f(r.step_time_s, ".4g"), _f(r.tokens_per_s, ".4g"),
@@ -35,8 +36,8 @@ def _row(r: CandidateResult, rank: str) -> list[str]:
             _f(None if r.peak_memory_bytes is None else r.peak_memory_bytes / GIB, ".1f"),
             _f(None if r.bubble_ratio is None else 100 * r.bubble_ratio, ".1f"),
             _f(r.bound_s, ".4g"), _f(None if gap is None else 100 * gap, ".1f"),
-            *([] if r.cost_per_step is None else [_f(r.cost_per_step, ".4g")]),
-            why if len(why) <= 60 else why[:57] + "..."]
+            *([_f(r.cost_per_step, ".4g")] if priced else []),
+            why]
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -63,7 +64,7 @@ def ranked_table(result: Plan, top: int = 15) -> str:
     priced = bool(result.spec.prices)
     rows = [_head(priced)]
     for i, r in enumerate(result.results[:top]):
-        rows.append(_row(r, str(i + 1)))
+        rows.append(_row(r, str(i + 1), priced))
     text = _table(rows)
     rest = len(result.results) - min(top, len(result.results))
     if rest:
