@@ -938,6 +938,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"best          {best.candidate.label}: {_fmt(best.step_time_s)} s per step, "
                   f"{best.tokens_per_s:.4g} tokens/s, MFU {best.mfu:.1%} "
                   f"({best.tflops_per_gpu:.4g} TFLOP/s per GPU), method {best.method}")
+    if best is None and result.stopped_by == "interrupted":
+        print("pipeopt: interrupted: no configuration was scheduled yet", file=sys.stderr)
+        return 130
     if best is None:
         raise ConfigError("plan: no configuration could be scheduled (see the reasons above: "
                           "every one is over the memory limit or refused); try more GPUs, "

@@ -308,3 +308,36 @@ def test_readme_plan_section(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     for w, g in zip(want, got, strict=True):
         assert float(g.split()[10]) == pytest.approx(float(w.split()[10]), rel=0.02)
     assert (tmp_path / "best.yaml").exists() and (tmp_path / "best.json").exists()
+
+
+NOTEBOOK = ROOT / "notebooks" / "plan_70b.ipynb"
+
+
+def test_plan_notebook_is_committed_clean() -> None:
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
+    assert code
+    assert not [i for i, cell in enumerate(code)
+                if cell.get("outputs") or cell.get("execution_count") is not None]
+
+
+@pytest.mark.slow
+def test_plan_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """notebooks/plan_70b.ipynb runs top to bottom (nbclient), its plot cells draw, and its
+    last cell's checks of its claims pass."""
+    nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (dev extra)")
+    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (dev extra)")
+    pytest.importorskip("ipykernel", reason="ipykernel is not installed (dev extra)")
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    for cell in code:
+        if "plot" in cell.metadata.get("tags", []):
+            assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.source[:40]
+    last = "".join(o.text for o in code[-1].outputs if o.output_type == "stream")
+    assert "all claims hold" in last

@@ -76,8 +76,8 @@ class PlanSection(_Strict):
         None, min_length=1, description="PP sizes (default: every divisor of GPUs / TP)")
     micro_batch_size: list[int] = Field([1, 2, 4, 8], min_length=1)
     virtual_stages: list[int] = Field([1, 2], min_length=1)
-    recompute: list[Literal["none", "selective", "full"]] = Field(
-        list(RECOMPUTE_MODES), min_length=1)
+    recompute: list[str] = Field(list(RECOMPUTE_MODES), min_length=1,
+                                 description="modes of RECOMPUTE_MODES")
     zero: list[Literal[0, 1]] = Field([0, 1], min_length=1)
     gpus: list[int] | None = Field(
         None, min_length=1, description="GPU counts to plan for, each the first N GPUs of "
@@ -244,6 +244,10 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
     for key in ("tensor_parallel", "pipeline_parallel", "micro_batch_size", "virtual_stages",
                 "gpus"):
         _positive_list(getattr(section, key), key)
+    for i, mode in enumerate(section.recompute):
+        if mode not in RECOMPUTE_MODES:
+            raise ConfigError(f"plan.recompute[{i}]: must be one of "
+                              f"{', '.join(RECOMPUTE_MODES)}, got {mode!r}")
     for key in ("recompute", "zero"):
         vals = getattr(section, key)
         if len(set(vals)) != len(vals):
