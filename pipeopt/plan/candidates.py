@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pipeopt.costs.build import ModelPlan, make_plan, topology_of
@@ -20,6 +20,7 @@ from pipeopt.costs.transformer import model_flops_per_iteration
 from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
 from pipeopt.plan.spec import ZERO1_KEPT_BYTES, PlanSpec
 from pipeopt.schema import ConfigFile
+from pipeopt.topology import Topology
 
 
 @dataclass(frozen=True, order=True)
@@ -151,13 +152,14 @@ def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | Non
 
 
 def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
-               *, uniform: bool = False) -> ModelPlan:
+               *, uniform: bool = False, topology: Topology | None = None) -> ModelPlan:
     """The cost model's :class:`~pipeopt.costs.build.ModelPlan` of ``cand`` (layers placed on
-    the cluster; no partition searched yet). Raises :class:`ConfigError` as the model form does
-    (e.g. ranks that do not fit the cluster)."""
+    the cluster; no partition searched yet), on ``topology`` when given (the cluster's, built
+    once: its path searches are then shared by every candidate). Raises
+    :class:`ConfigError` as the model form does (e.g. ranks that do not fit the cluster)."""
     data = config_of(spec, cand, stage_layers, uniform=uniform)
     cfg = ConfigFile.model_validate({k: v for k, v in data.items() if k != "solver"})
-    return make_plan(cfg, spec.source)
+    return make_plan(cfg, spec.source, topology=topology)
 
 
 @dataclass(frozen=True)
@@ -209,9 +211,3 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
         spec.shape(cand.tp, cand.micro_batch_size, "none"), cand.microbatches) * cand.dp
     return Estimate(memory_floor_bytes=floor, memory_limit_bytes=max(limits),
                     bound_s=cand.microbatches * per_mb / cand.pp, model_flops=flops)
-
-
-def with_topology(plan: ModelPlan, topology: Any) -> ModelPlan:
-    """``plan`` on a topology built once for the whole search (same cluster, same GPU
-    numbering): its path searches are then done once per plan, not once per candidate."""
-    return replace(plan, topology=topology)

@@ -37,7 +37,6 @@ from pipeopt.plan.candidates import (
     enumerate_candidates,
     estimate,
     model_plan,
-    with_topology,
 )
 from pipeopt.plan.spec import PlanSpec
 from pipeopt.problem import ProblemError
@@ -177,8 +176,8 @@ class _Context:
         t0 = time.perf_counter()
         cand = task.candidate
         try:
-            plan = with_topology(model_plan(self.spec, cand, task.stage_layers,
-                                            uniform=task.uniform), self.topology)
+            plan = model_plan(self.spec, cand, task.stage_layers, uniform=task.uniform,
+                              topology=self.topology)
         except ConfigError as exc:
             return CandidateResult(cand, "failed", f"cost model: {exc}")
         est = estimate(self.spec, cand, plan)
@@ -505,8 +504,8 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
         ctx = runner.context()
         for c in cands:
             try:
-                est[c] = estimate(spec, c, with_topology(model_plan(spec, c, uniform=baseline),
-                                                         ctx.topology))
+                est[c] = estimate(spec, c, model_plan(spec, c, uniform=baseline,
+                                                      topology=ctx.topology))
             except ConfigError as exc:
                 results[c] = CandidateResult(c, "failed", f"cost model: {exc}")
         for c, e in est.items():
@@ -532,6 +531,7 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
         while pool and not baseline and time.perf_counter() < deadline:
             rnd += 1
             state.round = rnd
+            state.report(results)  # a round starts: say so before its first result
             limit_r *= pl.halving
             finalists = pool[:keep]
 
