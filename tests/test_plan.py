@@ -114,7 +114,7 @@ def _brute_force(spec: Any) -> dict[Candidate, Any]:
     ctx = _Context(spec)
     out = {}
     for c in enumerate_candidates(spec):
-        rows = [ctx.evaluate(_Task(0, c, m, 5.0, None, None, 0)) for m in (SCREEN, "auto")]
+        rows = [ctx.evaluate(_Task(0, c, m, 5.0, (), None, 0)) for m in (SCREEN, "auto")]
         done = [r for r in rows if r.status == "scheduled"]
         out[c] = min(done, key=lambda r: r.step_time_s) if done else rows[0]
     return out
@@ -146,6 +146,33 @@ def test_pruning_never_discards_the_best() -> None:
             if r.status == "scheduled":
                 assert r.step_time_s >= r.bound_s * (1 - 1e-9)
     assert result.count("pruned", "memory") > 0  # the second case's memory limit
+
+
+@pytest.mark.slow
+def test_pareto_pruning_keeps_every_candidate_of_the_fronts() -> None:
+    """With ``plan.pareto``, a candidate is pruned only when a schedule in hand beats it on
+    both axes: every pruned candidate's schedules (enumerated in full) are dominated on time
+    and peak memory, and on time and cost, by a schedule the plan found; and the fronts hold
+    more than pruning by time alone leaves."""
+    data = tiny(finalists=100, pareto=True, recompute=["none", "full"])
+    data["cluster"]["price_per_gpu_hour"] = 1.0
+    spec = parse_plan(data)
+    result = plan(spec)
+    brute = _brute_force(spec)
+    done = result.scheduled
+    pruned = [r for r in result.results if r.status == "pruned" and r.reason.startswith("bound")]
+    assert pruned
+    for r in pruned:
+        full = brute[r.candidate]
+        if full.status != "scheduled":
+            continue
+        assert any(s.step_time_s <= full.step_time_s and
+                   s.peak_memory_bytes <= full.peak_memory_bytes for s in done), r.candidate
+        assert any(s.step_time_s <= full.step_time_s and
+                   s.cost_per_step <= full.cost_per_step for s in done), r.candidate
+    by_time = plan(parse_plan({**data, "plan": {**data["plan"], "pareto": False}}))
+    assert len(result.pareto("memory")) >= len(by_time.pareto("memory"))
+    assert result.count("scheduled") > by_time.count("scheduled")
 
 
 @pytest.mark.parametrize(("change", "message"), [

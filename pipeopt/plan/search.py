@@ -42,7 +42,7 @@ from pipeopt.plan.spec import PlanSpec
 from pipeopt.problem import ProblemError
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
-from pipeopt.solvers import require_memory, solve
+from pipeopt.solvers import memory_floor, require_memory, solve
 
 Status = Literal["scheduled", "pruned", "failed", "skipped"]
 
@@ -134,13 +134,31 @@ class PlanProgress:
     best: Candidate | None
 
 
+#: Schedules in hand that prune: (step time s, peak memory bytes, cost per step $) each. A
+#: candidate is pruned when one of them is faster than its bound and needs no more memory than
+#: its floor (and, with prices, one is faster and costs no more than its bound's cost): no
+#: schedule of it can then be on the fronts. Pruning by time alone is one point
+#: (best step time, -inf, -inf).
+Frontier = tuple[tuple[float, float, float], ...]
+
+
+def dominated(frontier: Frontier, bound: float, floor: float, cost: float | None
+              ) -> tuple[float, float, float] | None:
+    """The first point of ``frontier`` that rules out a candidate of step-time ``bound``,
+    memory floor ``floor`` and least cost per step ``cost`` (None: no prices), or None."""
+    mem = next((p for p in frontier if p[0] < bound and p[1] <= floor), None)
+    if mem is None or cost is None:
+        return mem
+    return mem if any(p[0] < bound and p[2] <= cost for p in frontier) else None
+
+
 @dataclass(frozen=True)
 class _Task:
     index: int
     candidate: Candidate
     method: str
     time_limit: float
-    best_s: float | None
+    frontier: Frontier
     stage_layers: tuple[int, ...] | None
     round: int
     uniform: bool = False
@@ -159,6 +177,12 @@ class _Context:
         prices = dict(spec.prices)
         self._prices = [prices.get(g.name) for g in models] if prices else None
 
+    def cost(self, cand: Candidate, step: float) -> float | None:
+        """Dollars of a step of ``step`` seconds on ``cand``'s GPUs (None: no prices)."""
+        if self._prices is None:
+            return None
+        return step / 3600 * math.fsum(p or 0.0 for p in self._prices[:cand.gpus])
+
     def figures(self, cand: Candidate, est: Estimate, step: float) -> dict[str, Any]:
         """Tokens/s, MFU, TFLOP/s per GPU and the cost of one step for a step time."""
         n = cand.gpus
@@ -167,8 +191,7 @@ class _Context:
                "mfu": est.model_flops / (step * peak),
                "tflops_per_gpu": est.model_flops / (step * n) / 1e12}
         if self._prices is not None:
-            out["cost_per_step"] = step / 3600 * math.fsum(
-                p or 0.0 for p in self._prices[:n])
+            out["cost_per_step"] = self.cost(cand, step)
         return out
 
     def evaluate(self, task: _Task) -> CandidateResult:
@@ -183,8 +206,10 @@ class _Context:
         est = estimate(self.spec, cand, plan)
         if not est.fits:
             return _memory_pruned(cand, est)
-        if task.best_s is not None and est.bound_s > task.best_s:
-            return _bound_pruned(cand, est.bound_s, task.best_s, est)
+        hit = dominated(task.frontier, est.bound_s, est.memory_floor_bytes,
+                        self.cost(cand, est.bound_s))
+        if hit is not None:
+            return _bound_pruned(cand, est.bound_s, hit, est)
         try:
             part, report = search_partition(plan)
             problem = plan.problem(part, {"partition_search": report})
@@ -199,8 +224,10 @@ class _Context:
             return CandidateResult(cand, "pruned", f"memory: {exc}",
                                    memory_floor_bytes=est.memory_floor_bytes)
         bound = max(est.bound_s, iteration_lower_bound(problem))
-        if task.best_s is not None and bound > task.best_s:
-            return _bound_pruned(cand, bound, task.best_s, est)
+        floor = max(memory_floor(problem))
+        hit = dominated(task.frontier, bound, floor, self.cost(cand, bound))
+        if hit is not None:
+            return _bound_pruned(cand, bound, hit, est)
         try:
             sched = _schedule(problem, task.method, task.time_limit, cand.virtual_stages)
         except (NotApplicable, ValueError, RuntimeError) as exc:
@@ -240,10 +267,14 @@ def _memory_pruned(cand: Candidate, est: Estimate) -> CandidateResult:
         "GiB limit", memory_floor_bytes=est.memory_floor_bytes)
 
 
-def _bound_pruned(cand: Candidate, bound: float, best: float, est: Estimate
-                  ) -> CandidateResult:
-    return CandidateResult(cand, "pruned", f"bound: {bound:.4g} s > best step time "
-                           f"{best:.4g} s already scheduled", bound_s=bound,
+def _bound_pruned(cand: Candidate, bound: float, hit: tuple[float, float, float],
+                  est: Estimate) -> CandidateResult:
+    if hit[1] == -math.inf:
+        why = f"bound: {bound:.4g} s > best step time {hit[0]:.4g} s already scheduled"
+    else:
+        why = (f"bound: {bound:.4g} s > {hit[0]:.4g} s of a schedule in hand that needs "
+               f"{hit[1] / 2**30:.1f} GiB, no more than this one's memory floor (dominated)")
+    return CandidateResult(cand, "pruned", why, bound_s=bound,
                            memory_floor_bytes=est.memory_floor_bytes)
 
 
@@ -441,6 +472,17 @@ class _State:
     def best_s(self) -> float | None:
         return None if self.best is None else self.best.step_time_s
 
+    def frontier(self, pareto: bool, results: dict[Candidate, CandidateResult]) -> Frontier:
+        """The schedules in hand that prune (see :data:`Frontier`): the best step time, or
+        with ``pareto`` every scheduled candidate's time, memory and cost."""
+        if not pareto:
+            b = self.best_s
+            return () if b is None else ((b, -math.inf, -math.inf),)
+        return tuple((r.step_time_s, r.peak_memory_bytes or 0.0,
+                      r.cost_per_step if r.cost_per_step is not None else -math.inf)
+                     for r in results.values()
+                     if r.status == "scheduled" and r.step_time_s is not None)
+
     def update(self, res: CandidateResult, results: dict[Candidate, CandidateResult]) -> None:
         if res.status == "scheduled" and res.step_time_s is not None and (
                 self.best_s is None or res.step_time_s < self.best_s):
@@ -518,12 +560,14 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
             for i, c in enumerate(order):
                 if time.perf_counter() >= deadline:
                     return
-                b = state.best_s
-                if b is not None and est[c].bound_s > b:
-                    yield _bound_pruned(c, est[c].bound_s, b, est[c])
+                front = state.frontier(pl.pareto, results)
+                hit = dominated(front, est[c].bound_s, est[c].memory_floor_bytes,
+                                ctx.cost(c, est[c].bound_s))
+                if hit is not None:
+                    yield _bound_pruned(c, est[c].bound_s, hit, est[c])
                 else:
                     yield _Task(i, c, MEGATRON if baseline else SCREEN,
-                                pl.screen_time_limit, b, None, 0, uniform=baseline)
+                                pl.screen_time_limit, front, None, 0, uniform=baseline)
 
         runner.run(round0(), handle)
         pool = sorted((r for r in results.values() if r.status == "scheduled"), key=rank_key)
@@ -543,7 +587,7 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
                     b = state.best_s
                     if b is not None and r.bound_s is not None and r.bound_s > b:
                         continue  # it cannot beat the best any more
-                    yield _Task(i, r.candidate, pl.method, limit_r, None, r.stage_layers, rnd)
+                    yield _Task(i, r.candidate, pl.method, limit_r, (), r.stage_layers, rnd)
 
             runner.run(later(), handle)
             if keep == 1:

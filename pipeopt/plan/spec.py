@@ -91,6 +91,9 @@ class PlanSection(_Strict):
     method: str = Field("auto", description="the search of the rounds after the first")
     finalists: int = Field(9, ge=1, description="candidates of the first round searched "
                            "again (the best ones)")
+    pareto: bool = Field(False, description="prune only candidates that a schedule in hand "
+                         "beats on time and on memory (and cost): exact Pareto fronts, "
+                         "weaker pruning")
 
 
 @dataclass(frozen=True)
