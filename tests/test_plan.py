@@ -377,3 +377,40 @@ def test_plan_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
             assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.source[:40]
     last = "".join(o.text for o in code[-1].outputs if o.output_type == "stream")
     assert "all claims hold" in last
+
+
+@pytest.mark.slow
+def test_per_stage_recompute_is_one_entry_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16 item 2 (recomputation chosen per stage, model.recompute: per_stage) joins the
+    plan by one more entry of RECOMPUTE_MODES: its candidates are built as the model form
+    builds them, their memory floor and bound stay below what their schedules need, and
+    under a memory limit that full recomputation everywhere would meet, per stage is never
+    slower than the best uniform mode."""
+    import pipeopt.plan.spec as spec_module
+    from pipeopt.solvers import memory_floor
+
+    monkeypatch.setattr(spec_module, "RECOMPUTE_MODES", (*spec_module.RECOMPUTE_MODES,
+                                                         "per_stage"))
+    # 512-token sequences on 2 stages: at 6e6 bytes per device no recomputation cannot fit
+    # (its floor is 15e6), selective barely does (4.5e6), full does (2.4e6).
+    data = {**tiny(recompute=["none", "selective", "full", "per_stage"], virtual_stages=[1],
+                   zero=[0], finalists=100, tensor_parallel=[1], pipeline_parallel=[2],
+                   micro_batch_size=[1]),
+            "memory": {"limit": 6e6}}
+    data["model"]["seq_len"] = 512
+    spec = parse_plan(data)
+    result = plan(spec)
+    ctx = _Context(spec)
+    rows = {r.candidate.recompute: r for r in result.results if r.status == "scheduled"}
+    assert "per_stage" in {c.recompute for c in enumerate_candidates(spec)}
+    for r in result.results:
+        if r.candidate.recompute != "per_stage" or r.status != "scheduled":
+            continue
+        est = estimate(spec, r.candidate)
+        assert r.step_time_s >= est.bound_s * (1 - 1e-9)
+        assert est.memory_floor_bytes <= max(memory_floor(r.schedule.problem)) * (1 + 1e-9)
+        full = ctx.evaluate(_Task(0, r.candidate, "auto", 5.0, (), None, 0))
+        assert full.status == "scheduled"
+    assert "per_stage" in rows and "none" not in rows, {m: r.reason for m, r in rows.items()}
+    uniform = [r.step_time_s for m, r in rows.items() if m != "per_stage"]
+    assert uniform and rows["per_stage"].step_time_s <= min(uniform) * (1 + 1e-6)

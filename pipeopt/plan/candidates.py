@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeopt.costs.build import ModelPlan, make_plan, topology_of
@@ -200,10 +200,16 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
     kinds: dict[str, int] = {}
     for d in gpus:
         kinds.setdefault(plan.gpu(d).name, d)
-    times = [plan.layer_times(d).sum(axis=1) for d in kinds.values()]
+    # With a recompute mode chosen per stage (model.recompute: per_stage) each layer may run
+    # in any of the modes: take, per layer, the least time and the least activation bytes
+    # over them, which bounds every choice from below.
+    worlds = [plan, *(replace(plan, layers=list(o.layers), recompute_options=())
+                      for o in getattr(plan, "recompute_options", ()))]
+    times = [w.layer_times(d).sum(axis=1) for w in worlds for d in kinds.values()]
     per_mb = sum(min(t[i] for t in times) for i in range(len(plan.layers)))
     static = sum(lc.params for lc in plan.layers) * plan.training.bytes_per_param
-    act = sum(lc.activation_bytes for lc in plan.layers)
+    act = sum(min(w.layers[i].activation_bytes for w in worlds)
+              for i in range(len(plan.layers)))
     extra = sum(plan.extra_static)
     floor = (static + act + extra) / plan.devices
     limits = [math.inf if x is None else x for x in plan.memory_limit]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pipeopt.bounds import iteration_lower_bound
-from pipeopt.costs.build import search_partition, topology_of
+from pipeopt.costs.build import search_plan, topology_of
 from pipeopt.errors import ConfigError
 from pipeopt.plan.candidates import (
     Candidate,
@@ -211,8 +211,10 @@ class _Context:
         if hit is not None:
             return _bound_pruned(cand, est.bound_s, hit, est)
         try:
-            part, report = search_partition(plan)
-            problem = plan.problem(part, {"partition_search": report})
+            # As the model form builds it (build_from_model): with recompute: per_stage the
+            # partition search also picks each stage's mode (and split or fused backward).
+            plan, part, report = search_plan(plan)
+            problem = plan.problem(part, {"partition_search": report}, report.get("recompute"))
         except ConfigError as exc:
             return CandidateResult(cand, "pruned", f"memory: {_after_key(exc)}",
                                    memory_floor_bytes=est.memory_floor_bytes)
@@ -261,10 +263,14 @@ def _after_key(exc: Exception) -> str:
 
 def _memory_pruned(cand: Candidate, est: Estimate) -> CandidateResult:
     return CandidateResult(
-        cand, "pruned", f"memory: needs at least {est.memory_floor_bytes / 2**30:.1f} GiB per "
-        f"device on average (weights, gradients, optimizer state and one micro-batch's "
-        f"activations over {cand.pp} ranks), over the {est.memory_limit_bytes / 2**30:.1f} "
-        "GiB limit", memory_floor_bytes=est.memory_floor_bytes)
+        cand, "pruned", f"memory: needs at least {_bytes(est.memory_floor_bytes)} per device "
+        f"on average (weights, gradients, optimizer state and one micro-batch's activations "
+        f"over {cand.pp} ranks), over the {_bytes(est.memory_limit_bytes)} limit",
+        memory_floor_bytes=est.memory_floor_bytes)
+
+
+def _bytes(x: float) -> str:
+    return f"{x / 2**30:.1f} GiB" if x >= 2**30 / 10 else f"{x:.4g} bytes"
 
 
 def _bound_pruned(cand: Candidate, bound: float, hit: tuple[float, float, float],
@@ -273,7 +279,7 @@ def _bound_pruned(cand: Candidate, bound: float, hit: tuple[float, float, float]
         why = f"bound: {bound:.4g} s > best step time {hit[0]:.4g} s already scheduled"
     else:
         why = (f"bound: {bound:.4g} s > {hit[0]:.4g} s of a schedule in hand that needs "
-               f"{hit[1] / 2**30:.1f} GiB, no more than this one's memory floor (dominated)")
+               f"{_bytes(hit[1])}, no more than this one's memory floor (dominated)")
     return CandidateResult(cand, "pruned", why, bound_s=bound,
                            memory_floor_bytes=est.memory_floor_bytes)
 
