@@ -57,6 +57,7 @@ EXAMPLES = {
     "solve": "pipeopt solve examples/uniform.yaml --method cpsat --time-limit 30 -o out.json",
     "simulate": "pipeopt simulate out.json",
     "compare": "pipeopt compare examples/cross_dc.yaml",
+    "plan": "pipeopt plan examples/plan_gpt3.yaml --config-out best.yaml --schedule-out best.json",
 }
 
 #: Extra subcommands contributed by other modules: name -> (module, function that adds the
@@ -900,6 +901,114 @@ def _method_list(text: str) -> list[str]:
     return names
 
 
+def jobs_arg(text: str) -> int:
+    """argparse type of ``plan --jobs``: an integer >= 1."""
+    try:
+        val = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if val < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return val
+
+
+class _PlanProgress:
+    """``plan``'s progress on stderr: a line when the best step time improves, a round starts,
+    or at most every ``every_s`` seconds otherwise."""
+
+    def __init__(self, enabled: bool, every_s: float = 2.0) -> None:
+        self.enabled, self.every_s = enabled, every_s
+        self._last = -math.inf
+        self._seen: tuple[Any, ...] = (None, None)
+
+    def __call__(self, p: Any) -> None:
+        if not self.enabled:
+            return
+        key = (p.round, p.best_s)
+        if key == self._seen and p.elapsed_s - self._last < self.every_s:
+            return
+        self._seen, self._last = key, p.elapsed_s
+        best = "-" if p.best_s is None else f"{p.best_s:.6g} s ({p.best.label})"
+        print(f"plan: {p.elapsed_s:6.1f}s round {p.round}: {p.done} done, {p.left} left, "
+              f"{p.pruned} pruned, {p.scheduled} scheduled; best {best}", file=sys.stderr,
+              flush=True)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    outputs = [("--config-out", args.config_out), ("--schedule-out", args.schedule_out),
+               ("--plot", args.plot)]
+    given = [(flag, path) for flag, path in outputs if path]
+    for i, (flag, path) in enumerate(given):
+        refuse_overwriting_input(flag, path, args.config)
+        for other, opath in given[:i]:
+            if os.path.abspath(path) == os.path.abspath(opath):
+                raise ConfigError(f"{flag}: {path} is also the file of {other}; give each "
+                                  "output its own file")
+    if args.plot:
+        from pipeopt.plot import image_format
+
+        image_format(args.plot, "--plot")
+    for flag, path in given:
+        check_writable(flag, path)
+    from pipeopt.plan import load_plan, pareto_table, plan, ranked_table
+
+    spec = load_plan(args.config)
+    result = plan(spec, time_limit=args.time_limit, jobs=args.jobs,
+                  on_progress=_PlanProgress(not args.quiet))
+    best = result.best
+    if args.json:
+        print(json.dumps([r.to_dict() for r in result.results]))
+    else:
+        print(f"plan          {result.enumerated} configurations, {result.count('scheduled')} "
+              f"scheduled, {result.count('pruned', 'memory')} pruned by memory, "
+              f"{result.count('pruned', 'bound')} by bound, {result.count('failed')} failed, "
+              f"{result.count('skipped')} skipped; {result.wall_time_s:.1f} s")
+        print(ranked_table(result, top=args.top))
+        print(pareto_table(result, "memory"))
+        if spec.prices:
+            print(pareto_table(result, "cost"))
+        if best is not None:
+            print(f"best          {best.candidate.label}: {_fmt(best.step_time_s)} s per step, "
+                  f"{best.tokens_per_s:.4g} tokens/s, MFU {best.mfu:.1%} "
+                  f"({best.tflops_per_gpu:.4g} TFLOP/s per GPU), method {best.method}")
+    if best is None and result.stopped_by == "interrupted":
+        print("pipeopt: interrupted: no configuration was scheduled yet", file=sys.stderr)
+        return 130
+    if best is None:
+        raise ConfigError("plan: no configuration could be scheduled (see the reasons above: "
+                          "every one is over the memory limit or refused); try more GPUs, "
+                          "ZeRO-1 (plan.zero) or recomputation (plan.recompute)")
+    if args.config_out:
+        import yaml
+
+        from pipeopt.io import write_atomic
+
+        text = (f"# pipeopt plan {input_name(args.config)}: {best.candidate.label}, "
+                f"{best.step_time_s:.6g} s per step\n"
+                + yaml.safe_dump(result.config(best), sort_keys=False))
+        write_output("--config-out", args.config_out,
+                     lambda path: write_atomic(path, text))
+    if args.schedule_out and best.schedule is not None:
+        sched = best.schedule
+        write_output("--schedule-out", args.schedule_out,
+                     lambda path: dump_schedule(sched, path))
+    if args.plot:
+        from pipeopt.plan.plot import plot_plan
+
+        write_output("--plot", args.plot, lambda path: plot_plan(result, path))
+    if not args.json:
+        for flag, path in given:
+            print(f"written       {path} ({flag})")
+    if result.interrupted:
+        what = "Ctrl-C" if result.stopped_by == "interrupted" else "the time limit"
+        print(f"pipeopt: {'interrupted' if what == 'Ctrl-C' else 'note'}: {what} stopped the "
+              f"plan early; the best configuration so far is shown"
+              + (" and written" if given else ""), file=sys.stderr)
+        if result.stopped_by == "interrupted":
+            return 130
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="pipeopt", description="Schedule search for pipeline-parallel training.",
@@ -944,6 +1053,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on the terminal")
     p.set_defaults(func=cmd_compare)
+
+    p = add("plan", "Choose the parallel configuration (TP, PP, DP, micro-batches, virtual "
+                    "stages, recompute, ZeRO) of a training run and schedule it.")
+    p.add_argument("config", help="plan config .yaml: model:, cluster:, training: "
+                   "{global_batch_size} and plan: (docs/plan.md)")
+    p.add_argument("--time-limit", type=seconds_arg,
+                   help="override plan.time_limit (seconds for the whole plan)")
+    p.add_argument("--jobs", type=jobs_arg, help="override plan.jobs (candidates scheduled at "
+                   "once, in worker processes)")
+    p.add_argument("--config-out", help="write the best configuration here as a model-form "
+                   "config that pipeopt solve takes (atomically)")
+    p.add_argument("--schedule-out", help="write the best configuration's schedule JSON here")
+    p.add_argument("--plot", help="draw the Pareto front into this image (.png, .svg, .pdf)")
+    p.add_argument("--top", type=jobs_arg, default=15, help="rows of the ranked table "
+                   "(default 15)")
+    p.add_argument("--json", action="store_true", help="print every candidate as JSON, best "
+                   "first")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=cmd_plan)
 
     import importlib
     import importlib.util

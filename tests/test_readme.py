@@ -69,6 +69,11 @@ def test_every_bundled_example_solves(example: str, tmp_path: Path) -> None:
     from pipeopt.io import load_schedule
 
     out = tmp_path / "s.json"
+    if example.startswith("plan_"):  # a plan config (pipeopt plan): tests/test_plan.py
+        from pipeopt.plan import load_plan
+
+        assert load_plan(ROOT / "examples" / example).global_batch_size > 0
+        return
     if example == "inference.yaml":  # a serving config: its own method and result JSON
         assert main(["solve", str(ROOT / "examples" / example), "-q", "-o", str(out)]) == 0
         assert json.loads(out.read_text())["metrics"]["throughput_tokens_per_s"] > 0

@@ -542,8 +542,11 @@ MAX_LAYERS = 4096
 MAX_DP_CELLS = 30_000_000
 
 
-def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
-    """Validate the sections of a model/cluster config and collect what the search needs."""
+def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
+              topology: Topology | None = None) -> ModelPlan:
+    """Validate the sections of a model/cluster config and collect what the search needs.
+    ``topology``: the cluster's, already built from the same ``cluster:`` section (a caller
+    that builds many plans of one cluster, such as the planner, shares its path searches)."""
     if cfg.model is None:
         raise ConfigError("model: missing (a cluster: needs a model: to place)")
     mcfg = parse_model(cfg.model)
@@ -557,7 +560,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>") -> ModelPlan:
         raise ConfigError(f"pipeline.devices: {pl.devices} devices x {pl.virtual_stages} "
                           f"virtual stages need at least {s} layers, the model has "
                           f"{len(layers)}")
-    topo = topology_of(ccfg)
+    topo = topology if topology is not None else topology_of(ccfg)
     group = mcfg.tensor_parallel if origin == "analytic" else 1
     dp = tcfg.data_parallel
     try:

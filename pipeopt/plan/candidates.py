@@ -1,0 +1,219 @@
+"""The configurations a plan enumerates, their model-form config, and what is known of each
+before it is built: a memory floor and a step-time bound valid for every partition.
+
+A candidate fixes tensor parallelism TP (within a node), pipeline parallelism PP, data
+parallelism DP = GPUs / (TP x PP), the micro-batch size b, the micro-batches per step
+m = global batch / (DP x b) (an integer), the chunks per device v, the recompute mode and the
+ZeRO stage. Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipeopt.costs.build import ModelPlan, make_plan, topology_of
+from pipeopt.costs.transformer import model_flops_per_iteration
+from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
+from pipeopt.plan.spec import ZERO1_KEPT_BYTES, PlanSpec
+from pipeopt.schema import ConfigFile
+from pipeopt.topology import Topology
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One parallel configuration (all counts; ``zero`` is the ZeRO stage, 0 or 1)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    microbatches: int
+    virtual_stages: int
+    recompute: str
+    zero: int
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the configuration uses: TP x PP x DP."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def label(self) -> str:
+        """A short name, e.g. ``tp8 pp16 dp8 b1 m192 v1 selective z1``."""
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} b{self.micro_batch_size} "
+                f"m{self.microbatches} v{self.virtual_stages} {self.recompute} z{self.zero}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON keys of the configuration."""
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp,
+                "micro_batch_size": self.micro_batch_size, "microbatches": self.microbatches,
+                "virtual_stages": self.virtual_stages, "recompute": self.recompute,
+                "zero": self.zero, "gpus": self.gpus}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def gpu_counts(spec: PlanSpec) -> list[int]:
+    """The GPU counts planned for: ``plan.gpus``, or the whole cluster."""
+    return list(spec.plan.gpus or [topology_of(spec.cluster_cfg).num_gpus])
+
+
+def tensor_sizes(spec: PlanSpec) -> list[int]:
+    """TP sizes to try: ``plan.tensor_parallel`` or every divisor of the smallest node's GPU
+    count that divides the heads (and the kv heads, or is divided by them), so that a TP group
+    never leaves a node and every node holds whole groups."""
+    topo = topology_of(spec.cluster_cfg)
+    node = min(size for _, size in topo.nodes)
+    heads = spec.model_cfg.heads or 1
+    kv = spec.model_cfg.kv_heads or heads
+    if spec.plan.tensor_parallel is not None:
+        sizes = list(spec.plan.tensor_parallel)
+        for t in sizes:
+            if any(size % t for _, size in topo.nodes):
+                raise ConfigError(f"plan.tensor_parallel: {t} does not divide every node's "
+                                  f"GPU count (nodes of {sorted({s for _, s in topo.nodes})}); "
+                                  "tensor parallelism stays within a node")
+        return sizes
+    return [t for t in _divisors(node) if heads % t == 0 and (kv % t == 0 or t % kv == 0)
+            and all(size % t == 0 for _, size in topo.nodes)]
+
+
+def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
+    """Every configuration of the search space that divides the GPUs and the global batch:
+    DP = N / (TP x PP) and m = global batch / (DP x b) integers, PP x v stages at most the
+    model's pipeline layers (blocks + embedding + head), at most :data:`MAX_DEVICES` pipeline
+    ranks and :data:`MAX_OPS` ops; ZeRO-1 only with DP > 1 (with one replica it is ZeRO-0)."""
+    pl = spec.plan
+    layers = (spec.model_cfg.layers or 0) + 2
+    out = []
+    for n in gpu_counts(spec):
+        for tp in tensor_sizes(spec):
+            if n % tp:
+                continue
+            pps = pl.pipeline_parallel or _divisors(n // tp)
+            for pp, b, v, rc, zero in itertools.product(pps, pl.micro_batch_size,
+                                                        pl.virtual_stages, pl.recompute,
+                                                        pl.zero):
+                if (n // tp) % pp or pp * v > layers or pp > MAX_DEVICES or (
+                        v > 1 and pp == 1):  # chunks only matter with a pipeline
+                    continue
+                dp = n // (tp * pp)
+                if spec.global_batch_size % (dp * b) or (zero == 1 and dp == 1):
+                    continue
+                m = spec.global_batch_size // (dp * b)
+                if 3 * pp * v * m > MAX_OPS:
+                    continue
+                out.append(Candidate(tp, pp, dp, b, m, v, rc, zero))
+    return sorted(set(out))
+
+
+def bytes_per_param(spec: PlanSpec, cand: Candidate) -> float:
+    """Bytes of weights, gradients and optimizer state per parameter on one GPU: the
+    ``training.bytes_per_param`` (16 for mixed-precision Adam) with ZeRO-0; with ZeRO-1 the
+    16-bit weights and gradients whole and the optimizer state divided by DP,
+    4 + (bytes_per_param - 4) / DP (Rajbhandari et al. 2020, figure 1: 2 + 2 + 12 / N_d)."""
+    total = spec.training_cfg.bytes_per_param
+    if cand.zero == 0:
+        return total
+    return ZERO1_KEPT_BYTES + (total - ZERO1_KEPT_BYTES) / cand.dp
+
+
+def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
+              method: str = "auto", time_limit: float = 60.0, *, uniform: bool = False
+              ) -> dict[str, Any]:
+    """The model-form config (a mapping, as YAML reads it) of ``cand``: what ``pipeopt solve``
+    takes. With ``stage_layers`` the partition is fixed to it; else with ``uniform``
+    Megatron's even split, else the planner's rule: the exact chain DP for one chunk per
+    device, the even split for more (no ILP)."""
+    training: dict[str, Any] = {**spec.training, "data_parallel": cand.dp,
+                                "bytes_per_param": bytes_per_param(spec, cand)}
+    if stage_layers is not None:
+        training["stage_layers"] = list(stage_layers)
+    else:
+        training["partition"] = "dp" if cand.virtual_stages == 1 and not uniform else "uniform"
+    data: dict[str, Any] = {
+        "pipeline": {"devices": cand.pp, "microbatches": cand.microbatches,
+                     "virtual_stages": cand.virtual_stages, "placement": "loop"},
+        "model": {**spec.model, "tensor_parallel": cand.tp,
+                  "micro_batch_size": cand.micro_batch_size, "recompute": cand.recompute},
+        "cluster": dict(spec.cluster),
+        "training": training,
+        "solver": {"method": method, "time_limit": time_limit},
+    }
+    if spec.memory:
+        data["memory"] = dict(spec.memory)
+    return data
+
+
+def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
+               *, uniform: bool = False, topology: Topology | None = None) -> ModelPlan:
+    """The cost model's :class:`~pipeopt.costs.build.ModelPlan` of ``cand`` (layers placed on
+    the cluster; no partition searched yet), on ``topology`` when given (the cluster's, built
+    once: its path searches are then shared by every candidate). Raises
+    :class:`ConfigError` as the model form does (e.g. ranks that do not fit the cluster)."""
+    data = config_of(spec, cand, stage_layers, uniform=uniform)
+    cfg = ConfigFile.model_validate({k: v for k, v in data.items() if k != "solver"})
+    return make_plan(cfg, spec.source, topology=topology)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What is known of a candidate before its partition: per-device memory floor averaged
+    over the pipeline ranks, the device limit, and a lower bound on the step time (seconds)
+    that holds for every partition and every schedule."""
+
+    memory_floor_bytes: float
+    memory_limit_bytes: float
+    bound_s: float
+    model_flops: float
+
+    @property
+    def fits(self) -> bool:
+        """False when no partition can fit the memory limit."""
+        return self.memory_floor_bytes <= self.memory_limit_bytes * (1 + 1e-9)
+
+
+def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> Estimate:
+    """Memory floor and step-time bound of ``cand`` from its layers alone.
+
+    Memory: any schedule holds, on each device, its static bytes (parameters x bytes per
+    parameter, plus ``memory.static``) and, when its last forward of a micro-batch starts, that
+    micro-batch's activations on all of its stages (:func:`pipeopt.solvers.memory_floor`).
+    Summed over the PP devices that is the whole model's static bytes plus one micro-batch's
+    activations, whatever the partition; the busiest device needs at least the average, so a
+    candidate whose average is over the largest device limit fits no partition.
+
+    Time: every micro-batch runs every layer's F, B and W once on some device. The PP devices
+    together are busy m x sum(F + B + W) seconds, each for at most the step time, so the step
+    time is at least m x sum(F + B + W) / PP, each layer timed on the fastest GPU of the
+    candidate's ranks (the first stage's fused backward and the fused variant of hand-made
+    schedules keep the sum B + W; recomputation is inside B).
+    """
+    plan = plan or model_plan(spec, cand)
+    gpus = sorted(set(range(plan.devices)), key=lambda d: plan.rank_gpus[d])
+    kinds: dict[str, int] = {}
+    for d in gpus:
+        kinds.setdefault(plan.gpu(d).name, d)
+    # With a recompute mode chosen per stage (model.recompute: per_stage) each layer may run
+    # in any of the modes: take, per layer, the least time and the least activation bytes
+    # over them, which bounds every choice from below.
+    worlds = [plan, *(replace(plan, layers=list(o.layers), recompute_options=())
+                      for o in getattr(plan, "recompute_options", ()))]
+    times = [w.layer_times(d).sum(axis=1) for w in worlds for d in kinds.values()]
+    per_mb = sum(min(t[i] for t in times) for i in range(len(plan.layers)))
+    static = sum(lc.params for lc in plan.layers) * plan.training.bytes_per_param
+    act = sum(min(w.layers[i].activation_bytes for w in worlds)
+              for i in range(len(plan.layers)))
+    extra = sum(plan.extra_static)
+    floor = (static + act + extra) / plan.devices
+    limits = [math.inf if x is None else x for x in plan.memory_limit]
+    flops = model_flops_per_iteration(
+        spec.shape(cand.tp, cand.micro_batch_size, "none"), cand.microbatches) * cand.dp
+    return Estimate(memory_floor_bytes=floor, memory_limit_bytes=max(limits),
+                    bound_s=cand.microbatches * per_mb / cand.pp, model_flops=flops)
