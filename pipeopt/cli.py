@@ -323,13 +323,17 @@ def _load_graph(args: argparse.Namespace, data: Any, *, solve: bool) -> Any:
     return load_graph_config(data, input_name(args.config), overrides)
 
 
-def _graph_method(args: argparse.Namespace, cfg: Any, name: str) -> None:
+def _graph_method(args: argparse.Namespace, cfg: Any, name: str, key: str | None = None
+                  ) -> None:
+    """``name`` as a method of ``cfg``'s workload, or a ConfigError naming ``key`` (default:
+    ``--method`` when given, else the config's method key)."""
     from pipeopt.solvers.graph import UnknownGraphMethod, check_graph_method
 
     try:
         check_graph_method(cfg.work, name)
     except UnknownGraphMethod as exc:
-        key = "--method" if getattr(args, "method", None) is not None else cfg.method_key
+        if key is None:
+            key = "--method" if getattr(args, "method", None) is not None else cfg.method_key
         raise ConfigError(f"{key}: {exc}") from None
 
 
@@ -413,7 +417,7 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     if args.methods is not None:
         names = [n.strip() for n in args.methods.split(",") if n.strip()]
         for n in names:
-            _graph_method(args, cfg, n)
+            _graph_method(args, cfg, n, "--methods")
     with _progress_line(args.quiet or args.json):
         rows = compare_graph(cfg.work, names, time_limit=cfg.solver.time_limit,
                              seed=cfg.solver.seed, workers=cfg.solver.workers)

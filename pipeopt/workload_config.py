@@ -68,7 +68,7 @@ def workload_kind(data: Any) -> WorkloadKind:
         known = " or ".join(SECTION_KINDS)
         if not isinstance(section, dict):
             raise ConfigError(f"workload: expected a mapping with kind: {known}, got "
-                              f"{type(section).__name__}")
+                              f"{section!r}")
         if "kind" not in section:
             raise ConfigError(f"workload.kind: missing (give {known})")
         kind = section["kind"]
