@@ -346,8 +346,8 @@ def print_graph_workload(cfg: Any, s: GraphSchedule, out: Any = None) -> None:
     k = iterations_of(s.graph)
     print_graph_summary(s, out)
     lb = "" if s.lower_bound is None else f" (lower bound {_fmt(s.lower_bound / k)} s)"
-    print(f"iteration     {_fmt(iteration_time(s))} s = makespan / {k} iterations{lb}",
-          file=out)
+    print(f"iteration     {_fmt(iteration_time(s))} s = makespan / {k} iteration"
+          f"{'s' if k > 1 else ''}{lb}", file=out)
     print(f"steady state  >= {_fmt(periodic_bound(s.graph))} s per iteration (the busiest "
           "device or network resource's load)", file=out)
     for key, text in cfg.facts:
@@ -442,8 +442,8 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     from pipeopt.workloads.dataparallel import iterations_of
 
     k = max((iterations_of(r.schedule.graph) for r in rows if r.schedule), default=1)
-    print(f"(s/iteration = makespan / {k} iterations, collectives included; vs best = "
-          "s/iteration / the best that fits)")
+    print(f"(s/iteration = makespan / {k} iteration{'s' if k > 1 else ''}, collectives "
+          "included; vs best = s/iteration / the best that fits)")
     return 0
 
 

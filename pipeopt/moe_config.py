@@ -205,9 +205,8 @@ def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
          + ", ".join(str(len(b)) for b in pipe.stages)),
         ("experts", f"{moe.experts} routed, top-{moe.top_k}, expert-parallel "
          f"{moe.expert_parallel}"),
-        ("all-to-all", f"dispatch / combine on each stage's network 'a2a s' "
-         f"({spec.expert_network.latency * 1e6:g} us, {spec.expert_network.bandwidth / 1e9:g} "
-         "GB/s: the EP group's slowest hop)"),
+        ("all-to-all", f"on each stage's 'a2a s': {spec.expert_network.latency * 1e6:g} us, "
+         f"{spec.expert_network.bandwidth / 1e9:g} GB/s (the EP group's slowest hop)"),
         ("memory", f"limit {(pipe.memory_limit[0] or math.inf) / 2**30:.1f} GiB per GPU "
          f"(memory_fraction {spec.memory_fraction:g})"),
     )

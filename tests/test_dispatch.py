@@ -117,6 +117,20 @@ def test_compare_reaches_the_route_of_its_kind_reading_the_file_once(
     assert reads == [str(path)]
 
 
+@pytest.mark.parametrize("kind", ["async", "inference", "dataparallel", "moe"])
+def test_standard_input_takes_the_route_of_its_kind(kind: str,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    reads: list[str]) -> None:
+    """What `-` holds is told as a file is (it can be read only once)."""
+    called = _routes(monkeypatch)
+    path = EXAMPLES / BY_KIND[kind]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    assert main(["solve", "-", "-q"]) == 0
+    assert reads == ["-"] and [c[0] for c in called] == [SOLVE_ROUTE[kind]]
+    if kind != "async":
+        assert called[0][1] == read_yaml(path)
+
+
 def test_a_schedule_json_is_a_chain_and_read_once(tmp_path: Path, reads: list[str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "s.json"

@@ -170,3 +170,15 @@ def test_moe_run_has_the_graph_workload_shape() -> None:
     assert sorted(r.method for r in rows) == ["greedy", "zb-h1", "zb-h1+overlap"]
     assert all(r.schedule is not None and check(r.schedule) == [] for r in rows)
     assert min(r.ratio for r in rows if r.ratio is not None) == pytest.approx(1.0)
+
+
+def test_auto_runs_the_search_beside_the_hand_made_schedules() -> None:
+    """auto on an MoE workload: its own search among the candidates, the shortest that fits;
+    never longer than a hand-made schedule that fits."""
+    run = MoERun(parse_moe(small()).pipeline)
+    best = solve_graph(run, "auto", time_limit=2)
+    assert best.method.startswith("auto:") and check(best) == []
+    rows = compare_graph(run, run.hand_made)
+    fitting = [r.schedule.objective for r in rows if r.fits and r.schedule is not None]
+    assert fitting and best.objective <= min(fitting) + 1e-12
+    assert best.lower_bound is not None and best.lower_bound <= best.objective + 1e-12
