@@ -35,6 +35,9 @@ KINDS: tuple[WorkloadKind, ...] = ("chain", "async", "inference", "dataparallel"
 GRAPH_KINDS: tuple[WorkloadKind, ...] = ("dataparallel", "moe")
 #: The values of ``workload.kind``, each a kind of its own.
 SECTION_KINDS: tuple[WorkloadKind, ...] = ("inference", "moe")
+#: The model form's ``training:`` keys of scheduled collectives besides ``collectives``
+#: (:class:`pipeopt.graph_config.TrainingCollectives`; a test keeps the two alike).
+SCHEDULED_ONLY = ("reduction", "delayed_reduction", "bucket_bytes", "iterations")
 
 
 @dataclass(frozen=True)
@@ -102,4 +105,13 @@ def chain_config(work: Workload, **overrides: Any) -> Config:
     arguments override ``solver:``. Another kind raises :class:`ConfigError`."""
     if work.kind not in ("chain", "async"):
         raise ConfigError(f"{work.source}: a {work.kind} config, not a pipeline chain")
-    return config_of_document(work.path, work.data, work.from_schedule, **overrides)
+    data = work.data
+    training = data.get("training") if isinstance(data, dict) else None
+    if isinstance(training, dict) and training.get("collectives") == "scalar":
+        # the chain's own reduction (one time after the last W): the default, said aloud
+        for key in SCHEDULED_ONLY:
+            if key in training:
+                raise ConfigError(f"training.{key}: used only with training.collectives: "
+                                  "scheduled (here scalar)")
+        data = {**data, "training": {k: v for k, v in training.items() if k != "collectives"}}
+    return config_of_document(work.path, data, work.from_schedule, **overrides)

@@ -239,3 +239,31 @@ def test_a_fifo_is_refused_by_both_commands_without_waiting(
         assert main([command, str(fifo), "-q"]) == 2
         err = capsys.readouterr().err
         assert "a pipe (FIFO), not a regular file" in err and "pipe it into -" in err
+
+
+def test_collectives_scalar_is_the_chain_said_aloud(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``training.collectives: scalar`` (the default) is a chain config; a key of scheduled
+    collectives beside it is named."""
+    from pipeopt.graph_config import TrainingCollectives
+    from pipeopt.workload_config import SCHEDULED_ONLY
+
+    assert set(SCHEDULED_ONLY) == set(TrainingCollectives.model_fields) - {"collectives"}
+    data = read_yaml(EXAMPLES / "dp_cross_dc.yaml")
+    chain = {k: v for k, v in data["training"].items()
+             if k not in (*SCHEDULED_ONLY, "collectives")}
+    path = tmp_path / "scalar.yaml"
+    path.write_text(yaml.safe_dump({**data, "training": {**chain, "collectives": "scalar"}}),
+                    encoding="utf-8")
+    assert read_workload(path).kind == "chain"
+    assert main(["solve", str(path), "--method", "1f1b", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({**data, "training": chain}), encoding="utf-8")
+    assert main(["solve", str(plain), "--method", "1f1b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == said["makespan"]
+    path.write_text(yaml.safe_dump({**data, "training": {**chain, "collectives": "scalar",
+                                                         "iterations": 2}}), encoding="utf-8")
+    assert main(["solve", str(path)]) == 2
+    assert capsys.readouterr().err == ("pipeopt: error: training.iterations: used only with "
+                                       "training.collectives: scheduled (here scalar)\n")
