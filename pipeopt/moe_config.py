@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -232,7 +232,7 @@ class MoERun:
     graph: TaskGraph = field(init=False, repr=False, compare=False)
 
     #: The workload's own searches (beside the core greedy / cpsat / auto).
-    searches = ("search",)
+    searches: ClassVar[tuple[str, ...]] = ("search",)
 
     def __post_init__(self) -> None:
         from pipeopt.workloads.moe import build
