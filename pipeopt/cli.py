@@ -280,7 +280,7 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
         if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')}: not used with an inference config "
                               "(give workload.method)")
-    cfg = parse_inference(data, str(args.config))
+    cfg = parse_inference(data, input_name(args.config))
     # --time-limit (checked by its parser) overrides workload.time_limit; loading counts
     limit = cfg.time_limit if args.time_limit is None else args.time_limit
     spent = time.perf_counter() - args.started
