@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from pipeopt.config import ConfigError, load_config
+from pipeopt.config import ConfigError
 from pipeopt.io import (
     check_writable,
     dump_schedule,
@@ -270,38 +270,10 @@ def _log_to_stderr() -> None:
     log.setLevel(logging.INFO)
 
 
-def _inference_data(path: str) -> Any:
-    """The parsed mapping of ``path`` when it is an inference config (a regular YAML file, not
-    standard input, a FIFO or a device, with a top-level ``workload:`` key), else None.
-    The text is scanned first, so a pipeline config is not parsed twice; a file that cannot be
-    read is left to :func:`load_config` to report."""
-    import re
-
-    from pipeopt.errors import MAX_CONFIG_BYTES
-    from pipeopt.io import STDIN
-
-    if str(path) == STDIN or str(path).lower().endswith(".json") or not os.path.isfile(path):
-        return None  # a FIFO or a device is read once, by load_config
-    try:
-        if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return None  # load_config refuses it without reading it
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError:
-        return None
-    if not re.search(r"^workload\s*:", text, re.M):
-        return None
-    from pipeopt.config import read_yaml
-    from pipeopt.inference_config import is_inference  # only for a serving config
-
-    data = read_yaml(path)
-    return data if is_inference(data) else None
-
-
 def _solve_inference(args: argparse.Namespace, data: Any) -> int:
     """``pipeopt solve`` on an inference config (docs/inference.md; ``data``: the file as
-    parsed by :func:`_inference_data`): print the serving metrics, write the served plan's
-    schedule JSON v2 with ``-o``."""
+    parsed by :func:`pipeopt.workload_config.read_workload`): print the serving metrics,
+    write the served plan's schedule JSON v2 with ``-o``."""
     from pipeopt.graphio import dump_graph_schedule
     from pipeopt.inference_config import parse_inference, solve_inference
 
@@ -309,7 +281,7 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
         if getattr(args, flag, None) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')}: not used with an inference config "
                               "(give workload.method)")
-    cfg = parse_inference(data, str(args.config))
+    cfg = parse_inference(data, input_name(args.config))
     # --time-limit (checked by its parser) overrides workload.time_limit; loading counts
     limit = cfg.time_limit if args.time_limit is None else args.time_limit
     spent = time.perf_counter() - args.started
@@ -339,46 +311,6 @@ def _solve_inference(args: argparse.Namespace, data: Any) -> int:
     return 0
 
 
-def _graph_data(path: str) -> Any:
-    """The parsed mapping of ``path`` when it is a task-graph config (data parallelism with
-    scheduled collectives; :func:`pipeopt.graph_config.graph_loader` decides), else None.
-    Like :func:`_inference_data`: a regular YAML file only, its text scanned before parsing."""
-    from pipeopt.errors import MAX_CONFIG_BYTES
-    from pipeopt.io import STDIN
-
-    if str(path) == STDIN or str(path).lower().endswith(".json") or not os.path.isfile(path):
-        return None
-    try:
-        if os.path.getsize(path) > MAX_CONFIG_BYTES:
-            return None
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(MAX_CONFIG_BYTES + 1)
-    except OSError:
-        return None
-    from pipeopt.graph_config import graph_loader, might_be_graph
-
-    if not might_be_graph(text):
-        return None
-    from pipeopt.config import read_yaml
-
-    data = read_yaml(path)
-    return data if graph_loader(data) is not None else None
-
-
-def _load_chain(path: str, **overrides: Any) -> Any:
-    """:func:`load_config`; a task-graph key met there (a task-graph config given on standard
-    input, which :func:`_graph_data` does not read) is refused saying so."""
-    try:
-        return load_config(path, **overrides)
-    except ConfigError as exc:
-        text = str(exc)
-        if text.startswith(("training.collectives: unknown key", "data_parallel: unknown key")):
-            raise ConfigError(f"{text.split(';', 1)[0]}: a task-graph config (scheduled "
-                              "collectives) is read from a file, not from standard input"
-                              ) from None
-        raise
-
-
 def _load_graph(args: argparse.Namespace, data: Any, *, solve: bool) -> Any:
     """The :class:`~pipeopt.graph_config.GraphConfig` of ``data`` with the command's flags."""
     from pipeopt.graph_config import load_graph_config
@@ -389,16 +321,20 @@ def _load_graph(args: argparse.Namespace, data: Any, *, solve: bool) -> Any:
     overrides = {"time_limit": args.time_limit}
     if solve:
         overrides.update(method=args.method, seed=args.seed)
-    return load_graph_config(data, str(args.config), overrides)
+    return load_graph_config(data, input_name(args.config), overrides)
 
 
-def _graph_method(args: argparse.Namespace, cfg: Any, name: str) -> None:
+def _graph_method(args: argparse.Namespace, cfg: Any, name: str, key: str | None = None
+                  ) -> None:
+    """``name`` as a method of ``cfg``'s workload, or a ConfigError naming ``key`` (default:
+    ``--method`` when given, else the config's method key)."""
     from pipeopt.solvers.graph import UnknownGraphMethod, check_graph_method
 
     try:
         check_graph_method(cfg.work, name)
     except UnknownGraphMethod as exc:
-        key = "--method" if getattr(args, "method", None) is not None else "solver.method"
+        if key is None:
+            key = "--method" if getattr(args, "method", None) is not None else cfg.method_key
         raise ConfigError(f"{key}: {exc}") from None
 
 
@@ -411,8 +347,8 @@ def print_graph_workload(cfg: Any, s: GraphSchedule, out: Any = None) -> None:
     k = iterations_of(s.graph)
     print_graph_summary(s, out)
     lb = "" if s.lower_bound is None else f" (lower bound {_fmt(s.lower_bound / k)} s)"
-    print(f"iteration     {_fmt(iteration_time(s))} s = makespan / {k} iterations{lb}",
-          file=out)
+    print(f"iteration     {_fmt(iteration_time(s))} s = makespan / {k} iteration"
+          f"{'s' if k > 1 else ''}{lb}", file=out)
     print(f"steady state  >= {_fmt(periodic_bound(s.graph))} s per iteration (the busiest "
           "device or network resource's load)", file=out)
     for key, text in cfg.facts:
@@ -424,7 +360,7 @@ def _solve_graph(args: argparse.Namespace, data: Any) -> int:
     schedule JSON v2 (plot, trace and simulate read it)."""
     from pipeopt.core.validate import InvalidSchedule
     from pipeopt.graphio import dump_graph_schedule
-    from pipeopt.solvers.graph import solve_graph
+    from pipeopt.solvers.graph import compare_graph, solve_graph
     from pipeopt.workloads.dataparallel import iteration_time, periodic_bound
 
     cfg = _load_graph(args, data, solve=True)
@@ -437,16 +373,31 @@ def _solve_graph(args: argparse.Namespace, data: Any) -> int:
         try:
             sched = solve_graph(cfg.work, sc.method, time_limit=limit, seed=sc.seed,
                                 workers=sc.workers, resolution=sc.resolution)
-        except ValueError as exc:  # InvalidSchedule (a hand-made schedule over memory), cpsat
-            if not isinstance(exc, InvalidSchedule) and not str(exc).startswith("cpsat:"):
+        except ValueError as exc:  # InvalidSchedule (a hand-made schedule over memory),
+            # NotApplicable (an own search that found nothing), cpsat
+            if not isinstance(exc, InvalidSchedule | NotApplicable) and not str(
+                    exc).startswith("cpsat:"):
                 raise
-            key = "--method" if args.method is not None else "solver.method"
+            key = "--method" if args.method is not None else cfg.method_key
             raise ConfigError(f"{key}: {sc.method}: {one_line(str(exc))}") from None
+    rows = compare_graph(cfg.work, cfg.baselines) if cfg.baselines else []
     if args.json:
+        extra = {"baselines": {r.method: {k: v for k, v in r.to_dict().items()
+                                          if k not in ("method", "ratio")} for r in rows}
+                 } if cfg.baselines else {}
         print(json.dumps({**sched.summary(), "iteration_time": iteration_time(sched),
-                          "periodic_bound": periodic_bound(sched.graph)}))
+                          "periodic_bound": periodic_bound(sched.graph), **extra}))
     else:
         print_graph_workload(cfg, sched)
+        chosen = iteration_time(sched)
+        for r in rows:  # the workload's baselines, measured in this run
+            if r.schedule is None or r.value is None:
+                print(f"{r.method:<13} n/a ({one_line(r.error or '')})")
+                continue
+            over = "" if r.fits else " (over the memory limit)"
+            print(f"{r.method:<13} {_fmt(r.value)} s/iteration, peak "
+                  f"{_fmt(max(r.schedule.peak_memory, default=0.0))} bytes, "
+                  f"{r.value / chosen:.2f}x the chosen{over}")
     if args.output:
         sys.stdout.flush()
         write_output("--output", args.output, lambda path: dump_graph_schedule(sched, path))
@@ -467,7 +418,7 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     if args.methods is not None:
         names = [n.strip() for n in args.methods.split(",") if n.strip()]
         for n in names:
-            _graph_method(args, cfg, n)
+            _graph_method(args, cfg, n, "--methods")
     with _progress_line(args.quiet or args.json):
         rows = compare_graph(cfg.work, names, time_limit=cfg.solver.time_limit,
                              seed=cfg.solver.seed, workers=cfg.solver.workers)
@@ -492,8 +443,8 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     from pipeopt.workloads.dataparallel import iterations_of
 
     k = max((iterations_of(r.schedule.graph) for r in rows if r.schedule), default=1)
-    print(f"(s/iteration = makespan / {k} iterations, collectives included; vs best = "
-          "s/iteration / the best that fits)")
+    print(f"(s/iteration = makespan / {k} iteration{'s' if k > 1 else ''}, collectives "
+          "included; vs best = s/iteration / the best that fits)")
     return 0
 
 
@@ -503,22 +454,16 @@ def cmd_solve(args: argparse.Namespace) -> int:
     refuse_overwriting_input("--output", args.output, args.config)
     if args.output:
         check_writable("--output", args.output)  # before the search, not after it
-    serving = _inference_data(args.config)
-    if serving is not None and (serving.get("workload") or {}).get("kind") == "moe":
-        from pipeopt.moe_config import solve_command  # docs/moe.md
+    from pipeopt.workload_config import chain_config, read_workload
 
-        print("\n".join(solve_command(serving, str(args.config), method=args.method,
-                                       time_limit=args.time_limit, output=args.output,
-                                       as_json=args.json)))
-        return 0
-    if serving is not None:
-        return _solve_inference(args, serving)
-    graph = _graph_data(args.config)
-    if graph is not None:
-        return _solve_graph(args, graph)
-    cfg = _load_chain(args.config, method=args.method, time_limit=args.time_limit,
-                      seed=args.seed, objective=args.objective)
-    if cfg.extra("mode") == "async":
+    work = read_workload(args.config)  # read and parsed once; its kind picks the route
+    if work.kind == "inference":
+        return _solve_inference(args, work.data)
+    if work.is_graph:
+        return _solve_graph(args, work.data)
+    cfg = chain_config(work, method=args.method, time_limit=args.time_limit, seed=args.seed,
+                       objective=args.objective)
+    if work.kind == "async":
         return _solve_async(args, cfg)
     sc = cfg.solver
     # The time limit covers the whole command: loading (done), the search, its validation
@@ -807,11 +752,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         image_format(args.plot, "--plot")  # a bad suffix before any method runs
         check_writable("--plot", args.plot)
-    graph = _graph_data(args.config)
-    if graph is not None:
-        return _compare_graph(args, graph)
-    cfg = _load_chain(args.config, time_limit=args.time_limit)
-    if cfg.extra("mode") == "async":
+    from pipeopt.workload_config import chain_config, read_workload
+
+    work = read_workload(args.config)  # read and parsed once; its kind picks the route
+    if work.kind == "inference":
+        raise ConfigError("workload.kind: inference: compare ranks training schedules; "
+                          "pipeopt solve runs a serving config's method (docs/inference.md)")
+    if work.is_graph:
+        return _compare_graph(args, work.data)
+    cfg = chain_config(work, time_limit=args.time_limit)
+    if work.kind == "async":
         return _compare_async(args, cfg)
     names = _method_list(args.methods) if args.methods is not None else None
     with _progress_line(args.quiet or args.json) as line:

@@ -59,9 +59,9 @@ __all__ = [
     "MAX_WORKERS", "SCALE_KEYS", "Config", "ConfigError", "ConfigFile", "LinksConfig",
     "MemoryConfig", "PipelineConfig", "SolverConfig", "StagesConfig", "build_problem",
     "check_size", "check_solver_option", "check_totals", "check_unknown_keys",
-    "config_from_schedule", "error_message", "key_path", "load_config", "memory_values",
-    "microbatch_scales", "parse_config", "pick_error", "pydantic_message", "read_yaml",
-    "solver_option_rule",
+    "config_from_schedule", "config_of_document", "error_message", "key_path", "load_config",
+    "memory_values", "microbatch_scales", "parse_config", "pick_error", "pydantic_message",
+    "read_document", "read_yaml", "solver_option_rule",
 ]
 
 
@@ -490,6 +490,49 @@ def _yaml_problem(exc: yaml.constructor.ConstructorError) -> str:
     return f"not valid YAML{_where(exc)}: {problem.strip()}"
 
 
+def read_document(path: str | os.PathLike[str]) -> tuple[Any, bool]:
+    """Read and parse a config input once (``-``: standard input): the parsed document and
+    whether it is a schedule JSON (a JSON object with a ``format`` key) rather than a config.
+
+    A YAML file is read with the config's size cap; a ``.json`` file and standard input with
+    the schedule's (either may hold a schedule), then a config found there with the config's.
+    A ``.json`` file that is not a JSON object gives (None, True): :func:`config_from_schedule`
+    reads it again to name its problem. Unreadable or malformed input raises
+    :class:`ConfigError`; a FIFO or a device is refused before anything is read."""
+    from pipeopt.io import MAX_SCHEDULE_BYTES, STDIN, input_name, json_int, size_text
+
+    name = input_name(path)
+    is_json = str(path).lower().endswith(".json")
+    if not is_json and str(path) != STDIN:
+        return read_yaml(path), False
+    text = _read_text(path, MAX_SCHEDULE_BYTES, "a schedule JSON")  # or a config
+    try:
+        doc = json.loads(text, parse_int=json_int)
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and "format" in doc:
+        return doc, True
+    if is_json and not isinstance(doc, dict):
+        return None, True
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: more than {size_text(MAX_CONFIG_BYTES)}, the most "
+                          "pipeopt reads for a config")
+    return _parse_yaml(text, name), False
+
+
+def config_of_document(path: str | os.PathLike[str], doc: Any, is_schedule: bool,
+                       **overrides: Any) -> Config:
+    """The :class:`Config` of what :func:`read_document` returned for ``path``; keyword
+    arguments override ``solver:``."""
+    from pipeopt.io import input_name
+
+    if is_schedule:
+        return config_from_schedule(path if doc is None else input_name(path), doc,
+                                    **overrides)
+    return parse_config(doc, source=input_name(path), overrides=overrides,
+                        yaml11_strings=False)
+
+
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     """Read, validate and resolve a ``config.yaml`` (``-``: standard input); keyword arguments
     override ``solver:``.
@@ -498,27 +541,8 @@ def load_config(path: str | os.PathLike[str], **overrides: Any) -> Config:
     (:func:`config_from_schedule`, which also names what is wrong with one that is not a JSON
     object); a ``.json`` object without one is a config written in JSON. On standard input a
     JSON object with a ``format`` key is a schedule, anything else a config."""
-    from pipeopt.io import MAX_SCHEDULE_BYTES, STDIN, input_name, json_int, size_text
-
-    name = input_name(path)
-    is_json = str(path).lower().endswith(".json")
-    if not is_json and str(path) != STDIN:
-        return parse_config(read_yaml(path), source=name, overrides=overrides,
-                            yaml11_strings=False)
-    text = _read_text(path, MAX_SCHEDULE_BYTES, "a schedule JSON")  # or a config
-    try:
-        doc = json.loads(text, parse_int=json_int)
-    except (ValueError, RecursionError):
-        doc = None
-    if isinstance(doc, dict) and "format" in doc:
-        return config_from_schedule(name, doc, **overrides)
-    if is_json and not isinstance(doc, dict):
-        return config_from_schedule(path, None, **overrides)  # the loader names the problem
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{name}: more than {size_text(MAX_CONFIG_BYTES)}, the most "
-                          "pipeopt reads for a config")
-    return parse_config(_parse_yaml(text, name), source=name, overrides=overrides,
-                        yaml11_strings=False)
+    doc, is_schedule = read_document(path)
+    return config_of_document(path, doc, is_schedule, **overrides)
 
 
 def config_from_schedule(path: str | os.PathLike[str], doc: dict[str, Any] | None = None,

@@ -1,46 +1,48 @@
-"""Configs whose problem is a task graph beyond the pipeline chain, and the one place that tells
-which loader reads a parsed config (docs/collectives.md).
+"""Configs whose problem is a task graph beyond the pipeline chain (docs/collectives.md,
+docs/moe.md), and :func:`graph_loader`, which maps a parsed config to its loader.
 
-:func:`graph_loader` maps a parsed config mapping to the loader of its task-graph workload, or
-None for a chain config (synchronous or ``pipeline.mode: async``) or an inference config, which
-keep their own routes. Today it knows data parallelism with scheduled collectives:
+:func:`pipeopt.workload_config.workload_kind` tells the kind of a parsed config (the one test);
+:func:`graph_loader` maps the task-graph kinds to their loaders and gives None for the others
+(a chain config, synchronous or ``pipeline.mode: async``, or an inference config, which keep
+their own routes):
 
-* model form: ``training.collectives: scheduled`` beside ``training.data_parallel: R`` (the
-  cluster places the R replicas; gradient bytes per stage from the partition's parameters);
-* explicit form: a top-level ``data_parallel:`` section next to ``stages:``.
+* data parallelism with scheduled collectives, model form: ``training.collectives:
+  scheduled`` beside ``training.data_parallel: R`` (the cluster places the R replicas;
+  gradient bytes per stage from the partition's parameters); explicit form: a top-level
+  ``data_parallel:`` section next to ``stages:`` -> :func:`load_dataparallel`, a
+  :class:`DataParallelRun`;
+* MoE blocks with scheduled all-to-all: ``workload: {kind: moe}`` -> :func:`load_moe_graph`,
+  a :class:`~pipeopt.moe_config.MoERun` (with its own search, ``search``).
 
-Either gives a :class:`GraphConfig`: a :class:`DataParallelRun` (the graph of
-:mod:`pipeopt.workloads.dataparallel` and its hand-made schedules) and the solver options. A
-new workload (MoE) adds its test and its loader to :func:`graph_loader` and returns its own
-object of the :class:`~pipeopt.solvers.graph.GraphWorkload` shape.
+Either gives a :class:`GraphConfig`: the workload (an object of the
+:class:`~pipeopt.solvers.graph.GraphWorkload` shape), the solver options and what to print.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeopt.config import parse_config
 from pipeopt.core.graph import TaskGraph
+from pipeopt.core.schedule import GraphSchedule
 from pipeopt.costs.collectives import LinkCost
 from pipeopt.errors import ConfigError
+from pipeopt.moe_config import MoERun, parse_moe
 from pipeopt.problem import Problem
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.schema import SolverConfig, check_unknown_keys, pydantic_message
 from pipeopt.solvers.graph import GraphWorkload
+from pipeopt.workload_config import workload_kind
 from pipeopt.workloads import dataparallel as dpw
 
 #: PyTorch DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.
 #: DistributedDataParallel; Li et al., VLDB 2020, section 3.2.3), in bytes.
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
-
-#: Lines of a config file that mark a task-graph workload (a quick scan before parsing).
-_SNIFF = re.compile(r"^data_parallel\s*:|\bcollectives\s*:", re.M)
 
 
 class _Strict(BaseModel):
@@ -93,6 +95,14 @@ class DataParallelRun:
     dp: dpw.DataParallel
     graph: TaskGraph
 
+    #: No search of its own: the core greedy / cpsat / auto search it.
+    searches: ClassVar[tuple[str, ...]] = ()
+
+    def search(self, name: str, *, time_limit: float, seed: int = 0,
+               workers: int | None = None) -> GraphSchedule:
+        """No own search: always NotApplicable (see :attr:`searches`)."""
+        raise NotApplicable(f"{name}: not a search of this workload (it has none of its own)")
+
     @property
     def hand_made(self) -> tuple[str, ...]:
         """1F1B, and ZB-H1 when the backward is split; with the delayed reduction and more
@@ -127,35 +137,31 @@ def make_run(problem: Problem, dp: dpw.DataParallel) -> DataParallelRun:
 @dataclass(frozen=True)
 class GraphConfig:
     """A loaded task-graph config: the workload (any object of the
-    :class:`~pipeopt.solvers.graph.GraphWorkload` shape: a :class:`DataParallelRun` today),
-    the solver options and facts to print (key, text)."""
+    :class:`~pipeopt.solvers.graph.GraphWorkload` shape), the solver options, facts to print
+    (key, text), ``method_key``: the key that names the method in the file (for messages),
+    and ``baselines``: the methods ``pipeopt solve`` also runs and prints beside the chosen
+    one (the MoE config's 1F1B / ZB-H1, without and with overlap)."""
 
     work: GraphWorkload
     solver: SolverConfig
     source: str = "<memory>"
     facts: tuple[tuple[str, str], ...] = ()
+    method_key: str = "solver.method"
+    baselines: tuple[str, ...] = ()
 
 
 Loader = Callable[[dict[str, Any], str, "dict[str, Any] | None"], GraphConfig]
 
 
-def might_be_graph(text: str) -> bool:
-    """Whether a config's text may describe a task-graph workload (then parse it and ask
-    :func:`graph_loader`); False is certain, True only worth a look."""
-    return _SNIFF.search(text) is not None
-
-
 def graph_loader(data: Any) -> Loader | None:
     """The loader of the task-graph workload that the parsed config ``data`` describes, or
-    None when it is not one (see the module docstring). The single dispatch point: a new
-    workload adds its test here."""
-    if not isinstance(data, dict) or "workload" in data:
-        return None
-    if "data_parallel" in data:
+    None when it is not one (see the module docstring; a bad ``workload:`` section raises
+    ConfigError naming the key)."""
+    kind = workload_kind(data)
+    if kind == "dataparallel":
         return load_dataparallel
-    training = data.get("training")
-    if isinstance(training, dict) and training.get("collectives", "scalar") != "scalar":
-        return load_dataparallel
+    if kind == "moe":
+        return load_moe_graph
     return None
 
 
@@ -165,8 +171,26 @@ def load_graph_config(data: dict[str, Any], source: str = "<memory>",
     loader = graph_loader(data)
     if loader is None:
         raise ConfigError(f"{source}: not a task-graph config (give training.collectives: "
-                          "scheduled or a data_parallel: section)")
+                          "scheduled, a data_parallel: section or workload: {kind: moe})")
     return loader(data, source, overrides)
+
+
+def load_moe_graph(data: dict[str, Any], source: str = "<memory>",
+             overrides: dict[str, Any] | None = None) -> GraphConfig:
+    """Read an MoE config (:func:`pipeopt.moe_config.parse_moe`). ``overrides`` (``method``,
+    ``time_limit``, ``seed``; None: keep) replace ``workload:`` keys; an overriding method is
+    checked by the caller, under its own name (the command's ``--method``)."""
+    cfg = parse_moe(data, source)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - {"method", "time_limit", "seed"})
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: not an option of an MoE config (method, time_limit, "
+                          "seed)")
+    solver = SolverConfig(method=given.get("method", cfg.method),
+                          time_limit=given.get("time_limit", cfg.time_limit),
+                          seed=given.get("seed", cfg.seed), workers=cfg.workers)
+    return GraphConfig(MoERun(cfg.pipeline), solver, source, cfg.facts,
+                       method_key="workload.method", baselines=cfg.baselines)
 
 
 def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:

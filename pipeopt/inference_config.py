@@ -125,11 +125,6 @@ class InferenceConfig:
     gpus: tuple[str, ...] = ()  # the GPU of each stage, in pipeline order
 
 
-def is_inference(data: Any) -> bool:
-    """Whether a parsed config mapping is an inference config (has ``workload:``)."""
-    return isinstance(data, dict) and "workload" in data
-
-
 def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
     """Check a parsed inference config and price its stages (see the module docstring)."""
     from pipeopt.costs.build import shape_of

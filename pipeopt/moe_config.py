@@ -11,23 +11,27 @@ workload:
   stages: 8                     # or the blocks per stage: [1, 1, 1, 1, 1, 1, 1, 1]
   microbatches: 16
   expert_network: {latency: 5.0e-6, bandwidth: 25.0e+9}   # the EP group's slowest hop
-  method: search                # search, or a hand-made schedule: 1f1b, zb-h1, ...
+  method: search                # search, a hand-made schedule (1f1b, zb-h1+overlap, ...),
+                                # greedy, cpsat or auto (pipeopt.solvers.graph)
 model:
   preset: ...                   # or the shape keys of docs/model_config.md
   moe: {experts: 8, top_k: 2, expert_ffn: 14336, expert_parallel: 8}
 ```
 
 :func:`parse_moe` checks it (a :class:`~pipeopt.errors.ConfigError` naming the key) and prices
-it (:func:`pipeopt.costs.moe.pipeline_of`); :func:`solve_moe` runs the method and the
-hand-made baselines; the schedule is a task-graph schedule, written as schedule JSON v2.
+it (:func:`pipeopt.costs.moe.pipeline_of`). :class:`MoERun` is the pipeline as a workload of
+:mod:`pipeopt.solvers.graph` (its hand-made schedules, its own ``search``, the core greedy,
+CP-SAT and auto): :func:`pipeopt.graph_config.load_moe_graph` loads the file that way, so
+``pipeopt solve`` / ``compare`` run it as they run every task-graph config, and write
+schedule JSON v2.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -36,10 +40,16 @@ from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.errors import ConfigError
 from pipeopt.schema import check_unknown_keys, pydantic_message
+from pipeopt.solvers.graph import graph_methods
 from pipeopt.workloads.moe import MoEPipeline
 
-#: The hand-made schedules a config may name (``method``), besides ``search``.
+#: The hand-made op orders of an MoE pipeline (:data:`pipeopt.schedules.GENERATORS` names);
+#: each is also run with the all-to-all overlapped, as ``NAME+overlap``. The zero-bubble ones
+#: need ``workload.split_backward``; 1F1B always runs a fused backward.
 HAND_MADE = ("1f1b", "zb-h1", "zb-h2", "gpipe")
+#: The hand-made schedules ``pipeopt solve`` prints beside the chosen one (those a split
+#: backward lacks are left out).
+BASELINES = ("1f1b", "1f1b+overlap", "zb-h1", "zb-h1+overlap")
 
 
 class _Strict(BaseModel):
@@ -95,21 +105,22 @@ class _File(_Strict):
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A checked MoE config: the priced pipeline, the method and its options."""
+    """A checked MoE config: the priced pipeline, the method (a name of
+    :class:`MoERun`'s methods: ``workload.method``, with ``+overlap`` when
+    ``workload.overlap``), its options (seconds), and facts to print (key, text)."""
 
     pipeline: MoEPipeline
     method: str = "search"
-    overlap: bool = False
     time_limit: float = 30.0
     workers: int | None = None
     seed: int = 0
     source: str = "<memory>"
+    facts: tuple[tuple[str, str], ...] = ()
 
-
-def is_moe(data: Any) -> bool:
-    """Whether a parsed config mapping is an MoE config (``workload.kind: moe``)."""
-    return (isinstance(data, dict) and isinstance(data.get("workload"), dict)
-            and data["workload"].get("kind") == "moe")
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """:data:`BASELINES` that this pipeline has (ZB-H1 needs a split backward)."""
+        return tuple(b for b in BASELINES if b in MoERun.hand_made_of(self.pipeline))
 
 
 def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
@@ -132,9 +143,6 @@ def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
         raise ConfigError(pydantic_message(exc, "workload")) from None
     if spec.kind != "moe":
         raise ConfigError(f"workload.kind: must be 'moe', got {spec.kind!r}")
-    if spec.method != "search" and spec.method not in HAND_MADE:
-        raise ConfigError(f"workload.method: must be search or one of {', '.join(HAND_MADE)}, "
-                          f"got {spec.method!r}")
     model = dict(data["model"])
     if not isinstance(model.get("moe"), dict):
         raise ConfigError("model.moe: missing or not a mapping (experts, top_k, expert_ffn, "
@@ -182,10 +190,27 @@ def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
                           f"{pipe.static_memory[s] / 2**30:.1f} GiB, over the GPU's "
                           f"{(pipe.memory_limit[s] or 0) / 2**30:.1f} GiB "
                           f"(memory_fraction {spec.memory_fraction:g}); use more stages")
-    if spec.method == "1f1b" and spec.split_backward:
-        pipe = replace(pipe, split_backward=False)  # 1F1B runs a fused backward
-    return MoEConfig(pipe, spec.method, spec.overlap, spec.time_limit, spec.workers, spec.seed,
-                     source)
+    method = spec.method
+    if spec.overlap:
+        if method not in HAND_MADE:
+            raise ConfigError(f"workload.overlap: overlaps a hand-made schedule's all-to-all "
+                              f"({', '.join(HAND_MADE)}), not method {method!r}")
+        method += "+overlap"
+    known = graph_methods(MoERun(pipe))
+    if method not in known:
+        raise ConfigError(f"workload.method: must be one of {', '.join(known)}, got "
+                          f"{spec.method!r}")
+    facts = (
+        ("stages", f"{stages} on {stages} x {gpu.name}, MoE blocks per stage "
+         + ", ".join(str(len(b)) for b in pipe.stages)),
+        ("experts", f"{moe.experts} routed, top-{moe.top_k}, expert-parallel "
+         f"{moe.expert_parallel}"),
+        ("all-to-all", f"on each stage's 'a2a s': {spec.expert_network.latency * 1e6:g} us, "
+         f"{spec.expert_network.bandwidth / 1e9:g} GB/s (the EP group's slowest hop)"),
+        ("memory", f"limit {(pipe.memory_limit[0] or math.inf) / 2**30:.1f} GiB per GPU "
+         f"(memory_fraction {spec.memory_fraction:g})"),
+    )
+    return MoEConfig(pipe, method, spec.time_limit, spec.workers, spec.seed, source, facts)
 
 
 def load_moe(path: str | os.PathLike[str]) -> MoEConfig:
@@ -194,136 +219,40 @@ def load_moe(path: str | os.PathLike[str]) -> MoEConfig:
 
 
 @dataclass(frozen=True)
-class MoEResult:
-    """The chosen schedule and the baselines measured beside it: per name (``1f1b``,
-    ``zb-h1``, each without and with ``+overlap``), its iteration time (s) and peak memory
-    (bytes), or the reason it has none."""
-
-    schedule: GraphSchedule
-    baselines: tuple[tuple[str, float | None, float | None, str], ...]
-
-
-def solve_moe(cfg: MoEConfig) -> MoEResult:
-    """Run the config's method (the search within ``time_limit`` s, or a hand-made schedule)
-    and the 1F1B / ZB-H1 baselines without and with overlap. Raises ConfigError when no
-    schedule fits the memory limits."""
-    from pipeopt.core.greedy import Stuck
-    from pipeopt.core.validate import check
-    from pipeopt.solvers import moe as sm
-
-    pipe = cfg.pipeline
-    base = []
-    for name in ("1f1b", "zb-h1"):
-        variant = replace(pipe, split_backward=name != "1f1b")
-        for overlap in (False, True):
-            label = name + ("+overlap" if overlap else "")
-            try:
-                s = sm.hand_made(variant, name, overlap=overlap)
-            except (ValueError, Stuck) as exc:
-                base.append((label, None, None, str(exc)))
-                continue
-            problems = check(s)
-            base.append((label, s.objective, max(s.peak_memory),
-                         problems[0] if problems else ""))
-    try:
-        if cfg.method == "search":
-            sched = sm.search(pipe, time_limit=cfg.time_limit, workers=cfg.workers,
-                              seed=cfg.seed)
-        else:
-            sched = sm.hand_made(pipe, cfg.method, overlap=cfg.overlap)
-    except (ValueError, Stuck) as exc:
-        raise ConfigError(f"workload.method: {exc}") from None
-    problems = check(sched)
-    if problems:
-        raise ConfigError(f"workload.method: {cfg.method} breaks a limit: {problems[0]}")
-    return MoEResult(sched, tuple(base))
-
-
-def summary_lines(result: MoEResult) -> list[str]:
-    """What ``pipeopt solve`` prints for an MoE config."""
-    s = result.schedule
-    gib = 2**30
-    lines = [f"method        {s.method}",
-             f"iteration     {s.objective:.6g} s",
-             f"peak memory   {max(s.peak_memory) / gib:.2f} GiB"]
-    if s.lower_bound is not None:
-        lines.append(f"lower bound   {s.lower_bound:.6g} s (gap {100 * (s.gap or 0):.1f} %)")
-    for name, t, mem, why in result.baselines:
-        if t is None or mem is None:
-            lines.append(f"{name:<13} n/a ({why})")
-        else:
-            note = f" ({why})" if why else ""
-            lines.append(f"{name:<13} {t:.6g} s, {mem / gib:.2f} GiB, "
-                         f"{t / s.objective:.2f}x the chosen{note}")
-    return lines
-
-
-def solve_command(data: Any, source: str, *, method: str | None = None,
-                  time_limit: float | None = None, output: str | None = None,
-                  as_json: bool = False) -> list[str]:
-    """``pipeopt solve`` on a parsed MoE config: solve it (``method`` and ``time_limit``, the
-    command's flags, override ``workload.method`` / ``workload.time_limit``), write the
-    schedule as JSON v2 to ``output`` (atomically) and return the lines to print (one JSON line
-    with ``as_json``)."""
-    import json
-
-    from pipeopt.graphio import dump_graph_schedule
-    from pipeopt.io import write_output
-
-    if not is_moe(data):
-        raise ConfigError(f"{source}: not an MoE config (workload.kind: moe)")
-    if method is not None and method != "search" and method not in HAND_MADE:
-        raise ConfigError(f"--method: an MoE config takes search or one of "
-                          f"{', '.join(HAND_MADE)}, got {method!r}")
-    if method is not None:
-        data = {**data, "workload": {**data["workload"], "method": method}}
-    cfg = parse_moe(data, source)
-    if time_limit is not None:
-        cfg = replace(cfg, time_limit=time_limit)
-    res = solve_moe(cfg)
-    if as_json:
-        s = res.schedule
-        lines = [json.dumps({**s.summary(), "baselines": {
-            name: {"iteration_time": t, "peak_memory": mem, "note": why}
-            for name, t, mem, why in res.baselines}})]
-    else:
-        lines = summary_lines(res)
-    if output:
-        write_output("--output", output, lambda path: dump_graph_schedule(res.schedule, path))
-        if not as_json:
-            lines.append(f"written       {output}")
-    return lines
-
-
-@dataclass(frozen=True)
 class MoERun:
-    """An MoE pipeline in the :class:`~pipeopt.solvers.graph.GraphWorkload` shape of
-    :mod:`pipeopt.graph_config` (for ``solve_graph`` / ``compare_graph``): ``graph`` is
-    :func:`pipeopt.workloads.moe.build` of ``pipeline`` (what the searches run on); the
-    hand-made schedules are 1F1B (fused backward) and ZB-H1, each without and with the
-    all-to-all overlapped (``+overlap``: :func:`pipeopt.solvers.moe.hand_made`'s window 2).
+    """An MoE pipeline as a workload of :mod:`pipeopt.solvers.graph` (its ``GraphWorkload``
+    shape, as :class:`pipeopt.graph_config.DataParallelRun`): ``graph`` is
+    :func:`pipeopt.workloads.moe.build` of ``pipeline`` (what the searches run on, built once
+    here); the hand-made schedules are those of :data:`HAND_MADE` the pipeline has, each
+    without and with the all-to-all overlapped (``+overlap``: :func:`pipeopt.solvers.moe.
+    hand_made`'s window 2); its own search is ``search`` (:func:`pipeopt.solvers.moe.search`).
     """
 
     pipeline: MoEPipeline
+    graph: TaskGraph = field(init=False, repr=False, compare=False)
 
-    @property
-    def graph(self) -> TaskGraph:
-        """The searches' graph (built on each read: the pipeline is small data)."""
+    #: The workload's own searches (beside the core greedy / cpsat / auto).
+    searches: ClassVar[tuple[str, ...]] = ("search",)
+
+    def __post_init__(self) -> None:
         from pipeopt.workloads.moe import build
 
-        return build(self.pipeline)
+        object.__setattr__(self, "graph", build(self.pipeline))
+
+    @staticmethod
+    def hand_made_of(pipeline: MoEPipeline) -> tuple[str, ...]:
+        """The hand-made schedule names of ``pipeline`` (see the class docstring)."""
+        families = [f for f in HAND_MADE if pipeline.split_backward or f in ("1f1b", "gpipe")]
+        return tuple(name for f in families for name in (f, f"{f}+overlap"))
 
     @property
     def hand_made(self) -> tuple[str, ...]:
-        """``1f1b``, ``1f1b+overlap`` and, with a split backward, ``zb-h1``,
-        ``zb-h1+overlap``."""
-        names = ("1f1b", "1f1b+overlap")
-        if self.pipeline.split_backward:
-            names += ("zb-h1", "zb-h1+overlap")
-        return names
+        """``1f1b``, ``1f1b+overlap``, ``zb-h1``, ... (:meth:`hand_made_of`)."""
+        return self.hand_made_of(self.pipeline)
 
     def hand_made_orders(self, name: str) -> tuple[TaskGraph, list[list[int]]]:
-        """The graph and device orders of hand-made schedule ``name``."""
+        """The graph and device orders of hand-made schedule ``name`` (1F1B runs the fused
+        backward: its own graph)."""
         from pipeopt.schedules import NotApplicable
         from pipeopt.solvers import moe as sm
         from pipeopt.workloads.moe import build
@@ -332,10 +261,27 @@ class MoERun:
             raise NotApplicable(f"{name}: not a hand-made schedule of this workload "
                                 f"({', '.join(self.hand_made)})")
         family, _, how = name.partition("+")
-        pipe = replace(self.pipeline, split_backward=family != "1f1b")
-        graph = build(pipe)
+        pipe = self.pipeline
+        if family == "1f1b" and pipe.split_backward:
+            pipe = replace(pipe, split_backward=False)
+        graph = self.graph if pipe is self.pipeline else build(pipe)
         try:
             sched = sm.hand_made(pipe, family, overlap=bool(how), graph=graph)
         except ValueError as exc:  # Stuck under memory too
             raise NotApplicable(f"{name}: {exc}") from None
         return graph, sched.device_orders()
+
+    def search(self, name: str, *, time_limit: float, seed: int = 0,
+               workers: int | None = None) -> GraphSchedule:
+        """Run the workload's own search ``name`` (``search``) on :attr:`graph` within
+        ``time_limit`` seconds; NotApplicable when no candidate fits the memory limits."""
+        from pipeopt.schedules import NotApplicable
+        from pipeopt.solvers import moe as sm
+
+        if name not in self.searches:
+            raise NotApplicable(f"{name}: not a search of this workload "
+                                f"({', '.join(self.searches)})")
+        try:
+            return sm.search(self.pipeline, time_limit=time_limit, workers=workers, seed=seed)
+        except ValueError as exc:
+            raise NotApplicable(str(exc)) from None

@@ -18,7 +18,7 @@ from pipeopt.graph_config import (
     graph_loader,
     load_dataparallel,
     load_graph_config,
-    might_be_graph,
+    load_moe_graph,
 )
 from pipeopt.graphio import load_any
 from pipeopt.solvers.graph import compare_graph, solve_graph
@@ -53,10 +53,7 @@ def test_dispatch_is_keyed_by_the_document() -> None:
         assert graph_loader(read_yaml(ROOT / "examples" / chain)) is None, chain
     scalar = {**model, "training": {**model["training"], "collectives": "scalar"}}
     assert graph_loader(scalar) is None
-    assert might_be_graph("training:\n  collectives: scheduled\n")
-    assert might_be_graph("data_parallel:\n  replicas: 2\n")
-    assert might_be_graph("training: {data_parallel: 2, collectives: scheduled}\n")
-    assert not might_be_graph((ROOT / "examples/uniform.yaml").read_text(encoding="utf-8"))
+    assert graph_loader(read_yaml(ROOT / "examples/moe.yaml")) is load_moe_graph
 
 
 def test_explicit_form_builds_the_graph_by_hand() -> None:
@@ -215,16 +212,22 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "exceeds the limit" in capsys.readouterr().err
 
 
-def test_standard_input_is_refused_saying_why(monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_standard_input_is_read_once_and_solved(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A task-graph config on standard input (read once by the one entry point) takes the
+    task-graph route, as the same file does."""
     import io
 
-    data = (ROOT / "examples/dp_cross_dc.yaml").read_bytes()
+    data = yaml.safe_dump({**EXPLICIT, "data_parallel": {**EXPLICIT["data_parallel"],
+                                                         "iterations": 1}}).encode()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
-    assert main(["solve", "-", "--method", "greedy"]) == 2
-    err = capsys.readouterr().err
-    assert "training.collectives: unknown key: a task-graph config" in err
-    assert "read from a file, not from standard input" in err
+    assert main(["solve", "-", "--method", "zb-h1", "--json"]) == 0
+    piped = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert main(["compare", "-", "--methods", "1f1b,zb-h1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["1f1b", "zb-h1"]
+    assert rows[1]["iteration_time"] == pytest.approx(piped["iteration_time"])
 
 
 def test_docs_python_example_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,8 +5,10 @@ validator.
 A workload is anything with the :class:`GraphWorkload` shape: the graph the searches run on,
 the names of its hand-made schedules and, per name, the graph and device orders that schedule
 runs (a hand-made schedule may run on a variant of the graph, e.g. 1F1B with a fused
-backward). Hand-made orders are timed by :func:`pipeopt.core.simulate.simulate`, which starts
-every collective as early as its inputs and its resources allow (what Megatron does).
+backward), and the names of its own searches with the hook that runs one (the MoE pipeline's
+``search``; none for data parallelism). Hand-made orders are timed by
+:func:`pipeopt.core.simulate.simulate`, which starts every collective as early as its inputs
+and its resources allow (what Megatron does).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from pipeopt.core.bounds import lower_bound
 from pipeopt.core.cpsat import solve_cpsat
@@ -44,12 +46,21 @@ class GraphWorkload(Protocol):
     @property
     def hand_made(self) -> tuple[str, ...]: ...
 
+    #: The workload's own searches (may be empty), run by :meth:`search`.
+    searches: ClassVar[tuple[str, ...]]
+
     def hand_made_orders(self, name: str) -> tuple[TaskGraph, list[list[int]]]: ...
+
+    def search(self, name: str, *, time_limit: float, seed: int = 0,
+               workers: int | None = None) -> GraphSchedule:
+        """Run own search ``name`` on :attr:`graph` within ``time_limit`` seconds."""
+        ...
 
 
 def graph_methods(work: GraphWorkload) -> tuple[str, ...]:
-    """The method names of ``work``: its hand-made schedules, then :data:`SEARCHES`."""
-    return (*work.hand_made, *SEARCHES)
+    """The method names of ``work``: its hand-made schedules, its own searches, then
+    :data:`SEARCHES`."""
+    return (*work.hand_made, *work.searches, *SEARCHES)
 
 
 def check_graph_method(work: GraphWorkload, name: str) -> None:
@@ -70,17 +81,21 @@ def solve_graph(work: GraphWorkload, method: str, *, time_limit: float = 10.0, s
                 workers: int | None = None, resolution: float | None = None) -> GraphSchedule:
     """Run ``method`` on ``work`` and validate the result (seconds, bytes).
 
-    ``cpsat`` starts from the best hand-made schedule that runs on the search's graph (or the
-    greedy, whichever is shorter); ``auto`` runs every hand-made schedule and the greedy, then
-    ``cpsat`` from the best of them for the time left, and returns the shortest that fits the
-    memory limits. Raises :class:`UnknownGraphMethod`, :class:`NotApplicable` (a hand-made schedule
-    that does not fit the workload), or :class:`InvalidSchedule`."""
+    A name of the workload's own searches runs it (``work.search``). ``cpsat`` starts from the
+    best hand-made schedule that runs on the search's graph (or the greedy, whichever is
+    shorter); ``auto`` runs every hand-made schedule, then the workload's own searches (half
+    the time left, shared equally), then ``cpsat`` from the best of them on the search's graph
+    for the time left, and returns the shortest that fits the memory limits. Raises
+    :class:`UnknownGraphMethod`, :class:`NotApplicable` (a hand-made schedule that does not
+    fit the workload, an own search that found nothing), or :class:`InvalidSchedule`."""
     check_graph_method(work, method)
     if not (time_limit > 0 and math.isfinite(time_limit)):
         raise ValueError(f"time_limit: must be a positive number of seconds, got {time_limit}")
     t0 = time.perf_counter()
     if method in work.hand_made:
         return validate(_hand_made(work, method))
+    if method in work.searches:
+        return validate(work.search(method, time_limit=time_limit, seed=seed, workers=workers))
     if method == "greedy":
         try:
             return validate(solve_greedy(work.graph))
@@ -97,6 +112,15 @@ def solve_graph(work: GraphWorkload, method: str, *, time_limit: float = 10.0, s
             sched = _hand_made(work, name)
             if not check(sched):
                 starts.append(sched)
+    if method == "auto" and work.searches:
+        share = max(0.01, time_limit - (time.perf_counter() - t0)) / 2 / len(work.searches)
+        for name in work.searches:
+            try:
+                sched = work.search(name, time_limit=share, seed=seed, workers=workers)
+            except NotApplicable:
+                continue
+            if not check(sched):
+                starts.append(sched)
     same = [s for s in starts if s.graph == work.graph]
     hint = min(same, key=lambda s: s.objective, default=None)
     left = max(0.01, time_limit - (time.perf_counter() - t0))
@@ -106,7 +130,10 @@ def solve_graph(work: GraphWorkload, method: str, *, time_limit: float = 10.0, s
         if any(s.objective < best.objective - 1e-12 for s in starts):
             won = min(starts, key=lambda s: s.objective)
             # its own graph's bound: CP-SAT's holds for the search's graph only
-            bound = best.lower_bound if won.graph == work.graph else won.lower_bound
+            bound = won.lower_bound
+            if won.graph == work.graph:  # both bounds hold for it: the larger
+                bound = max((b for b in (bound, best.lower_bound) if b is not None),
+                            default=None)
             best = replace(won, method=f"auto:{won.method}", lower_bound=bound)
         else:
             best = replace(best, method=f"auto:{best.method}")
@@ -145,10 +172,11 @@ class GraphRow:
 def compare_graph(work: GraphWorkload, methods: Sequence[str] | None = None, *,
                   time_limit: float = 10.0, seed: int = 0,
                   workers: int | None = None) -> list[GraphRow]:
-    """Every method of ``work`` (or ``methods``), each timed and checked; hand-made schedules
-    that break a memory limit are kept with ``fits`` False; ratios against the best that
-    fits (seconds per iteration)."""
-    names = list(methods) if methods is not None else [*work.hand_made, "greedy", "cpsat"]
+    """Every method of ``work`` but ``auto`` (or ``methods``), each timed and checked;
+    hand-made schedules that break a memory limit are kept with ``fits`` False; ratios
+    against the best that fits (seconds per iteration)."""
+    names = list(methods) if methods is not None else [*work.hand_made, *work.searches,
+                                                        "greedy", "cpsat"]
     for name in names:
         check_graph_method(work, name)
     rows: list[GraphRow] = []
