@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeopt.config import parse_config
 from pipeopt.core.graph import TaskGraph
@@ -35,7 +35,7 @@ from pipeopt.errors import ConfigError
 from pipeopt.moe_config import MoERun, parse_moe
 from pipeopt.problem import Problem
 from pipeopt.schedules import GENERATORS, NotApplicable
-from pipeopt.schema import SolverConfig, check_unknown_keys, pydantic_message
+from pipeopt.schema import SolverConfig, validate_mapping
 from pipeopt.solvers.graph import GraphWorkload
 from pipeopt.workload_config import workload_kind
 from pipeopt.workloads import dataparallel as dpw
@@ -193,17 +193,6 @@ def load_moe_graph(data: dict[str, Any], source: str = "<memory>",
                        method_key="workload.method", baselines=cfg.baselines)
 
 
-def _validate(model: type[BaseModel], data: Any, prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix}: expected a mapping (key: value), got "
-                          f"{type(data).__name__}")
-    check_unknown_keys(data, model, prefix)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(pydantic_message(exc, prefix)) from None
-
-
 def _per_stage(key: str, value: float | Sequence[float] | None, stages: int,
                default: tuple[float, ...] = ()) -> tuple[float, ...]:
     if value is None:
@@ -238,7 +227,7 @@ def _explicit(data: dict[str, Any], source: str, overrides: dict[str, Any] | Non
     if "model" in data or "cluster" in data:
         raise ConfigError("data_parallel: the explicit form's section; with model:/cluster: "
                           "give training.data_parallel and training.collectives: scheduled")
-    sec = _validate(DataParallelSection, data["data_parallel"], "data_parallel")
+    sec = validate_mapping(DataParallelSection, data["data_parallel"], "data_parallel")
     cfg = parse_config({k: v for k, v in data.items() if k != "data_parallel"}, source,
                        overrides)
     if any(cfg.problem.grad_reduce):
@@ -281,7 +270,7 @@ def _model_form(data: dict[str, Any], source: str, overrides: dict[str, Any] | N
     if not isinstance(training, dict):
         raise ConfigError("training: expected a mapping (key: value)")
     mine = {k: training[k] for k in TrainingCollectives.model_fields if k in training}
-    sec = _validate(TrainingCollectives, mine, "training")
+    sec = validate_mapping(TrainingCollectives, mine, "training")
     rest = {k: v for k, v in training.items() if k not in mine}
     replicas = rest.get("data_parallel", 1)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:

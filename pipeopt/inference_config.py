@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeopt.config import read_yaml
 from pipeopt.errors import ConfigError
@@ -44,7 +44,7 @@ from pipeopt.partition.pipeedge import (
     pipeedge_partition,
     serving_partition,
 )
-from pipeopt.schema import check_unknown_keys, pydantic_message
+from pipeopt.schema import workload_file
 from pipeopt.solvers.inference import Link, Served, round_robin, search, separated
 from pipeopt.workloads.inference import Request, StageModel, sample_requests
 
@@ -132,17 +132,7 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
     from pipeopt.costs.gpus import lookup
     from pipeopt.costs.inference import hbm_bandwidth, stage_models
 
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping with workload: and model:")
-    check_unknown_keys(data, _File, "")
-    for key in ("workload", "model"):
-        if not isinstance(data.get(key), dict):
-            raise ConfigError(f"{key}: missing or not a mapping")
-    check_unknown_keys(data["workload"], WorkloadSpec, "workload")
-    try:
-        spec = WorkloadSpec.model_validate(data["workload"])
-    except ValidationError as exc:
-        raise ConfigError(pydantic_message(exc, "workload")) from None
+    spec = workload_file(data, source, _File, WorkloadSpec)
     shape = shape_of(parse_model(data["model"]))
     names = [spec.gpu] if isinstance(spec.gpu, str) else spec.gpu
     for k, name in enumerate(names):

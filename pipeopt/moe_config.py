@@ -33,13 +33,13 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeopt.config import read_yaml
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.errors import ConfigError
-from pipeopt.schema import check_unknown_keys, pydantic_message
+from pipeopt.schema import validate_mapping, workload_file
 from pipeopt.solvers.graph import graph_methods
 from pipeopt.workloads.moe import MoEPipeline
 
@@ -130,17 +130,7 @@ def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
     from pipeopt.costs.gpus import lookup
     from pipeopt.costs.moe import Cluster, MoESpec, pipeline_of
 
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping with workload: and model:")
-    check_unknown_keys(data, _File, "")
-    for key in ("workload", "model"):
-        if not isinstance(data.get(key), dict):
-            raise ConfigError(f"{key}: missing or not a mapping")
-    check_unknown_keys(data["workload"], WorkloadSpec, "workload")
-    try:
-        spec = WorkloadSpec.model_validate(data["workload"])
-    except ValidationError as exc:
-        raise ConfigError(pydantic_message(exc, "workload")) from None
+    spec = workload_file(data, source, _File, WorkloadSpec)
     if spec.kind != "moe":
         raise ConfigError(f"workload.kind: must be 'moe', got {spec.kind!r}")
     model = dict(data["model"])
@@ -148,11 +138,7 @@ def parse_moe(data: Any, source: str = "<memory>") -> MoEConfig:
         raise ConfigError("model.moe: missing or not a mapping (experts, top_k, expert_ffn, "
                           "...)")
     raw = model.pop("moe")
-    check_unknown_keys(raw, MoESection, "model.moe")
-    try:
-        sec = MoESection.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(pydantic_message(exc, "model.moe")) from None
+    sec = validate_mapping(MoESection, raw, "model.moe")
     try:
         moe = MoESpec(**sec.model_dump())
     except ValueError as exc:

@@ -295,6 +295,32 @@ def check_unknown_keys(data: Any, model: type[BaseModel], path: str) -> None:
         _unknown_in(data[key], fields[key].annotation, where)
 
 
+def validate_mapping(model: type[BaseModel], data: Any, prefix: str) -> Any:
+    """``data`` validated against ``model``; a non-mapping, an unknown key or a bad value
+    becomes ConfigError("prefix.key: reason")."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix}: expected a mapping (key: value), got "
+                          f"{type(data).__name__}")
+    check_unknown_keys(data, model, prefix)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(pydantic_message(exc, prefix)) from None
+
+
+def workload_file(data: Any, source: str, file_model: type[BaseModel],
+                  spec_model: type[BaseModel]) -> Any:
+    """The checked ``workload:`` section of a workload file (inference, MoE): ``data`` must be
+    a mapping with only ``file_model``'s keys and mappings under ``workload:`` and ``model:``."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with workload: and model:")
+    check_unknown_keys(data, file_model, "")
+    for key in ("workload", "model"):
+        if not isinstance(data.get(key), dict):
+            raise ConfigError(f"{key}: missing or not a mapping")
+    return validate_mapping(spec_model, data["workload"], "workload")
+
+
 def _unknown_in(value: Any, ann: Any, path: str) -> None:
     """Unknown keys inside ``value`` given the annotation of its field."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):

@@ -11,10 +11,10 @@ import difflib
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeopt.errors import ConfigError
-from pipeopt.schema import check_unknown_keys, pydantic_message
+from pipeopt.schema import validate_mapping
 
 
 class _Strict(BaseModel):
@@ -264,16 +264,7 @@ class TrainingConfig(_Strict):
 # ----- validation with key-path messages ---------------------------------------------------
 def validate_section(model: type[BaseModel], data: Any, prefix: str) -> Any:
     """Validate ``data`` against ``model``; errors become ConfigError("prefix.key: reason")."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix}: expected a mapping (key: value), got "
-                          f"{type(data).__name__}")
-    check_unknown_keys(data, model, prefix)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(pydantic_message(exc, prefix)) from None
+    return validate_mapping(model, {} if data is None else data, prefix)
 
 
 def parse_model(data: Any) -> ModelConfig:
