@@ -37,6 +37,7 @@ from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import ScheduleError, retime
 from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, time_left
+from pipeopt.views_cli import positive_int
 
 #: Seconds per op that printing a summary and writing the schedule JSON take, kept out of
 #: the search's time (measured with benchmarks/limits.py on the 2-core development machine:
@@ -851,17 +852,6 @@ def _method_list(text: str) -> list[str]:
     return names
 
 
-def jobs_arg(text: str) -> int:
-    """argparse type of ``plan --jobs``: an integer >= 1."""
-    try:
-        val = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if val < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return val
-
-
 class _PlanProgress:
     """``plan``'s progress on stderr: a line when the best step time improves, a round starts,
     or at most every ``every_s`` seconds otherwise."""
@@ -1010,13 +1000,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "{global_batch_size} and plan: (docs/plan.md)")
     p.add_argument("--time-limit", type=seconds_arg,
                    help="override plan.time_limit (seconds for the whole plan)")
-    p.add_argument("--jobs", type=jobs_arg, help="override plan.jobs (candidates scheduled at "
+    p.add_argument("--jobs", type=positive_int, help="override plan.jobs (candidates scheduled at "
                    "once, in worker processes)")
     p.add_argument("--config-out", help="write the best configuration here as a model-form "
                    "config that pipeopt solve takes (atomically)")
     p.add_argument("--schedule-out", help="write the best configuration's schedule JSON here")
     p.add_argument("--plot", help="draw the Pareto front into this image (.png, .svg, .pdf)")
-    p.add_argument("--top", type=jobs_arg, default=15, help="rows of the ranked table "
+    p.add_argument("--top", type=positive_int, default=15, help="rows of the ranked table "
                    "(default 15)")
     p.add_argument("--json", action="store_true", help="print every candidate as JSON, best "
                    "first")

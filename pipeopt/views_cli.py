@@ -24,7 +24,9 @@ def _positive_float(text: str) -> float:
     return val
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a count option (``trace --max-events``, ``plan --jobs`` / ``--top``):
+    an integer >= 1."""
     try:
         val = int(text)
     except ValueError:
@@ -142,7 +144,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--no-flows", action="store_true",
                    help="leave out the arrows from each op to the op that uses its output "
                         "(about a quarter of a large trace's size)")
-    p.add_argument("--max-events", type=_positive_int, metavar="N",
+    p.add_argument("--max-events", type=positive_int, metavar="N",
                    help="write at most N events: leave out the flows, then the transmission "
                         "slices, then merge the slices of each track that are closest "
                         "together (and the memory changes between them, peaks kept); the "
