@@ -765,9 +765,14 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
 
 def makespan_lower_bound(problem: Problem) -> float:
     """A lower bound on the makespan (and so on the iteration time) of any schedule."""
+    return _makespan_bound(problem, _memory_bounds(problem))
+
+
+def _makespan_bound(problem: Problem, memory: list[tuple[float, float, float]]) -> float:
+    """:func:`makespan_lower_bound` given ``memory = _memory_bounds(problem)``."""
     return max(critical_path(problem), *device_bound(problem), *warmup_bound(problem),
-               overtaking_bound(problem), passing_bound(problem), *memory_bound(problem),
-               link_bound(problem))
+               overtaking_bound(problem), passing_bound(problem),
+               *(mk for mk, _, _ in memory), link_bound(problem))
 
 
 def span_lower_bound(problem: Problem) -> float:
@@ -784,13 +789,14 @@ def iteration_lower_bound(problem: Problem) -> float:
     stage, its :func:`warmup_bound` plus that stage's gradient reduction (the device's last op
     is the stage's last W, or fused B, after which the reduction runs); and
     :func:`memory_bound`'s bound on each stage's last W plus its reduction."""
-    out = makespan_lower_bound(problem)
+    memory = _memory_bounds(problem)
+    out = _makespan_bound(problem, memory)
     for d, bound in enumerate(warmup_bound(problem)):
         stages = problem.device_stages[d]
         if len(stages) == 1:
             out = max(out, bound + problem.grad_reduce[stages[0]])
     if any(problem.grad_reduce):
-        out = max(out, *(it for _, _, it in _memory_bounds(problem)))
+        out = max(out, *(it for _, _, it in memory))
     return out
 
 
