@@ -53,7 +53,7 @@ def main() -> None:
           f"micro-batch on {result.devices} GPUs")
     for s in result.stages:
         print(f"  layers {layers[s.first].name}..{layers[s.last].name} on {s.replicas} GPU(s)")
-    prob, replicas = plan_problem(layers, result, levels)
+    prob, replicas = plan_problem(layers, result)
     weights = [sum(x.weight_bytes for x in layers[s.first:s.last + 1]) for s in result.stages]
     for method in ("pipedream", "periodic"):
         steady = solve_async(prob, method, weights, replicas=replicas,

@@ -593,23 +593,36 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def _plan_doc(planned: Any) -> dict[str, Any]:
-    """The JSON of a ``pipedream:`` config's plan (the ``pipedream_plan`` extra)."""
+    """The JSON of a ``pipedream:`` config's plan (the ``pipedream_plan`` extra); with device
+    types, ``types`` (name, devices, speed, memory per device) and each stage's ``type``."""
     d = dict(planned)
-    return {"config": d["config"], "period": d["period"], "devices": d["devices"],
-            "levels": [{"units": u, "bandwidth": b} for u, b in d["levels"]],
-            "stages": [{"first": a, "last": b, "replicas": r} for a, b, r in d["stages"]]}
+    doc = {"config": d["config"], "period": d["period"], "devices": d["devices"],
+           "levels": [{"units": u, "bandwidth": b} for u, b in d["levels"]],
+           "stages": [{"first": a, "last": b, "replicas": r, **({"type": t} if d["types"]
+                                                                  else {})}
+                      for a, b, r, t in d["stages"]]}
+    if d["types"]:
+        doc["types"] = [{"name": n, "devices": c, "speed": v, "memory": m}
+                        for n, c, v, m in d["types"]]
+    return doc
 
 
 def print_plan(planned: Any, out: Any = None) -> None:
-    """PipeDream's plan of a ``pipedream:`` config: its notation, estimate and stages."""
+    """PipeDream's plan of a ``pipedream:`` config: its notation, estimate and stages (with
+    device types: the types, and the type each stage runs on)."""
     out = out or sys.stdout
     d = dict(planned)
     levels = ", then ".join(f"{u} x {_fmt(b / 1e9)} GB/s" for u, b in d["levels"])
     print(f"plan          pipedream {d['config']} on {d['devices']} devices ({levels}): "
           f"estimated {_fmt(d['period'])} s per micro-batch (replicas' weight all-reduce "
           "counted)", file=out)
-    for k, (a, b, r) in enumerate(d["stages"]):
-        print(f"  stage {k}: layers {a}..{b} on {r} device{'s' if r > 1 else ''}", file=out)
+    for name, count, speed, memory in d["types"]:
+        mem = "no memory limit" if memory is None else f"{_fmt(memory / 1e9)} GB each"
+        print(f"  type {name}: {count} devices, speed {_fmt(speed)}, {mem}", file=out)
+    for k, (a, b, r, t) in enumerate(d["stages"]):
+        on = f" {t}" if d["types"] else ""
+        print(f"  stage {k}: layers {a}..{b} on {r}{on} device{'s' if r > 1 else ''}",
+              file=out)
 
 
 def print_async_summary(s: Any, out: Any = None) -> None:

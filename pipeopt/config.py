@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -34,6 +35,7 @@ from pipeopt.schema import (
     ConfigFile,
     LinksConfig,
     MemoryConfig,
+    PipedreamConfig,
     PipelineConfig,
     SolverConfig,
     StagesConfig,
@@ -118,18 +120,85 @@ def parse_config(data: Any, source: str = "<memory>",
                   extras=async_extras(cfg, problem))
 
 
-#: Bound on PipeDream's DP: layers^3 x the sum over levels of units^2 (its states times the
-#: choices of each). Measured 1.0e7 to 5.4e7 of these per second (16 to 64 layers, two levels
-#: of 2 to 8 units, 2026-12-03), so the bound keeps the plan under about a minute.
+#: Bound on PipeDream's DP (:func:`planner_work`): layers^3 x the sum over levels of units^2
+#: (its states times the choices of each). Measured 1.0e7 to 5.4e7 of these per second (16 to
+#: 64 layers, two levels of 2 to 8 units, 2026-12-03), so the bound keeps the plan under about
+#: a minute.
 MAX_PLANNER_WORK = 6e8
+
+
+def planner_work(layers: int, types: Sequence[Any], limited: bool) -> float:
+    """The size of PipeDream's DP on ``layers`` and ``DeviceType`` s (a count comparable with
+    :data:`MAX_PLANNER_WORK`): per type, layers^3 x the sum over its levels (its top-level
+    units included) of units^2, times its devices when a memory limit puts the devices after
+    a stage into the state; the top level's DP over the units left of each type adds layers^2
+    x prod(units + 1) x sum(units). With one type and no limit: layers^3 x sum units^2."""
+    work = 0.0
+    for ty in types:
+        inner = sum(lv.units ** 2 for lv in ty.levels) + ty.units ** 2
+        work += layers ** 3 * inner * (ty.devices if limited and ty.memory is not None else 1)
+    if len(types) > 1:
+        work += layers ** 2 * math.prod(ty.units + 1 for ty in types) * sum(ty.units
+                                                                           for ty in types)
+    return work
+
+
+def _device_types(pd: PipedreamConfig, limit: float | None) -> list[Any]:
+    """The planner's device types of a ``pipedream:`` section: one (the profile's own) without
+    ``device_types``; else one per name, its top-level units from the top level's ``types``,
+    its memory its own or ``memory.limit``."""
+    from pipeopt.partition.pipedream import DeviceType, Level
+
+    top_k = len(pd.levels) - 1
+    top = pd.levels[-1]
+    where = f"pipedream.levels[{top_k}].types"
+    for k, lv in enumerate(pd.levels[:-1]):
+        if lv.types is not None:
+            raise ConfigError(f"pipedream.levels[{k}].types: only the top level's units "
+                              f"(levels[{top_k}]) have device types")
+    inner = tuple(Level(lv.units, lv.bandwidth) for lv in pd.levels[:-1])
+    if pd.device_types is None:
+        if top.types is not None:
+            raise ConfigError(f"{where}: names device types, but pipedream.device_types is "
+                              "missing (give each type's speed and memory there)")
+        return [DeviceType("device", top.units, inner, memory=limit)]
+    known = ", ".join(pd.device_types)
+    if top.types is None:
+        raise ConfigError(f"{where}: missing; with pipedream.device_types, give how many of "
+                          f"the top level's {top.units} units are of each type ({known})")
+    for name in top.types:
+        if name not in pd.device_types:
+            raise ConfigError(f"{where}.{name}: unknown device type (pipedream.device_types "
+                              f"has {known})")
+    for name in pd.device_types:
+        if name not in top.types:
+            raise ConfigError(f"pipedream.device_types.{name}: no units of this type in "
+                              f"{where}")
+    if sum(top.types.values()) != top.units:
+        raise ConfigError(f"{where}: {sum(top.types.values())} units by type, but "
+                          f"pipedream.levels[{top_k}].units is {top.units}")
+    out = []
+    for name, dt in pd.device_types.items():
+        levels = inner if dt.levels is None else tuple(Level(lv.units, lv.bandwidth)
+                                                       for lv in dt.levels)
+        for k, lv in enumerate(dt.levels or ()):
+            if lv.types is not None:
+                raise ConfigError(f"pipedream.device_types.{name}.levels[{k}].types: only the "
+                                  f"top level's units (pipedream.levels[{top_k}]) have types")
+        out.append(DeviceType(name, top.types[name], levels, dt.speed,
+                              limit if dt.memory is None else dt.memory))
+    return out
 
 
 def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
     """The ``pipedream:`` form: PipeDream's planner (:mod:`pipeopt.partition.pipedream`) chooses
-    the stages and their replicas from a layer profile and levels of devices; the problem is
-    its plan's chain (one device per stage, the replicas as an extra), memory from
-    ``memory.limit`` / ``memory.static`` (one value each), weight bytes from the layers."""
-    from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem, plan_sync_s
+    the stages, their device types and replicas from a layer profile and levels of devices
+    (of one type, or of ``pipedream.device_types``); the problem is its plan's chain (one
+    device per stage, the replicas as an extra), each stage's memory limit its type's (or
+    ``memory.limit``), static memory ``memory.static`` + one copy of the stage's weights,
+    weight bytes from the layers."""
+    from pipeopt.partition.pipedream import Layer, plan_cluster, plan_problem, plan_sync_s
+    from pipeopt.solvers import ASYNC_METHODS
 
     pl, pd, mem = cfg.pipeline, cfg.pipedream, cfg.memory
     assert pd is not None
@@ -164,36 +233,47 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
     if len(names) != n:
         raise ConfigError(f"pipedream.layers.names: expected {n} names (one per layer), got "
                           f"{len(names)}")
-    units = [lv.units for lv in pd.levels]
-    if pl.devices != math.prod(units):
-        raise ConfigError(f"pipeline.devices: must be the levels' {math.prod(units)} devices "
-                          f"({' x '.join(map(str, units))}), got {pl.devices}")
-    work = n ** 3 * sum(u * u for u in units)
+    limit = None if mem.limit is None or isinstance(mem.limit, list) else float(mem.limit)
+    static = 0.0 if isinstance(mem.static, list) else float(mem.static)  # lists refused above
+    types = _device_types(pd, limit)
+    hetero = pd.device_types is not None
+    devices = sum(ty.devices for ty in types)
+    if pl.devices != devices:
+        shape = (" + ".join(f"{ty.devices} {ty.name}" for ty in types) if hetero else
+                 " x ".join(str(lv.units) for lv in pd.levels))
+        raise ConfigError(f"pipeline.devices: must be the levels' {devices} devices ({shape}), "
+                          f"got {pl.devices}")
+    limited = any(ty.memory is not None for ty in types)
+    work = planner_work(n, types, limited)
     if work > MAX_PLANNER_WORK:
+        units = [lv.units for lv in pd.levels]
         raise ConfigError(f"pipedream.layers: {n} layers on levels of {units} units are too "
-                          f"many for the planner (layers^3 x sum units^2 = {work:.3g}, at most "
-                          f"{MAX_PLANNER_WORK:.3g}); merge layers")
+                          f"many for the planner (its DP's size {work:.3g}, at most "
+                          f"{MAX_PLANNER_WORK:.3g}: layers^3 x sum units^2"
+                          f"{', x devices with a memory limit' if limited else ''}); merge "
+                          "layers")
     layers = [Layer(names[i], cols["forward"][i], cols["backward_input"][i],
                     cols["backward_weight"][i], cols["output_bytes"][i], cols["weight_bytes"][i],
                     cols["activation_bytes"][i]) for i in range(n)]
-    levels = [Level(lv.units, lv.bandwidth) for lv in pd.levels]
-    result = plan(layers, levels)
-    prob, reps = plan_problem(layers, result, levels, microbatches=pl.microbatches)
-    s = prob.stages
-    limit = mem.limit if isinstance(mem.limit, int | float) or mem.limit is None else None
+    method = "periodic" if cfg.solver.method == "auto" else cfg.solver.method
+    policy = ASYNC_METHODS.get(method, ("stash", ""))[0]  # an unknown method fails at solve
+    result = plan_cluster(layers, types, pd.levels[-1].bandwidth, policy=policy,
+                          static_bytes=static)
+    prob, reps = plan_problem(layers, result, microbatches=pl.microbatches, static_bytes=static)
     try:
-        prob = prob.replace(memory_limit=(None if limit is None else float(limit),) * s,
-                            static_memory=(float(mem.static),) * s,
-                            split_backward=pl.split_backward)
+        prob = prob.replace(split_backward=pl.split_backward)
     except ProblemError as exc:
         raise ConfigError(f"memory: {exc}") from None
     check_totals(prob, "pipedream.layers")
     wb = tuple(math.fsum(cols["weight_bytes"][st.first:st.last + 1]) for st in result.stages)
     summary = (("config", result.config()), ("period", result.period),
                ("devices", result.devices), ("levels", tuple((lv.units, lv.bandwidth)
-                                                             for lv in levels)),
-               ("stages", tuple((names[st.first], names[st.last], st.replicas)
-                                for st in result.stages)))
+                                                             for lv in pd.levels)),
+               ("stages", tuple((names[st.first], names[st.last], st.replicas,
+                                 result.type_of(st).name) for st in result.stages)),
+               ("types", tuple((ty.name, ty.devices, ty.speed, ty.memory) for ty in types)
+                if hetero else ()),
+               ("policy", policy))
     return Config(problem=prob, solver=cfg.solver, source=source,
                   extras=(("mode", "async"), ("weight_bytes", wb), ("replicas", reps),
                           ("sync_s", plan_sync_s(layers, result)),

@@ -13,7 +13,7 @@ import datetime
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -119,6 +119,21 @@ class LevelConfig(_Strict):
 
     units: int = Field(ge=1, description="units of the level below (devices at the first)")
     bandwidth: float = Field(gt=0, allow_inf_nan=False, description="bytes/s between two units")
+    types: dict[str, Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="top level only: units of each pipedream.device_types name")
+
+
+class DeviceTypeConfig(_Strict):
+    """One entry of ``pipedream.device_types``: a kind of device (a GPU model) in a
+    heterogeneous cluster (HetPipe)."""
+
+    speed: float = Field(1.0, gt=0, allow_inf_nan=False,
+                         description="compute speed relative to the layer profile's device")
+    memory: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                 description="bytes per device (default memory.limit)")
+    levels: list[LevelConfig] | None = Field(
+        None, description="inside one top-level unit of this type, innermost first (default: "
+        "pipedream.levels without its top level)")
 
 
 class LayersConfig(_Strict):
@@ -136,10 +151,13 @@ class LayersConfig(_Strict):
 
 class PipedreamConfig(_Strict):
     """``pipedream:`` — PipeDream's planner chooses the stages and their replicas
-    (pipeline.mode: async); levels innermost first (devices per node, then nodes)."""
+    (pipeline.mode: async); levels innermost first (devices per node, then nodes). With
+    ``device_types`` (HetPipe's mixed GPUs), the top level's ``types`` says how many of its
+    units (nodes) are of each type."""
 
     levels: list[LevelConfig] = Field(min_length=1)
     layers: LayersConfig
+    device_types: dict[str, DeviceTypeConfig] | None = Field(None, min_length=1)
 
 
 class ConfigFile(_Strict):

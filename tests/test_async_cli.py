@@ -232,7 +232,7 @@ def test_planner_config_is_the_python_example() -> None:
     layers = example["vgg_like"]()
     levels = [Level(4, 10e9), Level(2, 1.25e9)]
     want = plan(layers, levels)
-    prob, reps = plan_problem(layers, want, levels, microbatches=16)
+    prob, reps = plan_problem(layers, want, microbatches=16)
     cfg = load_config(str(PLANNER))
     assert cfg.extra("mode") == "async" and cfg.extra("replicas") == reps == (4, 3, 1)
     assert dict(cfg.extra("pipedream_plan"))["config"] == want.config() == "4-3-1"

@@ -103,7 +103,7 @@ def test_vgg_like_on_two_nodes_replicates_the_convolutions_not_the_classifier() 
     weights = sum(x.weight_bytes for x in layers)
     data_parallel = max(sum(x.compute_s for x in layers), 2 * 7 / 8 * weights / 1.25e9) / 8
     assert got.period < data_parallel / 5
-    prob, reps = plan_problem(layers, got, levels)
+    prob, reps = plan_problem(layers, got)
     assert reps == tuple(s.replicas for s in got.stages)
     found = solve_periodic(prob, replicas=reps)
     assert check_periodic(found) == []
