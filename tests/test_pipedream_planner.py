@@ -5,11 +5,19 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from pipeopt.errors import ConfigError
-from pipeopt.partition.pipedream import Layer, Level, plan, plan_problem
+from pipeopt.partition.pipedream import (
+    DeviceType,
+    Layer,
+    Level,
+    plan,
+    plan_cluster,
+    plan_problem,
+)
 from pipeopt.schedules.periodic import check_periodic
 from pipeopt.solvers.periodic import solve_periodic
 
@@ -153,3 +161,238 @@ def test_plan_sync_s_is_the_ring_over_the_replicas_slowest_link() -> None:
     dp = plan(one, [Level(2, 100.0), Level(2, 10.0)])
     assert dp.config() == "4" and dp.stages[0].sync_bandwidth == 10.0
     assert plan_sync_s(one, dp) == pytest.approx((2 * 3 / 4 * 8.0 / 10.0,))
+
+
+# ----- heterogeneous devices (HetPipe) -------------------------------------------------------
+def _random_case(seed: int) -> tuple[list[Layer], list[tuple[int, int, int, int, float]]]:
+    """Seeded instances of the homogeneous planner (1 to 3 levels, 3 to 9 layers)."""
+    rng = random.Random(1000 + seed)
+    layers = _random_layers(rng, rng.randint(3, 9))
+    levels = [Level(rng.randint(2, 3), rng.choice([1e9, 1e10, 5e8])) for _ in range(1 + seed % 3)]
+    return layers, levels
+
+
+#: ``plan``'s answers at main 6b0ce4e, before device types: (seed, period, stages as
+#: (first, last, replicas, split_level, sync_bandwidth)); the last row is the VGG-like example.
+BEFORE_TYPES = [
+    (0, 7.232145867618058, [(0, 8, 2, 0, 1e10)]),
+    (1, 3.458257373225748, [(0, 1, 1, 1, math.inf), (2, 2, 1, 2, math.inf),
+                            (3, 5, 2, 1, 1e9), (6, 8, 2, 0, 1e9)]),
+    (2, 0.8542583661267843, [(0, 2, 6, 2, 1e9), (3, 3, 3, 3, 1e9), (4, 4, 3, 2, 1e9),
+                             (5, 5, 3, 2, 1e9), (6, 6, 3, 0, 1e9)]),
+    (3, 3.073576514601417, [(0, 5, 3, 0, 1e10)]),
+    (4, 1.152363717756801, [(0, 3, 6, 2, 1e9), (4, 5, 3, 0, 1e10)]),
+    (5, 0.39350370965261416, [(0, 1, 9, 2, 1e10), (2, 4, 9, 2, 1e10), (5, 5, 9, 0, 1e10)]),
+    (6, 4.4288346044084514, [(0, 4, 2, 0, 1e10)]),
+    (7, 3.620246953709999, [(0, 4, 2, 2, 1e10), (5, 8, 2, 0, 1e10)]),
+    ("vgg", 0.012899999999999997, [(0, 5, 4, 2, 1e10), (6, 9, 3, 1, 1e10),
+                                   (10, 15, 1, 0, math.inf)]),
+]
+
+
+@pytest.mark.parametrize(("seed", "period", "stages"), BEFORE_TYPES)
+def test_homogeneous_plans_are_unchanged(seed: int | str, period: float,
+                                         stages: list[tuple[int, int, int, int, float]]) -> None:
+    """One device type gives exactly the plans of the planner before types: the same float
+    period (the same sums in the same order) and the same stages, through ``plan`` and
+    through ``plan_cluster`` with the top level as the type's units."""
+    if seed == "vgg":
+        layers, levels = _vgg_like_example(), [Level(4, 10e9), Level(2, 1.25e9)]
+    else:
+        layers, levels = _random_case(int(seed))
+    got = plan(layers, levels)
+    one = plan_cluster(layers, [DeviceType("gpu", levels[-1].units, tuple(levels[:-1]))],
+                       levels[-1].bandwidth)
+    for p in (got, one):
+        assert p.period == period
+        assert [(s.first, s.last, s.replicas, s.split_level, s.sync_bandwidth)
+                for s in p.stages] == stages
+        assert {s.device_type for s in p.stages} == {0}
+    assert got.period == pytest.approx(_brute(layers, levels, len(levels) - 1, 0,
+                                              len(layers) - 1, levels[-1].units))
+
+
+def _vgg_like_example() -> list[Layer]:
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "pipedream_planner.py"
+    return runpy.run_path(str(path))["vgg_like"]()
+
+
+def _fits(layers: list[Layer], a: int, b: int, ty: DeviceType, replicas: int, on: int,
+          policy: str, static: float) -> bool:
+    """PipeDream's NOAM, ceil(on / replicas) in flight per replica, each with the stage's
+    activations and (stash) its own weight version, within the type's memory."""
+    if ty.memory is None:
+        return True
+    n = math.ceil(on / replicas)
+    versions = {"stash": n, "2bw": 2, "pipemare": 1}[policy]
+    w = sum(x.weight_bytes for x in layers[a:b + 1])
+    act = sum(x.activation_bytes for x in layers[a:b + 1])
+    return static + versions * w + n * act <= ty.memory * (1 + 1e-9)
+
+
+def _brute_hetero(layers: list[Layer], types: list[DeviceType], bw: float,
+                  policy: str = "stash", static: float = 0.0) -> float:
+    """Every ordered partition of the layers into stages, every type and replica count per
+    stage using each type's units exactly, each stage's period max(compute / speed, sync) / r
+    (inner levels through :func:`_brute` on the type's levels, its times scaled by speed),
+    each cut's output over ``bw``; memory by :func:`_fits` for one-level types only."""
+    best = math.inf
+    n = len(layers)
+    units = [t.units for t in types]
+    total = sum(t.devices for t in types)
+    for parts in range(1, n + 1):
+        for sizes in _compositions(n, parts):
+            ends = list(itertools.accumulate(sizes))
+            bounds = [(e0, e1 - 1) for e0, e1 in zip((0, *ends[:-1]), ends, strict=True)]
+            comm = max((layers[b].output_bytes / bw for _, b in bounds[:-1]), default=0.0)
+            for kinds in itertools.product(range(len(types)), repeat=parts):
+                for reps in itertools.product(range(1, max(units) + 1), repeat=parts):
+                    if any(sum(r for k, r in zip(kinds, reps, strict=True) if k == t) != units[t]
+                           for t in range(len(types))):
+                        continue
+                    v, on = comm, total
+                    for (a, b), k, r in zip(bounds, kinds, reps, strict=True):
+                        ty = types[k]
+                        if ty.levels:
+                            scaled = [replace(x, forward_s=x.forward_s / ty.speed,
+                                              backward_input_s=x.backward_input_s / ty.speed,
+                                              backward_weight_s=x.backward_weight_s / ty.speed)
+                                      for x in layers]
+                            unit = _brute(scaled, list(ty.levels), len(ty.levels) - 1, a, b,
+                                          ty.levels[-1].units)
+                        else:
+                            if not _fits(layers, a, b, ty, r, on, policy, static):
+                                v = math.inf
+                            unit = sum(x.compute_s for x in layers[a:b + 1]) / ty.speed
+                        sync = 2 * (r - 1) / r * sum(x.weight_bytes for x in layers[a:b + 1]) / bw
+                        v = max(v, max(unit, sync) / r)
+                        on -= r * ty.unit_devices
+                    best = min(best, v)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_two_types_match_brute_force(seed: int) -> None:
+    """2 types x 2 devices, 4 to 6 layers, random speeds; the odd seeds with memory limits
+    (they bind on seeds 1, 7 and 9, and leave no plan on 3 and 5), the weight policies in
+    turn."""
+    rng = random.Random(200 + seed)
+    layers = _random_layers(rng, rng.randint(4, 6))
+    layers = [replace(x, activation_bytes=rng.uniform(0, 1e9)) for x in layers]
+    mem = (lambda: rng.uniform(2e9, 8e9)) if seed % 2 else (lambda: None)
+    types = [DeviceType("slow", 2, speed=rng.uniform(0.3, 1.0), memory=mem()),
+             DeviceType("fast", 2, speed=rng.uniform(1.0, 3.0), memory=mem())]
+    policy = ("stash", "2bw", "pipemare")[seed % 3]
+    want = _brute_hetero(layers, types, 1e9, policy, 1e8)
+    if not math.isfinite(want):
+        with pytest.raises(ConfigError, match="memory: no plan"):
+            plan_cluster(layers, types, 1e9, policy=policy, static_bytes=1e8)
+        return
+    got = plan_cluster(layers, types, 1e9, policy=policy, static_bytes=1e8)
+    assert got.period == pytest.approx(want)
+    assert [sum(s.replicas for s in got.stages if s.device_type == t) for t in (0, 1)] == [2, 2]
+    firsts = [s.first for s in got.stages]
+    assert firsts == [0] + [s.last + 1 for s in got.stages[:-1]]
+    assert got.stages[-1].last == len(layers) - 1
+    # the plan's own period, recomputed from its stages by the brute force's formulas
+    on, worst = 4, 0.0
+    for s in got.stages:
+        ty = types[s.device_type]
+        assert _fits(layers, s.first, s.last, ty, s.replicas, on, policy, 1e8)
+        w = sum(x.weight_bytes for x in layers[s.first:s.last + 1])
+        c = sum(x.compute_s for x in layers[s.first:s.last + 1]) / ty.speed
+        worst = max(worst, max(c, 2 * (s.replicas - 1) / s.replicas * w / 1e9) / s.replicas)
+        on -= s.replicas
+    worst = max(worst, *(layers[s.last].output_bytes / 1e9 for s in got.stages[:-1]))
+    assert worst == pytest.approx(got.period)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_types_with_inner_levels_match_brute_force(seed: int) -> None:
+    """Each type's top-level units are nodes of 2 devices (its own inner bandwidth): the DP
+    over the units left of each type composed with each type's own hierarchy."""
+    rng = random.Random(300 + seed)
+    layers = _random_layers(rng, rng.randint(3, 5))
+    types = [DeviceType("a", 1, (Level(2, 1e10),), rng.uniform(0.3, 1.0)),
+             DeviceType("b", 2 - seed % 2, (Level(2, 5e9),), rng.uniform(1.0, 3.0))]
+    got = plan_cluster(layers, types, 1e9)
+    assert got.period == pytest.approx(_brute_hetero(layers, types, 1e9))
+    assert got.devices == sum(t.devices for t in types)
+
+
+def _hand_layers() -> list[Layer]:
+    """F + B + W of 1, 1 and 6 s (two light layers, then a heavy one); tiny messages and
+    weights; 1 GB of weights on the heavy layer."""
+    return [Layer("a", 0.5, 0.25, 0.25, 1.0, 1.0), Layer("b", 0.5, 0.25, 0.25, 1.0, 1.0),
+            Layer("heavy", 3.0, 1.5, 1.5, 1.0, 1e9)]
+
+
+def test_the_fast_device_gets_the_heavy_layer_by_hand() -> None:
+    """One slow (speed 1) and one fast device (speed 2), both used. Cut after b: slow runs
+    a, b (2 s), fast the heavy layer (6 / 2 = 3 s): period 3. The other choices: fast on a,
+    b and slow on heavy: max(1, 6) = 6; cut after a: max(1, 7 / 2) = 3.5 with fast on
+    b, heavy, or max(0.5, 7) = 7."""
+    types = [DeviceType("slow", 1, speed=1.0), DeviceType("fast", 1, speed=2.0)]
+    got = plan_cluster(_hand_layers(), types, 1e3)
+    assert got.period == pytest.approx(3.0)
+    assert [(s.first, s.last, got.types[s.device_type].name) for s in got.stages] == [
+        (0, 1, "slow"), (2, 2, "fast")]
+    prob, reps = plan_problem(_hand_layers(), got)
+    assert prob.forward == pytest.approx((1.0, 1.5)) and reps == (1, 1)
+    assert prob.backward_weight == pytest.approx((0.5, 0.75))
+    assert prob.bandwidth[0][1] == 1e3 and prob.message_size == (1.0,)
+    found = solve_periodic(prob, replicas=reps)
+    assert check_periodic(found) == []
+    assert found.period == pytest.approx(3.0)
+
+
+def test_memory_sends_the_heavy_layer_to_the_slow_device_by_hand() -> None:
+    """The fast device holds 1.5 GB: under PipeDream's stashing, the first stage has
+    ceil(2 / 1) = 2 micro-batches in flight (2 weight versions), the last 1. The heavy
+    layer's 1 GB of weights fits the fast device only as the last stage (1 version), which
+    is the plan above; 0.9 GB does not fit it at all, so it goes to the slow one: period 6
+    (fast on a, b: 1 s; slow on the heavy layer: 6 s; cut after a: 7 s)."""
+    layers = _hand_layers()
+    fit = [DeviceType("slow", 1, speed=1.0, memory=1e10),
+           DeviceType("fast", 1, speed=2.0, memory=1.5e9)]
+    assert plan_cluster(layers, fit, 1e3).period == pytest.approx(3.0)
+    small = [fit[0], replace(fit[1], memory=0.9e9)]
+    got = plan_cluster(layers, small, 1e3)
+    assert got.period == pytest.approx(6.0)
+    assert [(s.first, s.last, got.types[s.device_type].name) for s in got.stages] == [
+        (0, 1, "fast"), (2, 2, "slow")]
+    # The heavy layer first: 2 versions of 1 GB on the first stage under stashing, 1 under
+    # PipeMare; 1.5 GB on both devices fits only the latter.
+    first = [Layer("heavy", 3.0, 1.5, 1.5, 1.0, 1e9), *layers[:2]]
+    both = [replace(fit[0], memory=1.5e9), fit[1]]
+    assert plan_cluster(first, both, 1e3, policy="pipemare").period == pytest.approx(3.0)
+    with pytest.raises(ConfigError, match="memory: no plan"):
+        plan_cluster(first, both, 1e3, policy="stash")
+    with pytest.raises(ConfigError, match="memory: no plan"):
+        plan_cluster(layers, [replace(fit[0], memory=1e9), replace(fit[1], memory=1e9)],
+                     1e3, static_bytes=10.0)
+    prob, _ = plan_problem(layers, got, static_bytes=5.0)
+    assert prob.memory_limit == (0.9e9, 1e10)
+    assert prob.static_memory == (7.0, 5.0 + 1e9)  # one copy of each stage's weights
+
+
+def test_bad_device_types_are_named() -> None:
+    layers = _hand_layers()
+    with pytest.raises(ConfigError, match="device_types: the planner needs at least one"):
+        plan_cluster(layers, [], 1e9)
+    for bad, key in ((DeviceType("x", 1, speed=0.0), r"device_types\[0\]\.speed"),
+                     (DeviceType("x", 1, speed=-1.0), r"device_types\[0\]\.speed"),
+                     (DeviceType("x", 0), r"device_types\[0\]\.units"),
+                     (DeviceType("x", 1, memory=0.0), r"device_types\[0\]\.memory"),
+                     (DeviceType("x", 1, (Level(0, 1.0),)), r"device_types\[0\]\.levels\[0\]")):
+        with pytest.raises(ConfigError, match=key):
+            plan_cluster(layers, [bad], 1e9)
+    with pytest.raises(ConfigError, match=r"device_types\[1\]\.name"):
+        plan_cluster(layers, [DeviceType("x", 1), DeviceType("x", 1)], 1e9)
+    with pytest.raises(ConfigError, match="policy: unknown weight policy"):
+        plan_cluster(layers, [DeviceType("x", 1)], 1e9, policy="stale")
+    with pytest.raises(ConfigError, match="device_types: 3 layers cannot use every device type"):
+        plan_cluster(layers, [DeviceType(n, 1) for n in "abcd"], 1e9)
