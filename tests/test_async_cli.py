@@ -335,3 +335,123 @@ def test_cli_prints_the_replica_sync(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "period        10 s per micro-batch" in out
     assert "replica sync  stage 1 20 s every 2 micro-batches" in out
+
+
+# ----- PipeDream's planner on mixed GPUs (pipedream.device_types) ------------------------------
+HETERO = ROOT / "examples" / "pipedream_hetero.yaml"
+
+
+def _hetero_doc() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(HETERO.read_text())
+
+
+def test_cli_solve_prints_the_hetero_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/pipedream_hetero.yaml: one node of 4 V100s (speed 1) and one of 4 A100s
+    (speed 2.5). The A100s take conv1..conv9 (76.8 ms of V100 work per micro-batch / 2.5 / 4
+    replicas = 7.68 ms), the V100s the rest (conv10..conv12: 16.5 ms / 3 = 5.5 ms; the
+    classifier on one: 3.78 ms); the cut after conv9 sends 6.4 MB over 1.25 GB/s (5.12 ms).
+    The same profile on two V100 nodes: 12.9 ms (examples/pipedream.yaml)."""
+    assert main(["solve", str(HETERO)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan          pipedream 4-3-1 on 8 devices (4 x 10 GB/s, then "
+                          "2 x 1.25 GB/s): estimated 0.00768 s per micro-batch")
+    assert "  type v100: 4 devices, speed 1, 16 GB each\n" in out
+    assert "  type a100: 4 devices, speed 2.5, 40 GB each\n" in out
+    assert "  stage 0: layers conv1..conv9 on 4 a100 devices\n" in out
+    assert "  stage 1: layers conv10..conv12 on 3 v100 devices\n" in out
+    assert "  stage 2: layers conv13..fc8 on 1 v100 device\n" in out
+    assert main(["solve", str(HETERO), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan"]["period"] == pytest.approx(0.00768)
+    assert doc["period"] == pytest.approx(0.00768, rel=1e-9)  # the search reaches the plan
+    assert [s["type"] for s in doc["plan"]["stages"]] == ["a100", "v100", "v100"]
+    assert doc["plan"]["types"] == [
+        {"name": "v100", "devices": 4, "speed": 1.0, "memory": 1.6e10},
+        {"name": "a100", "devices": 4, "speed": 2.5, "memory": 4.0e10}]
+    homogeneous = load_config(str(PLANNER))
+    assert dict(homogeneous.extra("pipedream_plan"))["period"] == pytest.approx(0.0129)
+
+
+def test_hetero_config_problem_has_each_types_speed_and_memory() -> None:
+    cfg = load_config(str(HETERO))
+    prob = cfg.problem
+    # conv1..conv9 on the A100s: 25.6 ms of V100 forward / 2.5
+    assert prob.forward[0] == pytest.approx(0.0256 / 2.5)
+    assert prob.forward[1] == pytest.approx(0.0037 + 0.0009 + 0.0009)  # V100: as profiled
+    assert prob.memory_limit == (4.0e10, 1.6e10, 1.6e10)
+    # static memory: memory.static (0) + one copy of each stage's weights
+    assert prob.static_memory == pytest.approx(cfg.extra("weight_bytes"))
+    assert cfg.extra("replicas") == (4, 3, 1)
+
+
+def test_hetero_memory_moves_the_classifier_to_the_fast_gpus() -> None:
+    """V100s of 0.3 GB cannot hold fc6's 412 MB of weights, so the A100s take it: 3 A100s
+    on conv1..conv9 (76.8 / 2.5 / 3 = 10.24 ms), the fourth on conv10..fc6, the V100s on
+    fc7 and fc8 (every device is used)."""
+    doc = _hetero_doc()
+    doc["pipedream"]["device_types"]["v100"]["memory"] = 3e8
+    plan = dict(parse_config(doc).extra("pipedream_plan"))
+    assert plan["period"] == pytest.approx(0.01024)
+    names = doc["pipedream"]["layers"]["names"]
+    fc6 = [s for s in plan["stages"]
+           if names.index(s[0]) <= names.index("fc6") <= names.index(s[1])]
+    assert fc6 == [("conv10", "fc6", 1, "a100")]
+    doc["pipedream"]["device_types"]["v100"].pop("memory")
+    doc["memory"] = {"limit": 3e8}  # memory.limit stands for a type without its own
+    assert dict(parse_config(doc).extra("pipedream_plan"))["stages"] == plan["stages"]
+    doc["pipedream"]["device_types"]["a100"]["memory"] = 1e8
+    with pytest.raises(ConfigError, match="memory: no plan of the layers uses every device"):
+        parse_config(doc)
+
+
+@pytest.mark.parametrize(("change", "phrase"), [
+    (lambda d: d["pipedream"]["levels"][1].update(types={"v100": 1, "h100": 1}),
+     "pipedream.levels[1].types.h100: unknown device type (pipedream.device_types has v100, "
+     "a100)"),
+    (lambda d: d["pipedream"]["device_types"]["a100"].update(speed=0),
+     "pipedream.device_types.a100.speed"),
+    (lambda d: d["pipedream"]["device_types"]["a100"].update(speed=-2.0),
+     "pipedream.device_types.a100.speed"),
+    (lambda d: d["pipedream"]["device_types"]["v100"].update(memory=0),
+     "pipedream.device_types.v100.memory"),
+    (lambda d: d["pipedream"].update(device_types={}), "pipedream.device_types"),
+    (lambda d: d["pipedream"]["levels"][1].update(types={"v100": 1, "a100": 2}),
+     "pipedream.levels[1].types: 3 units by type, but pipedream.levels[1].units is 2"),
+    (lambda d: d["pipedream"]["levels"][1].update(types={"v100": 0, "a100": 2}),
+     "pipedream.levels[1].types.v100"),
+    (lambda d: d["pipedream"]["levels"][1].update(types={"a100": 2}),
+     "pipedream.device_types.v100: no units of this type in pipedream.levels[1].types"),
+    (lambda d: d["pipedream"]["levels"][1].pop("types"),
+     "pipedream.levels[1].types: missing; with pipedream.device_types"),
+    (lambda d: d["pipedream"].pop("device_types"),
+     "pipedream.levels[1].types: names device types, but pipedream.device_types is missing"),
+    (lambda d: d["pipedream"]["levels"][0].update(types={"v100": 4}),
+     "pipedream.levels[0].types: only the top level's units (levels[1]) have device types"),
+    (lambda d: d["pipeline"].update(devices=12), "pipeline.devices: must be the levels' 8 "
+     "devices (4 v100 + 4 a100), got 12"),
+    (lambda d: d["pipedream"]["device_types"]["a100"].update(levels=[{"units": 8,
+                                                                       "bandwidth": 1e11}]),
+     "pipeline.devices: must be the levels' 12 devices (4 v100 + 8 a100), got 8"),
+    (lambda d: d["pipedream"]["device_types"]["a100"].update(fast=True),
+     "pipedream.device_types.a100.fast: unknown key"),
+])
+def test_bad_hetero_configs_name_the_key(change: Any, phrase: str) -> None:
+    doc = _hetero_doc()
+    change(doc)
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    assert phrase in str(err.value)
+
+
+def test_a100_nodes_of_8_plan_with_their_own_levels() -> None:
+    """A type's own inner levels: the A100 node holds 8 GPUs (12 devices in all); the plan
+    uses all of them and puts the A100 stages first, as above."""
+    doc = _hetero_doc()
+    doc["pipedream"]["device_types"]["a100"]["levels"] = [{"units": 8, "bandwidth": 1e10}]
+    doc["pipeline"]["devices"] = 12
+    plan = dict(parse_config(doc).extra("pipedream_plan"))
+    assert plan["devices"] == 12
+    assert sum(r for _, _, r, t in plan["stages"] if t == "a100") == 8
+    assert plan["stages"][0][3] == "a100"
