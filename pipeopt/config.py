@@ -123,7 +123,9 @@ def parse_config(data: Any, source: str = "<memory>",
 #: Bound on PipeDream's DP (:func:`planner_work`): layers^3 x the sum over levels of units^2
 #: (its states times the choices of each). Measured 1.0e7 to 5.4e7 of these per second (16 to
 #: 64 layers, two levels of 2 to 8 units, 2026-12-03), so the bound keeps the plan under about
-#: a minute.
+#: a minute; with device types and memory limits, 6.4e6 to 8.1e7 per second (24 to 64 layers,
+#: 1 to 3 types of 2 to 8 nodes, under a load average of 14, 2026-12-03), so at most about
+#: a minute and a half.
 MAX_PLANNER_WORK = 6e8
 
 
@@ -134,9 +136,10 @@ def planner_work(layers: int, types: Sequence[Any], limited: bool) -> float:
     a stage into the state; the top level's DP over the units left of each type adds layers^2
     x prod(units + 1) x sum(units). With one type and no limit: layers^3 x sum units^2."""
     work = 0.0
+    devices = sum(ty.devices for ty in types)
     for ty in types:
         inner = sum(lv.units ** 2 for lv in ty.levels) + ty.units ** 2
-        work += layers ** 3 * inner * (ty.devices if limited and ty.memory is not None else 1)
+        work += layers ** 3 * inner * (devices if limited and ty.memory is not None else 1)
     if len(types) > 1:
         work += layers ** 2 * math.prod(ty.units + 1 for ty in types) * sum(ty.units
                                                                            for ty in types)

@@ -251,6 +251,8 @@ def _type_tables(layers: tuple[Layer, ...], levels: tuple[Level, ...], speed: fl
                                                                               - acts[i])
         return need <= memory * (1 + _REL_TOL)
 
+    limited = memory is not None
+
     def unit(k: int, i: int, j: int, times: int, after: int) -> float:
         """Period of layers i..j on one unit of level k (one device at level 0)."""
         if k == 0:
@@ -261,20 +263,12 @@ def _type_tables(layers: tuple[Layer, ...], levels: tuple[Level, ...], speed: fl
 
     def replicated(k: int, i: int, j: int, r: int, times: int, after: int) -> float:
         """T_k(i..j, r): layers i..j on r units of level k."""
-        if memory is None:
-            times, after = 1, 0
         sync = 2 * (r - 1) / r * (weights[j + 1] - weights[i]) / levels[k].bandwidth
-        return max(unit(k, i, j, r * times, after), sync) / r
-
-    def best(k: int, i: int, j: int, m: int, times: int, after: int
-             ) -> tuple[float, tuple[tuple[int, int], ...]]:
-        if memory is None:
-            times, after = 1, 0
-        return _best(k, i, j, m, times, after)
+        return max(unit(k, i, j, r * times if limited else 1, after), sync) / r
 
     @cache
-    def _best(k: int, i: int, j: int, m: int, times: int, after: int
-              ) -> tuple[float, tuple[tuple[int, int], ...]]:
+    def best(k: int, i: int, j: int, m: int, times: int, after: int
+             ) -> tuple[float, tuple[tuple[int, int], ...]]:
         """(A_k(i..j, m), cut choices): the cuts as (last layer of the left part, units on
         the right part), left to right, the first part taking the units left over."""
         value, cuts = replicated(k, i, j, m, times, after), ()
@@ -285,13 +279,21 @@ def _type_tables(layers: tuple[Layer, ...], levels: tuple[Level, ...], speed: fl
                 if max(comm, tail) >= value:
                     continue
                 head, head_cuts = best(k, i, s, m - right, times,
-                                       after + times * right * below[k])
+                                       after + times * right * below[k] if limited else 0)
                 v = max(head, comm, tail)
                 if v < value:
                     value, cuts = v, (*head_cuts, (s, right))
         return value, cuts
 
-    return replicated, best
+    # Entry points: without a limit, every key has times = 1 and after = 0.
+    def replicated_at(k: int, i: int, j: int, r: int, times: int, after: int) -> float:
+        return replicated(k, i, j, r, times, after) if limited else replicated(k, i, j, r, 1, 0)
+
+    def best_at(k: int, i: int, j: int, m: int, times: int, after: int
+                ) -> tuple[float, tuple[tuple[int, int], ...]]:
+        return best(k, i, j, m, times, after) if limited else best(k, i, j, m, 1, 0)
+
+    return replicated_at, best_at
 
 
 def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth: float, *,
