@@ -5,6 +5,7 @@ the same weight versions."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +81,30 @@ def test_replicated_stages_by_hand() -> None:
         done = sum(1 for u in range(4) if w_pos[Op("W", 1, 2 * u + 1)] < w_pos[Op("F", 1, j)])
         assert plan.forward[1][j] == done
     assert plan.held[1] <= s.weight_versions[1] + 1
+
+
+def test_2bw_with_replicated_stages_by_hand() -> None:
+    """2BW with stage 1 on 2 replicas: 1F1B-async holds 4, 2, 1 micro-batches in flight per
+    replica, so ``update_every`` = 4 micro-batches per replica, and stage 1 updates once per
+    group of 2 x 4 = 8 (each replica sums its 4, then one all-reduce), stages 0 and 2 once
+    per 4. Over 12 micro-batches: stage 1's second group (8..11 of 8..15) is cut short and
+    dropped, so updates (3, 1, 3); every replica holds at most 2 versions (2BW's double
+    buffer) and a forward reads weights at most 1 update older than the group its gradient
+    joins (staleness 1)."""
+    from pipeopt.executor.periodic import update_group
+
+    prob = uniform_problem(3, 4, f=1.0, b=2.0, w=0.5)
     two = async_pattern(prob, "pipedream-2bw", (1.0,) * 3, replicas=(1, 2, 1))
-    with pytest.raises(ExecutorError, match=r"replicas: .*\[1, 2, 1\] with stash or pipemare"):
-        replay_orders(two, 8)
+    assert two.update_every == 4 and two.replica_in_flight == (4, 2, 1)
+    assert [update_group(two, k) for k in range(3)] == [4, 8, 4]
+    plan = version_plan(two, replay_sequence(two, 12))
+    assert plan.updates == (3, 1, 3)
+    assert plan.held == (2, 2, 1)
+    for k in range(3):
+        group = update_group(two, k)
+        assert all(j // group - plan.forward[k][j] <= two.staleness[k] for j in range(12))
+    assert plan.forward[1] == (0,) * 10 + (1, 1)  # 10 and 11 start after group 0's update
+    assert len(replay_orders(two, 12)) == 4
 
 
 @pytest.mark.torch
@@ -109,7 +131,7 @@ def test_reference_tells_versions_apart() -> None:
 @pytest.mark.torch
 def test_replay_matches_the_reference_per_microbatch() -> None:
     """PipeDream, 2BW and PipeMare on 4 gloo ranks, 8 micro-batches each (2 x 4), and
-    PipeDream and PipeMare with a stage on 2 replicas: every micro-batch's weight gradient,
+    PipeDream, PipeMare and 2BW with a stage on 2 replicas: every micro-batch's weight gradient,
     every loss and the final weights (of every replica) equal the one-process reference's
     within rtol = atol = 1e-5 (fp32; in practice bit-equal but for the all-reduce's order),
     and every forward and backward used the planned version."""
@@ -123,15 +145,21 @@ def test_replay_matches_the_reference_per_microbatch() -> None:
     rep = uniform_problem(3, 4, f=1.0, b=2.0, w=0.5)
     jobs += [(async_pattern(rep, m, (1.0,) * 3, replicas=(1, 2, 1)), cfg)
              for m in ("pipedream", "pipemare")]
+    # 2BW with the replicas: groups of 2 x 4 micro-batches on stage 1, the second of the
+    # three iterations' 12 cut short (dropped by the run and the reference alike)
+    three = replace(cfg, steps=3)
+    jobs.append((async_pattern(rep, "pipedream-2bw", (1.0,) * 3, replicas=(1, 2, 1)), three))
     results = run_async(jobs)
     for (s, _), r in zip(jobs, results, strict=True):
         assert r.versions_match, s.method
         assert tuple(r.held) == r.plan.held, s.method
         assert r.grads_match and r.max_abs_grad_diff is not None, s.method
         assert r.max_abs_grad_diff <= 1e-5, s.method
-        assert len(r.losses) == 8 and r.losses == pytest.approx(r.reference_losses, rel=1e-5)
+        n = 12 if s.policy == "2bw" and max(s.replicas) > 1 else 8
+        assert len(r.losses) == n and r.losses == pytest.approx(r.reference_losses, rel=1e-5)
     assert results[0].held == [4, 3, 2, 1] and results[2].held == [1, 1, 1, 1]
     assert results[3].plan.updates == (8, 4, 8)
+    assert results[5].plan.updates == (3, 1, 3) and results[5].held == [2, 2, 1]
 
 
 @pytest.mark.torch

@@ -23,7 +23,11 @@ Weights, per the schedule's policy (the module docstring of :mod:`pipeopt.worklo
   forward's activations, which a generic model cannot re-weight).
 * replicated stages (PipeDream's round-robin replicas, one rank each): a stage's replicas
   all-reduce the gradients of each round (one micro-batch per replica) and all apply their
-  mean where the round's last backward task stands in the sequence (stash and pipemare).
+  mean where the round's last backward task stands in the sequence (stash and pipemare);
+  with ``2bw``, each replica sums ``update_every`` micro-batches of its own (a group of
+  ``replicas x update_every`` micro-batches of the stage) before the all-reduce, as
+  PipeDream-2BW's data-parallel replicas do (ICML'21, section 3.1). A group cut short by the
+  end of the run is dropped (no rank joins an all-reduce that not every replica reaches).
 
 A backward task (``B``) computes the input and the weight gradients; ``W`` (split backward)
 applies the update. :func:`version_plan` derives from the sequence which version each
@@ -81,12 +85,8 @@ def replay_sequence(schedule: PeriodicSchedule, microbatches: int) -> tuple[Op, 
     producer comes before its consumer). Every rank walks this one sequence: a message's send
     and receive are posted at its producer's place in it, so each pair of ranks posts its
     messages in the same order. Raises :class:`ExecutorError` for what the replay does not run
-    (several stages on a device, 2BW with replicated stages)."""
+    (several stages on a device)."""
     p = schedule.problem
-    if max(schedule.replicas) > 1 and schedule.policy == "2bw":
-        raise ExecutorError(f"replicas: the async replay runs replicated stages "
-                            f"{list(schedule.replicas)} with stash or pipemare weights, not "
-                            "2bw")
     if p.virtual_stages != 1 or sorted(p.stage_device) != list(range(p.devices)):
         raise ExecutorError("pipeline.virtual_stages: the async replay runs one stage per "
                             "device")
@@ -133,14 +133,12 @@ def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
 
 
 def update_group(schedule: PeriodicSchedule, stage: int) -> int:
-    """Micro-batches whose gradients one update of ``stage`` averages: its replicas (one
-    all-reduced round, one micro-batch per replica), else ``update_every`` with 2BW, else 1.
-    The update is applied where the group's last micro-batch's last backward task stands in
+    """Micro-batches of ``stage`` whose gradients one update averages: ``update_every`` per
+    replica (2BW; 1 otherwise) times its replicas (one all-reduce among them per group). The
+    update is applied where the group's last micro-batch's last backward task stands in
     :func:`replay_sequence`, on every replica."""
-    r = schedule.replicas[stage]
-    if r > 1:
-        return r
-    return schedule.update_every if schedule.policy == "2bw" else 1
+    return schedule.replicas[stage] * (schedule.update_every if schedule.policy == "2bw"
+                                       else 1)
 
 
 def version_plan(schedule: PeriodicSchedule, sequence: Sequence[Op]) -> VersionPlan:
@@ -290,7 +288,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     used: dict[int, int] = {}  # micro-batch in flight -> its version
     wgrads: dict[int, tuple[Any, ...]] = {}
     acc: list[Any] | None = None
-    reducing: dict[int, tuple[Any, Any]] = {}  # round -> (work, flat gradients) all-reducing
+    reducing: dict[int, tuple[Any, Any]] = {}  # group -> (work, flat gradients) all-reducing
     pending: list[tuple[Any, Any]] = []
     posted: dict[int, tuple[Any, Any]] = {}  # tag -> (work, buffer) of a posted receive
     losses: dict[int, float] = {}
@@ -397,17 +395,19 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
             if cfg.check:
                 grads_out[j] = {name: t.detach().cpu().numpy().copy()
                                 for name, t in zip(live, g_j, strict=True)}
-            if r > 1:  # this replica's share of the round, summed over the replicas
-                flat = torch.cat([t.reshape(-1) for t in g_j])
-                reducing[j // r] = (dist.all_reduce(flat, group=groups[k], async_op=True),
-                                    flat)
-            else:
-                acc = list(g_j) if acc is None else [u + t for u, t in
-                                                     zip(acc, g_j, strict=True)]
+            acc = list(g_j) if acc is None else [u + t for u, t in zip(acc, g_j, strict=True)]
+            # This replica's last micro-batch of its group (in its last round): its share,
+            # summed over the replicas; only for a group the run completes.
+            if r > 1 and j % group_size >= group_size - r and (
+                    j // group_size + 1) * group_size <= n:
+                flat = torch.cat([t.reshape(-1) for t in acc])
+                reducing[j // group_size] = (
+                    dist.all_reduce(flat, group=groups[k], async_op=True), flat)
+                acc = None
         if op.stage == k and op.kind == last_kind and (j + 1) % group_size == 0:
-            if r > 1:  # the round's last backward: every replica applies the mean here
+            if r > 1:  # the group's last backward: every replica applies the mean here
                 status.text = f"step {it}: {op} waits for the all-reduce of stage {k}"
-                work, flat = reducing.pop(j // r)
+                work, flat = reducing.pop(j // group_size)
                 work.wait()
                 total = [t.view_as(q) for t, q in zip(
                     flat.split([q.numel() for q in live.values()]), live.values(),
