@@ -455,3 +455,27 @@ def test_a100_nodes_of_8_plan_with_their_own_levels() -> None:
     assert plan["devices"] == 12
     assert sum(r for _, _, r, t in plan["stages"] if t == "a100") == 8
     assert plan["stages"][0][3] == "a100"
+
+
+def test_hetero_plan_follows_the_methods_weight_versions(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Every GPU of 0.45 GB: fc6's 412 MB of weights fit once (PipeMare: one version; plan
+    4-2-1-1 with fc6 alone on a GPU) but not twice (2BW: two versions everywhere). Stashing
+    keeps one version only on the last stage (one micro-batch in flight), which would hold
+    fc6..fc8 (496 MB); on any earlier stage fc6 has at least 2 in flight, so 2 versions. The
+    plan is made for the method's policy, also when --method overrides solver.method."""
+    import yaml
+
+    doc = _hetero_doc()
+    for ty in doc["pipedream"]["device_types"].values():
+        ty["memory"] = 4.5e8
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["solve", str(path), "--method", "periodic-pipemare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["config"] == "4-2-1-1" and out["plan"]["period"] == pytest.approx(7.68e-3)
+    assert max(out["peak_memory"]) <= 4.5e8
+    for method in ("periodic", "periodic-2bw"):
+        assert main(["solve", str(path), "--method", method]) == 2
+        assert "memory: no plan of the layers uses every device" in capsys.readouterr().err
