@@ -461,7 +461,7 @@ def test_hetero_plan_follows_the_methods_weight_versions(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:
     """Every GPU of 0.45 GB: fc6's 412 MB of weights fit once (PipeMare: one version; plan
-    4-2-1-1 with fc6 alone on a GPU) but not twice (2BW: two versions everywhere). Stashing
+    4-2-1-1, conv12..fc6 on one V100) but not twice (2BW: two versions everywhere). Stashing
     keeps one version only on the last stage (one micro-batch in flight), which would hold
     fc6..fc8 (496 MB); on any earlier stage fc6 has at least 2 in flight, so 2 versions. The
     plan is made for the method's policy, also when --method overrides solver.method."""
