@@ -604,6 +604,8 @@ def _plan_doc(planned: Any) -> dict[str, Any]:
     if d["types"]:
         doc["types"] = [{"name": n, "devices": c, "speed": v, "memory": m}
                         for n, c, v, m in d["types"]]
+    if d["devices"] != d["cluster_devices"]:
+        doc["idle_devices"] = d["cluster_devices"] - d["devices"]
     return doc
 
 
@@ -613,9 +615,11 @@ def print_plan(planned: Any, out: Any = None) -> None:
     out = out or sys.stdout
     d = dict(planned)
     levels = ", then ".join(f"{u} x {_fmt(b / 1e9)} GB/s" for u, b in d["levels"])
-    print(f"plan          pipedream {d['config']} on {d['devices']} devices ({levels}): "
-          f"estimated {_fmt(d['period'])} s per micro-batch (replicas' weight all-reduce "
-          "counted)", file=out)
+    idle = d["cluster_devices"] - d["devices"]
+    print(f"plan          pipedream {d['config']} on {d['devices']} "
+          f"device{'s' if d['devices'] > 1 else ''} ({levels}"
+          f"{f'; {idle} left idle' if idle else ''}): estimated {_fmt(d['period'])} s per "
+          "micro-batch (replicas' weight all-reduce counted)", file=out)
     for name, count, speed, memory in d["types"]:
         mem = "no memory limit" if memory is None else f"{_fmt(memory / 1e9)} GB each"
         print(f"  type {name}: {count} devices, speed {_fmt(speed)}, {mem}", file=out)

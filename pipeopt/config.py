@@ -129,20 +129,23 @@ def parse_config(data: Any, source: str = "<memory>",
 MAX_PLANNER_WORK = 6e8
 
 
-def planner_work(layers: int, types: Sequence[Any], limited: bool) -> float:
+def planner_work(layers: int, types: Sequence[Any], limited: bool,
+                 every_node: bool = True) -> float:
     """The size of PipeDream's DP on ``layers`` and ``DeviceType`` s (a count comparable with
     :data:`MAX_PLANNER_WORK`): per type, layers^3 x the sum over its levels (its top-level
-    units included) of units^2, times its devices when a memory limit puts the devices after
-    a stage into the state; the top level's DP over the units left of each type adds layers^2
-    x prod(units + 1) x sum(units). With one type and no limit: layers^3 x sum units^2."""
+    units included) of units^2, times all the devices when a memory limit puts the devices
+    after a stage into the state; the top level's DP over the units left of each type adds
+    layers^2 x prod(units + 1) x sum(units), times the devices again when idle nodes are
+    allowed under a memory limit (one table per number of devices in use). With one type and
+    no limit: layers^3 x sum units^2."""
     work = 0.0
     devices = sum(ty.devices for ty in types)
     for ty in types:
         inner = sum(lv.units ** 2 for lv in ty.levels) + ty.units ** 2
         work += layers ** 3 * inner * (devices if limited and ty.memory is not None else 1)
-    if len(types) > 1:
-        work += layers ** 2 * math.prod(ty.units + 1 for ty in types) * sum(ty.units
-                                                                           for ty in types)
+    if len(types) > 1 or not every_node:
+        work += layers ** 2 * math.prod(ty.units + 1 for ty in types) * sum(
+            ty.units for ty in types) * (devices if limited and not every_node else 1)
     return work
 
 
@@ -247,7 +250,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
         raise ConfigError(f"pipeline.devices: must be the levels' {devices} devices ({shape}), "
                           f"got {pl.devices}")
     limited = any(ty.memory is not None for ty in types)
-    work = planner_work(n, types, limited)
+    work = planner_work(n, types, limited, pd.every_node)
     if work > MAX_PLANNER_WORK:
         units = [lv.units for lv in pd.levels]
         raise ConfigError(f"pipedream.layers: {n} layers on levels of {units} units are too "
@@ -261,7 +264,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
     method = "periodic" if cfg.solver.method == "auto" else cfg.solver.method
     policy = ASYNC_METHODS.get(method, ("stash", ""))[0]  # an unknown method fails at solve
     result = plan_cluster(layers, types, pd.levels[-1].bandwidth, policy=policy,
-                          static_bytes=static)
+                          static_bytes=static, every_node=pd.every_node)
     prob, reps = plan_problem(layers, result, microbatches=pl.microbatches, static_bytes=static)
     try:
         prob = prob.replace(split_backward=pl.split_backward)
@@ -270,8 +273,8 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
     check_totals(prob, "pipedream.layers")
     wb = tuple(math.fsum(cols["weight_bytes"][st.first:st.last + 1]) for st in result.stages)
     summary = (("config", result.config()), ("period", result.period),
-               ("devices", result.devices), ("levels", tuple((lv.units, lv.bandwidth)
-                                                             for lv in pd.levels)),
+               ("devices", result.devices), ("cluster_devices", devices),
+               ("levels", tuple((lv.units, lv.bandwidth) for lv in pd.levels)),
                ("stages", tuple((names[st.first], names[st.last], st.replicas,
                                  result.type_of(st).name) for st in result.stages)),
                ("types", tuple((ty.name, ty.devices, ty.speed, ty.memory) for ty in types)

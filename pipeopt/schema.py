@@ -158,6 +158,8 @@ class PipedreamConfig(_Strict):
     levels: list[LevelConfig] = Field(min_length=1)
     layers: LayersConfig
     device_types: dict[str, DeviceTypeConfig] | None = Field(None, min_length=1)
+    every_node: bool = Field(True, description="every top-level unit runs a stage (false: "
+                             "the plan may leave whole units idle)")
 
 
 class ConfigFile(_Strict):

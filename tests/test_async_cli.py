@@ -479,3 +479,38 @@ def test_hetero_plan_follows_the_methods_weight_versions(tmp_path: Path,
     for method in ("periodic", "periodic-2bw"):
         assert main(["solve", str(path), "--method", method]) == 2
         assert "memory: no plan of the layers uses every device" in capsys.readouterr().err
+
+
+def test_every_node_false_may_leave_a_slow_device_idle(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """Layers of 1, 1 and 6 s (F + B + W) on a device 10x slower than the profile's and one
+    2x faster: with both, 10 s per micro-batch (the slow one on the first layer); the fast
+    one alone, 4 s (tests/test_pipedream_planner.py computes both by hand)."""
+    import yaml
+
+    doc = {"pipeline": {"devices": 2, "microbatches": 4, "mode": "async"},
+           "pipedream": {"device_types": {"slow": {"speed": 0.1}, "fast": {"speed": 2.0}},
+                         "levels": [{"units": 2, "bandwidth": 1e3,
+                                     "types": {"slow": 1, "fast": 1}}],
+                         "layers": {"forward": [0.5, 0.5, 3.0],
+                                    "backward_input": [0.25, 0.25, 1.5],
+                                    "backward_weight": [0.25, 0.25, 1.5],
+                                    "output_bytes": 1.0, "weight_bytes": 1.0}},
+           "solver": {"method": "periodic"}}
+    assert dict(parse_config(doc).extra("pipedream_plan"))["period"] == pytest.approx(10.0)
+    doc["pipedream"]["every_node"] = False
+    path = tmp_path / "idle.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["solve", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan          pipedream 1 on 1 device (2 x 1e-06 GB/s; 1 left "
+                          "idle): estimated 4 s per micro-batch")
+    assert "  stage 0: layers layer0..layer2 on 1 fast device\n" in out
+    assert "period        4 s per micro-batch" in out
+    assert main(["solve", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["idle_devices"] == 1 and plan["devices"] == 1
+    doc["pipedream"]["every_node"] = "no"
+    with pytest.raises(ConfigError, match=r"pipedream\.every_node"):
+        parse_config(doc)

@@ -482,3 +482,46 @@ def test_memory_with_inner_levels_matches_every_flattened_plan(seed: int) -> Non
         assert _fits(layers, s.first, s.last, types[s.device_type], s.replicas, on, policy, 0.0)
         on -= s.replicas
     assert on == 0
+
+
+def test_a_very_slow_device_is_left_idle_when_allowed_by_hand() -> None:
+    """Layers of 1, 1 and 6 s on a slow device (speed 0.1) and a fast one (speed 2). Using
+    both, the best is the slow device on a (10 s) and the fast on b and the heavy layer
+    (3.5 s): 10 s (slow on a, b: 20 s; slow on the heavy layer: 60 or 70 s). The fast one
+    alone runs the 8 s of work in 4 s; ``every_node=False`` finds it."""
+    types = [DeviceType("slow", 1, speed=0.1), DeviceType("fast", 1, speed=2.0)]
+    both = plan_cluster(_hand_layers(), types, 1e3)
+    assert both.period == pytest.approx(10.0) and both.devices == 2
+    alone = plan_cluster(_hand_layers(), types, 1e3, every_node=False)
+    assert alone.period == pytest.approx(4.0) and alone.devices == 1
+    assert [(s.first, s.last, alone.types[s.device_type].name) for s in alone.stages] == [
+        (0, 2, "fast")]
+    # speed 0.5: both (slow on a: 2 s, fast on b + heavy: 3.5 s) beat the fast one alone
+    half = [replace(types[0], speed=0.5), types[1]]
+    assert plan_cluster(_hand_layers(), half, 1e3, every_node=False).devices == 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_idle_nodes_match_the_best_sub_cluster_by_brute_force(seed: int) -> None:
+    """``every_node=False`` is the best plan over every sub-cluster (each type's count from 0
+    up), each brute-forced with every device of it in use; memory on the odd seeds."""
+    rng = random.Random(500 + seed)
+    layers = [replace(x, activation_bytes=rng.uniform(0, 1e9))
+              for x in _random_layers(rng, rng.randint(3, 5))]
+    mem = (lambda: rng.uniform(2e9, 8e9)) if seed % 2 else (lambda: None)
+    types = [DeviceType("slow", 2, speed=rng.uniform(0.1, 0.6), memory=mem()),
+             DeviceType("fast", 2, speed=rng.uniform(1.0, 3.0), memory=mem())]
+    want = min(_brute_hetero(layers, [replace(t, units=c) for t, c in zip(types, n, strict=True)
+                                      if c], 1e9)
+               for n in itertools.product(range(3), repeat=2) if any(n))
+    if not math.isfinite(want):
+        with pytest.raises(ConfigError, match="memory: no plan of the layers fits"):
+            plan_cluster(layers, types, 1e9, every_node=False)
+        return
+    got = plan_cluster(layers, types, 1e9, every_node=False)
+    assert got.period == pytest.approx(want)
+    try:
+        full = plan_cluster(layers, types, 1e9).period
+    except ConfigError:  # no plan that uses every device fits memory
+        full = math.inf
+    assert got.period <= full * (1 + 1e-12)

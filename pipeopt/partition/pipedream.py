@@ -29,7 +29,8 @@ clusters hold one GPU type per node, where a stage's replicas sit. The top level
 the units left of each type: ``A(0..j, n)`` with ``n[t]`` units of type t, the last part
 ``s+1..j`` on ``r`` units of one type t (``T_t``, that type's own hierarchy below) and the head
 on ``n - r e_t``; with one type this is ``A_top(0..j, m)`` above, term for term. Every device
-is used, as in PipeDream's DP (leave a type out of the cluster to leave it idle).
+is used, as in PipeDream's DP, unless ``every_node=False``: then the best over every number of
+top-level units of each type (whole nodes left idle, e.g. a type too slow to help).
 
 **Memory.** With a memory limit, a stage on devices of type t is allowed only if one device
 holds it in steady state under PipeDream's 1F1B-async: ``n = ceil(devices from the stage on /
@@ -48,6 +49,7 @@ stages r times their replicas. :func:`plan_problem` turns a plan into the chain
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -297,27 +299,35 @@ def _type_tables(layers: tuple[Layer, ...], levels: tuple[Level, ...], speed: fl
 
 
 def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth: float, *,
-                 policy: str = "stash", static_bytes: float = 0.0) -> Plan:
+                 policy: str = "stash", static_bytes: float = 0.0,
+                 every_node: bool = True) -> Plan:
     """The partition of ``layers`` into stages, each on replicas of one device type, over a
     cluster of ``types`` whose top-level units (nodes) are joined by ``bandwidth`` bytes/s,
     minimising the estimated period (module docstring). ``policy`` (``stash``, ``2bw``,
     ``pipemare``) and ``static_bytes`` (per device, beyond the weights) enter the memory rule
-    of the types with a ``memory``. Raises :class:`ConfigError` when no plan uses every
-    device within memory."""
+    of the types with a ``memory``. ``every_node``: every top-level unit runs a stage (as in
+    PipeDream's DP); False: the plan may leave whole top-level units idle, the best over every
+    number of units of each type (on a tie, the most devices). Raises :class:`ConfigError`
+    when no plan fits memory."""
     _check_layers(layers)
     _check_types(types, bandwidth, policy, static_bytes)
     layers, types = tuple(layers), tuple(types)
     tables = [_type_tables(layers, (*ty.levels, Level(ty.units, bandwidth)), ty.speed,
                            ty.memory, policy, static_bytes) for ty in types]
     unit_devices = [ty.unit_devices for ty in types]
-    total = sum(ty.devices for ty in types)
+    limited = any(ty.memory is not None for ty in types)
+
+    def devices(n: tuple[int, ...]) -> int:
+        return sum(c * u for c, u in zip(n, unit_devices, strict=True))
 
     @cache
-    def top(j: int, n: tuple[int, ...]) -> tuple[float, tuple[tuple[int, int, int], ...]]:
-        """(A(0..j, n), cuts): layers 0..j on n[t] top-level units of each type t, every
-        device after them in use; the cuts as (last layer of the left part, type, units of
-        the right part), the first part on the units left over (one type)."""
-        after = total - sum(c * u for c, u in zip(n, unit_devices, strict=True))
+    def top(j: int, n: tuple[int, ...], total: int
+            ) -> tuple[float, tuple[tuple[int, int, int], ...]]:
+        """(A(0..j, n), cuts): layers 0..j on n[t] top-level units of each type t, with
+        ``total`` devices in the whole plan (those after layer j are the rest; 0 stands for
+        any total without a memory limit); the cuts as (last layer of the left part, type,
+        units of the right part), the first part on the units left over (one type)."""
+        after = total - devices(n) if limited else 0
         used = [t for t, c in enumerate(n) if c]
         value: float = math.inf
         cuts: tuple[tuple[int, int, int], ...] = ()
@@ -334,25 +344,33 @@ def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth
                     tail = tables[t][0](len(types[t].levels), s + 1, j, right, 1, after)
                     if max(comm, tail) >= value:
                         continue
-                    head, head_cuts = top(s, rest)
+                    head, head_cuts = top(s, rest, total)
                     v = max(head, comm, tail)
                     if v < value:
                         value, cuts = v, (*head_cuts, (s, t, right))
         return value, cuts
 
     last = len(layers) - 1
-    period, cuts = top(last, tuple(ty.units for ty in types))
+    full = tuple(ty.units for ty in types)
+    counts = [full] if every_node else sorted(
+        (n for n in itertools.product(*(range(c + 1) for c in full)) if any(n)),
+        key=lambda n: -devices(n))
+    period, cuts, chosen = math.inf, (), full
+    for n in counts:
+        v, c = top(last, n, devices(n) if limited else 0)
+        if v < period:
+            period, cuts, chosen = v, c, n
     if not math.isfinite(period):
-        limited = any(ty.memory is not None for ty in types)
+        which = "uses every device" if every_node else "fits"
         raise ConfigError(
-            "memory: no plan of the layers uses every device within its memory (per device: "
+            f"memory: no plan of the layers {which} within its memory (per device: "
             "static + weight versions x the stage's weight bytes + micro-batches in flight "
             "(PipeDream's NOAM) x its activation bytes); give the types more memory, fewer "
             "devices, or a policy with fewer versions (2bw, pipemare)" if limited else
             f"device_types: {len(layers)} layers cannot use every device type (each stage "
             "runs on one type; a type needs at least one layer)")
     parts = []
-    left = [ty.units for ty in types]
+    left = list(chosen)
     for _, t, right in cuts:
         left[t] -= right
     (first_type,) = [t for t, c in enumerate(left) if c]
@@ -362,7 +380,7 @@ def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth
         start, t_cur, r_cur = s + 1, t, right
     parts.append((start, last, t_cur, r_cur))
     stages: list[Stage] = []
-    after = total
+    after = devices(chosen)
     for n, (a, b, t, r) in enumerate(parts):
         after -= r * unit_devices[t]
         inner = _stages(tables[t][1], (*types[t].levels, Level(types[t].units, bandwidth)),
