@@ -263,8 +263,13 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                     cols["activation_bytes"][i]) for i in range(n)]
     method = "periodic" if cfg.solver.method == "auto" else cfg.solver.method
     policy = ASYNC_METHODS.get(method, ("stash", ""))[0]  # an unknown method fails at solve
-    result = plan_cluster(layers, types, pd.levels[-1].bandwidth, policy=policy,
-                          static_bytes=static, every_node=pd.every_node)
+    try:
+        result = plan_cluster(layers, types, pd.levels[-1].bandwidth, policy=policy,
+                              static_bytes=static, every_node=pd.every_node)
+    except ConfigError as exc:  # the planner names its own argument; here it is a key
+        msg = str(exc)
+        raise ConfigError(f"pipedream.{msg}" if msg.startswith("device_types") else msg
+                          ) from None
     prob, reps = plan_problem(layers, result, microbatches=pl.microbatches, static_bytes=static)
     try:
         prob = prob.replace(split_backward=pl.split_backward)

@@ -436,6 +436,13 @@ def test_hetero_memory_moves_the_classifier_to_the_fast_gpus() -> None:
      "pipeline.devices: must be the levels' 12 devices (4 v100 + 8 a100), got 8"),
     (lambda d: d["pipedream"]["device_types"]["a100"].update(fast=True),
      "pipedream.device_types.a100.fast: unknown key"),
+    (lambda d: d["pipedream"]["device_types"]["a100"].update(
+        levels=[{"units": 4, "bandwidth": 1e10, "types": {"a100": 4}}]),
+     "pipedream.device_types.a100.levels[0].types: only the top level's units"),
+    (lambda d: d["pipedream"].update(layers={
+        "forward": [1e-3], "backward_input": 1e-3, "backward_weight": 1e-3,
+        "output_bytes": 1.0, "weight_bytes": 1.0}),
+     "pipedream.device_types: 1 layers cannot use every device type"),
 ])
 def test_bad_hetero_configs_name_the_key(change: Any, phrase: str) -> None:
     doc = _hetero_doc()
@@ -514,3 +521,20 @@ def test_every_node_false_may_leave_a_slow_device_idle(tmp_path: Path,
     doc["pipedream"]["every_node"] = "no"
     with pytest.raises(ConfigError, match=r"pipedream\.every_node"):
         parse_config(doc)
+
+
+def test_planner_work_by_hand() -> None:
+    """layers^3 x sum of units^2 per type (its node levels and its nodes), times all the
+    devices for a type with a memory limit; the top level's table layers^2 x prod(nodes + 1)
+    x sum(nodes), times the devices when idle nodes are allowed under a limit."""
+    from pipeopt.config import planner_work
+    from pipeopt.partition.pipedream import DeviceType, Level
+
+    a = DeviceType("a", 2, (Level(4, 1e10),))  # 2 nodes of 4: 8 devices
+    b = DeviceType("b", 1)  # one device
+    assert planner_work(10, [a, b], False) == 1e3 * (16 + 4) + 1e3 * 1 + 1e2 * 3 * 2 * 3
+    limited = [DeviceType("a", 2, (Level(4, 1e10),), memory=1e9), b]
+    assert planner_work(10, limited, True) == 1e3 * 20 * 9 + 1e3 * 1 + 1800
+    assert planner_work(10, limited, True, every_node=False) == 1e3 * 20 * 9 + 1e3 + 1800 * 9
+    one = DeviceType("gpu", 2, (Level(4, 1e10),))  # the homogeneous count of before
+    assert planner_work(16, [one], False) == 16 ** 3 * (4 ** 2 + 2 ** 2)

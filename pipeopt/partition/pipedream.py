@@ -311,6 +311,9 @@ def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth
     when no plan fits memory."""
     _check_layers(layers)
     _check_types(types, bandwidth, policy, static_bytes)
+    if every_node and len(layers) < len(types):
+        raise ConfigError(f"device_types: {len(layers)} layers cannot use every device type "
+                          "(each stage runs on one type; a type needs at least one layer)")
     layers, types = tuple(layers), tuple(types)
     tables = [_type_tables(layers, (*ty.levels, Level(ty.units, bandwidth)), ty.speed,
                            ty.memory, policy, static_bytes) for ty in types]
@@ -360,15 +363,13 @@ def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth
         v, c = top(last, n, devices(n) if limited else 0)
         if v < period:
             period, cuts, chosen = v, c, n
-    if not math.isfinite(period):
+    if not math.isfinite(period):  # only a memory limit leaves no plan (checked above)
         which = "uses every device" if every_node else "fits"
         raise ConfigError(
             f"memory: no plan of the layers {which} within its memory (per device: "
             "static + weight versions x the stage's weight bytes + micro-batches in flight "
             "(PipeDream's NOAM) x its activation bytes); give the types more memory, fewer "
-            "devices, or a policy with fewer versions (2bw, pipemare)" if limited else
-            f"device_types: {len(layers)} layers cannot use every device type (each stage "
-            "runs on one type; a type needs at least one layer)")
+            "devices, or a policy with fewer versions (2bw, pipemare)")
     parts = []
     left = list(chosen)
     for _, t, right in cuts:
