@@ -392,8 +392,14 @@ def test_hetero_memory_moves_the_classifier_to_the_fast_gpus() -> None:
     fc7 and fc8 (every device is used)."""
     doc = _hetero_doc()
     doc["pipedream"]["device_types"]["v100"]["memory"] = 3e8
-    plan = dict(parse_config(doc).extra("pipedream_plan"))
+    cfg = parse_config(doc)
+    plan = dict(cfg.extra("pipedream_plan"))
     assert plan["period"] == pytest.approx(0.01024)
+    # the period search on the plan stays within each type's memory and reaches the estimate
+    s = solve_async(cfg.problem, "periodic", cfg.extra("weight_bytes"),
+                    replicas=cfg.extra("replicas"), sync_s=cfg.extra("sync_s"))
+    assert s.over_memory() == [] and s.period == pytest.approx(0.01024, rel=1e-6)
+    assert cfg.problem.memory_limit == (4e10, 4e10, 3e8, 3e8)
     names = doc["pipedream"]["layers"]["names"]
     fc6 = [s for s in plan["stages"]
            if names.index(s[0]) <= names.index("fc6") <= names.index(s[1])]
