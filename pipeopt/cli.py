@@ -594,7 +594,8 @@ def _solve_async(args: argparse.Namespace, cfg: Any) -> int:
 
 def _plan_doc(planned: Any) -> dict[str, Any]:
     """The JSON of a ``pipedream:`` config's plan (the ``pipedream_plan`` extra); with device
-    types, ``types`` (name, devices, speed, memory per device) and each stage's ``type``."""
+    types, ``types`` (name, devices, speed, memory per device, whether it has its own layer
+    times) and each stage's ``type``."""
     d = dict(planned)
     doc = {"config": d["config"], "period": d["period"], "devices": d["devices"],
            "levels": [{"units": u, "bandwidth": b} for u, b in d["levels"]],
@@ -602,8 +603,8 @@ def _plan_doc(planned: Any) -> dict[str, Any]:
                                                                   else {})}
                       for a, b, r, t in d["stages"]]}
     if d["types"]:
-        doc["types"] = [{"name": n, "devices": c, "speed": v, "memory": m}
-                        for n, c, v, m in d["types"]]
+        doc["types"] = [{"name": n, "devices": c, "speed": v, "memory": m, "own_profile": o}
+                        for n, c, v, m, o in d["types"]]
     if d["devices"] != d["cluster_devices"]:
         doc["idle_devices"] = d["cluster_devices"] - d["devices"]
     return doc
@@ -620,9 +621,10 @@ def print_plan(planned: Any, out: Any = None) -> None:
           f"device{'s' if d['devices'] > 1 else ''} ({levels}"
           f"{f'; {idle} left idle' if idle else ''}): estimated {_fmt(d['period'])} s per "
           "micro-batch (replicas' weight all-reduce counted)", file=out)
-    for name, count, speed, memory in d["types"]:
+    for name, count, speed, memory, own in d["types"]:
         mem = "no memory limit" if memory is None else f"{_fmt(memory / 1e9)} GB each"
-        print(f"  type {name}: {count} devices, speed {_fmt(speed)}, {mem}", file=out)
+        pace = "its own layer times" if own else f"speed {_fmt(speed)}"
+        print(f"  type {name}: {count} devices, {pace}, {mem}", file=out)
     for k, (a, b, r, t) in enumerate(d["stages"]):
         on = f" {t}" if d["types"] else ""
         print(f"  stage {k}: layers {a}..{b} on {r}{on} device{'s' if r > 1 else ''}",

@@ -149,10 +149,35 @@ def planner_work(layers: int, types: Sequence[Any], limited: bool,
     return work
 
 
-def _device_types(pd: PipedreamConfig, limit: float | None) -> list[Any]:
-    """The planner's device types of a ``pipedream:`` section: one (the profile's own) without
-    ``device_types``; else one per name, its top-level units from the top level's ``types``,
-    its memory its own or ``memory.limit``."""
+def _own_profile(name: str, dt: Any, n: int) -> tuple[tuple[float, float, float], ...] | None:
+    """A device type's own layer times (``forward``, ``backward_input``, ``backward_weight``:
+    all three or none; not with ``speed``)."""
+    where = f"pipedream.device_types.{name}"
+    keys = ("forward", "backward_input", "backward_weight")
+    given = [k for k in keys if getattr(dt, k) is not None]
+    if not given:
+        return None
+    for k in keys:
+        if k not in given:
+            raise ConfigError(f"{where}.{k}: missing (a type's own profile gives forward, "
+                              "backward_input and backward_weight)")
+    if "speed" in dt.model_fields_set:
+        raise ConfigError(f"{where}.speed: not with its own profile (its times are measured "
+                          "on it)")
+    cols = []
+    for k in keys:
+        raw = getattr(dt, k)
+        vals = [float(x) for x in _expand(f"{where}.{k}", raw, n, "layer")]
+        _check_values(f"{where}.{k}", raw, vals, "s")
+        cols.append(vals)
+    return tuple(zip(*cols, strict=True))
+
+
+def _device_types(pd: PipedreamConfig, limit: float | None, n: int) -> list[Any]:
+    """The planner's device types of a ``pipedream:`` section (``n`` layers): one (the
+    profile's own) without ``device_types``; else one per name, its top-level units from the
+    top level's ``types``, its memory its own or ``memory.limit``, its times its own profile's
+    or the layers' / its speed."""
     from pipeopt.partition.pipedream import DeviceType, Level
 
     top_k = len(pd.levels) - 1
@@ -192,7 +217,8 @@ def _device_types(pd: PipedreamConfig, limit: float | None) -> list[Any]:
                 raise ConfigError(f"pipedream.device_types.{name}.levels[{k}].types: only the "
                                   f"top level's units (pipedream.levels[{top_k}]) have types")
         out.append(DeviceType(name, top.types[name], levels, dt.speed,
-                              limit if dt.memory is None else dt.memory))
+                              limit if dt.memory is None else dt.memory,
+                              _own_profile(name, dt, n)))
     return out
 
 
@@ -241,7 +267,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                           f"{len(names)}")
     limit = None if mem.limit is None or isinstance(mem.limit, list) else float(mem.limit)
     static = 0.0 if isinstance(mem.static, list) else float(mem.static)  # lists refused above
-    types = _device_types(pd, limit)
+    types = _device_types(pd, limit, n)
     hetero = pd.device_types is not None
     devices = sum(ty.devices for ty in types)
     if pl.devices != devices:
@@ -282,8 +308,8 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                ("levels", tuple((lv.units, lv.bandwidth) for lv in pd.levels)),
                ("stages", tuple((names[st.first], names[st.last], st.replicas,
                                  result.type_of(st).name) for st in result.stages)),
-               ("types", tuple((ty.name, ty.devices, ty.speed, ty.memory) for ty in types)
-                if hetero else ()),
+               ("types", tuple((ty.name, ty.devices, ty.speed, ty.memory,
+                                ty.profile is not None) for ty in types) if hetero else ()),
                ("policy", policy))
     return Config(problem=prob, solver=cfg.solver, source=source,
                   extras=(("mode", "async"), ("weight_bytes", wb), ("replicas", reps),

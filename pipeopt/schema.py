@@ -134,6 +134,10 @@ class DeviceTypeConfig(_Strict):
     levels: list[LevelConfig] | None = Field(
         None, description="inside one top-level unit of this type, innermost first (default: "
         "pipedream.levels without its top level)")
+    forward: Scalars | None = Field(None, description="s per layer measured on this type "
+                                    "(its own profile, with backward_input and backward_weight)")
+    backward_input: Scalars | None = None
+    backward_weight: Scalars | None = None
 
 
 class LayersConfig(_Strict):

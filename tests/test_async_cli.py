@@ -368,8 +368,8 @@ def test_cli_solve_prints_the_hetero_plan(capsys: pytest.CaptureFixture[str]) ->
     assert doc["period"] == pytest.approx(0.00768, rel=1e-9)  # the search reaches the plan
     assert [s["type"] for s in doc["plan"]["stages"]] == ["a100", "v100", "v100"]
     assert doc["plan"]["types"] == [
-        {"name": "v100", "devices": 4, "speed": 1.0, "memory": 1.6e10},
-        {"name": "a100", "devices": 4, "speed": 2.5, "memory": 4.0e10}]
+        {"name": "v100", "devices": 4, "speed": 1.0, "memory": 1.6e10, "own_profile": False},
+        {"name": "a100", "devices": 4, "speed": 2.5, "memory": 4.0e10, "own_profile": False}]
     homogeneous = load_config(str(PLANNER))
     assert dict(homogeneous.extra("pipedream_plan"))["period"] == pytest.approx(0.0129)
 
@@ -544,3 +544,45 @@ def test_planner_work_by_hand() -> None:
     assert planner_work(10, limited, True, every_node=False) == 1e3 * 20 * 9 + 1e3 + 1800 * 9
     one = DeviceType("gpu", 2, (Level(4, 1e10),))  # the homogeneous count of before
     assert planner_work(16, [one], False) == 16 ** 3 * (4 ** 2 + 2 ** 2)
+
+
+def test_a_types_own_profile_from_the_config(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    """An A100 profile of its own: the convolutions 2.5x faster than on the V100, the fully
+    connected layers (memory-bound) no faster. The problem's stage times are the profile's;
+    the plan is the speed-2.5 one where the A100s run only convolutions (conv1..conv9 here),
+    so the estimate is the same 7.68 ms."""
+    import yaml
+
+    doc = _hetero_doc()
+    lay = doc["pipedream"]["layers"]
+    a100 = doc["pipedream"]["device_types"]["a100"]
+    a100.pop("speed")
+    for key in ("forward", "backward_input", "backward_weight"):
+        a100[key] = [t / 2.5 for t in lay[key][:13]] + lay[key][13:]
+    cfg = parse_config(doc)
+    plan = dict(cfg.extra("pipedream_plan"))
+    assert plan["period"] == pytest.approx(0.00768)
+    assert plan["stages"][0] == ("conv1", "conv9", 4, "a100")
+    assert cfg.problem.forward[0] == pytest.approx(sum(lay["forward"][:9]) / 2.5)
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["solve", str(path)]) == 0
+    assert "  type a100: 4 devices, its own layer times, 40 GB each\n" in capsys.readouterr().out
+    a100["speed"] = 2.0
+    with pytest.raises(ConfigError, match=r"pipedream\.device_types\.a100\.speed: not with its "
+                                          "own profile"):
+        parse_config(doc)
+    a100.pop("speed")
+    a100.pop("backward_weight")
+    with pytest.raises(ConfigError, match=r"pipedream\.device_types\.a100\.backward_weight: "
+                                          "missing"):
+        parse_config(doc)
+    a100["backward_weight"] = [1e-3] * 3
+    with pytest.raises(ConfigError, match=r"pipedream\.device_types\.a100\.backward_weight: "
+                                          "expected 16 values"):
+        parse_config(doc)
+    a100["backward_weight"] = -1.0
+    with pytest.raises(ConfigError, match=r"pipedream\.device_types\.a100\.backward_weight: "
+                                          "must be a finite number >= 0"):
+        parse_config(doc)

@@ -266,7 +266,9 @@ def _brute_hetero(layers: list[Layer], types: list[DeviceType], bw: float,
                         else:
                             if not _fits(layers, a, b, ty, r, on, policy, static):
                                 v = math.inf
-                            unit = sum(x.compute_s for x in layers[a:b + 1]) / ty.speed
+                            unit = (sum(x.compute_s for x in layers[a:b + 1]) / ty.speed
+                                    if ty.profile is None else
+                                    sum(sum(row) for row in ty.profile[a:b + 1]))
                         sync = 2 * (r - 1) / r * sum(x.weight_bytes for x in layers[a:b + 1]) / bw
                         v = max(v, max(unit, sync) / r)
                         on -= r * ty.unit_devices
@@ -525,3 +527,46 @@ def test_idle_nodes_match_the_best_sub_cluster_by_brute_force(seed: int) -> None
     except ConfigError:  # no plan that uses every device fits memory
         full = math.inf
     assert got.period <= full * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_types_own_profile_matches_brute_force(seed: int) -> None:
+    """One type with its own per-layer times (as HetPipe profiles each GPU type: some layers
+    gain more than others), beside one scaled by a speed; memory on the odd seeds."""
+    rng = random.Random(600 + seed)
+    layers = [replace(x, activation_bytes=rng.uniform(0, 1e9))
+              for x in _random_layers(rng, rng.randint(4, 6))]
+    own = tuple((x.forward_s / g, x.backward_input_s / g, x.backward_weight_s / g)
+                for x, g in ((x, rng.choice([1.0, 1.5, 4.0])) for x in layers))
+    mem = (lambda: rng.uniform(2e9, 8e9)) if seed % 2 else (lambda: None)
+    types = [DeviceType("scaled", 2, speed=rng.uniform(0.5, 2.0), memory=mem()),
+             DeviceType("own", 2, memory=mem(), profile=own)]
+    want = _brute_hetero(layers, types, 1e9)
+    if not math.isfinite(want):
+        with pytest.raises(ConfigError, match="memory: no plan"):
+            plan_cluster(layers, types, 1e9)
+        return
+    got = plan_cluster(layers, types, 1e9)
+    assert got.period == pytest.approx(want)
+    prob, _ = plan_problem(layers, got)
+    for k, st in enumerate(got.stages):  # the problem's times are the type's own
+        if st.device_type == 1:
+            assert prob.forward[k] == pytest.approx(sum(own[x][0] for x in
+                                                        range(st.first, st.last + 1)))
+            assert prob.backward_weight[k] == pytest.approx(sum(own[x][2] for x in
+                                                                range(st.first, st.last + 1)))
+        else:
+            assert prob.forward[k] == pytest.approx(sum(
+                x.forward_s for x in layers[st.first:st.last + 1]) / types[0].speed)
+
+
+def test_bad_profiles_are_named() -> None:
+    layers = _hand_layers()
+    with pytest.raises(ConfigError, match=r"device_types\[0\]\.profile: expected 3 layers"):
+        plan_cluster(layers, [DeviceType("x", 1, profile=((1.0, 1.0, 1.0),))], 1e3)
+    with pytest.raises(ConfigError, match=r"device_types\[0\]\.profile\[1\]: must be 3"):
+        plan_cluster(layers, [DeviceType("x", 1, profile=((1.0, 1.0, 1.0), (1.0, -1.0, 0.0),
+                                                             (1.0, 1.0, 1.0)))], 1e3)
+    with pytest.raises(ConfigError, match=r"device_types\[0\]\.speed: not with its own"):
+        plan_cluster(layers, [DeviceType("x", 1, speed=2.0, profile=((1.0, 1.0, 1.0),) * 3)],
+                     1e3)

@@ -21,7 +21,8 @@ bandwidth between its units. For layers ``i..j`` on ``r`` replicated units of le
 **Heterogeneous devices** (HetPipe, Park et al., USENIX ATC'20, runs pipelines over nodes of
 different GPU types): :func:`plan_cluster` takes :class:`DeviceType` s, each with its number of
 top-level units (nodes), its own inner levels, its compute ``speed`` relative to the device the
-layer profile was measured on (a stage's compute on it is the profile's divided by ``speed``)
+layer profile was measured on (a stage's compute on it is the profile's divided by ``speed``;
+or its own ``profile`` of per-layer times, as HetPipe profiles each GPU type)
 and its ``memory`` per device. Every stage runs on devices of one type: its replicas share it.
 A replicated stage takes micro-batches round-robin, so a mixed group would run at the pace of
 its slowest member (the faster ones idle) within the smallest member's memory; HetPipe's
@@ -100,13 +101,16 @@ class DeviceType:
     """Devices of one kind in a heterogeneous cluster: ``units`` top-level units (nodes) of
     them, each made of ``levels`` (innermost first; empty: a unit is one device);
     ``speed``: compute speed relative to the layer profile's device (a layer's times are
-    divided by it; 2.0 = twice as fast); ``memory``: bytes per device (None: no limit)."""
+    divided by it; 2.0 = twice as fast); ``memory``: bytes per device (None: no limit);
+    ``profile``: per layer, (forward, backward input, backward weight) seconds measured on
+    this type, in place of the profile's times / ``speed`` (then ``speed`` stays 1)."""
 
     name: str
     units: int
     levels: tuple[Level, ...] = ()
     speed: float = 1.0
     memory: float | None = None
+    profile: tuple[tuple[float, float, float], ...] | None = None
 
     @property
     def unit_devices(self) -> int:
@@ -181,7 +185,7 @@ def _check_layers(layers: Sequence[Layer]) -> None:
 
 
 def _check_types(types: Sequence[DeviceType], bandwidth: float, policy: str,
-                 static_bytes: float) -> None:
+                 static_bytes: float, layers: int) -> None:
     if not types:
         raise ConfigError("device_types: the planner needs at least one device type")
     seen: set[str] = set()
@@ -199,6 +203,18 @@ def _check_types(types: Sequence[DeviceType], bandwidth: float, policy: str,
                               f"layer profile's device), got {ty.speed}")
         if ty.memory is not None and not (ty.memory > 0):
             raise ConfigError(f"{where}.memory: must be > 0 bytes, got {ty.memory}")
+        if ty.profile is not None:
+            if ty.speed != 1.0:
+                raise ConfigError(f"{where}.speed: not with its own profile (the profile's "
+                                  f"times are measured on it), got {ty.speed}")
+            if len(ty.profile) != layers:
+                raise ConfigError(f"{where}.profile: expected {layers} layers' times, got "
+                                  f"{len(ty.profile)}")
+            for i, row in enumerate(ty.profile):
+                if len(row) != 3 or not all(math.isfinite(x) and x >= 0 for x in row):
+                    raise ConfigError(f"{where}.profile[{i}]: must be 3 finite numbers >= 0 "
+                                      f"(forward, backward input, backward weight s), got "
+                                      f"{row!r}")
         _check_levels(ty.levels, f"{where}.levels")
     if not (bandwidth > 0):
         raise ConfigError(f"bandwidth: must be > 0 bytes/s between top-level units, got "
@@ -230,15 +246,17 @@ _Best = Callable[[int, int, int, int, int, int], tuple[float, tuple[tuple[int, i
 
 
 def _type_tables(layers: tuple[Layer, ...], levels: tuple[Level, ...], speed: float,
-                 memory: float | None, policy: str, static_bytes: float
+                 memory: float | None, policy: str, static_bytes: float,
+                 profile: tuple[tuple[float, float, float], ...] | None = None
                  ) -> tuple[_Replicated, _Best]:
-    """PipeDream's DP inside one device type whose ``levels`` end with its top-level units.
-    ``times``: copies of each unit made by the levels above (a stage's replicas are its own
-    times these); ``after``: devices after layer j in the whole pipeline (both only matter,
-    and only enter the tables' keys, when ``memory`` is limited)."""
+    """PipeDream's DP inside one device type whose ``levels`` end with its top-level units
+    (its layer times: ``profile``'s, else the layers' / ``speed``). ``times``: copies of each
+    unit made by the levels above (a stage's replicas are its own times these); ``after``:
+    devices after layer j in the whole pipeline (both only matter, and only enter the tables'
+    keys, when ``memory`` is limited)."""
     compute, weights, acts = [0.0], [0.0], [0.0]
-    for lay in layers:
-        compute.append(compute[-1] + lay.compute_s)
+    for i, lay in enumerate(layers):
+        compute.append(compute[-1] + (lay.compute_s if profile is None else sum(profile[i])))
         weights.append(weights[-1] + lay.weight_bytes)
         acts.append(acts[-1] + lay.activation_bytes)
     below = [math.prod(lv.units for lv in levels[:k]) for k in range(len(levels))]
@@ -310,13 +328,13 @@ def plan_cluster(layers: Sequence[Layer], types: Sequence[DeviceType], bandwidth
     number of units of each type (on a tie, the most devices). Raises :class:`ConfigError`
     when no plan fits memory."""
     _check_layers(layers)
-    _check_types(types, bandwidth, policy, static_bytes)
+    _check_types(types, bandwidth, policy, static_bytes, len(layers))
     if every_node and len(layers) < len(types):
         raise ConfigError(f"device_types: {len(layers)} layers cannot use every device type "
                           "(each stage runs on one type; a type needs at least one layer)")
     layers, types = tuple(layers), tuple(types)
     tables = [_type_tables(layers, (*ty.levels, Level(ty.units, bandwidth)), ty.speed,
-                           ty.memory, policy, static_bytes) for ty in types]
+                           ty.memory, policy, static_bytes, ty.profile) for ty in types]
     unit_devices = [ty.unit_devices for ty in types]
     limited = any(ty.memory is not None for ty in types)
 
@@ -428,7 +446,8 @@ def _stages(best: _Best, levels: tuple[Level, ...], k: int, a: int, b: int, r: i
 def plan_problem(layers: Sequence[Layer], result: Plan, *, microbatches: int = 1,
                  static_bytes: float | None = None) -> tuple[Problem, tuple[int, ...]]:
     """The chain problem of a plan (one stage per device in it; per stage the sums of its
-    layers' times divided by its device type's speed, and of their activation bytes;
+    layers' times on its device type (its profile's, else divided by its speed), and of their
+    activation bytes;
     messages = the last layer's output over the link of the cut) and the stages' ``replicas``,
     for the asynchronous methods. With ``static_bytes``, each stage's device gets its type's
     memory as its limit and ``static_bytes`` + one copy of the stage's weights as static memory
@@ -440,7 +459,13 @@ def plan_problem(layers: Sequence[Layer], result: Plan, *, microbatches: int = 1
         return math.fsum(getattr(layers[x], key) for x in range(s.first, s.last + 1))
 
     def timed(key: str) -> tuple[float, ...]:
-        return tuple(total(s, key) / result.type_of(s).speed for s in st)
+        kind = ("forward_s", "backward_input_s", "backward_weight_s").index(key)
+        out = []
+        for s in st:
+            ty = result.type_of(s)
+            out.append(total(s, key) / ty.speed if ty.profile is None else
+                       math.fsum(ty.profile[x][kind] for x in range(s.first, s.last + 1)))
+        return tuple(out)
 
     lat, bwm = chain_links(n, [0.0] * (n - 1), [s.link_bandwidth for s in st[:-1]])
     memory = {} if static_bytes is None else {
