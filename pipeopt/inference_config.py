@@ -16,6 +16,7 @@ workload:
   method: search        # search | round-robin | separated
   token_budget: 8192    # tokens per iteration of the baselines
   ttft_limit: 10.0      # s, the p99 TTFT the search must meet (optional)
+  # costs: {profile: fwd.json}   # FLOP rates measured by pipeopt profile --forward-only
 model: {preset: llama2-70b, dtype: fp16}
 ```
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,6 +88,14 @@ class LinkSpec(_Strict):
                 | list[list[Annotated[float, Field(ge=0, allow_inf_nan=True)]]]) = math.inf
 
 
+class CostsSpec(_Strict):
+    """Where the stages' costs come from beside the model's shape: ``profile``, a forward-only
+    profile file (relative to the config file) whose measured times set each stage's FLOP rate
+    (:func:`pipeopt.costs.inference.profiled_stage_models`)."""
+
+    profile: str = Field(min_length=1)
+
+
 class WorkloadSpec(_Strict):
     """The ``workload:`` section."""
 
@@ -101,6 +111,7 @@ class WorkloadSpec(_Strict):
     efficiency: float = Field(1.0, gt=0, le=1)
     bandwidth_efficiency: float = Field(1.0, gt=0, le=1)
     memory_fraction: float = Field(1.0, gt=0, le=1)
+    costs: CostsSpec | None = None
 
 
 class _File(_Strict):
@@ -130,7 +141,7 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
     from pipeopt.costs.build import shape_of
     from pipeopt.costs.config import parse_model
     from pipeopt.costs.gpus import lookup
-    from pipeopt.costs.inference import hbm_bandwidth, stage_models
+    from pipeopt.costs.inference import hbm_bandwidth, profiled_stage_models, stage_models
 
     spec = workload_file(data, source, _File, WorkloadSpec)
     shape = shape_of(parse_model(data["model"]))
@@ -158,6 +169,7 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
         if not spec.requests:
             raise ConfigError("workload.requests: need at least one request")
         reqs = tuple(Request(r.prompt, r.output, r.arrival) for r in spec.requests)
+    profile = None if spec.costs is None else _profile(spec, spec.costs, names, source)
     part = None
     if isinstance(spec.stages, str):  # the partition chosen over the GPUs (docs/inference.md)
         part = _partition(spec, shape, names, reqs)
@@ -178,16 +190,44 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
                                   "each GPU to the next and from the last to the first")
         else:
             links = Link(link.latency, bw)
+    gpu_arg = list(gpus) if isinstance(spec.gpu, list) else spec.gpu
     try:
-        models = stage_models(shape, list(gpus) if isinstance(spec.gpu, list) else spec.gpu,
-                              layers,
-                              efficiency=spec.efficiency,
-                              bandwidth_efficiency=spec.bandwidth_efficiency,
-                              memory_fraction=spec.memory_fraction)
+        if profile is not None:
+            models = profiled_stage_models(shape, gpu_arg, layers, profile,
+                                           bandwidth_efficiency=spec.bandwidth_efficiency,
+                                           memory_fraction=spec.memory_fraction)
+        else:
+            models = stage_models(shape, gpu_arg, layers, efficiency=spec.efficiency,
+                                  bandwidth_efficiency=spec.bandwidth_efficiency,
+                                  memory_fraction=spec.memory_fraction)
     except ValueError as exc:
         raise ConfigError(f"workload.{exc}") from None
     return InferenceConfig(reqs, models, links, spec.method, spec.token_budget,
                            spec.ttft_limit, source, spec.time_limit, part, gpus)
+
+
+def _profile(spec: WorkloadSpec, costs: CostsSpec, names: list[str], source: str) -> Any:
+    """The forward-only profile of ``workload.costs.profile`` (a path relative to the config
+    file), refused beside the keys it replaces or cannot serve."""
+    from pipeopt.costs.profile import ProfileError, load_forward_profile
+
+    if "efficiency" in spec.model_fields_set:
+        raise ConfigError("workload.efficiency: cannot be combined with workload.costs.profile "
+                          "(the profile measures each stage's FLOP rate)")
+    if isinstance(spec.stages, str):
+        raise ConfigError(f"workload.stages: {spec.stages} partitions at the catalog's peak "
+                          f"FLOP/s; with workload.costs.profile give a stage count or the "
+                          f"layers per stage")
+    if len(set(names)) > 1:
+        raise ConfigError("workload.costs.profile: one profile prices every stage alike, but "
+                          f"workload.gpu lists different GPUs ({', '.join(sorted(set(names)))})")
+    path = Path(costs.profile)
+    if not path.is_absolute() and source and not source.startswith("<"):
+        path = Path(source).parent / path
+    try:
+        return load_forward_profile(path)
+    except ProfileError as exc:
+        raise ConfigError(f"workload.costs.profile: {exc}") from None
 
 
 def _cluster(spec: WorkloadSpec, names: list[str]) -> EdgeCluster:

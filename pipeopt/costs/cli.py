@@ -126,7 +126,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         for rec in doc["layers"]:
             print(f"{rec['name']:<18} {rec['forward_s'] * 1e3:>8.3f} "
                   f"{rec['forward_flops'] / 1e9:>9.4f} {rec['params']:>9.0f}")
-        print(f"written {args.output} ({doc['device']}; forward only, in inference mode)")
+        print(f"written {args.output} ({doc['device']}; forward only, in inference mode); use "
+              f"it with workload: {{kind: inference, costs: {{profile: {args.output}}}}}")
         return 0
     print(f"{'layer':<18} {'F ms':>8} {'B ms':>8} {'W ms':>8} {'fused ms':>9} {'act KiB':>9} "
           f"{'params':>9}")

@@ -20,6 +20,15 @@ Formulas (b requests, h hidden, L layers, e bytes per value, V vocabulary):
   dominates, which is why decode is memory-bandwidth bound (Pope et al., "Efficiently Scaling
   Transformer Inference", MLSys 2023, section 2).
 
+A forward-only profile (``pipeopt profile --forward-only``, :func:`profiled_stage_models`)
+replaces the peak FLOP/s by the rate each stage's layers reached on the profiled forward: that
+forward ran ``B`` sequences of ``S`` tokens from an empty cache, every token's logits through
+the head, so in this model's accounting it did ``F = B·S·lin + B·(S²/2)·attn + B·S·head``
+FLOPs on a stage's layers, and the stage's rate is ``F / (Σ forward_s of its layers)``; an
+iteration's compute time is then its FLOPs over that rate (the profiled forward itself gets
+exactly its measured time). Weights, KV bytes and the HBM roof stay the model's and the GPU's:
+one forward shape measures no bandwidth.
+
 HBM bandwidth per GPU (vendor datasheets, peak, checked December 2026):
 
 - A100 40GB SXM 1,555 GB/s; A100 80GB SXM 2,039 GB/s (NVIDIA A100 datasheet).
@@ -37,6 +46,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from pipeopt.costs.gpus import lookup
+from pipeopt.costs.profile import ForwardProfile
 from pipeopt.costs.transformer import DTYPE_BYTES, TransformerShape, block_params
 from pipeopt.workloads.inference import StageModel
 
@@ -180,3 +190,48 @@ def stage_models(shape: TransformerShape, gpu: str | Sequence[str],
             memory_limit=usable))
     return tuple(out)
 
+
+
+def profiled_stage_models(shape: TransformerShape, gpu: str | Sequence[str],
+                          stages: int | Sequence[int], profile: ForwardProfile, *,
+                          bandwidth_efficiency: float = 1.0,
+                          memory_fraction: float = 1.0) -> tuple[StageModel, ...]:
+    """:func:`stage_models` with each stage's FLOP rate measured by a forward-only ``profile``
+    instead of the GPU's peak (formula in the module docstring).
+
+    The profile's layers must be the model's pipeline layers: the embedding, ``shape.layers``
+    blocks, the head (``pipeopt profile --model tiny-gpt``'s layout), each block with
+    :func:`~pipeopt.costs.transformer.block_params` parameters; stage k's time is the sum of
+    ``forward_s`` over its blocks, plus the embedding on the first stage and the head on the
+    last. ValueError (``costs.profile: ...``) when the profile does not fit the model."""
+    per = split_layers(shape.layers, stages) if isinstance(stages, int) else tuple(stages)
+    models = stage_models(shape, gpu, per, bandwidth_efficiency=bandwidth_efficiency,
+                          memory_fraction=memory_fraction)
+    prof = profile.layers
+    if len(prof) != shape.layers + 2:
+        raise ValueError(f"costs.profile: {len(prof)} layers, expected {shape.layers + 2} (the "
+                         f"embedding, model.layers = {shape.layers} blocks, the head)")
+    want = block_params(shape)
+    for i in range(1, shape.layers + 1):
+        if prof[i].params != want:
+            raise ValueError(f"costs.profile: layers[{i}] ({prof[i].name}) has "
+                             f"{prof[i].params:.0f} parameters, a block of the model has "
+                             f"{want:.0f}: the profile is of another model")
+    b, s = profile.batch, profile.seq_len
+    out = []
+    first = 1
+    for k, (n, m) in enumerate(zip(per, models, strict=True)):
+        idx = list(range(first, first + n))
+        first += n
+        if k == 0:
+            idx.insert(0, 0)
+        if k == len(per) - 1:
+            idx.append(shape.layers + 1)
+        seconds = sum(prof[i].forward_time for i in idx)
+        if seconds <= 0:
+            raise ValueError(f"costs.profile: layers {idx[0]}..{idx[-1]} (stage {k}) measured "
+                             f"0 s: no FLOP rate to derive")
+        flops = (m.linear_flops_per_token * b * s + m.attention_flops_per_key * b * s * s / 2
+                 + m.head_flops_per_logit * b * s)
+        out.append(replace(m, peak_flops=flops / seconds))
+    return tuple(out)

@@ -1,5 +1,7 @@
 """Profile files: per-layer costs measured by :mod:`pipeopt.costs.profiler`, read back as
-:class:`~pipeopt.costs.transformer.LayerCost` for the cost model (``model.profile``).
+:class:`~pipeopt.costs.transformer.LayerCost` for the cost model (``model.profile``), or, for a
+forward-only profile, as a :class:`ForwardProfile` that the serving cost model reads
+(``workload.costs.profile`` of an inference config; :mod:`pipeopt.costs.inference`).
 
 Reading needs neither torch nor the executor, so the planner imports this module and never the
 profiler (which runs layers through the executor's own backward split).
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
 #: The fields a profile may have (what :func:`~pipeopt.costs.profiler.profile_model` writes);
 #: others are refused, as a typo (``backwrd_s``) would otherwise be ignored.
 _TOP_KEYS = ("format", "model", "device", "torch", "micro_batch_size", "warmup", "repeats",
-             "backward_split", "forward_only", "layers")
+             "backward_split", "forward_only", "input_shape", "layers")
 _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "backward_s",
                "input_grad", "params", "param_bytes", "activation_bytes", "output_bytes",
                "forward_flops", "backward_flops", "peak_memory_bytes")
@@ -40,6 +43,43 @@ _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "ba
 
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Layer costs from a profile file (measured times in seconds, bytes)."""
+    return _layer_costs(_read_document(path), path)
+
+
+@dataclass(frozen=True)
+class ForwardProfile:
+    """A forward-only profile (``pipeopt profile --forward-only``): ``layers`` timed on one
+    input of ``batch`` sequences of ``seq_len`` tokens each (``forward_time`` in seconds,
+    ``params`` counted), on ``device`` (as the profiler names it: ``cpu``, ``cuda``)."""
+
+    layers: tuple[LayerCost, ...]
+    batch: int
+    seq_len: int
+    device: str
+
+
+def load_forward_profile(path: str | Path) -> ForwardProfile:
+    """A forward-only profile file; :class:`ProfileError` naming the field when it is not one
+    (a training profile, or no ``input_shape`` ``[batch, seq_len, ...]`` to count its
+    tokens)."""
+    doc = _read_document(path)
+    layers = _layer_costs(doc, path)
+    if doc.get("forward_only") is not True:
+        raise ProfileError(f"{path}: forward_only: expected true (a profile of the inference "
+                           f"forward: pipeopt profile --forward-only), got "
+                           f"{doc.get('forward_only')!r}")
+    shape = doc.get("input_shape")
+    if not (isinstance(shape, list) and len(shape) >= 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
+        raise ProfileError(f"{path}: input_shape: expected [batch, seq_len, ...] (integers >= "
+                           f"1; profiles written before it was recorded: profile again), got "
+                           f"{shape!r}")
+    device = doc.get("device", "unknown")
+    return ForwardProfile(tuple(layers), shape[0], shape[1], str(device))
+
+
+def _read_document(path: str | Path) -> dict[str, Any]:
+    """The checked top level of a profile file (format, known fields, a non-empty layer list)."""
     from pipeopt.io import json_int, known_fields, read_input
 
     try:
@@ -61,7 +101,13 @@ def load_profile(path: str | Path) -> list[LayerCost]:
     for i, rec in enumerate(layers):
         if isinstance(rec, dict):
             known_fields(rec, _LAYER_KEYS, f"{path}: layers[{i}].", ProfileError)
+    return doc
+
+
+def _layer_costs(doc: dict[str, Any], path: str | Path) -> list[LayerCost]:
+    """The checked layer records of a profile document as layer costs."""
     out = []
+    layers = doc["layers"]
     for i, rec in enumerate(layers):
         vals: dict[str, float] = {}
         for key in ("forward_s", "backward_input_s", "backward_weight_s", "params",

@@ -24,7 +24,9 @@ With ``forward_only`` (inference, ``pipeopt profile --forward-only``) each layer
 mode under ``torch.inference_mode()`` (no autograd graph, nothing saved): ``forward_s`` and
 ``forward_flops`` are that forward's, every backward field is 0, ``activation_bytes`` is 0
 (nothing is kept for a backward) and ``input_grad`` false; the document says
-``"forward_only": true``.
+``"forward_only": true``. Every profile records the example input's ``input_shape``
+(``[batch, seq_len]`` for token ids), from which the serving cost model counts the tokens the
+forward ran (:func:`pipeopt.costs.inference.profiled_stage_models`).
 
 Times are medians of ``repeats`` runs after ``warmup`` runs; every backward is timed on its own,
 after an untimed forward that builds its graph. The profile runs on one process: ranks that
@@ -269,7 +271,8 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
     finally:
         torch.set_num_threads(threads)
     return {"format": FORMAT, "model": name, "device": str(dev), "torch": torch.__version__,
-            "micro_batch_size": int(example_input.shape[0]), "warmup": warmup,
+            "micro_batch_size": int(example_input.shape[0]),
+            "input_shape": [int(n) for n in example_input.shape], "warmup": warmup,
             "repeats": repeats,
             "backward_split": ("none: forward only" if forward_only else
                                "pipeopt.executor.runtime.StageModule (per layer)"),
