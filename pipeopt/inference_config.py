@@ -16,6 +16,7 @@ workload:
   method: search        # search | round-robin | separated
   token_budget: 8192    # tokens per iteration of the baselines
   ttft_limit: 10.0      # s, the p99 TTFT the search must meet (optional)
+  # cpsat_time: 10      # s of CP-SAT reordering the search's best plan (small plans)
   # costs: {profile: fwd.json}   # FLOP rates measured by pipeopt profile --forward-only
 model: {preset: llama2-70b, dtype: fp16}
 ```
@@ -107,6 +108,8 @@ class WorkloadSpec(_Strict):
     token_budget: float = Field(8192, ge=1)
     ttft_limit: float | None = Field(None, gt=0)
     time_limit: float = Field(60.0, gt=0)
+    #: s of CP-SAT reordering the search's best plan (0: none; for small plans).
+    cpsat_time: float = Field(0.0, ge=0)
     link: LinkSpec = LinkSpec()
     efficiency: float = Field(1.0, gt=0, le=1)
     bandwidth_efficiency: float = Field(1.0, gt=0, le=1)
@@ -134,6 +137,7 @@ class InferenceConfig:
     #: The devices and layers chosen by ``stages: serving | pipeedge`` (None: given).
     partition: EdgePartition | None = None
     gpus: tuple[str, ...] = ()  # the GPU of each stage, in pipeline order
+    cpsat_time: float = 0.0  # s of CP-SAT on the search's best plan (0: none)
 
 
 def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
@@ -202,8 +206,12 @@ def parse_inference(data: Any, source: str = "<memory>") -> InferenceConfig:
                                   memory_fraction=spec.memory_fraction)
     except ValueError as exc:
         raise ConfigError(f"workload.{exc}") from None
+    if spec.cpsat_time > 0 and spec.method != "search":
+        raise ConfigError(f"workload.cpsat_time: reorders the search's plan; method "
+                          f"{spec.method} takes none")
     return InferenceConfig(reqs, models, links, spec.method, spec.token_budget,
-                           spec.ttft_limit, source, spec.time_limit, part, gpus)
+                           spec.ttft_limit, source, spec.time_limit, part, gpus,
+                           spec.cpsat_time)
 
 
 def _profile(spec: WorkloadSpec, costs: CostsSpec, names: list[str], source: str) -> Any:
@@ -275,7 +283,7 @@ def solve_inference(cfg: InferenceConfig) -> tuple[Served, bool]:
             served = separated(cfg.requests, cfg.stages, cfg.token_budget, cfg.link)
         else:
             res = search(cfg.requests, cfg.stages, ttft_limit=cfg.ttft_limit, link=cfg.link,
-                         time_limit=cfg.time_limit)
+                         time_limit=cfg.time_limit, cpsat_time=cfg.cpsat_time)
             best = res.best if res.complete else replace(
                 res.best, method=f"{res.best.method} (time limit)")
             return best, res.met_limit

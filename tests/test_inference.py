@@ -363,6 +363,10 @@ def test_inference_config_errors_name_the_key() -> None:
     base = yaml.safe_load(SMALL_CONFIG)
     cfg = parse_inference(base)
     assert cfg.requests == (Request(100, 4), Request(300, 2))
+    assert cfg.cpsat_time == 0
+    searched = parse_inference({**base, "workload": {**base["workload"], "method": "search",
+                                                     "cpsat_time": 5}})
+    assert searched.cpsat_time == 5
     assert [m.kv_bytes_per_token for m in cfg.stages] == [327_680 / 2] * 2
     cases = [
         ({"token_budget": 0}, r"workload\.token_budget: must be >= 1, got 0"),
@@ -373,6 +377,9 @@ def test_inference_config_errors_name_the_key() -> None:
         ({"stages": 1}, r"workload\.stages\[0\]: the weights of 80 layers"),
         ({"methd": "search"}, r"workload\.methd: unknown key; did you mean 'method'"),
         ({"requests": [{"prompt": 0, "output": 1}]}, r"workload\.requests"),
+        ({"cpsat_time": -1}, r"workload\.cpsat_time: must be >= 0"),
+        ({"cpsat_time": 5}, r"workload\.cpsat_time: reorders the search's plan; method "
+                            r"round-robin takes none"),
     ]
     for change, pattern in cases:
         with pytest.raises(ConfigError, match=pattern):
@@ -483,3 +490,27 @@ def test_separated_plan_refills_when_half_the_phase_ended() -> None:
     assert prefill_of(drain, 2) > end_of(drain, 1)
     with pytest.raises(ValueError, match=r"policy\.refill_fraction"):
         wi.separated_plan(reqs, 2, 100, refill_fraction=2)
+
+
+def test_search_hands_its_best_plan_to_cpsat() -> None:
+    """With ``cpsat_time`` the core CP-SAT reorders the best plan, hinted by its schedule: a
+    valid schedule of the same plan, never longer, under the bound, and picked when best."""
+    from pipeopt.core.bounds import lower_bound
+    from pipeopt.solvers import inference as si
+
+    reqs = [Request(3, 2), Request(1, 3), Request(2, 1), Request(4, 2)]
+    stages = small_stages(2, limit=8e3 + 10 * 12)
+    link = si.Link(latency=1e-4)
+    plain = si.search(reqs, stages, budgets=(4,), link=link)
+    res = si.search(reqs, stages, budgets=(4,), link=link, cpsat_time=20)
+    assert len(res.candidates) == len(plain.candidates) + 1
+    exact = res.candidates[-1]
+    assert exact.method.endswith("/cpsat") and check(exact.schedule) == []
+    assert exact.plan == plain.best.plan
+    assert exact.schedule.makespan <= plain.best.schedule.makespan + 1e-9
+    assert exact.schedule.makespan >= lower_bound(exact.schedule.graph) - 1e-9
+    assert exact.metrics.throughput_tokens_per_s <= si.throughput_bound(reqs, stages) * (
+        1 + 1e-9)
+    assert res.best.metrics.throughput_tokens_per_s >= plain.best.metrics.throughput_tokens_per_s
+    with pytest.raises(ValueError, match=r"cpsat_time: must be a finite number >= 0"):
+        si.search(reqs, stages, cpsat_time=-1)

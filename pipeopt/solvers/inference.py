@@ -10,8 +10,9 @@ all. Times in seconds, throughput in output tokens per second.
 * :func:`separated`: prefill and decode separated in time (TD-Pipe-like).
 * :func:`search`: which requests go into which group and in what order (first come first
   served, longest output first, balanced packing of the output tokens over the groups), the
-  token budget, chunked prefill or not, and the order on each device (the plan's or the core
-  greedy's); the candidate with the highest throughput whose p99 TTFT meets the limit wins.
+  token budget, chunked prefill or not, and the order on each device (the plan's, the core
+  greedy's, or the core CP-SAT's on the best plan); the candidate with the highest
+  throughput whose p99 TTFT meets the limit wins.
 * :func:`throughput_bound`: an upper bound on the throughput of any plan and order.
 """
 
@@ -70,10 +71,11 @@ class Served:
 
 def time_plan(plan: Plan, stages: Sequence[StageModel], link: Link = Link(), *,
               order: str = "plan", method: str | None = None,
-              time_limit: float = 10.0) -> Served:
+              time_limit: float = 10.0, initial: GraphSchedule | None = None) -> Served:
     """Build ``plan``'s graph and time it: ``order`` ``plan`` (each device runs the iterations
     in the plan's order), ``greedy`` (the core list scheduler picks) or ``cpsat`` (the core
-    CP-SAT search, for small plans; ``time_limit`` s)."""
+    CP-SAT search, for small plans; ``time_limit`` s; ``initial``: a schedule of this plan's
+    graph, e.g. another order's, that hints it)."""
     graph = build(plan, stages, latency=link.latency, bandwidth=link.bandwidth)
     if order == "plan":
         sched = simulate(graph, plan_orders(plan, len(stages)), check=False)
@@ -82,7 +84,7 @@ def time_plan(plan: Plan, stages: Sequence[StageModel], link: Link = Link(), *,
     elif order == "cpsat":
         from pipeopt.core.cpsat import solve_cpsat
 
-        sched = solve_cpsat(graph, time_limit=time_limit, workers=1, seed=0)
+        sched = solve_cpsat(graph, time_limit=time_limit, workers=1, seed=0, initial=initial)
     else:
         raise ValueError(f"order: expected 'plan', 'greedy' or 'cpsat', got {order!r}")
     name = method or f"{plan.policy}/{order}"
@@ -154,11 +156,13 @@ class SearchResult:
 def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
            ttft_limit: float | None = None, budgets: Sequence[float] | None = None,
            link: Link = Link(), greedy: bool = True, greedy_tries: int = 3,
-           time_limit: float | None = None) -> SearchResult:
+           time_limit: float | None = None, cpsat_time: float = 0.0) -> SearchResult:
     """Try admission orders x groupings x token budgets x chunking (see the module docstring;
     ``budgets`` default: :func:`ridge_tokens`, 1024 and 8192 tokens per iteration),
     each timed in the plan's order, and with ``greedy`` the ``greedy_tries`` best of them
-    again by the core greedy (its own order on each device); return the highest
+    again by the core greedy (its own order on each device); with ``cpsat_time`` > 0 (s) the
+    core CP-SAT then reorders the best plan so far, hinted by its schedule (so it is never
+    longer; for small plans: its model grows with the tasks per device); return the highest
     throughput whose p99 TTFT is within ``ttft_limit`` s (when none is, the lowest p99 TTFT,
     with ``met_limit`` False). With ``time_limit`` (s) no new candidate is started once that
     much wall time has passed, except the first (a search always returns a plan);
@@ -177,6 +181,8 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
         raise ValueError(f"budgets: need token budgets >= 1, got {list(budgets)!r}")
     if ttft_limit is not None and not ttft_limit > 0:
         raise ValueError(f"ttft_limit: must be > 0 s, got {ttft_limit!r}")
+    if not (isinstance(cpsat_time, int | float) and 0 <= cpsat_time < math.inf):
+        raise ValueError(f"cpsat_time: must be a finite number >= 0 s, got {cpsat_time!r}")
     groups = len(stages)
     cap = capacity_tokens(stages)
     clock = timing(stages, link)
@@ -208,6 +214,16 @@ def search(requests: Sequence[Request], stages: Sequence[StageModel], *,
                 break
             with contextlib.suppress(Stuck):
                 out.append(time_plan(c.plan, stages, link, order="greedy"))
+    if cpsat_time > 0 and out:
+        if out_of_time():
+            complete = False
+        else:
+            hint, _ = pick(out, ttft_limit)
+            left = cpsat_time if time_limit is None else min(
+                cpsat_time, max(time_limit - (time.perf_counter() - t0), 1e-3))
+            with contextlib.suppress(ValueError):  # nothing found in time, greedy stuck
+                out.append(time_plan(hint.plan, stages, link, order="cpsat", time_limit=left,
+                                     initial=hint.schedule))
     if not out:
         raise ValueError("search: no candidate serves every request within the KV capacity")
     best, met = pick(out, ttft_limit)
