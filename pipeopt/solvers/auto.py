@@ -16,7 +16,8 @@ the best proven one among the analytic bound and the candidates that minimised t
 objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
-never ends without a schedule); the others only within :data:`CLASSIC_SHARE` of the limit, the
+never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
+early where links delay), only within :data:`CLASSIC_SHARE` of the limit, the
 greedy only while time is left, CP-SAT only when :func:`cpsat_skip_reason` finds none.
 """
 
