@@ -69,7 +69,8 @@ AUTO_ORDER = ("zb-v", "zb-h1", "zb-h2", "interleaved-1f1b", "1f1b", "looped-bfs"
 #: size), so a short limit that cuts the list keeps them:
 #: ``benchmarks/search.py --families --quick`` at a 3 s limit on a loaded machine skipped them
 #: and ``auto`` was 0.1-9 % slower than ``crosspipe`` / ``crosspipe-v`` on 4 of its 6
-#: cross-datacenter instances.
+#: cross-datacenter instances; with this order on 3 (the V ones: ``crosspipe-v``'s own
+#: estimated time, about 1 s there, is still over the share of a 3 s limit).
 LATENCY_AWARE = ("crosspipe", "crosspipe-v")
 
 
