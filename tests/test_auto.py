@@ -250,3 +250,33 @@ def test_time_tolerance_picks_the_leanest_of_the_pareto_set_within_it(no_cpsat, 
     if tol > 0:
         assert (max(s.peak_memory), s.iteration_time) == min(within)
     assert s.solver.detail("chosen") in {m for m, _, _ in front}
+
+
+def test_latency_aware_schedules_come_early_only_where_links_delay():
+    """On a slow link CrossPipe's greedies run right after ZB-V / ZB-H1, so a short limit that
+    cuts the hand-made list keeps them; without delays the order is AUTO_ORDER's."""
+    plain = uniform_problem(4, 8, 1.0, 1.2, 0.8, weight_grad=0.5)
+    order = auto_mod.classic_order(plain)
+    assert order[:len(auto_mod.AUTO_ORDER)] == list(auto_mod.AUTO_ORDER)
+    slow = uniform_problem(4, 8, 1.0, 1.2, 0.8, weight_grad=0.5, latency=2.0)
+    order = auto_mod.classic_order(slow)
+    assert order[:4] == ["zb-v", "zb-h1", "crosspipe", "crosspipe-v"]
+    assert sorted(order) == sorted(auto_mod.classic_order(plain))
+
+
+def test_auto_tries_crosspipe_second_on_slow_links(no_cpsat, monkeypatch):
+    """solve_auto walks classic_order: on a slow link CrossPipe's greedy runs right after the
+    floor, and auto is never slower than it."""
+    prob = uniform_problem(8, 16, 1.0, 1.2, 0.8, weight_grad=0.5, latency=2.0,
+                           memory_limit=8.0)
+    calls = []
+    real = auto_mod.run_classic
+
+    def spy(problem, name, **kw):
+        calls.append(name)
+        return real(problem, name, **kw)
+
+    monkeypatch.setattr(auto_mod, "run_classic", spy)
+    s = solve_auto(prob, SolveOptions(time_limit=5.0))
+    assert calls[:3] == ["zb-v", "zb-h1", "crosspipe"]
+    assert s.iteration_time <= real(prob, "crosspipe").iteration_time + 1e-9

@@ -16,7 +16,8 @@ the best proven one among the analytic bound and the candidates that minimised t
 objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
-never ends without a schedule); the others only within :data:`CLASSIC_SHARE` of the limit, the
+never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
+early where links delay), only within :data:`CLASSIC_SHARE` of the limit, the
 greedy only while time is left, CP-SAT only when :func:`cpsat_skip_reason` finds none.
 """
 
@@ -63,6 +64,28 @@ CLASSIC_SHARE = 0.3
 #: Hand-made schedules in the order ``auto`` tries them: those that split the backward (usually
 #: the best) first, so a time limit that cuts the list short keeps the likely best.
 AUTO_ORDER = ("zb-v", "zb-h1", "zb-h2", "interleaved-1f1b", "1f1b", "looped-bfs", "gpipe")
+#: Where some link delays its messages, CrossPipe's latency-aware greedies go right after the
+#: first two of :data:`AUTO_ORDER` (ZB-V for two chunks, ZB-H1 for one: the floor, cheap at any
+#: size), so a short limit that cuts the list keeps them:
+#: ``benchmarks/search.py --families --quick`` at a 3 s limit on a loaded machine skipped them
+#: and ``auto`` was 0.1-9 % slower than ``crosspipe`` / ``crosspipe-v`` on 4 of its 6
+#: cross-datacenter instances; with this order on 3 (the V ones: ``crosspipe-v``'s own
+#: estimated time, about 1 s there, is still over the share of a 3 s limit).
+LATENCY_AWARE = ("crosspipe", "crosspipe-v")
+
+
+def classic_order(problem: Problem) -> list[str]:
+    """The hand-made schedules in the order ``auto`` tries them (see :data:`AUTO_ORDER` and
+    :data:`LATENCY_AWARE`)."""
+    order = [n for n in AUTO_ORDER if n in GENERATORS] + [n for n in GENERATORS
+                                                         if n not in AUTO_ORDER]
+    delayed = any(problem.delay(k, k + 1) > 0 or problem.delay(k + 1, k) > 0
+                  for k in range(problem.stages - 1))
+    if delayed:
+        ahead = [n for n in LATENCY_AWARE if n in order]
+        rest = [n for n in order if n not in ahead]
+        order = rest[:2] + ahead + rest[2:]
+    return order
 
 
 def _value(schedule: Schedule, objective: str) -> float:
@@ -196,8 +219,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     cands: list[Schedule] = []
     notes: list[tuple[str, Any]] = []
     classics = []
-    order = [n for n in AUTO_ORDER if n in GENERATORS] + [n for n in GENERATORS
-                                                         if n not in AUTO_ORDER]
+    order = classic_order(problem)
     # Micro-batches of different cost: each hand-made schedule in the given order and longest
     # micro-batch first (the usual remedy: the long ones fill the pipeline while it starts).
     mb_orders = fifo_orders(problem)
