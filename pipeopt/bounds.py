@@ -644,9 +644,11 @@ def block_bound(problem: Problem) -> float:
     s, m, tt = problem.stages, problem.microbatches, problem.time_table
     fwd, bwd = problem.forward, problem.durations["B"]
     wgt = problem.backward_weight if problem.split_backward else (0.0,) * s
-    arrivals = [_arrival(problem, j) for j in range(m)]
-    # Per micro-batch, running up the stages: F before v (plain), B below v and W(0) with /
-    # without the links' delays.
+    # Per micro-batch, running up the stages: its arrival at v, F before v without delays, B
+    # below v and W(0) with / without the links' delays. Links that only delay give every
+    # micro-batch the same delay (one call per stage instead of one per micro-batch).
+    per_mb = problem.has_link_contention
+    arrival = [0.0] * m
     plain_f = [0.0] * m
     plain_b = [wgt[0] * tt[0][j] for j in range(m)]
     chain_b = list(plain_b)
@@ -657,11 +659,16 @@ def block_bound(problem: Problem) -> float:
     best = 0.0
     for v in range(1, s):
         prev = tt[v - 1]
+        up, down = problem.delay(v - 1, v), problem.delay(v, v - 1)
         for j in range(m):
-            plain_f[j] += fwd[v - 1] * prev[j]
-            plain_b[j] += bwd[v - 1] * prev[j]
-            chain_b[j] += bwd[v - 1] * prev[j] + problem.delay(v, v - 1, j)
-            g_b[j] = min(g_b[j], bwd[v - 1] * prev[j])
+            if per_mb:
+                up, down = problem.delay(v - 1, v, j), problem.delay(v, v - 1, j)
+            f, b = fwd[v - 1] * prev[j], bwd[v - 1] * prev[j]
+            arrival[j] += f + up
+            plain_f[j] += f
+            plain_b[j] += b
+            chain_b[j] += b + down
+            g_b[j] = min(g_b[j], b)
         row = tt[v]
         g_f = [min(x, fwd[v] * c) for x, c in zip(g_f, row, strict=True)]
         phi_f = min(x / c for x, c in zip(g_f, row, strict=True))
@@ -676,7 +683,7 @@ def block_bound(problem: Problem) -> float:
         for count in counts:
             while h < count:
                 j = order[h]
-                a, b = min(a, arrivals[j][v]), min(b, plain_f[j])
+                a, b = min(a, arrival[j]), min(b, plain_f[j])
                 tau, b2 = min(tau, chain_b[j]), min(b2, plain_b[j])
                 heavy += row[j]
                 h += 1
