@@ -636,8 +636,8 @@ def block_bound(problem: Problem) -> float:
     can only lower it, and :func:`_block_least` finds that least exactly. With H one
     micro-batch this is close to :func:`passing_bound` (which also knows L's own round
     trip); with H the heavy ones it counts that the light ones must run before the first, in
-    between, or after the last of them. Cost O(stages * min(m, _BLOCK_SETS)) after
-    O(stages * m) to sum the chains.
+    between, or after the last of them. Cost O(stages * min(m, _BLOCK_SETS)) evaluations after
+    O(stages * m log m) to sum the chains and sort each row (0.17 s of CPU at p=64, m=1024).
     """
     if problem.uniform_microbatches or problem.stages < 2:
         return 0.0
