@@ -12,7 +12,8 @@ exactly as for identical micro-batches. With a table per stage x micro-batch
 (``Problem.time_table``, ``memory_table``, ``message_table``) every argument about one stage
 reads that stage's row: each proof below is per stage, so it holds row by row. The bounds
 that exist only for micro-batches of different cost, :func:`overtaking_bound` and
-:func:`passing_bound`, follow one long micro-batch's path and what the others cost it.
+:func:`passing_bound`, follow one long micro-batch's path and what the others cost it;
+:func:`block_bound` the heavy micro-batches together, as one block on a stage's device.
 """
 
 from __future__ import annotations
