@@ -34,8 +34,9 @@ is ``details['microbatch_order']`` (also :attr:`Schedule.microbatch_order`). The
 iterated local search over the order, from the two best variants (policy and order): swap two
 micro-batches of different cost or move one, keep a change that is no worse under that
 variant's policy, restart from the best order with a few random moves when stuck; the best
-order found is timed again with every variant (:func:`_order_search`). It takes the time the
-variants leave of half the time limit (``auto`` gives CP-SAT the rest).
+order found is timed again with every variant (:func:`_order_search`). It runs until its
+chains stop improving, within the time the variants leave of half the time limit (``auto``
+gives CP-SAT the rest).
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ _SWAP_MIN_DIFF = 0.1
 _NEAR_MOVE = 3
 _STALL = 150
 _KICK = 3
+#: A chain of the order search ends after this many kicks in a row that found no better
+#: order than its best: it has stopped improving, and the time left goes to ``auto``'s CP-SAT
+#: and LNS instead of up to half the time limit. Each kick follows :data:`_STALL` timings
+#: without a better order, so a chain ends after 3 x 150 = 450 of them. Chosen by hand; the
+#: effect on ``benchmarks/variable_microbatches.py`` is in benchmarks/README.md.
+_STALL_KICKS = 3
 #: Share of the order search's time left for timing its best order with every variant and
 #: with noisy restarts.
 _POLISH_SHARE = 0.2
@@ -698,7 +705,8 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     A chain draws a neighbour (:func:`_neighbour`: swap, move, near move; seeded) and times it
     with its ``policy``; it moves to a neighbour that is no worse (sideways moves cross the
     plateaus that many orders of equal makespan form) and, after :data:`_STALL` draws without
-    improvement, restarts from its best order with :data:`_KICK` random moves. Within
+    improvement, restarts from its best order with :data:`_KICK` random moves; after
+    :data:`_STALL_KICKS` such restarts in a row without a better order the chain ends. Within
     :data:`_ORDER_SEARCH_OPS` ops in all (none on larger instances) and until ``deadline``
     (perf_counter seconds), less :data:`_POLISH_SHARE` of the time left, in which the best
     order is timed with every variant of :data:`POLICIES` and with seeded noisy restarts.
@@ -717,11 +725,14 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
         top = value if best is None else min(value, best[0])
         cur_val, cur = value, list(order)
         chain_best, chain_val = list(order), value
-        stall = 0
+        stall = kicks = 0
         for _ in range(iters):
             if time.perf_counter() > stop:
                 break
             if stall >= _STALL:  # kick: a few random moves away from the chain's best
+                if kicks >= _STALL_KICKS:
+                    break  # converged: no better order since the last kicks
+                kicks += 1
                 cur = list(chain_best)
                 for _ in range(_KICK):
                     a, b = rand.randrange(m), rand.randrange(m)
@@ -740,7 +751,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
             if val <= cur_val + 1e-9:
                 cur_val, cur = val, new
             if val < chain_val - 1e-9:
-                chain_val, chain_best = val, new
+                chain_val, chain_best, kicks = val, new, 0
             if val < top - 1e-9:
                 top = val
                 best = (val, _relabel(orders, tuple(new)), tuple(new), policy)
