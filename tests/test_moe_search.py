@@ -1,6 +1,7 @@
 """The MoE search's parts (pipeopt.solvers.moe, pipeopt.workloads.moe): admission edges that
-keep a stage within the micro-batches its memory holds, the age priority, and the one-machine
-bound it reports (pipeopt.core.bounds.one_machine_bounds), by hand and against CP-SAT optima."""
+keep a stage within the micro-batches its memory holds, the age priority, the forward-backward
+passes (pipeopt.core.justify) and the one-machine bound it reports
+(pipeopt.core.bounds.one_machine_bounds), by hand and against CP-SAT optima."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pipeopt.core.bounds import lower_bound, one_machine_bounds
 from pipeopt.core.cpsat import solve_cpsat
 from pipeopt.core.graph import GraphBuilder
 from pipeopt.core.greedy import list_schedule
+from pipeopt.core.justify import backward_pass, improve, improve_randomly, reversed_graph
 from pipeopt.core.simulate import simulate
 from pipeopt.core.validate import check
 from pipeopt.solvers import moe as sm
@@ -111,3 +113,47 @@ def test_search_within_tight_memory_is_no_worse_than_the_admitted_greedy() -> No
     assert found.objective <= greedy.objective + 1e-12
     assert found.lower_bound is not None
     assert found.lower_bound >= max(one_machine_bounds(g)) - 1e-12
+
+
+def test_reversed_graph_mirrors_edges_links_and_memory() -> None:
+    pipe = pipeline(p=2, m=2, limit=25.0)
+    g = wl.build(pipe)
+    r = reversed_graph(g)
+    assert (r.src, r.dst) == (g.dst, g.src)
+    assert (r.link_src, r.link_dst) == (g.link_dst, g.link_src)
+    assert r.mem_start == tuple(-x for x in g.mem_end)
+    assert r.mem_end == tuple(-x for x in g.mem_start)
+    assert r.static_memory == g.static_memory  # every byte allocated is freed
+    # a list schedule of the reversed graph, each device order read backwards, is a valid
+    # schedule of the graph with the same peak memory per device
+    orders = list_schedule(r, wl.age_priority(g, pipe))
+    back = simulate(r, orders)
+    forth = backward_pass(g, r, wl.age_priority(g, pipe))
+    assert check(forth) == []
+    assert forth.peak_memory == pytest.approx(back.peak_memory)
+    with pytest.raises(ValueError, match="tail"):
+        reversed_graph(g.replace(tail=(1.0, *g.tail[1:])))
+
+
+def test_forward_backward_passes_reach_the_optimum_by_hand() -> None:
+    """Device 0 runs a and b (1 s each), a feeds c (3 s) on device 1. The forward list
+    schedule by a priority that prefers b runs b, a, c: 5 s. The backward pass puts c (the
+    latest end) first in reverse, b at reverse time 0 and a after c: read backwards a, b and
+    c at 1: 4 s, the critical path."""
+    gb = GraphBuilder()
+    d0, d1 = gb.device(), gb.device()
+    gb.link(d0, d1)
+    a, b, c = gb.task("a", d0, 1.0), gb.task("b", d0, 1.0), gb.task("c", d1, 3.0)
+    gb.edge(a, c)
+    graph = gb.build()
+    poor = simulate(graph, list_schedule(graph, [0.0, 1.0, 0.0]), "poor")
+    assert poor.objective == pytest.approx(5.0)
+    better = improve(graph, poor)
+    assert better.objective == pytest.approx(4.0) and check(better) == []
+    assert better.device_orders()[0] == [a, b]
+    assert "backward pass" in better.method
+    again = improve_randomly(graph, poor, trials=5, noise=0.1, seed=3)
+    assert again.objective == pytest.approx(4.0)
+    assert again.start == improve_randomly(graph, poor, trials=5, noise=0.1, seed=3).start
+    with pytest.raises(ValueError, match="trials: must be an integer >= 0"):
+        improve_randomly(graph, poor, trials=-1, noise=0.1)

@@ -34,6 +34,7 @@ from pipeopt.core.bounds import lower_bound, one_machine_bounds
 from pipeopt.core.cpsat import solve_cpsat
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.greedy import Stuck, list_schedule
+from pipeopt.core.justify import improve, improve_randomly, reversed_graph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.core.simulate import simulate
 from pipeopt.core.validate import check
@@ -58,10 +59,15 @@ PERTURB_OPS = 1.5
 #: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03); on a 0.2 ms grid, 40 s took
 #: the search's 0.5555 s to 0.5543 s.
 CPSAT_MAX_TASKS = 1000
-#: Moves of the local search over the best list schedule's priorities (:func:`_descend`),
-#: each shifting 1-3 ops by up to DESCENT_OPS units; about 30 ms each at p = 8, m = 16.
-DESCENT_TRIALS = 300
-DESCENT_OPS = 2.0
+#: Candidates (the best distinct ones) improved by forward-backward passes
+#: (:func:`pipeopt.core.justify.improve`); on benchmarks/moe.py at m = 16 the best result
+#: came from the 1st to the 6th best candidate depending on the case (2026-12-03).
+JUSTIFY_STARTS = 6
+#: Randomized forward-backward rounds when CP-SAT does not run (time allowing), priorities
+#: moved by up to RANDOM_PASS_NOISE x the mean device task's seconds (about 1.5 ms at
+#: p = 8, m = 16; 2 and 6 ms gave 0.6796 and 0.6836 s at 1x within the hand-made memory).
+RANDOM_PASS_TRIALS = 100
+RANDOM_PASS_NOISE = 0.5
 
 #: A list schedule the search may start from: (objective s, method, graph, priority).
 _Base = tuple[float, str, TaskGraph, list[float]]
@@ -95,24 +101,23 @@ def hand_made(pipe: wl.MoEPipeline, name: str, *, overlap: bool = False, window:
 def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | None = None,
            seed: int = 0) -> GraphSchedule:
     """The best schedule found for ``pipe`` within ``time_limit`` seconds (see the module
-    docstring); its ``lower_bound`` is :func:`pipeopt.core.bounds.lower_bound` (or CP-SAT's,
-    when larger) and its ``method`` names the candidate it came from."""
+    docstring); its ``lower_bound`` is the largest of :func:`pipeopt.core.bounds.lower_bound`,
+    :func:`pipeopt.core.bounds.one_machine_bounds` (and CP-SAT's, when it runs) and its
+    ``method`` names the candidate it came from and the passes that improved it."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit
     g = wl.build(pipe)
-    best: GraphSchedule | None = None
+    ga = wl.admitted(g, pipe)
+    found: list[GraphSchedule] = []  # every candidate within the memory limits
 
     def offer(sched: GraphSchedule) -> None:
-        nonlocal best
-        if check(sched):
-            return  # over a memory limit (the simulator does not check memory)
-        if best is None or sched.objective < best.objective - 1e-12:
-            best = sched
+        if not check(sched):  # else over a memory limit (the simulator does not check it)
+            found.append(sched)
 
     op_prio = wl.op_priority(g, pipe)
     with contextlib.suppress(Stuck):
         offer(simulate(g, list_schedule(g, op_prio), "greedy"))
-    windowed: list[_Base] = []
-    ga = wl.admitted(g, pipe)
+    bases: list[_Base] = []
     for rule, prio in (("age", wl.age_priority(g, pipe)), ("op", op_prio)):
         try:
             sched = simulate(g, list_schedule(ga, prio), f"admitted greedy ({rule} priority)")
@@ -120,7 +125,7 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
             continue
         offer(sched)
         if not check(sched):
-            windowed.append((sched.objective, sched.method, ga, prio))
+            bases.append((sched.objective, sched.method, ga, prio))
     for name in SEARCH_ORDERS:
         try:
             orders = _orders(pipe, name)
@@ -128,7 +133,7 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
             continue
         offer(simulate(g, wl.task_orders(pipe, orders), name))
         for window in SEARCH_WINDOWS[1:]:
-            if time.perf_counter() - t0 > time_limit:
+            if time.perf_counter() > deadline:
                 break
             gw, prio = wl.windowed(g, pipe, orders, window)
             try:
@@ -137,22 +142,36 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
                 continue
             offer(sched)
             if not check(sched):
-                windowed.append((sched.objective, sched.method, gw, prio))
-    bases = sorted(windowed, key=lambda x: x[0])[:PERTURB_BASES]
-    start = _perturb(g, bases, offer, seed, t0 + time_limit)
-    if start is not None and g.num_tasks > CPSAT_MAX_TASKS:
-        # CP-SAT makes better use of the time on the graphs it takes (p = 8, m = 8: 0.374 s
-        # from the best list schedule against 0.382 s with half the time spent here first)
-        _descend(g, pipe, start, offer, seed, t0 + time_limit)
-    if best is None:
+                bases.append((sched.objective, sched.method, gw, prio))
+    _perturb(g, sorted(bases, key=lambda x: x[0])[:PERTURB_BASES], offer, seed, deadline)
+    if not found:
         raise ValueError("search: no candidate schedule fits the memory limits")
+    # forward-backward passes from the best few distinct candidates, the forward pass on
+    # the admitted graph (no stage opens more micro-batches than its memory holds)
+    ranked = sorted(found, key=lambda x: x.objective)
+    gr = reversed_graph(ga)
+    starts: list[GraphSchedule] = []
+    for sched in ranked:
+        if len(starts) == JUSTIFY_STARTS:
+            break
+        if all(abs(sched.objective - x.objective) > 1e-12 for x in starts):
+            starts.append(sched)
+    for sched in starts:
+        if time.perf_counter() > deadline:
+            break
+        found.append(improve(g, sched, forward=ga, reverse=gr))
+    best = min(found, key=lambda x: x.objective)
     bound = max(lower_bound(g), *one_machine_bounds(g))
-    left = time_limit - (time.perf_counter() - t0)
+    left = deadline - time.perf_counter()
     if g.num_tasks <= CPSAT_MAX_TASKS and left > 1.0:
-        found = solve_cpsat(g, time_limit=left, workers=workers, seed=seed, initial=best)
-        bound = max(bound, found.lower_bound or 0.0)
-        if found.objective < best.objective - 1e-12:
-            best = replace(found, method=f"cpsat from {best.method}")
+        exact = solve_cpsat(g, time_limit=left, workers=workers, seed=seed, initial=best)
+        bound = max(bound, exact.lower_bound or 0.0)
+        if exact.objective < best.objective - 1e-12:
+            best = replace(exact, method=f"cpsat from {best.method}")
+    elif left > 0 and best.objective > bound * (1 + 1e-9):
+        noise = RANDOM_PASS_NOISE * _mean_device_task(g)
+        best = improve_randomly(g, best, trials=RANDOM_PASS_TRIALS, noise=noise, seed=seed,
+                                deadline=deadline, forward=ga, reverse=gr)
     tol = 1e-9 * max(1.0, best.objective)
     state = ("optimal" if best.objective <= bound + tol else
              "feasible" if best.method.startswith("cpsat") else "heuristic")
@@ -161,53 +180,25 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
                    wall_time=time.perf_counter() - t0)
 
 
+def _mean_device_task(g: TaskGraph) -> float:
+    """The mean duration of the tasks on devices (s)."""
+    durations = [g.duration[i] for ts in g.device_tasks for i in ts]
+    return sum(durations) / max(1, len(durations))
+
+
 def _perturb(g: TaskGraph, bases: list[_Base], offer: Callable[[GraphSchedule], None],
-             seed: int, deadline: float) -> _Base | None:
-    """Up to :data:`PERTURB_TRIALS` list schedules of the best windowed graphs with each
-    task's priority moved by a uniform draw in +-:data:`PERTURB_OPS` op positions (seeded:
-    the same ``seed`` gives the same schedules), offered until ``deadline``; returns the best
-    of ``bases`` and of the perturbed ones that fit memory (None without bases)."""
+             seed: int, deadline: float) -> None:
+    """Up to :data:`PERTURB_TRIALS` list schedules of the best list-schedule bases with each
+    task's priority moved by a uniform draw in +-:data:`PERTURB_OPS` units (op positions, or
+    micro-batches for the age priority; seeded: the same ``seed`` gives the same schedules),
+    offered until ``deadline``."""
     rng = random.Random(seed)
-    best = min(bases, key=lambda x: x[0], default=None)
     for trial in range(PERTURB_TRIALS if bases else 0):
         if time.perf_counter() > deadline:
-            break
+            return
         _, method, gw, prio = bases[trial % len(bases)]
         noisy = [x + rng.uniform(-PERTURB_OPS, PERTURB_OPS) for x in prio]
         try:
-            sched = simulate(g, list_schedule(gw, noisy), f"{method}, perturbed")
+            offer(simulate(g, list_schedule(gw, noisy), f"{method}, perturbed"))
         except Stuck:
             continue
-        offer(sched)
-        if best is not None and not check(sched) and sched.objective < best[0] - 1e-12:
-            best = (sched.objective, sched.method, gw, noisy)
-    return best
-
-
-def _descend(g: TaskGraph, pipe: wl.MoEPipeline, start: _Base,
-             offer: Callable[[GraphSchedule], None], seed: int, deadline: float) -> None:
-    """A seeded local search over the priorities of ``start``'s list schedule: up to
-    :data:`DESCENT_TRIALS` moves, each shifting all tasks of 1 to 3 random ops (a stage's
-    forward, backward or W of one micro-batch) by a uniform draw in +-:data:`DESCENT_OPS`
-    priority units (op positions, or micro-batches for :func:`~pipeopt.workloads.moe.
-    age_priority`), kept when the schedule fits memory and is no longer (sideways moves
-    are kept too: they let the search cross plateaus), until ``deadline``."""
-    rng = random.Random(seed + 1)
-    ops = wl.op_groups(pipe)
-    value, method, gw, prio = start
-    for _ in range(DESCENT_TRIALS):
-        if time.perf_counter() > deadline:
-            return
-        trial = list(prio)
-        for _ in range(rng.randint(1, 3)):
-            shift = rng.uniform(-DESCENT_OPS, DESCENT_OPS)
-            for t in rng.choice(ops):
-                trial[t] += shift
-        try:
-            sched = simulate(g, list_schedule(gw, trial), f"{method}, descent")
-        except Stuck:
-            continue
-        if check(sched) or sched.objective > value + 1e-12:
-            continue
-        offer(sched)
-        value, prio = sched.objective, trial

@@ -449,11 +449,3 @@ def age_priority(graph: TaskGraph, pipe: MoEPipeline) -> list[float]:
             prio[t] = float(rank[name[0]] * (m + 1) - j)
     return prio
 
-
-def op_groups(pipe: MoEPipeline) -> list[list[int]]:
-    """The device tasks of every chain op (each stage's F, B and W of each micro-batch) of
-    :func:`build`'s graph, in the order of :func:`_op_tasks`."""
-    index = _assemble(pipe).index
-    kinds = ("F", "B", "W") if pipe.split_backward else ("F", "B")
-    return [_op_tasks(pipe, index, Op(kind, s, j)) for s in range(pipe.devices)
-            for j in range(pipe.microbatches) for kind in kinds]
