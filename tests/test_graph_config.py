@@ -111,6 +111,34 @@ def test_compare_ranks_every_method(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert table.splitlines()[0].split()[:3] == ["method", "s/iteration", "vs"]
 
 
+def test_compare_plot_draws_every_method(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``compare --plot`` of a task-graph config: one panel per method on a common time
+    axis, the over-limit one titled in red, written after the table."""
+    from pipeopt.plot import render_graph_compare
+    from pipeopt.solvers.graph import compare_graph
+
+    path = _write(tmp_path, EXPLICIT)
+    out = tmp_path / "cmp.png"
+    assert main(["compare", str(path), "--methods", "1f1b,zb-h1", "-q", "--plot",
+                 str(out)]) == 0
+    assert f"written {out}" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = compare_graph(load_graph_config(EXPLICIT, "dp.yaml").work, ["1f1b", "zb-h1"],
+                         time_limit=3, workers=1)
+    scheds = [r.schedule for r in rows]
+    fig = render_graph_compare(scheds, fits=[True, False], values=[r.value for r in rows],
+                               dpi=30)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(titles) == 2 and titles[1].startswith("OVER MEMORY LIMIT")
+    assert "x1.000 of best" in titles[0]
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # one time axis
+    with pytest.raises(ValueError, match="fits / values: expected 2 entries"):
+        render_graph_compare(scheds, fits=[True])
+    assert main(["compare", str(path), "--methods", "1f1b", "--plot",
+                 str(tmp_path / "x.txt")]) == 2  # a bad suffix before any method runs
+
+
 def test_search_is_never_worse_than_the_hand_made_schedules() -> None:
     cfg = load_graph_config(EXPLICIT, "dp.yaml")
     rows = compare_graph(cfg.work, time_limit=3, workers=1)

@@ -59,10 +59,12 @@ PERTURB_OPS = 1.5
 #: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03); on a 0.2 ms grid, 40 s took
 #: the search's 0.5555 s to 0.5543 s.
 CPSAT_MAX_TASKS = 1000
-#: Candidates (the best distinct ones) improved by forward-backward passes
-#: (:func:`pipeopt.core.justify.improve`); on benchmarks/moe.py at m = 16 the best result
-#: came from the 1st to the 6th best candidate depending on the case (2026-12-03).
-JUSTIFY_STARTS = 6
+#: Candidates (the best distinct ones, best first, time allowing) improved by
+#: forward-backward passes (:func:`pipeopt.core.justify.improve`): the best result does not
+#: always come from a good start. On benchmarks/moe.py (no CP-SAT) 6 / 12 / 40 starts gave
+#: 0.3774 / 0.3747 / 0.3747 s at m = 8, 1x; 0.4945 / 0.4945 / 0.4824 s at m = 8, 2x (from
+#: the op-priority greedy); 0.5509 / 0.5489 / 0.5472 s at m = 16, 1x, in 7 / 9 / 15 s.
+JUSTIFY_STARTS = 40
 #: Randomized forward-backward rounds when CP-SAT does not run (time allowing), priorities
 #: moved by up to RANDOM_PASS_NOISE x the mean device task's seconds (about 1.5 ms at
 #: p = 8, m = 16; 2 and 6 ms gave 0.6796 and 0.6836 s at 1x within the hand-made memory).
