@@ -272,3 +272,15 @@ def test_docs_python_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
                                              "cpsat"]
     # the benchmark's 1 GB WAN case: the delayed hand-made ZB-H1 takes 3.48 s per iteration
     assert lines[1].split()[1] == "3.480"
+
+
+def test_model_form_with_virtual_stages_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Scheduled collectives are built per stage on its own device: v > 1 is refused with the
+    key that asked for them, before any search."""
+    data = read_yaml(ROOT / "examples/dp_cross_dc.yaml")
+    path = _write(tmp_path, {**data, "pipeline": {**data["pipeline"], "virtual_stages": 2}})
+    assert main(["solve", str(path), "--method", "1f1b"]) == 2
+    assert capsys.readouterr().err == (
+        "pipeopt: error: training.collectives: scheduled collectives need one stage per device "
+        "(pipeline.virtual_stages: 1), got 2\n")
