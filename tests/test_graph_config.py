@@ -284,3 +284,24 @@ def test_model_form_with_virtual_stages_is_refused_by_name(
     assert capsys.readouterr().err == (
         "pipeopt: error: training.collectives: scheduled collectives need one stage per device "
         "(pipeline.virtual_stages: 1), got 2\n")
+
+
+def test_cpsat_and_auto_start_from_the_forward_backward_passes() -> None:
+    """cpsat and auto first run forward-backward passes over the hand-made schedules on the
+    search's graph: what they return is never longer than what the passes gave; a graph with
+    tails gets none (its objective has no mirror image)."""
+    from pipeopt.core.justify import improve
+    from pipeopt.solvers.graph import _hand_made, _justified
+
+    work = load_graph_config(EXPLICIT, "dp.yaml").work
+    hand = [_hand_made(work, n) for n in work.hand_made]
+    same = [h for h in hand if h.graph == work.graph and not check(h)]
+    assert same
+    passes = min(improve(work.graph, h).objective for h in same)
+    assert passes <= min(h.objective for h in same) + 1e-12
+    for method in ("cpsat", "auto"):
+        found = solve_graph(work, method, time_limit=3, workers=1)
+        assert check(found) == [] and found.objective <= passes + 1e-9
+    tailed = work.graph.replace(tail=(0.5, *work.graph.tail[1:]))
+    assert _justified(tailed, [], 1e18) == []
+    assert _justified(tailed, same, 1e18) == []
