@@ -22,6 +22,9 @@ all-to-all 1x the expert compute, the hand-made schedules' memory) within a few 
 
 from __future__ import annotations
 
+import random
+import time
+
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.greedy import Stuck, list_schedule
 from pipeopt.core.schedule import GraphSchedule
@@ -111,9 +114,6 @@ def improve_randomly(graph: TaskGraph, schedule: GraphSchedule, *, trials: int, 
     (sideways moves cross plateaus). Stops at ``deadline`` (a :func:`time.perf_counter`
     value) if given; the same ``seed`` and enough time give the same schedule. ``forward`` /
     ``reverse`` as for :func:`improve`."""
-    import random
-    import time
-
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
         raise ValueError(f"trials: must be an integer >= 0, got {trials!r}")
     if not noise >= 0:
