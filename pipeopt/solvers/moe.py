@@ -13,10 +13,12 @@ and without overlapping the all-to-all, and the search.
   (:func:`pipeopt.workloads.moe.admitted`: no stage opens more micro-batches than its memory
   holds) by age and by op priority, and of windowed list schedules of several hand-made
   orders (1F1B, ZB-H1, ZB-H2, GPipe) with windows 1-6, within the pipeline's memory limits,
-  and of seeded perturbations of the best list schedules' priorities; then core CP-SAT from
-  the best, with the time left, when the graph is small enough for it to help, else a seeded
-  local search over the best one's op priorities (:func:`_descend`) until the time limit.
-  The reported bound also counts :func:`pipeopt.core.bounds.one_machine_bounds`.
+  and of seeded perturbations of the best list schedules' priorities; then forward-backward
+  passes (:func:`pipeopt.core.justify.improve`) from up to :data:`JUSTIFY_STARTS` of them;
+  then core CP-SAT from the best, with the time left, when the graph is small enough for it
+  to help, else seeded randomized passes (:func:`pipeopt.core.justify.improve_randomly`)
+  until the time limit. The reported bound also counts
+  :func:`pipeopt.core.bounds.one_machine_bounds`.
 
 Every schedule is a :class:`~pipeopt.core.schedule.GraphSchedule` of
 :func:`pipeopt.workloads.moe.build`'s graph, checked by :func:`pipeopt.core.validate.check`.
@@ -148,8 +150,8 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
     _perturb(g, sorted(bases, key=lambda x: x[0])[:PERTURB_BASES], offer, seed, deadline)
     if not found:
         raise ValueError("search: no candidate schedule fits the memory limits")
-    # forward-backward passes from the best few distinct candidates, the forward pass on
-    # the admitted graph (no stage opens more micro-batches than its memory holds)
+    # forward-backward passes from the best distinct candidates, the forward pass on the
+    # admitted graph (no stage opens more micro-batches than its memory holds)
     ranked = sorted(found, key=lambda x: x.objective)
     gr = reversed_graph(ga)
     starts: list[GraphSchedule] = []
