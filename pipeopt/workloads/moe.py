@@ -417,10 +417,10 @@ def admitted(graph: TaskGraph, pipe: MoEPipeline, limits: Sequence[int] | None =
     j' = j mod K_s would need j' - K_s, ..., j closed first), so with the default limits every
     schedule of the returned graph fits the memory limits (when one micro-batch fits at all):
     a list scheduler never opens more micro-batches than fit and stalls with half-allocated
-    forwards (without them the core
-    greedy opened ten attention tasks on stage 0 of benchmarks/moe.py at m 16 within the
-    hand-made schedules' memory, then waited for their memory: 0.85 s against 0.71 s). Every
-    schedule of the returned graph is one of ``graph`` (edges on one device, no delay)."""
+    forwards (without them the core greedy opened ten attention tasks on stage 0 of
+    benchmarks/moe.py at m 16 within the hand-made schedules' memory, then waited for their
+    memory: 0.85 s against 0.71 s). Every schedule of the returned graph is one of ``graph``
+    (edges on one device, no delay)."""
     ks = tuple(limits) if limits is not None else inflight_limits(pipe)
     if len(ks) != pipe.devices or any(
             isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
