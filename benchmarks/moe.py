@@ -18,10 +18,12 @@ time (makespan) of:
 * the search (:func:`pipeopt.solvers.moe.search`) within the hand-made schedules' peak memory
   (the larger of 1F1B's and ZB-H1's), and within the GPU's memory (90 % of 79.6 GiB);
 * the lower bound (:func:`pipeopt.core.bounds.lower_bound`: critical path, device and a2a
-  resource loads; it ignores memory).
+  resource loads, and :func:`pipeopt.core.bounds.one_machine_bounds`; it ignores memory).
 
 Then the best no-overlap hand-made schedule over each search, and the search over the bound;
-the aim (issue 13) is >= 1.25x where the all-to-all takes at least the expert compute.
+the aim (issue 13) is >= 1.25x where the all-to-all takes at least the expert compute, judged
+within the GPU's memory (every schedule held to the same hardware limit; the hand-made ones
+use what their order needs, the search may hold more micro-batches, as DualPipe does).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeopt.core.bounds import lower_bound
+from pipeopt.core.bounds import lower_bound, one_machine_bounds
 from pipeopt.core.validate import validate
 from pipeopt.costs import moe as cm
 from pipeopt.costs.gpus import lookup
@@ -89,7 +91,8 @@ def run_case(ratio: float, m: int, time_limit: float, workers: int) -> dict[str,
     out["search@gpu"] = found.objective
     out["peak_gib"] = max(found.peak_memory) / 2**30
     out["hand_gib"] = max(peaks) / 2**30
-    out["bound"] = max(lower_bound(wl.build(pipe)), found.lower_bound or 0.0)
+    graph = wl.build(pipe)
+    out["bound"] = max(lower_bound(graph), *one_machine_bounds(graph), found.lower_bound or 0.0)
     out["wall"] = time.perf_counter() - t0
     print(f"    search@gpu: {found.method}", flush=True)
     return out
@@ -120,7 +123,7 @@ def main() -> None:
               f"{hand / r['search@gpu']:9.2f}x {r['search@gpu'] / r['bound']:10.3f}x "
               f"{r['hand_gib']:5.1f}/{r['peak_gib']:4.1f}{aim}", flush=True)
     print("hand = the better of 1F1B and ZB-H1 without overlap; s@hand: the search within their "
-          "peak memory; s@gpu: within 90 % of the H100's 79.6 GiB")
+          "peak memory; s@gpu: within 90 % of the H100's 79.6 GiB (the aim is judged there)")
 
 
 if __name__ == "__main__":

@@ -412,9 +412,6 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     from pipeopt.solvers.graph import compare_graph
 
     cfg = _load_graph(args, data, solve=False)
-    if args.plot:
-        raise ConfigError("--plot: not yet drawn for a task-graph config (solve with -o and "
-                          "run pipeopt plot on the schedule JSON)")
     names = None
     if args.methods is not None:
         names = [n.strip() for n in args.methods.split(",") if n.strip()]
@@ -425,6 +422,7 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
                              seed=cfg.solver.seed, workers=cfg.solver.workers)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows]))
+        _plot_graph_rows(args, rows)
         return 0
     table = [["method", "s/iteration", "vs best", "makespan", "peak mem (max)", "fits",
               "status"]]
@@ -446,7 +444,24 @@ def _compare_graph(args: argparse.Namespace, data: Any) -> int:
     k = max((iterations_of(r.schedule.graph) for r in rows if r.schedule), default=1)
     print(f"(s/iteration = makespan / {k} iteration{'s' if k > 1 else ''}, collectives "
           "included; vs best = s/iteration / the best that fits)")
+    _plot_graph_rows(args, rows)
     return 0
+
+
+def _plot_graph_rows(args: argparse.Namespace, rows: list[Any]) -> None:
+    """``compare --plot`` of a task-graph config: the schedules found, after the table (if
+    drawing fails, the results are already shown)."""
+    if not args.plot:
+        return
+    from pipeopt.plot import plot_graph_compare
+
+    drawn = [r for r in rows if r.schedule is not None]
+    sys.stdout.flush()
+    write_output("--plot", args.plot, lambda path: plot_graph_compare(
+        [r.schedule for r in drawn], path, fits=[r.fits for r in drawn],
+        values=[r.value for r in drawn]))
+    if not args.json:
+        print(f"written {args.plot}")
 
 
 def cmd_solve(args: argparse.Namespace) -> int:

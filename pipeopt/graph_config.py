@@ -54,6 +54,7 @@ class TrainingCollectives(_Strict):
 
     collectives: Literal["scheduled", "scalar"] = "scalar"
     reduction: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
+    collective_algorithm: Literal["ring", "tree"] = "ring"
     delayed_reduction: bool = False
     bucket_bytes: float | None = Field(None, gt=0, description="bytes; None: one per stage")
     iterations: int = Field(3, ge=1, le=dpw.MAX_ITERATIONS)
@@ -77,6 +78,7 @@ class DataParallelSection(_Strict):
     datacenters: list[int] | None = None
     wan: WanSpec | None = None
     reduction: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
+    algorithm: Literal["ring", "tree"] = "ring"
     delayed_reduction: bool = False
     buckets: int = Field(1, ge=1, le=1024, description="equal buckets per stage")
     iterations: int = Field(3, ge=1, le=dpw.MAX_ITERATIONS)
@@ -255,7 +257,7 @@ def _explicit(data: dict[str, Any], source: str, overrides: dict[str, Any] | Non
             wan_latency=sec.wan.latency if sec.wan else 0.0,
             wan_bandwidth=sec.wan.bandwidth if sec.wan else math.inf,
             reduction=sec.reduction, delayed=sec.delayed_reduction,
-            iterations=sec.iterations,
+            iterations=sec.iterations, algorithm=sec.algorithm,
             bucket_bytes=tuple((g / n,) * n for g in grads),
             bucket_share=tuple((1.0 / n,) * n for _ in grads),
             buffer_memory=_per_stage("data_parallel.buffer_memory", sec.buffer_memory, s))
@@ -343,11 +345,15 @@ def _model_dataparallel(data: dict[str, Any], source: str, prob: Problem,
         return dpw.DataParallel(
             replicas=replicas, grad_bytes=tuple(grads), latency=0.0, bandwidth=math.inf,
             reduction=sec.reduction, delayed=sec.delayed_reduction, iterations=sec.iterations,
+            algorithm=sec.collective_algorithm,
             bucket_bytes=tuple(sizes), bucket_share=tuple(shares), ring_cost=tuple(costs),
             ring_wan=tuple(wan), buffer_memory=tuple(
                 g * (2 if sec.reduction == "reduce_scatter" else 1) for g in grads))
     except ValueError as exc:
-        raise ConfigError(f"training.{exc}") from None
+        msg = str(exc)  # the model form names the algorithm collective_algorithm
+        if msg.startswith("algorithm:"):
+            msg = "collective_algorithm:" + msg[len("algorithm:"):]
+        raise ConfigError(f"training.{msg}") from None
 
 
 def _facts(dp: dpw.DataParallel) -> tuple[tuple[str, str], ...]:
@@ -356,7 +362,7 @@ def _facts(dp: dpw.DataParallel) -> tuple[tuple[str, str], ...]:
         "in one datacenter")
     return (
         ("replicas", f"{dp.replicas} ({wan})"),
-        ("collectives", f"{dp.reduction.replace('_', '-')}, {buckets} bucket"
+        ("collectives", f"{dp.reduction.replace('_', '-')} ({dp.algorithm}), {buckets} bucket"
          f"{'s' if buckets > 1 else ''} over {len(dp.bucket_bytes)} stages"
          + (", ZeRO-1 all-gather per stage" if dp.reduction == "reduce_scatter" else "")),
         ("reduction", "delayed one step (overlaps the next iteration)" if dp.delayed else

@@ -1285,6 +1285,72 @@ def plot_graph_schedule(schedule: GraphSchedule, path: str | os.PathLike[str], *
                                        figsize=figsize), path)
 
 
+def render_graph_compare(schedules: Sequence[GraphSchedule], *, dpi: float = DEFAULT_DPI,
+                         fits: Sequence[bool] | None = None,
+                         values: Sequence[float] | None = None) -> Figure:
+    """Task-graph schedules one above the other on a common time axis (not saved): each one's
+    device and network rows as :func:`render_graph_schedule` draws them (no memory bands),
+    titled by :func:`graph_title` and "x1.041 of best" (``values[k]``, default the
+    objective, against the best that fits); a schedule over its memory limits (``fits[k]``
+    False) gets a red "OVER MEMORY LIMIT" title. The legend is the first schedule's."""
+    schedules = list(schedules)
+    if not schedules:
+        raise ScheduleError("plot: no schedule to draw (every method failed or was skipped)")
+    fit = list(fits) if fits is not None else [True] * len(schedules)
+    vals = list(values) if values is not None else [s.objective for s in schedules]
+    if len(fit) != len(schedules) or len(vals) != len(schedules):
+        raise ValueError(f"fits / values: expected {len(schedules)} entries (one per schedule)")
+    best = min((v for v, f in zip(vals, fit, strict=True) if f), default=None)
+    links = [_link_rows(s) for s in schedules]
+    rows = [_gantt_rows_height(s.graph.devices + len(k)) for s, k in zip(schedules, links,
+                                                                       strict=True)]
+    w = max(graph_figure_size(s, show_memory=False)[0] for s in schedules)
+    h = _eighths(_COMPARE_HEAD_IN + _BOTTOM_IN + sum(rows) + (_TOP_IN * 0.6 + 0.3)
+                 * len(schedules))
+    check_dpi((w, h), dpi, "dpi")
+    fig = Figure(figsize=(w, h), dpi=dpi)
+    FigureCanvasAgg(fig)
+    xmax = max(s.objective for s in schedules) * 1.005 or 1.0
+    top, first, handles = _COMPARE_HEAD_IN, None, None
+    texts = []
+    for s, k, f, v, r in zip(schedules, links, fit, vals, rows, strict=True):
+        top += _TOP_IN * 0.6
+        ax = fig.add_axes(_axes_rect(w, h, top, r), sharex=first)
+        first = first or ax
+        drawn = _draw_graph_rows(ax, s, k, w - _LEFT_IN - _RIGHT_IN, dpi, xmax, r)
+        handles = handles or drawn
+        title = graph_title(s)
+        if best is not None and best > 0:
+            title += f"   x{v / best:.3f} of best"
+        if not f:
+            title = "OVER MEMORY LIMIT   " + title
+        texts.append(ax.set_title(title, fontsize=_TITLE_PT, loc="left",
+                                  color="black" if f else LIMIT_COLOR,
+                                  fontweight="normal" if f else "bold"))
+        ax.tick_params(axis="x", labelsize=7)
+        top += r + 0.3
+    _fit_texts(fig, texts,
+               [_TITLE_PT - 0.5 * i for i in range(int((_TITLE_PT - _MIN_TITLE_PT) / 0.5) + 1)])
+    fig.suptitle("methods compared (common time axis)", x=_LEFT_IN / w, ha="left",
+                 y=1 - 0.12 / h, fontsize=11, va="top")
+    legend_handles = handles or []
+    _fit_legend(fig, lambda ncol: fig.legend(
+        handles=legend_handles, loc="upper left", bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h),
+        ncol=ncol, fontsize=7, frameon=False, borderaxespad=0.0, handlelength=1.5),
+        legend_handles)
+    fig.axes[-1].set_xlabel("time (s)")
+    return fig
+
+
+def plot_graph_compare(schedules: Sequence[GraphSchedule], path: str | os.PathLike[str], *,
+                       dpi: float = DEFAULT_DPI, fits: Sequence[bool] | None = None,
+                       values: Sequence[float] | None = None) -> Path:
+    """Draw :func:`render_graph_compare`'s figure into ``path`` (written atomically; PNG, SVG
+    or PDF by its suffix). Returns the path written."""
+    image_format(path)
+    return _save(render_graph_compare(schedules, dpi=dpi, fits=fits, values=values), path)
+
+
 def plot_any(schedule: Schedule | GraphSchedule, path: str | os.PathLike[str], *,
              title: str | None = None, show_memory: bool = True, dpi: float = DEFAULT_DPI
              ) -> Path:

@@ -37,7 +37,8 @@ GRAPH_KINDS: tuple[WorkloadKind, ...] = ("dataparallel", "moe")
 SECTION_KINDS: tuple[WorkloadKind, ...] = ("inference", "moe")
 #: The model form's ``training:`` keys of scheduled collectives besides ``collectives``
 #: (:class:`pipeopt.graph_config.TrainingCollectives`; a test keeps the two alike).
-SCHEDULED_ONLY = ("reduction", "delayed_reduction", "bucket_bytes", "iterations")
+SCHEDULED_ONLY = ("reduction", "collective_algorithm", "delayed_reduction", "bucket_bytes",
+                  "iterations")
 
 
 @dataclass(frozen=True)

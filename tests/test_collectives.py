@@ -14,6 +14,7 @@ from pipeopt.costs.collectives import (
     collective_time,
     reduce_scatter_time,
     slowest,
+    tree_all_reduce_time,
 )
 
 
@@ -46,6 +47,25 @@ def test_the_slowest_link_bounds_the_group() -> None:
     assert slowest([LinkCost(0.1, 1e12), LinkCost(0.0, 1e9)]) == LinkCost(0.1, 1e9)
 
 
+def test_tree_all_reduce() -> None:
+    # 8 ranks: 3 rounds up (reduce), 3 down (broadcast), each 1e-5 + 1e6 / 1e10 s.
+    assert tree_all_reduce_time(8, 1e6, 1e-5, 1e10) == pytest.approx(6 * 1.1e-4, rel=1e-12)
+    # ceil(log2 n) rounds each way: 5 ranks take 3, 2 ranks 1 (the ring's 2 steps, but each
+    # moves the whole buffer instead of half)
+    assert tree_all_reduce_time(5, 0.0, 1.0, 1.0) == pytest.approx(6.0)
+    assert tree_all_reduce_time(2, 0.0, 1.0, 1.0) == pytest.approx(all_reduce_time(2, 0.0, 1.0,
+                                                                                  1.0))
+    assert tree_all_reduce_time(1, 1e9, 1.0, 1.0) == 0.0
+    # small buffer, many ranks: the tree's 2 * 6 latency terms beat the ring's 2 * 63
+    wan = [LinkCost(0.03, 1.25e9)]
+    tree = collective_time("all_reduce", 64, 1e6, wan, "tree")
+    ring = collective_time("all_reduce", 64, 1e6, wan)
+    assert tree == pytest.approx(12 * (0.03 + 1e6 / 1.25e9)) and tree < ring
+    # a large buffer: the ring's bandwidth term wins
+    assert (collective_time("all_reduce", 64, 1e10, wan, "tree")
+            > collective_time("all_reduce", 64, 1e10, wan))
+
+
 def test_one_rank_costs_nothing() -> None:
     assert collective_time("all_reduce", 1, 1e9, []) == 0.0
     assert all_reduce_time(1, 1e9, 0.5, 1.0) == 0.0
@@ -59,6 +79,11 @@ def test_one_rank_costs_nothing() -> None:
     (lambda: collective_time("broadcast", 2, 1.0, [LinkCost(0, 1)]),  # type: ignore[arg-type]
      "kind: must be one of all_reduce, reduce_scatter, all_gather, all_to_all"),
     (lambda: collective_time("all_reduce", 2, 1.0, []), "links: a group of two or more"),
+    (lambda: collective_time("all_reduce", 2, 1.0, [LinkCost(0, 1)], "star"),
+     "algorithm: must be one of ring, tree, got 'star'"),
+    (lambda: collective_time("reduce_scatter", 2, 1.0, [LinkCost(0, 1)], "tree"),
+     "algorithm: tree is modelled for all_reduce only, got reduce_scatter"),
+    (lambda: tree_all_reduce_time(2, 1.0, 0.0, -1.0), "bandwidth: must be > 0 bytes/s"),
 ])
 def test_bad_input_is_named(call: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from pipeopt.cli import main
-from pipeopt.config import read_yaml
+from pipeopt.config import ConfigError, read_yaml
 from pipeopt.core.validate import check
 from pipeopt.graph_config import (
     DDP_BUCKET_BYTES,
@@ -109,6 +109,34 @@ def test_compare_ranks_every_method(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["compare", str(path), "--methods", "zb-h1,greedy", "-q"]) == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0].split()[:3] == ["method", "s/iteration", "vs"]
+
+
+def test_compare_plot_draws_every_method(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``compare --plot`` of a task-graph config: one panel per method on a common time
+    axis, the over-limit one titled in red, written after the table."""
+    from pipeopt.plot import render_graph_compare
+    from pipeopt.solvers.graph import compare_graph
+
+    path = _write(tmp_path, EXPLICIT)
+    out = tmp_path / "cmp.png"
+    assert main(["compare", str(path), "--methods", "1f1b,zb-h1", "-q", "--plot",
+                 str(out)]) == 0
+    assert f"written {out}" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = compare_graph(load_graph_config(EXPLICIT, "dp.yaml").work, ["1f1b", "zb-h1"],
+                         time_limit=3, workers=1)
+    scheds = [r.schedule for r in rows]
+    fig = render_graph_compare(scheds, fits=[True, False], values=[r.value for r in rows],
+                               dpi=30)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(titles) == 2 and titles[1].startswith("OVER MEMORY LIMIT")
+    assert "x1.000 of best" in titles[0]
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()  # one time axis
+    with pytest.raises(ValueError, match="fits / values: expected 2 entries"):
+        render_graph_compare(scheds, fits=[True])
+    assert main(["compare", str(path), "--methods", "1f1b", "--plot",
+                 str(tmp_path / "x.txt")]) == 2  # a bad suffix before any method runs
 
 
 def test_search_is_never_worse_than_the_hand_made_schedules() -> None:
@@ -244,3 +272,66 @@ def test_docs_python_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
                                              "cpsat"]
     # the benchmark's 1 GB WAN case: the delayed hand-made ZB-H1 takes 3.48 s per iteration
     assert lines[1].split()[1] == "3.480"
+
+
+def test_model_form_with_virtual_stages_is_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Scheduled collectives are built per stage on its own device: v > 1 is refused with the
+    key that asked for them, before any search."""
+    data = read_yaml(ROOT / "examples/dp_cross_dc.yaml")
+    path = _write(tmp_path, {**data, "pipeline": {**data["pipeline"], "virtual_stages": 2}})
+    assert main(["solve", str(path), "--method", "1f1b"]) == 2
+    assert capsys.readouterr().err == (
+        "pipeopt: error: training.collectives: scheduled collectives need one stage per device "
+        "(pipeline.virtual_stages: 1), got 2\n")
+
+
+def test_cpsat_and_auto_start_from_the_forward_backward_passes() -> None:
+    """cpsat and auto first run forward-backward passes over the hand-made schedules on the
+    search's graph: what they return is never longer than what the passes gave; a graph with
+    tails gets none (its objective has no mirror image)."""
+    from pipeopt.core.justify import improve
+    from pipeopt.solvers.graph import _hand_made, _justified
+
+    work = load_graph_config(EXPLICIT, "dp.yaml").work
+    hand = [_hand_made(work, n) for n in work.hand_made]
+    same = [h for h in hand if h.graph == work.graph and not check(h)]
+    assert same
+    passes = min(improve(work.graph, h).objective for h in same)
+    assert passes <= min(h.objective for h in same) + 1e-12
+    for method in ("cpsat", "auto"):
+        found = solve_graph(work, method, time_limit=3, workers=1)
+        assert check(found) == [] and found.objective <= passes + 1e-9
+    tailed = work.graph.replace(tail=(0.5, *work.graph.tail[1:]))
+    assert _justified(tailed, [], 1e18) == []
+    assert _justified(tailed, same, 1e18) == []
+
+
+def test_tree_all_reduce_from_both_forms(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``algorithm: tree`` (explicit) / ``collective_algorithm: tree`` (model form) times the
+    all-reduce by the binomial tree: 2 replicas over the 10 ms, 1 GB/s WAN, 1 GB: 2 rounds of
+    0.01 + 1 s = 2.02 s (the ring: 2 x 0.01 + 2 x 1/2 x 1 s = 1.02 s). The reduce-scatter has
+    no tree: refused by the key's name."""
+    sec = {**EXPLICIT["data_parallel"], "reduction": "all_reduce",  # type: ignore[dict-item]
+           "algorithm": "tree"}
+    cfg = load_graph_config({**EXPLICIT, "data_parallel": sec}, "dp.yaml")
+    g = cfg.work.graph
+    idx = {x: i for i, x in enumerate(g.label)}
+    assert g.duration[idx["i0.AR 0"]] == pytest.approx(2.02)
+    assert dict(cfg.facts)["collectives"].startswith("all-reduce (tree)")
+    ring = load_graph_config({**EXPLICIT, "data_parallel": {**sec, "algorithm": "ring"}}, "x")
+    assert ring.work.graph.duration[idx["i0.AR 0"]] == pytest.approx(1.02)
+    with pytest.raises(ConfigError, match=r"^data_parallel\.algorithm: tree is modelled for "
+                                          r"the all-reduce only"):
+        load_graph_config({**EXPLICIT, "data_parallel": {**sec, "reduction": "reduce_scatter"}},
+                          "x")
+    data = read_yaml(ROOT / "examples/dp_cross_dc.yaml")
+    path = _write(tmp_path, {**data, "training": {**data["training"],
+                                                  "collective_algorithm": "tree"}})
+    assert main(["solve", str(path), "--method", "1f1b"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "pipeopt: error: training.collective_algorithm: tree is modelled for the all-reduce "
+        "only")
+    tree = {**data["training"], "collective_algorithm": "tree", "reduction": "all_reduce"}
+    assert load_graph_config({**data, "training": tree}, "x").work.dp.algorithm == "tree"

@@ -108,3 +108,50 @@ def lower_bound(graph: TaskGraph) -> float:
     """The largest of :func:`critical_path`, :func:`device_bounds` and :func:`link_bounds` (s).
     """
     return max(critical_path(graph), *device_bounds(graph), *link_bounds(graph), 0.0)
+
+
+#: Release thresholds tried per resource by :func:`one_machine_bounds` (every distinct head up
+#: to this many, else this many evenly spaced ones): any threshold gives a valid bound, so the
+#: cap only trades tightness for time (O(cap x n log n) per resource).
+ONE_MACHINE_THRESHOLDS = 256
+
+
+def one_machine_bounds(graph: TaskGraph) -> tuple[float, ...]:
+    """Per device, then per network resource (the directed links, then the named networks):
+    the largest ``r + sum of dur over S + a`` over the subsets ``S`` of its tasks with
+    ``head >= r`` and ``after >= a`` (``after = q - dur``, :func:`tail_paths`), the one-machine
+    head-body-tail bound (Carlier, "The one-machine sequencing problem", EJOR 11, 1982: every
+    subset's smallest head + its total duration + its smallest tail). Messages are left out
+    (a link's bound counts only the communication tasks holding it); 0 without tasks.
+
+    Proof: the tasks of ``S`` run one at a time on the resource, the first of them starts no
+    earlier than ``r``, so the last ends at least ``r + sum dur(S)`` and the objective is at
+    least its ``after >= a`` later. :func:`device_bounds` is the case ``S`` = all tasks; a
+    subset is tighter when the tasks with a long way ahead (a pipeline's forwards and input
+    gradients on the last stage, before the backward's way back) are few enough to fit."""
+    head, q, dur = heads(graph), tail_paths(graph), graph.duration
+    per: list[list[int]] = [list(ts) for ts in graph.device_tasks]
+    held: list[list[int]] = [[] for _ in range(graph.num_resources)]
+    for i in graph.comm_tasks:
+        for r in graph.holds[i]:
+            held[r].append(i)
+    out = []
+    for tasks in per + held:
+        if not tasks:
+            out.append(0.0)
+            continue
+        items = sorted(((q[i] - dur[i], head[i], dur[i]) for i in tasks), reverse=True)
+        rs = sorted({h for _, h, _ in items})
+        if len(rs) > ONE_MACHINE_THRESHOLDS:
+            step = (len(rs) - 1) / (ONE_MACHINE_THRESHOLDS - 1)
+            rs = [rs[round(k * step)] for k in range(ONE_MACHINE_THRESHOLDS)]
+        best = 0.0
+        for r in rs:
+            total = 0.0
+            for after, h, d in items:  # after decreasing: S = those with after >= this one
+                if h >= r:
+                    total += d
+                    if r + total + after > best:
+                        best = r + total + after
+        out.append(best)
+    return tuple(out)

@@ -12,7 +12,13 @@ whole buffer each rank holds:
 * ring reduce-scatter and ring all-gather: ``(n - 1) alpha + (n - 1) / n * bytes / B`` each
   (Thakur et al., sections 4.1 and 4.3);
 * all-to-all (pairwise exchange, each rank sends ``bytes / n`` to every other rank):
-  ``(n - 1) alpha + (n - 1) / n * bytes / B`` (Thakur et al., section 4.6).
+  ``(n - 1) alpha + (n - 1) / n * bytes / B`` (Thakur et al., section 4.6);
+* tree all-reduce (``algorithm="tree"``): a binomial-tree reduce to one rank, then a
+  binomial-tree broadcast, each ``ceil(log2 n)`` rounds of the whole buffer:
+  ``2 ceil(log2 n) (alpha + bytes / B)`` (the binomial-tree broadcast and reduce costs of
+  Thakur et al., without the reduction's arithmetic, as everywhere here). Fewer latency terms
+  than the ring past 3 ranks, more bandwidth terms: the better choice for small buffers over
+  many ranks.
 
 Every step of a ring waits for its slowest hop, so ``alpha`` and ``B`` are those of the group's
 slowest link (:func:`slowest`): a group that spans two datacenters pays the WAN. One rank
@@ -82,8 +88,21 @@ def all_to_all_time(ranks: int, nbytes: float, latency: float, bandwidth: float)
     return _steps(ranks, nbytes, latency, bandwidth, 1)
 
 
+def tree_all_reduce_time(ranks: int, nbytes: float, latency: float, bandwidth: float
+                         ) -> float:
+    """Binomial-tree all-reduce of ``nbytes`` per rank (a reduce, then a broadcast):
+    ``2 ceil(log2 n) (alpha + bytes / B)`` (s)."""
+    _check(ranks, nbytes, latency, bandwidth)
+    rounds = 2 * (ranks - 1).bit_length()  # ceil(log2 n) each way
+    return rounds * (latency + nbytes / bandwidth)
+
+
 _TIMES = {"all_reduce": all_reduce_time, "reduce_scatter": reduce_scatter_time,
           "all_gather": all_gather_time, "all_to_all": all_to_all_time}
+
+#: The algorithms :func:`collective_time` knows: ``ring`` for every collective, ``tree`` for
+#: the all-reduce only.
+ALGORITHMS: tuple[str, ...] = ("ring", "tree")
 
 
 def slowest(links: Iterable[LinkCost]) -> LinkCost:
@@ -96,13 +115,20 @@ def slowest(links: Iterable[LinkCost]) -> LinkCost:
 
 
 def collective_time(kind: Collective, ranks: int, nbytes: float,
-                    links: Iterable[LinkCost]) -> float:
+                    links: Iterable[LinkCost], algorithm: str = "ring") -> float:
     """Seconds of collective ``kind`` of ``nbytes`` per rank over ``ranks`` ranks whose ring
-    uses ``links`` (its slowest one bounds it; none needed for one rank)."""
+    (or tree) uses ``links`` (its slowest one bounds it; none needed for one rank);
+    ``algorithm``: one of :data:`ALGORITHMS` (``tree``: all-reduce only)."""
     if kind not in _TIMES:
         raise ValueError(f"kind: must be one of {', '.join(COLLECTIVES)}, got {kind!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm: must be one of {', '.join(ALGORITHMS)}, got "
+                         f"{algorithm!r}")
+    if algorithm == "tree" and kind != "all_reduce":
+        raise ValueError(f"algorithm: tree is modelled for all_reduce only, got {kind}")
     if ranks == 1:
         _check(ranks, nbytes, 0.0, 1.0)
         return 0.0
     slow = slowest(links)
-    return _TIMES[kind](ranks, nbytes, slow.latency, slow.bandwidth)
+    time_of = tree_all_reduce_time if algorithm == "tree" else _TIMES[kind]
+    return time_of(ranks, nbytes, slow.latency, slow.bandwidth)

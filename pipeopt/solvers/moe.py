@@ -9,10 +9,16 @@ and without overlapping the all-to-all, and the search.
   position over :func:`pipeopt.workloads.moe.windowed`'s graph; ``window = 2`` pairs each op
   with the next, as DualPipe overlaps a forward chunk with a backward chunk).
 * :func:`search`: the best of the core greedy by op priority
-  (:func:`pipeopt.workloads.moe.op_priority`) and of windowed list schedules of several
-  hand-made orders (1F1B, ZB-H1, ZB-H2, GPipe) with windows 1-6, within the pipeline's memory
-  limits, and of seeded perturbations of the best windowed ones' priorities; then core CP-SAT
-  from the best, with the time left, when the graph is small enough for it to help.
+  (:func:`pipeopt.workloads.moe.op_priority`), of the greedy on the graph with admission edges
+  (:func:`pipeopt.workloads.moe.admitted`: no stage opens more micro-batches than its memory
+  holds) by age and by op priority, and of windowed list schedules of several hand-made
+  orders (1F1B, ZB-H1, ZB-H2, GPipe) with windows 1-6, within the pipeline's memory limits,
+  and of seeded perturbations of the best list schedules' priorities; then forward-backward
+  passes (:func:`pipeopt.core.justify.improve`) from up to :data:`JUSTIFY_STARTS` of them;
+  then core CP-SAT from the best, with the time left, when the graph is small enough for it
+  to help, else seeded randomized passes (:func:`pipeopt.core.justify.improve_randomly`)
+  until the time limit. The reported bound also counts
+  :func:`pipeopt.core.bounds.one_machine_bounds`.
 
 Every schedule is a :class:`~pipeopt.core.schedule.GraphSchedule` of
 :func:`pipeopt.workloads.moe.build`'s graph, checked by :func:`pipeopt.core.validate.check`.
@@ -26,10 +32,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pipeopt.core.bounds import lower_bound
+from pipeopt.core.bounds import lower_bound, one_machine_bounds
 from pipeopt.core.cpsat import solve_cpsat
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.greedy import Stuck, list_schedule
+from pipeopt.core.justify import improve, improve_randomly, reversed_graph
 from pipeopt.core.schedule import GraphSchedule
 from pipeopt.core.simulate import simulate
 from pipeopt.core.validate import check
@@ -54,6 +61,20 @@ PERTURB_OPS = 1.5
 #: 1408 tasks, 2 workers on a shared 2-core machine, 2026-12-03); on a 0.2 ms grid, 40 s took
 #: the search's 0.5555 s to 0.5543 s.
 CPSAT_MAX_TASKS = 1000
+#: Candidates (the best distinct ones, best first, time allowing) improved by
+#: forward-backward passes (:func:`pipeopt.core.justify.improve`): the best result does not
+#: always come from a good start. On benchmarks/moe.py (no CP-SAT) 6 / 12 / 40 starts gave
+#: 0.3774 / 0.3747 / 0.3747 s at m = 8, 1x; 0.4945 / 0.4945 / 0.4824 s at m = 8, 2x (from
+#: the op-priority greedy); 0.5509 / 0.5489 / 0.5472 s at m = 16, 1x, in 7 / 9 / 15 s.
+JUSTIFY_STARTS = 40
+#: Randomized forward-backward rounds when CP-SAT does not run (time allowing), priorities
+#: moved by up to RANDOM_PASS_NOISE x the mean device task's seconds (about 1.5 ms at
+#: p = 8, m = 16; 2 and 6 ms gave 0.6796 and 0.6836 s at 1x within the hand-made memory).
+RANDOM_PASS_TRIALS = 100
+RANDOM_PASS_NOISE = 0.5
+
+#: A list schedule the search may start from: (objective s, method, graph, priority).
+_Base = tuple[float, str, TaskGraph, list[float]]
 
 
 def _orders(pipe: wl.MoEPipeline, name: str) -> list[list[Op]]:
@@ -84,22 +105,31 @@ def hand_made(pipe: wl.MoEPipeline, name: str, *, overlap: bool = False, window:
 def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | None = None,
            seed: int = 0) -> GraphSchedule:
     """The best schedule found for ``pipe`` within ``time_limit`` seconds (see the module
-    docstring); its ``lower_bound`` is :func:`pipeopt.core.bounds.lower_bound` (or CP-SAT's,
-    when larger) and its ``method`` names the candidate it came from."""
+    docstring); its ``lower_bound`` is the largest of :func:`pipeopt.core.bounds.lower_bound`,
+    :func:`pipeopt.core.bounds.one_machine_bounds` (and CP-SAT's, when it runs) and its
+    ``method`` names the candidate it came from and the passes that improved it."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit
     g = wl.build(pipe)
-    best: GraphSchedule | None = None
+    ga = wl.admitted(g, pipe)
+    found: list[GraphSchedule] = []  # every candidate within the memory limits
 
     def offer(sched: GraphSchedule) -> None:
-        nonlocal best
-        if check(sched):
-            return  # over a memory limit (the simulator does not check memory)
-        if best is None or sched.objective < best.objective - 1e-12:
-            best = sched
+        if not check(sched):  # else over a memory limit (the simulator does not check it)
+            found.append(sched)
 
+    op_prio = wl.op_priority(g, pipe)
     with contextlib.suppress(Stuck):
-        offer(simulate(g, list_schedule(g, wl.op_priority(g, pipe)), "greedy"))
-    windowed: list[tuple[float, str, TaskGraph, list[float]]] = []
+        offer(simulate(g, list_schedule(g, op_prio), "greedy"))
+    bases: list[_Base] = []
+    for rule, prio in (("age", wl.age_priority(g, pipe)), ("op", op_prio)):
+        try:
+            sched = simulate(g, list_schedule(ga, prio), f"admitted greedy ({rule} priority)")
+        except Stuck:
+            continue
+        offer(sched)
+        if not check(sched):
+            bases.append((sched.objective, sched.method, ga, prio))
     for name in SEARCH_ORDERS:
         try:
             orders = _orders(pipe, name)
@@ -107,7 +137,7 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
             continue
         offer(simulate(g, wl.task_orders(pipe, orders), name))
         for window in SEARCH_WINDOWS[1:]:
-            if time.perf_counter() - t0 > time_limit:
+            if time.perf_counter() > deadline:
                 break
             gw, prio = wl.windowed(g, pipe, orders, window)
             try:
@@ -116,18 +146,36 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
                 continue
             offer(sched)
             if not check(sched):
-                windowed.append((sched.objective, sched.method, gw, prio))
-    _perturb(g, sorted(windowed, key=lambda x: x[0])[:PERTURB_BASES], offer, seed,
-             t0 + time_limit)
-    if best is None:
+                bases.append((sched.objective, sched.method, gw, prio))
+    _perturb(g, sorted(bases, key=lambda x: x[0])[:PERTURB_BASES], offer, seed, deadline)
+    if not found:
         raise ValueError("search: no candidate schedule fits the memory limits")
-    bound = lower_bound(g)
-    left = time_limit - (time.perf_counter() - t0)
+    # forward-backward passes from the best distinct candidates, the forward pass on the
+    # admitted graph (no stage opens more micro-batches than its memory holds)
+    ranked = sorted(found, key=lambda x: x.objective)
+    gr = reversed_graph(ga)
+    starts: list[GraphSchedule] = []
+    for sched in ranked:
+        if len(starts) == JUSTIFY_STARTS:
+            break
+        if all(abs(sched.objective - x.objective) > 1e-12 for x in starts):
+            starts.append(sched)
+    for sched in starts:
+        if time.perf_counter() > deadline:
+            break
+        found.append(improve(g, sched, forward=ga, reverse=gr))
+    best = min(found, key=lambda x: x.objective)
+    bound = max(lower_bound(g), *one_machine_bounds(g))
+    left = deadline - time.perf_counter()
     if g.num_tasks <= CPSAT_MAX_TASKS and left > 1.0:
-        found = solve_cpsat(g, time_limit=left, workers=workers, seed=seed, initial=best)
-        bound = max(bound, found.lower_bound or 0.0)
-        if found.objective < best.objective - 1e-12:
-            best = replace(found, method=f"cpsat from {best.method}")
+        exact = solve_cpsat(g, time_limit=left, workers=workers, seed=seed, initial=best)
+        bound = max(bound, exact.lower_bound or 0.0)
+        if exact.objective < best.objective - 1e-12:
+            best = replace(exact, method=f"cpsat from {best.method}")
+    elif left > 0 and best.objective > bound * (1 + 1e-9):
+        noise = RANDOM_PASS_NOISE * _mean_device_task(g)
+        best = improve_randomly(g, best, trials=RANDOM_PASS_TRIALS, noise=noise, seed=seed,
+                                deadline=deadline, forward=ga, reverse=gr)
     tol = 1e-9 * max(1.0, best.objective)
     state = ("optimal" if best.objective <= bound + tol else
              "feasible" if best.method.startswith("cpsat") else "heuristic")
@@ -136,11 +184,18 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
                    wall_time=time.perf_counter() - t0)
 
 
-def _perturb(g: TaskGraph, bases: list[tuple[float, str, TaskGraph, list[float]]],
-             offer: Callable[[GraphSchedule], None], seed: int, deadline: float) -> None:
-    """Up to :data:`PERTURB_TRIALS` list schedules of the best windowed graphs with each
-    task's priority moved by a uniform draw in +-:data:`PERTURB_OPS` op positions (seeded:
-    the same ``seed`` gives the same schedules), offered until ``deadline``."""
+def _mean_device_task(g: TaskGraph) -> float:
+    """The mean duration of the tasks on devices (s)."""
+    durations = [g.duration[i] for ts in g.device_tasks for i in ts]
+    return sum(durations) / max(1, len(durations))
+
+
+def _perturb(g: TaskGraph, bases: list[_Base], offer: Callable[[GraphSchedule], None],
+             seed: int, deadline: float) -> None:
+    """Up to :data:`PERTURB_TRIALS` list schedules of the best list-schedule bases with each
+    task's priority moved by a uniform draw in +-:data:`PERTURB_OPS` units (op positions, or
+    micro-batches for the age priority; seeded: the same ``seed`` gives the same schedules),
+    offered until ``deadline``."""
     rng = random.Random(seed)
     for trial in range(PERTURB_TRIALS if bases else 0):
         if time.perf_counter() > deadline:

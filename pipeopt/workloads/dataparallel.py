@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
-from pipeopt.costs.collectives import LinkCost, collective_time
+from pipeopt.costs.collectives import ALGORITHMS, LinkCost, collective_time
 from pipeopt.problem import Op, Problem
 from pipeopt.workloads import training
 
@@ -89,6 +89,7 @@ class DataParallel:
     ring_cost: tuple[LinkCost, ...] = ()
     ring_wan: tuple[bool, ...] = ()
     buffer_memory: tuple[float, ...] = ()
+    algorithm: str = "ring"
 
     def __post_init__(self) -> None:
         r = self.replicas
@@ -123,6 +124,12 @@ class DataParallel:
         if self.reduction not in ("reduce_scatter", "all_reduce"):
             raise ValueError(f"reduction: must be 'reduce_scatter' or 'all_reduce', got "
                              f"{self.reduction!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm: must be one of {', '.join(ALGORITHMS)}, got "
+                             f"{self.algorithm!r}")
+        if self.algorithm == "tree" and self.reduction != "all_reduce":
+            raise ValueError("algorithm: tree is modelled for the all-reduce only (set "
+                             "reduction: all_reduce; ZeRO-1's reduce-scatter runs on a ring)")
         self._check_buckets()
         k = self.iterations
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_ITERATIONS:
@@ -208,7 +215,8 @@ class DataParallel:
             hops = self.ring_hop_costs(d)
             gather.append(collective_time("all_gather", r, self.param_bytes[k], hops)
                           if kind == "reduce_scatter" else 0.0)
-            reduce.append(tuple(collective_time(kind, r, x, hops) for x in self.bucket_bytes[k]))
+            reduce.append(tuple(collective_time(kind, r, x, hops, self.algorithm)
+                                for x in self.bucket_bytes[k]))
         return tuple(gather), tuple(reduce)
 
     def ring_hops(self) -> list[tuple[int, int]]:
@@ -234,7 +242,8 @@ class DataParallel:
                            for x in self.grad_bytes)
         else:
             gather = (0.0,) * len(self.grad_bytes)
-            reduce = tuple(collective_time("all_reduce", r, x, hops) for x in self.grad_bytes)
+            reduce = tuple(collective_time("all_reduce", r, x, hops, self.algorithm)
+                           for x in self.grad_bytes)
         return gather, reduce
 
 

@@ -386,3 +386,67 @@ def op_priority(graph: TaskGraph, pipe: MoEPipeline) -> list[float]:
                 for t in tasks:
                     prio[t] = q[tasks[0]]
     return prio
+
+
+def stage_activation(pipe: MoEPipeline, s: int) -> float:
+    """Bytes one micro-batch's forward allocates on stage s: the most it holds there (every
+    backward task that frees memory runs after the stage's whole forward)."""
+    pieces = [w for blk in pipe.stages[s] for w in (blk.attention, blk.experts, blk.shared) if w]
+    return sum(w.activation_bytes for w in pieces) + pipe.post[s].activation_bytes
+
+
+def inflight_limits(pipe: MoEPipeline) -> tuple[int, ...]:
+    """Per stage, the most micro-batches whose whole activations fit beside its static memory:
+    ``(limit - static) // stage_activation`` (all of them without a limit), at least 1."""
+    out = []
+    for s in range(pipe.devices):
+        lim, act = pipe.memory_limit[s], stage_activation(pipe, s)
+        k = pipe.microbatches if lim is None or act <= 0 else int(
+            (lim - pipe.static_memory[s]) // act)
+        out.append(max(1, min(pipe.microbatches, k)))
+    return tuple(out)
+
+
+def admitted(graph: TaskGraph, pipe: MoEPipeline, limits: Sequence[int] | None = None
+             ) -> TaskGraph:
+    """``graph`` with admission edges: on stage s, micro-batch j + K_s's first forward task
+    starts after micro-batch j's last task there (``W``, or the last backward task when the
+    backward is fused), K_s = ``limits[s]`` (default :func:`inflight_limits`).
+
+    At most K_s micro-batches are then open on stage s at once (two open ones j < j' with
+    j' = j mod K_s would need j' - K_s, ..., j closed first), so with the default limits every
+    schedule of the returned graph fits the memory limits (when one micro-batch fits at all):
+    a list scheduler never opens more micro-batches than fit and stalls with half-allocated
+    forwards (without them the core greedy opened ten attention tasks on stage 0 of
+    benchmarks/moe.py at m 16 within the hand-made schedules' memory, then waited for their
+    memory: 0.85 s against 0.71 s). Every schedule of the returned graph is one of ``graph``
+    (edges on one device, no delay)."""
+    ks = tuple(limits) if limits is not None else inflight_limits(pipe)
+    if len(ks) != pipe.devices or any(
+            isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"limits: expected {pipe.devices} integers >= 1 (one per stage), "
+                         f"got {list(ks)!r}")
+    g = _assemble(pipe)
+    src, dst = list(graph.src), list(graph.dst)
+    for s, k in enumerate(ks):
+        for j in range(pipe.microbatches - k):
+            last = g.index[("Wall", s, j, -1)] if pipe.split_backward else _last_b(g, pipe, s, j)
+            src.append(last)
+            dst.append(_first_f(g, pipe, s, j + k))
+    extra = len(src) - graph.num_edges
+    return graph.replace(src=tuple(src), dst=tuple(dst),
+                         bytes=(*graph.bytes, *(0.0,) * extra))
+
+
+def age_priority(graph: TaskGraph, pipe: MoEPipeline) -> list[float]:
+    """A list-scheduling priority per task: backward tasks first (they close a micro-batch's
+    round trip and free memory), then forward, then ``W`` (it fills gaps); within a kind the
+    older (lower) micro-batch first. The all-to-all tasks get 0 (they are never chosen)."""
+    m = pipe.microbatches
+    rank = {"B": 2, "F": 1, "W": 0}
+    prio = [0.0] * graph.num_tasks
+    for (name, _s, j, _b), t in _assemble(pipe).index.items():
+        if graph.device[t] >= 0:
+            prio[t] = float(rank[name[0]] * (m + 1) - j)
+    return prio
+
