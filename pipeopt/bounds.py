@@ -811,7 +811,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
             opt = lo[i - n_full + len(half)] + hold if rest else math.inf
             for t, y_most in enumerate(half):
                 u = i - n_full + t  # micro-batches whose B has ended
-                z = u - y_most if split and u > y_most else (0 if split else u)
+                z = max(0, u - y_most) if split else 0  # unsplit: B's end frees it all
                 done = u * b + z * w
                 g = max(lo[u] + hold, (i - 1) * f + done,
                         first_b + max(0, i - 1 - n_full) * f + done)
@@ -842,8 +842,9 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     only add to it), so at f_i, of the i - 1 micro-batches already started, x still hold a whole
     activation and y only the weight-gradient part, with ``act * (least x + 1 factors) + wgm *
     (next least y) <= limit - static`` (so x <= M - 1, M = :func:`_max_in_flight`); the other
-    u = i - 1 - x have ended their B and z = u - y their W. Writing ``lo_i`` for a bound on
-    ``f_i - f_1``:
+    u = i - 1 - x have ended their B and z = u - y their W (where B's end frees everything, a
+    fused B or a weight-gradient part of 0 bytes, y and z are 0: no W need have ended).
+    Writing ``lo_i`` for a bound on ``f_i - f_1``:
 
     * ``f_i - f_1 >= lo_u + hold``: the u micro-batches that ended B are distinct, so one of
       them is F number >= u, and it held its activation from its F start for at least ``hold =

@@ -195,6 +195,19 @@ def test_bound_below_brute_force(m: int, latency: float) -> None:
     assert max(memory_bound(prob)) > 0
 
 
+def test_a_w_that_holds_nothing_need_not_run_first() -> None:
+    # Split backward whose W keeps no memory (weight_grad = 0): B's end frees the whole
+    # activation, so F(0, 2) may start once B(0, 1) ends at 4 s, before W(0, 1) runs. Device 0:
+    # F1 0-1, B1 3-4, F2 4-5, W1 5-6, B2 7-8, W2 8-9: 9 s (the bound once counted W1 before F2
+    # and claimed 10 s; found by test_auto's property test).
+    prob = uniform_problem(2, 2, 1.0, 1.0, 1.0, weight_grad=0.0).replace(
+        activation_memory=(1.0, 0.0), memory_limit=(1.0, 0.0))
+    best, _ = brute_force(prob)
+    assert best == pytest.approx(9.0)
+    assert max(memory_bound(prob)) <= best * (1 + 1e-9)
+    assert makespan_lower_bound(prob) == pytest.approx(9.0)  # the warm-up bound: tight
+
+
 def _slow_link(m: int) -> Problem:
     """Two devices, F = B = W = 1 s, 4-byte messages over a 1 byte/s link (4 s each way)."""
     lat, bw = chain_links(2, [0.0], [1.0])
