@@ -1,6 +1,6 @@
-"""How a schedule runs (:class:`RunConfig`), the non-pipelined reference (the same
-micro-batches, seed, initial weights and training recipe in one process) and the comparison of
-its gradients with a pipelined run's."""
+"""The non-pipelined reference of a run (the same micro-batches, seed, initial weights and
+training recipe as :class:`~pipeopt.executor.procs.RunConfig` says, in one process) and the
+comparison of its gradients with a pipelined run's."""
 
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ import numpy as np
 import torch
 
 from pipeopt.executor.models import build_model, split_stages
-from pipeopt.executor.procs import ExecutorError, Fault
+from pipeopt.executor.procs import ATOL, AUTOCAST_NAMES, RTOL, RunConfig
 from pipeopt.executor.runtime import StageModule
 from pipeopt.problem import Problem
-
-#: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
-RTOL = 1e-5
-ATOL = 1e-5
 
 Grads = dict[int, dict[str, np.ndarray]]
 
@@ -51,7 +47,7 @@ def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
     return out
 
 
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = dict(zip(AUTOCAST_NAMES, (torch.bfloat16, torch.float16), strict=True))
 
 
 def optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -72,59 +68,6 @@ def clip_grads(params: list[torch.nn.Parameter], max_norm: float,
     sq = sq.pow(2)
     total(sq)
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, sq.sqrt())
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to run a schedule: model name and factory keywords, training steps, batch size
-    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
-    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
-    rank (default: cores / ranks), whether to compare with the one-process reference, the
-    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
-    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
-    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
-    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
-    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
-    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
-    checkpoints activations where the schedule's problem says (model form: ``full``
-    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
-    on every stage whatever it says."""
-
-    model: str = "mlp"
-    model_options: tuple[tuple[str, Any], ...] = ()
-    steps: int = 1
-    batch_size: int | None = None
-    lr: float = 0.01
-    seed: int = 0
-    timeout: float = 300.0
-    backend: str = "auto"
-    threads: int | None = None
-    check: bool = False
-    rtol: float = RTOL
-    atol: float = ATOL
-    fault: Fault | None = None
-    op_timeout: float = 120.0
-    optimizer: str = "sgd"
-    clip_grad_norm: float | None = None
-    autocast: str | None = None
-    per_layer_split: bool = True
-    torch_schedule: str | None = None
-    data_parallel: int = 1
-    recompute: str | None = None
-
-    def batch(self, microbatches: int) -> int:
-        """The batch size for ``microbatches``; must split evenly."""
-        bs = self.batch_size or 4 * microbatches
-        if bs % microbatches:
-            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
-                                "micro-batches")
-        return bs
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("sgd", "adamw") or (self.autocast or "bf16") not in AUTOCAST:
-            raise ValueError(f"optimizer {self.optimizer!r} / autocast {self.autocast!r}: "
-                             f"expected sgd or adamw / {', '.join(AUTOCAST)} or None")
 
 
 def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1) -> dict[str, Any]:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 
 from pipeopt.config import ConfigError
-from pipeopt.executor.procs import ExecutorError, available_memory_bytes, check_rank_capacity
+from pipeopt.executor.procs import ExecutorError, RunConfig, check_nccl, check_run_flags
 from pipeopt.io import (
     check_writable,
     load_schedule,
@@ -27,15 +25,6 @@ EXAMPLES = {
 }
 
 
-def _number(text: str) -> int | float | str:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def check_run_args(args: argparse.Namespace) -> Schedule:
     """Check every ``run`` flag and load the schedule, importing no torch; return the schedule.
     Raises :class:`ConfigError` naming the flag."""
@@ -43,34 +32,10 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
     if args.costs_out:
         check_writable("--costs-out", args.costs_out)  # before the run, not after it
     sched = load_schedule(args.schedule)
-    for flag, val, what in (("--timeout", args.timeout, "number of seconds"),
-                            ("--op-timeout", args.op_timeout, "number of seconds"),
-                            ("--lr", args.lr, "number"),
-                            ("--clip-grad-norm", args.clip_grad_norm, "number")):
-        if val is not None and not (math.isfinite(val) and val > 0):
-            raise ConfigError(f"{flag}: must be a finite {what} > 0, got {val}")
-    for flag, val, least in (("--steps", args.steps, 1), ("--seed", args.seed, 0),
-                             ("--data-parallel", args.data_parallel, 1),
-                             ("--threads", args.threads, 1), ("--max-ranks", args.max_ranks, 1)):
-        if val is not None and val < least:
-            raise ConfigError(f"{flag}: must be >= {least}, got {val}")
-    m = sched.problem.microbatches
-    if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
-        raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
-                          f"micro-batches, got {args.batch_size}")
     if args.model not in BUILTIN_MODELS and ":" not in args.model:
         raise ConfigError(f"model: unknown model {args.model!r}; use "
                           f"{' or '.join(BUILTIN_MODELS)} or MODULE:FACTORY")
-    for item in args.model_arg or []:
-        key, sep, _ = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
-    if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # torchrun starts its own
-        ranks = sched.problem.devices * args.data_parallel
-        try:
-            check_rank_capacity(ranks, os.cpu_count(), available_memory_bytes(), args.max_ranks)
-        except ExecutorError as exc:
-            raise ConfigError(f"run: {exc}") from None
+    check_run_flags(args, sched.problem.devices * args.data_parallel, sched.problem.microbatches)
     return sched
 
 
@@ -86,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if periodic is not None:
         from pipeopt.executor.periodic import cmd_run_async
 
-        return cmd_run_async(args, periodic, _number)
+        return cmd_run_async(args, periodic)
     if is_served_plan(args.schedule):
         return cmd_run_serving(args)
     if getattr(args, "max_prompt", None) is not None or getattr(args, "max_output",
@@ -94,21 +59,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-prompt / --max-output: apply to served inference plans "
                           f"(schedule JSON v2), and {args.schedule} is not one")
     sched = check_run_args(args)
-    from pipeopt.executor.launch import RunConfig, run_pipeline
+    check_nccl(args.backend)  # the one check that needs torch, so the last one
+    from pipeopt.executor.launch import run_pipeline
     from pipeopt.executor.models import ModelError, recompute_plan
 
-    if args.backend == "nccl":  # the one check that needs torch, so the last one
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
-                              f"({torch.__version__}) sees none; use --backend gloo")
-    same = ("model", "steps", "batch_size", "lr", "seed", "timeout", "backend", "threads",
-            "check", "op_timeout", "optimizer", "clip_grad_norm", "autocast", "data_parallel",
-            "recompute")  # flags named as RunConfig's fields
-    options = tuple((k, _number(v)) for k, _, v in (a.partition("=") for a in args.model_arg or []))
-    cfg = RunConfig(**{k: getattr(args, k) for k in same}, model_options=options,
-                    per_layer_split=not args.torch_split)
+    cfg = RunConfig.from_args(args)
     try:
         for note in recompute_plan(sched.problem, args.recompute)[1]:
             print(f"pipeopt: note: {note}", file=sys.stderr)

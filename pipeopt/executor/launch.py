@@ -8,23 +8,19 @@ one-process reference; :func:`run_rank` is one rank's job.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeopt._malloc import steady_cpu_allocator
 from pipeopt.executor import _torch
 from pipeopt.executor.check import (
     AUTOCAST,
-    RunConfig,
     batch_for,
     clip_grads,
     compare_grads,
@@ -37,9 +33,12 @@ from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, spli
 from pipeopt.executor.procs import (
     ExecutorError,
     RankStatus,
-    rank_device,
+    RunConfig,
+    first_line,
     resolve_backend,
     spawn,
+    torchrun,
+    under_torchrun,
 )
 from pipeopt.executor.runtime import OpClock, StageModule, TimedStage
 from pipeopt.problem import Op, Problem
@@ -217,9 +216,8 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
             runtime.step(*((x,) if 0 in mine else ()),
                          **({"target": y, "losses": mb_losses} if last in mine else {}))
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExecutorError(f"rank {rank}: {status.text}: {type(exc).__name__}: "
-                                f"{first}") from exc
+                                f"{first_line(exc)}") from exc
         if dp_group is not None:
             for p_ in params:
                 if p_.grad is not None:
@@ -356,28 +354,20 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
 
 
 def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
-    """Build the model, cut it into the schedule's stages and run one micro-batch forward in
-    this process, as every rank will: a model that cannot be built, split or fed raises
-    :class:`~pipeopt.executor.models.ModelError` here (a bad batch size ExecutorError)."""
-    from pipeopt.executor.models import ModelError
+    """PyTorch's own validation and lowering of the schedule, then the model built, cut into
+    the schedule's stages and fed one micro-batch in this process, as every rank will: before
+    any process starts (ExecutorError, :class:`~pipeopt.executor.models.ModelError`)."""
+    from pipeopt.executor.models import feeding
 
     prob = schedule.problem
-    bs = cfg.batch(prob.microbatches)
     rows, _ = schedule_rows(schedule)
-    try:  # torch's own validation and lowering, before any process starts
+    try:
         _torch.lower(_torch.rows_to_actions(rows), prob.stages, prob.microbatches)
     except (AssertionError, RuntimeError, ValueError) as exc:
         raise ExecutorError(f"{schedule.method}: PyTorch's runtime refuses the schedule: "
                             f"{exc}") from None
-    try:
+    with feeding(cfg.model, cfg.batch(prob.microbatches) // prob.microbatches):
         _build(schedule, cfg)
-    except ModelError:
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
-                         f"{bs // prob.microbatches} through its stages: "
-                         f"{type(exc).__name__}: {first}") from None
 
 
 def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:
@@ -385,28 +375,14 @@ def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:
     ``RANK`` and ``WORLD_SIZE`` are set; the result then exists on rank 0 only, others get
     None)."""
     cfg = cfg or RunConfig()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if under_torchrun():
         return run_torchrun(schedule, cfg)  # type: ignore[return-value]
     return run_pipelines([(schedule, cfg)])[0]
 
 
 def run_torchrun(schedule: Schedule, cfg: RunConfig) -> RunResult | None:
     """This process is one rank started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
     backend = resolve_backend(cfg.backend)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    if backend == "gloo":
-        steady_cpu_allocator()
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
-    try:
-        device = rank_device(backend, local)
-        payload = run_rank(rank, world, device, schedule, cfg, backend)
-        gathered: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(payload, gathered, dst=0)
-    finally:
-        dist.destroy_process_group()
-    if rank != 0 or gathered is None:
-        return None
-    return _assemble(schedule, cfg, gathered)
+    per_rank = torchrun(run_rank, (schedule, cfg, backend), backend=backend,
+                        timeout=cfg.timeout, threads=cfg.threads)
+    return None if per_rank is None else _assemble(schedule, cfg, per_rank)

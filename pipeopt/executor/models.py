@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from pipeopt.executor.procs import first_line
 from pipeopt.problem import Problem
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -26,6 +28,19 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 class ModelError(ValueError):
     """A model that cannot be built or split for a schedule (the message says why)."""
+
+
+@contextmanager
+def feeding(model: str, microbatch: int) -> Iterator[None]:
+    """Turn an error of feeding ``model`` a micro-batch of ``microbatch`` samples through its
+    stages into a :class:`ModelError` saying so (a ModelError passes as it is)."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise ModelError(f"model: {model} cannot run a micro-batch of {microbatch} through its "
+                         f"stages: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 @dataclass
@@ -164,8 +179,7 @@ def build_model(name: str, problem: Problem, seed: int = 0, **kwargs: Any) -> Mo
     except (TypeError, ValueError, RuntimeError) as exc:  # e.g. a negative size
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
         raise ModelError(f"model: {name}({shown}) failed: {type(exc).__name__}: "
-                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-                         ) from None
+                         f"{first_line(exc)}") from None
     return _wrap(name, made)
 
 

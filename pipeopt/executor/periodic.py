@@ -53,12 +53,12 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeopt.errors import ConfigError
-from pipeopt.executor.procs import ExecutorError, available_memory_bytes, check_rank_capacity
+from pipeopt.executor.procs import ExecutorError, RunConfig, check_run_flags, under_torchrun
 from pipeopt.problem import Op
 from pipeopt.workloads.periodic import PeriodicSchedule
 
@@ -233,7 +233,7 @@ def _boundaries(spec: Any, stages: Sequence[Any], x: Any) -> list[tuple[Any, Any
     return out
 
 
-def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cfg: Any,
+def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cfg: RunConfig,
               status: Any) -> dict[str, Any]:
     """Replay ``schedule``'s rank ``rank`` (process group joined; stage k's replica c, see
     :func:`rank_of`): returns the versions its micro-batches used and the most it held, its
@@ -431,7 +431,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
             "final": final}
 
 
-def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
+def reference_async(schedule: PeriodicSchedule, cfg: RunConfig, plan: VersionPlan
                     ) -> dict[str, Any]:
     """One process, no pipelining: micro-batch by micro-batch, the forward through every
     stage on the version :attr:`VersionPlan.forward` names, the gradient of its loss on the
@@ -511,33 +511,28 @@ def reference_async(schedule: PeriodicSchedule, cfg: Any, plan: VersionPlan
     return {"losses": losses, "grads": grads, "final": final}
 
 
-def _jobs(rank: int, world: int, device: Any, jobs: Sequence[tuple[PeriodicSchedule, Any]],
+def _jobs(rank: int, world: int, device: Any, jobs: Sequence[tuple[PeriodicSchedule, RunConfig]],
           backend: str, status: Any = None) -> list[dict[str, Any]]:
     return [_run_rank(rank, world, device, s, c, status) for s, c in jobs]
 
 
-def _preflight(schedule: PeriodicSchedule, cfg: Any) -> None:
+def _preflight(schedule: PeriodicSchedule, cfg: RunConfig) -> None:
     """Build the model, cut it into the schedule's stages and run one micro-batch forward in
     this process, as every rank will: ModelError / ExecutorError here, before any rank
     starts."""
     from pipeopt.executor.check import batch_for
-    from pipeopt.executor.models import ModelError, build_model, split_stages
+    from pipeopt.executor.models import build_model, feeding, split_stages
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, prob)
-    try:
+    with feeding(cfg.model, bs // prob.microbatches):
         _boundaries(spec, stages, batch_for(spec, bs, cfg.seed, 0, prob.microbatches)[0][0])
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ModelError(f"model: {cfg.model} cannot run a micro-batch of "
-                         f"{bs // prob.microbatches} through its stages: "
-                         f"{type(exc).__name__}: {first}") from None
 
 
-def run_async(jobs: Sequence[tuple[PeriodicSchedule, Any]]) -> list[AsyncRunResult]:
-    """Replay each (schedule, :class:`~pipeopt.executor.launch.RunConfig`) in one set of
+def run_async(jobs: Sequence[tuple[PeriodicSchedule, RunConfig]]) -> list[AsyncRunResult]:
+    """Replay each (schedule, :class:`~pipeopt.executor.procs.RunConfig`) in one set of
     spawned gloo ranks (every schedule on the same number of devices), one after the other;
     with ``check``, compare every micro-batch's gradients, the losses and the final weights
     with :func:`reference_async` (``rtol``, ``atol`` of the config)."""
@@ -605,8 +600,6 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, Any]]) -> list[AsyncRunResu
 def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> None:
     """Refuse the ``run`` flags the async replay does not take, naming the flag; check its
     own (no torch imported)."""
-    import os
-
     refusals = (("--data-parallel", args.data_parallel != 1, "replicate stages in the "
                  "schedule instead (pipeline.replicas)"),
                 ("--recompute", args.recompute, "not in the async replay"),
@@ -616,51 +609,26 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
                 ("--torch-split", args.torch_split, "the async replay has its own backward"),
                 ("--costs-out", bool(args.costs_out), "not written for a periodic schedule"),
                 ("--backend nccl", args.backend == "nccl", "the async replay runs on gloo "
-                 "(not yet tested on NCCL)"))
+                 "(not yet tested on NCCL)"),
+                ("run", under_torchrun(), "the async replay starts its own ranks; not under "
+                 "torchrun"))
     for flag, bad, why in refusals:
         if bad:
             raise ConfigError(f"{flag}: {why}")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        raise ConfigError("run: the async replay starts its own ranks; not under torchrun")
-    if args.steps < 1:
-        raise ConfigError(f"--steps: must be >= 1, got {args.steps}")
-    for flag, val in (("--timeout", args.timeout), ("--op-timeout", args.op_timeout),
-                      ("--lr", args.lr)):
-        if not (math.isfinite(val) and val > 0):
-            raise ConfigError(f"{flag}: must be a finite number > 0, got {val}")
-    m = schedule.problem.microbatches
-    if args.batch_size is not None and (args.batch_size < 1 or args.batch_size % m):
-        raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
-                          f"micro-batches, got {args.batch_size}")
+    check_run_flags(args, sum(schedule.replicas), schedule.problem.microbatches)
     try:
-        replay_orders(schedule, args.steps * m)
+        replay_orders(schedule, args.steps * schedule.problem.microbatches)
     except ExecutorError as exc:
         raise ConfigError(f"{args.schedule}: {exc}") from None
-    try:
-        check_rank_capacity(sum(schedule.replicas), os.cpu_count(), available_memory_bytes(),
-                            args.max_ranks)
-    except ExecutorError as exc:
-        raise ConfigError(f"run: {exc}") from None
 
 
-def cmd_run_async(args: argparse.Namespace, schedule: PeriodicSchedule,
-                  number: Callable[[str], Any]) -> int:
+def cmd_run_async(args: argparse.Namespace, schedule: PeriodicSchedule) -> int:
     """``pipeopt run`` of a periodic schedule: replay, print, exit 1 on a mismatch or a failed
-    rank. ``number`` reads a ``--model-arg`` value."""
+    rank."""
     check_async_args(args, schedule)
-    options = []
-    for item in args.model_arg or []:
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
-        options.append((key, number(val)))
-    from pipeopt.executor.launch import RunConfig
     from pipeopt.executor.models import ModelError
 
-    cfg = RunConfig(model=args.model, model_options=tuple(options), steps=args.steps,
-                    batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    timeout=args.timeout, backend="gloo", threads=args.threads,
-                    check=args.check, op_timeout=args.op_timeout, optimizer=args.optimizer)
+    cfg = RunConfig.from_args(args, backend="gloo")
     try:
         (res,) = run_async([(schedule, cfg)])
     except ModelError as exc:

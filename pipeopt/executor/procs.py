@@ -1,5 +1,6 @@
-"""Process plumbing of a pipelined run: spawned ranks that report their status and die
-with their launcher.
+"""Process plumbing of a pipelined run: its options (:class:`RunConfig`, checked from the
+command line by :func:`check_run_flags`), spawned ranks that report their status and die with
+their launcher, and torchrun ranks.
 
 :func:`spawn` runs a function on ``world`` fresh processes joined in a process group (gloo on
 CPU, nccl on CUDA, a free port on 127.0.0.1) and returns what each rank returned. The parent
@@ -12,6 +13,8 @@ torch (seconds on a busy machine) and the function it runs.
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import pickle
 import queue as queue_mod
@@ -24,9 +27,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from pipeopt.errors import ConfigError
+
 
 class ExecutorError(RuntimeError):
     """A pipelined run that failed (the message names the rank and the reason)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message ('' when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 @dataclass
@@ -44,6 +55,147 @@ class RankStatus:
 
     def __init__(self) -> None:
         self.text = "starting"
+
+
+#: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
+RTOL = 1e-5
+ATOL = 1e-5
+
+#: ``--autocast`` dtypes (:data:`pipeopt.executor.check.AUTOCAST` maps them to torch's).
+AUTOCAST_NAMES = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a schedule: model name and factory keywords, training steps, batch size
+    (default 4 per micro-batch), learning rate, seed, timeout of the whole run and of one op
+    or message (seconds), backend (``auto``: nccl with CUDA, else gloo), intra-op threads per
+    rank (default: cores / ranks), whether to compare with the one-process reference, the
+    optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
+    ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
+    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
+    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
+    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
+    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
+    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
+    checkpoints activations where the schedule's problem says (model form: ``full``
+    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
+    on every stage whatever it says. The async and the serving replays read the fields
+    they use."""
+
+    model: str = "mlp"
+    model_options: tuple[tuple[str, Any], ...] = ()
+    steps: int = 1
+    batch_size: int | None = None
+    lr: float = 0.01
+    seed: int = 0
+    timeout: float = 300.0
+    backend: str = "auto"
+    threads: int | None = None
+    check: bool = False
+    rtol: float = RTOL
+    atol: float = ATOL
+    fault: Fault | None = None
+    op_timeout: float = 120.0
+    optimizer: str = "sgd"
+    clip_grad_norm: float | None = None
+    autocast: str | None = None
+    per_layer_split: bool = True
+    torch_schedule: str | None = None
+    data_parallel: int = 1
+    recompute: str | None = None
+
+    def batch(self, microbatches: int) -> int:
+        """The batch size for ``microbatches``; must split evenly."""
+        bs = self.batch_size or 4 * microbatches
+        if bs % microbatches:
+            raise ExecutorError(f"batch_size: {bs} does not split into {microbatches} equal "
+                                "micro-batches")
+        return bs
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("sgd", "adamw") or (
+                self.autocast or "bf16") not in AUTOCAST_NAMES:
+            raise ValueError(f"optimizer {self.optimizer!r} / autocast {self.autocast!r}: "
+                             f"expected sgd or adamw / {', '.join(AUTOCAST_NAMES)} or None")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> RunConfig:
+        """The options ``pipeopt run``'s flags give (checked by :func:`check_run_flags`);
+        ``fields`` override them."""
+        same = ("model", "steps", "batch_size", "lr", "seed", "timeout", "backend", "threads",
+                "check", "op_timeout", "optimizer", "clip_grad_norm", "autocast",
+                "data_parallel", "recompute")  # flags named as the fields
+        return cls(**{**{k: getattr(args, k) for k in same}, "model_options": model_options(args),
+                      "per_layer_split": not args.torch_split, **fields})
+
+
+# ----- the command line's checks (no torch imported) ---------------------------------------------
+def under_torchrun() -> bool:
+    """True when this process is one rank started by torchrun (RANK and WORLD_SIZE set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def number(text: str) -> int | float | str:
+    """A ``--model-arg`` value: an int, else a float, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def model_options(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
+    """The ``--model-arg KEY=VALUE`` items as (key, :func:`number`) pairs; ConfigError for
+    one without a key or an ``=``."""
+    out = []
+    for item in args.model_arg or []:
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
+        out.append((key, number(val)))
+    return tuple(out)
+
+
+def check_run_flags(args: argparse.Namespace, ranks: int, microbatches: int | None = None
+                    ) -> None:
+    """The checks of ``pipeopt run``'s flags every replay shares (ConfigError naming the flag):
+    times and rates finite and > 0, counts in range, ``--batch-size`` a multiple of
+    ``microbatches`` (when given), ``--model-arg`` items, and ``ranks`` processes that this
+    machine holds (:func:`check_rank_capacity`; not under torchrun, which starts its own)."""
+    for flag, val, what in (("--timeout", args.timeout, "number of seconds"),
+                            ("--op-timeout", args.op_timeout, "number of seconds"),
+                            ("--lr", args.lr, "number"),
+                            ("--clip-grad-norm", args.clip_grad_norm, "number")):
+        if val is not None and not (math.isfinite(val) and val > 0):
+            raise ConfigError(f"{flag}: must be a finite {what} > 0, got {val}")
+    for flag, val, least in (("--steps", args.steps, 1), ("--seed", args.seed, 0),
+                             ("--data-parallel", args.data_parallel, 1),
+                             ("--threads", args.threads, 1), ("--max-ranks", args.max_ranks, 1)):
+        if val is not None and val < least:
+            raise ConfigError(f"{flag}: must be >= {least}, got {val}")
+    m = microbatches
+    if m is not None and args.batch_size is not None and (args.batch_size < 1
+                                                          or args.batch_size % m):
+        raise ConfigError(f"--batch-size: must be a positive multiple of the schedule's {m} "
+                          f"micro-batches, got {args.batch_size}")
+    model_options(args)
+    if not under_torchrun():
+        try:
+            check_rank_capacity(ranks, os.cpu_count(), available_memory_bytes(), args.max_ranks)
+        except ExecutorError as exc:
+            raise ConfigError(f"run: {exc}") from None
+
+
+def check_nccl(backend: str) -> None:
+    """ConfigError for ``--backend nccl`` where torch sees no CUDA GPU (imports torch)."""
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
+                              f"({torch.__version__}) sees none; use --backend gloo")
 
 
 #: Seconds the parent keeps listening after the first failure, so that the root cause (the
@@ -281,3 +433,30 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     return [results[r] for r in range(world)]
 
 
+
+
+def torchrun(fn: RankFn, args: tuple[Any, ...], *, backend: str, timeout: float,
+             threads: int | None) -> list[Any] | None:
+    """Run ``fn(rank, world, device, *args)`` as this rank started by torchrun (RANK,
+    WORLD_SIZE, MASTER_ADDR, ...; process group joined here, timing out after ``timeout``
+    seconds): rank 0 gets every rank's result, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt._malloc import steady_cpu_allocator
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = resolve_backend(backend)
+    if threads:
+        torch.set_num_threads(threads)
+    if backend == "gloo":
+        steady_cpu_allocator()
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    try:
+        payload = fn(rank, world, rank_device(backend, int(os.environ.get("LOCAL_RANK", rank))),
+                     *args)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    finally:
+        dist.destroy_process_group()
+    return gathered
