@@ -16,9 +16,9 @@ from pipeopt.core.validate import check  # noqa: E402
 from pipeopt.executor.inference import (  # noqa: E402
     Message,
     Replay,
-    ServeOptions,
     build_layers,
     cap_plan,
+    model_kwargs,
     prompt_tokens,
     reference_decode,
     replay_of,
@@ -26,7 +26,7 @@ from pipeopt.executor.inference import (  # noqa: E402
     segments,
     stage_forward,
 )
-from pipeopt.executor.procs import ExecutorError  # noqa: E402
+from pipeopt.executor.procs import ExecutorError, RunConfig  # noqa: E402
 from pipeopt.graphio import dump_any  # noqa: E402
 from pipeopt.solvers import inference as si  # noqa: E402
 from pipeopt.workloads import inference as wi  # noqa: E402
@@ -97,13 +97,13 @@ def test_model_defaults_are_tiny_gpts() -> None:
     assert all(params[k].default == v for k, v in MODEL_DEFAULTS)
 
 
-def _in_one_process(replay: Replay, opts: ServeOptions) -> list[list[int]]:
+def _in_one_process(replay: Replay, opts: RunConfig) -> list[list[int]]:
     """The replay's iterations in the plan's order through every layer in this process, KV
     cached as the ranks keep it: the tokens per request."""
     plan = replay.plan
     layers = build_layers(replay, opts)
     caches = [{} for layer in layers if type(layer).__name__ == "Block"]
-    prompts = prompt_tokens(plan, opts.model_kwargs(plan, replay.stages)["vocab"], opts.seed)
+    prompts = prompt_tokens(plan, model_kwargs(opts, plan, replay.stages)["vocab"], opts.seed)
     out: list[list[int]] = [[] for _ in plan.requests]
     with torch.no_grad():
         for b in range(len(plan.iterations)):
@@ -130,7 +130,8 @@ def test_cached_forward_equals_the_uncached_decode() -> None:
     plan = _plan(2)
     served = si.time_plan(plan, (UNIT, UNIT), order="greedy")
     replay = replay_of(served.schedule)
-    opts = ServeOptions(model_options=(("layers", 2), ("vocab", 16)), seed=3)
+    opts = RunConfig(model="tiny-gpt", model_options=(("layers", 2), ("vocab", 16)), seed=3,
+                     check=True)
     ref, _ = reference_decode(replay, opts)
     assert [len(t) for t in ref] == [r.output for r in REQUESTS]
     assert _in_one_process(replay, opts) == ref
@@ -170,7 +171,8 @@ def test_spawned_ranks_generate_the_reference_tokens(stages: int) -> None:
     assert check(sched) == []
     replay = replay_of(sched)
     assert replay.orders[0] != replay.orders[1]
-    res = run_serving(replay, ServeOptions(backend="gloo", model_options=(("vocab", 32),)))
+    res = run_serving(replay, RunConfig(model="tiny-gpt", backend="gloo",
+                                           model_options=(("vocab", 32),), check=True))
     assert res.tokens_match, res.mismatched
     assert res.tokens == res.reference_tokens
     assert [len(t) for t in res.tokens] == [r.output for r in REQUESTS]

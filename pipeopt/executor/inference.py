@@ -37,7 +37,6 @@ import argparse
 import itertools
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -50,8 +49,10 @@ from pipeopt.errors import ConfigError
 from pipeopt.executor.procs import (
     ExecutorError,
     RankStatus,
-    available_memory_bytes,
-    check_rank_capacity,
+    RunConfig,
+    check_nccl,
+    check_run_flags,
+    under_torchrun,
 )
 from pipeopt.workloads.inference import (
     Chunk,
@@ -217,52 +218,39 @@ def prompt_tokens(plan: Plan, vocab: int, seed: int) -> tuple[tuple[int, ...], .
     return tuple(tuple(rng.randrange(vocab) for _ in range(r.prompt)) for r in plan.requests)
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    """How to replay: the tiny GPT's keywords (``layers`` default: the stages; ``seq_len``
-    default: the longest request's prompt + output - 1, which it must hold), the seed of weights
-    and prompts, the whole run's and one message's timeouts (s), backend, intra-op threads per
-    rank, and whether to decode every request alone in one process and compare (``check``)."""
-
-    model_options: tuple[tuple[str, int], ...] = ()
-    seed: int = 0
-    timeout: float = 300.0
-    op_timeout: float = 120.0
-    backend: str = "auto"
-    threads: int | None = None
-    check: bool = True
-
-    def model_kwargs(self, plan: Plan, stages: int) -> dict[str, int]:
-        """The keywords for ``tiny_gpt``; ConfigError naming the ``--model-arg`` that cannot
-        serve ``plan`` on ``stages`` stages."""
-        kw = dict(self.model_options)
-        for key, val in kw.items():
-            if key not in MODEL_KEYS:
-                raise ConfigError(f"--model-arg: tiny-gpt takes {', '.join(MODEL_KEYS)}, not "
-                                  f"{key!r}")
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ConfigError(f"--model-arg {key}: must be an integer >= 1, got {val!r}")
-        longest = max(r.kv_tokens for r in plan.requests)
-        kw.setdefault("layers", max(1, stages))
-        kw.setdefault("seq_len", longest)
-        for key, val in MODEL_DEFAULTS:
-            kw.setdefault(key, val)
-        if kw["seq_len"] < longest:
-            raise ConfigError(f"--model-arg seq_len: must hold the longest request's {longest} "
-                              f"positions (prompt + output - 1), got {kw['seq_len']}")
-        if kw["layers"] + 2 < stages:
-            raise ConfigError(f"--model-arg layers: {kw['layers']} blocks + embedding + head "
-                              f"are fewer layers than the plan's {stages} stages")
-        if kw["hidden"] % kw["heads"]:
-            raise ConfigError(f"--model-arg hidden: must be a multiple of heads "
-                              f"({kw['heads']}), got {kw['hidden']}")
-        if kw["vocab"] < 2:
-            raise ConfigError(f"--model-arg vocab: must be >= 2, got {kw['vocab']}")
-        return kw
+def model_kwargs(opts: RunConfig, plan: Plan, stages: int) -> dict[str, int]:
+    """The keywords for ``tiny_gpt`` from ``opts.model_options`` (``layers`` default: the
+    stages; ``seq_len`` default: the longest request's prompt + output - 1, which it must
+    hold); ConfigError naming the ``--model-arg`` that cannot serve ``plan`` on ``stages``
+    stages."""
+    kw = dict(opts.model_options)
+    for key, val in kw.items():
+        if key not in MODEL_KEYS:
+            raise ConfigError(f"--model-arg: tiny-gpt takes {', '.join(MODEL_KEYS)}, not "
+                              f"{key!r}")
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ConfigError(f"--model-arg {key}: must be an integer >= 1, got {val!r}")
+    longest = max(r.kv_tokens for r in plan.requests)
+    kw.setdefault("layers", max(1, stages))
+    kw.setdefault("seq_len", longest)
+    for key, val in MODEL_DEFAULTS:
+        kw.setdefault(key, val)
+    if kw["seq_len"] < longest:
+        raise ConfigError(f"--model-arg seq_len: must hold the longest request's {longest} "
+                          f"positions (prompt + output - 1), got {kw['seq_len']}")
+    if kw["layers"] + 2 < stages:
+        raise ConfigError(f"--model-arg layers: {kw['layers']} blocks + embedding + head "
+                          f"are fewer layers than the plan's {stages} stages")
+    if kw["hidden"] % kw["heads"]:
+        raise ConfigError(f"--model-arg hidden: must be a multiple of heads "
+                          f"({kw['heads']}), got {kw['hidden']}")
+    if kw["vocab"] < 2:
+        raise ConfigError(f"--model-arg vocab: must be >= 2, got {kw['vocab']}")
+    return kw
 
 
 # ----- the model, forward only with a KV cache ---------------------------------------------
-def build_layers(replay: Replay, opts: ServeOptions) -> list[nn.Module]:
+def build_layers(replay: Replay, opts: RunConfig) -> list[nn.Module]:
     """The tiny GPT's pipeline layers (embedding, blocks, head) in float64, drawn by the seed
     (the same on every rank and in the reference)."""
     import torch
@@ -270,7 +258,7 @@ def build_layers(replay: Replay, opts: ServeOptions) -> list[nn.Module]:
     from pipeopt.executor.models import tiny_gpt
 
     torch.manual_seed(opts.seed)
-    spec = tiny_gpt(**opts.model_kwargs(replay.plan, replay.stages))
+    spec = tiny_gpt(**model_kwargs(opts, replay.plan, replay.stages))
     return [layer.double().eval() for layer in spec.layers]
 
 
@@ -386,7 +374,7 @@ class _Mailbox:
             work.wait()
 
 
-def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOptions,
+def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConfig,
                status: RankStatus | None = None) -> dict[str, Any]:
     """Run stage ``rank``'s iterations in its order (process group joined). Returns the
     tokens and logits of every request (last rank; others empty), the most KV entries held at
@@ -403,7 +391,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
     all_layers = build_layers(replay, opts)
     a, b_ = stage_bounds(len(all_layers), s)[rank]
     layers = [layer.to(device) for layer in all_layers[a:b_]]
-    kw = opts.model_kwargs(plan, s)
+    kw = model_kwargs(opts, plan, s)
     hidden = kw["hidden"]
     caches: list[dict[int, Any]] = [{} for layer in layers if isinstance(layer, Block)]
     prompts = prompt_tokens(plan, kw["vocab"], opts.seed)
@@ -485,7 +473,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: ServeOp
 
 
 # ----- the reference and the run -----------------------------------------------------------
-def reference_decode(replay: Replay, opts: ServeOptions
+def reference_decode(replay: Replay, opts: RunConfig
                      ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Every request decoded greedily alone in this process by the model's uncached forward
     (the whole sequence each step): its tokens and the logits of each."""
@@ -493,8 +481,8 @@ def reference_decode(replay: Replay, opts: ServeOptions
 
     layers = build_layers(replay, opts)
     model = torch.nn.Sequential(*layers)
-    prompts = prompt_tokens(replay.plan, dict(opts.model_kwargs(
-        replay.plan, replay.stages))["vocab"], opts.seed)
+    prompts = prompt_tokens(replay.plan, model_kwargs(
+        opts, replay.plan, replay.stages)["vocab"], opts.seed)
     tokens, logits = [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: more threads only contend (with the ranks, too)
@@ -554,21 +542,17 @@ class ServeResult:
                 "max_abs_logit_diff": self.max_abs_logit_diff, "mismatched": self.mismatched}
 
 
-def under_torchrun() -> bool:
-    """True when this process is one rank started by torchrun (RANK and WORLD_SIZE set)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult | None:
+def run_serving(replay: Replay, opts: RunConfig | None = None) -> ServeResult | None:
     """Replay ``replay`` on spawned gloo (or nccl) ranks, one per stage, or as this rank
     under torchrun (the result then on rank 0 only, None elsewhere); with ``opts.check``
     compare every request's tokens with :func:`reference_decode`."""
-    from pipeopt.executor.procs import spawn
+    from pipeopt.executor.procs import spawn, torchrun
 
-    opts = opts or ServeOptions()
+    opts = opts or RunConfig(model="tiny-gpt", check=True)
     build_layers(replay, opts)  # a model that cannot be built fails here, before any rank
     if under_torchrun():
-        reports = _torchrun_rank(replay, opts)
+        reports = torchrun(serve_rank, (replay, opts), backend=opts.backend,
+                           timeout=opts.timeout, threads=opts.threads)
         if reports is None:
             return None
     else:
@@ -577,31 +561,7 @@ def run_serving(replay: Replay, opts: ServeOptions | None = None) -> ServeResult
     return _result(replay, opts, reports)
 
 
-def _torchrun_rank(replay: Replay, opts: ServeOptions) -> list[dict[str, Any]] | None:
-    """Run this torchrun rank's stage; rank 0 gets every rank's report, the others None."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from pipeopt.executor.procs import rank_device, resolve_backend
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend = resolve_backend(opts.backend)
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    dist.init_process_group(backend, timeout=timedelta(seconds=opts.timeout))
-    try:
-        device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
-        payload = serve_rank(rank, world, device, replay, opts)
-        gathered: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(payload, gathered, dst=0)
-    finally:
-        dist.destroy_process_group()
-    return gathered
-
-
-def _result(replay: Replay, opts: ServeOptions, reports: Sequence[dict[str, Any]]
+def _result(replay: Replay, opts: RunConfig, reports: Sequence[dict[str, Any]]
             ) -> ServeResult:
     """The result of every rank's report, checked against the reference on request."""
     got, logits = reports[-1]["tokens"], reports[-1]["logits"]
@@ -647,7 +607,7 @@ TRAINING_FLAGS = (("--batch-size", "batch_size"), ("--clip-grad-norm", "clip_gra
                   ("--torch-split", "torch_split"), ("--costs-out", "costs_out"))
 
 
-def check_serve_args(args: argparse.Namespace) -> tuple[Replay, ServeOptions]:
+def check_serve_args(args: argparse.Namespace) -> tuple[Replay, RunConfig]:
     """Check ``pipeopt run``'s flags for a served plan and load it, importing no torch;
     ConfigError naming the flag."""
     from pipeopt.graphio import load_graph_schedule
@@ -662,40 +622,15 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Replay, ServeOptions]:
     if args.model != "tiny-gpt":
         raise ConfigError(f"--model: a served plan replays on tiny-gpt (its KV-cached forward "
                           f"is written for it), got {args.model!r}")
-    for flag, val in (("--timeout", args.timeout), ("--op-timeout", args.op_timeout)):
-        if not (math.isfinite(val) and val > 0):
-            raise ConfigError(f"{flag}: must be a finite number of seconds > 0, got {val}")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads: must be >= 1, got {args.threads}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed: must be >= 0, got {args.seed}")
-    options = []
-    for item in args.model_arg or []:
-        key, sep, val = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--model-arg: expected KEY=VALUE, got {item!r}")
-        try:
-            options.append((key, int(val)))
-        except ValueError:
-            raise ConfigError(f"--model-arg {key}: must be an integer, got {val!r}") from None
     sched = load_graph_schedule(args.schedule)
     try:
         replay = replay_of(sched, getattr(args, "max_prompt", None),
                            getattr(args, "max_output", None))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    opts = ServeOptions(model_options=tuple(options), seed=args.seed, timeout=args.timeout,
-                        op_timeout=args.op_timeout, backend=args.backend,
-                        threads=args.threads, check=args.check)
-    opts.model_kwargs(replay.plan, replay.stages)  # its ConfigErrors before torch
-    if args.max_ranks is not None and args.max_ranks < 1:
-        raise ConfigError(f"--max-ranks: must be >= 1, got {args.max_ranks}")
-    if not under_torchrun():  # torchrun starts its own ranks
-        try:
-            check_rank_capacity(replay.stages, os.cpu_count(),
-                                available_memory_bytes(), args.max_ranks)
-        except ExecutorError as exc:
-            raise ConfigError(f"run: {exc}") from None
+    check_run_flags(args, replay.stages)
+    opts = RunConfig.from_args(args)
+    model_kwargs(opts, replay.plan, replay.stages)  # its ConfigErrors before torch
     return replay, opts
 
 
@@ -703,12 +638,7 @@ def cmd_run_serving(args: argparse.Namespace) -> int:
     """``pipeopt run`` of a served plan: replay it, print what came out; exit 1 when a
     request's tokens differ from the one-process decode (``--check``) or a rank fails."""
     replay, opts = check_serve_args(args)
-    if opts.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--backend nccl: needs CUDA GPUs, and this torch "
-                              f"({torch.__version__}) sees none; use --backend gloo")
+    check_nccl(opts.backend)
     try:
         res = run_serving(replay, opts)
     except ExecutorError as exc:
@@ -719,10 +649,10 @@ def cmd_run_serving(args: argparse.Namespace) -> int:
     bad = bool(opts.check and not res.tokens_match)
     if args.json:
         print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": "tiny-gpt",
-                          "model_args": opts.model_kwargs(replay.plan, replay.stages)}))
+                          "model_args": model_kwargs(opts, replay.plan, replay.stages)}))
         return 1 if bad else 0
     plan = replay.plan
-    kw = opts.model_kwargs(plan, replay.stages)
+    kw = model_kwargs(opts, plan, replay.stages)
     capped = getattr(args, "max_prompt", None) or getattr(args, "max_output", None)
     print(f"schedule      {args.schedule} ({res.method}, served plan, {res.ranks} ranks)")
     print(f"model         tiny-gpt {', '.join(f'{k}={v}' for k, v in kw.items())} (float64), "
