@@ -88,7 +88,7 @@ class RunResult:
 
 
 # ----- the replay job --------------------------------------------------------------------------
-def _stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
+def stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     """The micro-batch ``sample`` and every stage's output for it (no gradients): the example
     tensors PyTorch's stages take instead of inferring shapes through messages."""
     out: list[Any] = [sample]
@@ -118,7 +118,7 @@ def _build(schedule: Schedule, cfg: RunConfig
     mods = [StageModule(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
                         checkpointed[k]) for k, mod in enumerate(stages)]
     xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
-    return spec, stages, mods, _stage_io(mods, xs[0])
+    return spec, stages, mods, stage_io(mods, xs[0])
 
 
 def _groups(p: int, dp: int, device: torch.device, backend: str, op_timeout: float

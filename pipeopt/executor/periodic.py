@@ -217,20 +217,16 @@ def _functional(mod: Any, params: dict[str, Any], x: Any) -> Any:
 
 def _boundaries(spec: Any, stages: Sequence[Any], x: Any) -> list[tuple[Any, Any]]:
     """(shape, dtype) of the tensor that enters each stage (stage 0: the data), from one
-    micro-batch's forward; ExecutorError when a stage hands on something else than one
-    floating-point tensor."""
-    import torch
+    micro-batch's forward (:func:`~pipeopt.executor.launch.stage_io`); ExecutorError when a
+    stage hands on more than one floating-point tensor."""
+    from pipeopt.executor.launch import stage_io
 
-    out, h = [], x
-    with torch.no_grad():
-        for k, mod in enumerate(stages):
-            if k and not (isinstance(h, torch.Tensor) and h.is_floating_point()):
-                raise ExecutorError(f"model: {spec.name}'s stage {k - 1} hands on "
-                                    f"{type(h).__name__}; the async replay passes one "
-                                    "floating-point tensor between stages")
-            out.append((tuple(h.shape), h.dtype))
-            h = mod(h)
-    return out
+    outs = stage_io(stages, x)
+    for k, h in enumerate(outs[1:-1]):
+        if isinstance(h, tuple):
+            raise ExecutorError(f"model: {spec.name}'s stage {k} hands on a tuple; the async "
+                                "replay passes one floating-point tensor between stages")
+    return [(tuple(h.shape), h.dtype) for h in outs[:-1]]
 
 
 def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cfg: RunConfig,
