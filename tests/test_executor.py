@@ -209,14 +209,14 @@ DECODER = RunConfig(model="decoder_model:decoder", check=True, steps=2, optimize
 
 @pytest.mark.torch
 def test_decoder_two_ranks_matches_reference() -> None:
-    """A Hugging Face-style decoder (tuples between stages) under 1F1B, ZB-H1, ZB-V and the
-    greedy solver's schedule on 2 gloo ranks equals one-process training; also with every
-    layer an activation checkpoint (1F1B by the flag, ZB-H1 as its problem says)."""
+    """A Hugging Face-style decoder (tuples between stages) under 1F1B, ZB-H1, ZB-V, the
+    greedy solver's and CP-SAT's schedules on 2 gloo ranks equals one-process training; also
+    with every layer an activation checkpoint (1F1B by the flag, ZB-H1 as its problem says)."""
     p, m = 2, 4
     greedy = solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy")
     scheds = [_orders_schedule("1f1b", p, m, False), _orders_schedule("zb-h1", p, m, True),
               _orders_schedule("zb-v", p, m, True, virtual_stages=2, placement="vshape"),
-              greedy]
+              greedy, _search_schedule(p, m)]
     jobs = [(s, DECODER) for s in scheds]
     jobs.append((scheds[0], dataclasses.replace(DECODER, recompute="full")))
     zb = scheds[1]  # its problem says recompute: full (as the model form records it)
@@ -229,10 +229,15 @@ def test_decoder_two_ranks_matches_reference() -> None:
 @pytest.mark.torch
 @pytest.mark.slow
 def test_decoder_four_ranks_matches_reference() -> None:
+    """The same five methods on 4 ranks (ZB-V: 8 stages, so a decoder of 6 blocks, and at
+    least 2 x 4 micro-batches)."""
     p, m = 4, 4
-    scheds = [_orders_schedule("zb-h1", p, m, True),
-              solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy")]
+    scheds = [_orders_schedule("1f1b", p, m, False), _orders_schedule("zb-h1", p, m, True),
+              solve(uniform_problem(p, m, f=1.0, b=1.0, w=0.5), "greedy"),
+              _search_schedule(p, m)]
     jobs = [(s, DECODER) for s in scheds]
+    jobs.append((_orders_schedule("zb-v", p, 2 * p, True, virtual_stages=2, placement="vshape"),
+                 dataclasses.replace(DECODER, model_options=(("layers", 6),))))
     _assert_all_match(jobs, run_pipelines(jobs))
 
 
