@@ -326,7 +326,8 @@ def _record(monkeypatch: pytest.MonkeyPatch, world: int, run: Any) -> dict[int, 
 
 
 @pytest.mark.parametrize(("method", "replicas"), [("pipedream", None), ("pipedream-2bw", None),
-                                                  ("pipemare", None), ("pipedream", (1, 2, 1))])
+                                                  ("pipemare", None), ("pipedream", (1, 2, 1)),
+                                                  ("pipedream-2bw", (1, 2, 1))])
 def test_async_replay_posts_a_safe_order(monkeypatch: pytest.MonkeyPatch, method: str,
                                          replicas: tuple[int, ...] | None) -> None:
     """The async replay's sends, receives and replica all-reduces (recorded from its own
