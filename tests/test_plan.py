@@ -64,7 +64,7 @@ def test_enumeration_divides_gpus_and_batch() -> None:
         dp = 4 // (tp * pp)
         for b in (1, 2):
             for v in (1, 2):
-                for rc in ("none", "selective", "full"):
+                for rc in ("none", "selective", "full", "per_stage"):
                     for z in (0, 1):
                         if (z == 1 and dp == 1) or (v == 2 and pp == 1) or pp * v > 6:
                             continue
@@ -380,17 +380,16 @@ def test_plan_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_per_stage_recompute_is_one_entry_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 16 item 2 (recomputation chosen per stage, model.recompute: per_stage) joins the
-    plan by one more entry of RECOMPUTE_MODES: its candidates are built as the model form
-    builds them, their memory floor and bound stay below what their schedules need, and
-    under a memory limit that full recomputation everywhere would meet, per stage is never
-    slower than the best uniform mode."""
-    import pipeopt.plan.spec as spec_module
+def test_per_stage_recompute_in_the_plan() -> None:
+    """Issue 16 item 2 (recomputation chosen per stage, model.recompute: per_stage) in the
+    plan: its candidates are built as the model form builds them, their memory floor and
+    bound stay below what their schedules need, and under a memory limit that full
+    recomputation everywhere would meet, per stage is never slower than the best uniform
+    mode."""
+    from pipeopt.plan import RECOMPUTE_MODES
     from pipeopt.solvers import memory_floor
 
-    monkeypatch.setattr(spec_module, "RECOMPUTE_MODES", (*spec_module.RECOMPUTE_MODES,
-                                                         "per_stage"))
+    assert "per_stage" in RECOMPUTE_MODES
     # 512-token sequences on 2 stages: at 6e6 bytes per device no recomputation cannot fit
     # (its floor is 15e6), selective barely does (4.5e6), full does (2.4e6).
     data = {**tiny(recompute=["none", "selective", "full", "per_stage"], virtual_stages=[1],
