@@ -57,7 +57,8 @@ _CHOSEN_TRAINING_KEYS = {
     "stage_layers": "each candidate has its own number of stages",
     "top_k": "the joint partition search is not used by the planner",
     "joint_method": "the joint partition search is not used by the planner",
-    "joint_time_limit": "the joint partition search is not used by the planner",
+    "joint_time_limit": "the planner sets it to plan.screen_time_limit (per_stage weighs "
+                        "its split and fused backward in that time)",
     "sequence_lengths": "the planner prices every micro-batch at model.seq_len",
 }
 
