@@ -13,6 +13,13 @@ through it add up to one tier latency.
 
 The point-to-point delay of ``n`` bytes between two GPUs is the latency of the path plus ``n``
 over its bottleneck bandwidth, on the path for which that sum is least.
+
+Paths are searched piece by piece, as the graph allows: a GPU's node is left and entered only
+through the node's NIC and a datacenter's only through its switch, so a path between GPUs of
+two nodes is (GPU -> its NIC within its node) + (NIC -> switch -> ... -> switch -> NIC) + (NIC
+-> GPU within the other node), each piece a shortest path of its own small graph (a node's
+GPUs and NIC; the datacenter switches). Each piece is searched once per node (or
+datacenter) and bandwidth floor, so the cost grows with the nodes, not with GPUs x GPUs.
 """
 
 from __future__ import annotations
@@ -142,8 +149,13 @@ class Topology:
         self.gpu_models: list[GPU] = []
         #: Per node: (datacenter, GPUs in it); nodes in GPU numbering order.
         self.nodes: list[tuple[int, int]] = []
-        # Dijkstra results per (source, bandwidth floor).
-        self._paths: dict[tuple[str, float], dict[str, list[str]]] = {}
+        # Per node (in self.nodes' order): its NIC and its GPUs' names; per GPU, its node.
+        self._members: list[tuple[str, list[str]]] = []
+        self._node_of: list[int] = []
+        # Shortest paths of the pieces (see the module docstring), per (source, bandwidth
+        # floor): within a node from its NIC or one of its GPUs, between datacenter switches.
+        self._local: dict[tuple[str, float], dict[str, list[str]]] = {}
+        self._wan: dict[tuple[str, float], dict[str, list[str]]] = {}
         nv_given = given.get("nvlink")
         nv_bw_given = nv_given is not None and nv_given.bandwidth is not None
         for d, dc in enumerate(self.datacenters):
@@ -178,10 +190,12 @@ class Topology:
         self._edge(nic, f"dc{d}", self.tiers["infiniband"], "infiniband", half=True,
                    lanes=group.nics or group.gpus_per_node)
         self.nodes.append((d, group.gpus_per_node))
-        members = []
+        members: list[str] = []
+        self._members.append((nic, members))
         for g in range(group.gpus_per_node):
             name = f"dc{d}/n{n}/g{g}"
             self.graph.add_node(name, kind="gpu", index=len(self.gpus))
+            self._node_of.append(len(self.nodes) - 1)
             self.gpus.append(name)
             self.gpu_info.append((d, n, g))
             self.gpu_models.append(group.gpu)
@@ -203,14 +217,56 @@ class Topology:
         """Number of GPUs in the cluster."""
         return len(self.gpus)
 
-    def _shortest(self, src: str, floor: float) -> dict[str, list[str]]:
-        """Lowest-latency paths from ``src`` over the links of bandwidth >= ``floor``."""
+    def _dijkstra(self, nodes: Sequence[str], src: str, floor: float
+                  ) -> dict[str, list[str]]:
+        """Lowest-latency paths from ``src`` in the graph induced by ``nodes`` over the links
+        of bandwidth >= ``floor`` (a small graph: one node's GPUs and NIC, or the switches)."""
+        inside = set(nodes)
+        sub = nx.Graph()
+        sub.add_nodes_from(nodes)
+        adj = self.graph.adj
+        sub.add_weighted_edges_from(
+            ((u, v, e["latency"]) for u in nodes for v, e in adj[u].items()
+             if v in inside and e["bandwidth"] >= floor), weight="latency")
+        return nx.single_source_dijkstra_path(sub, src, weight="latency")
+
+    def _within(self, node: int, src: str, floor: float) -> dict[str, list[str]]:
+        """Lowest-latency paths from ``src`` (the NIC or a GPU of ``node``) within the node."""
         key = (src, floor)
-        if key not in self._paths:
-            view = nx.subgraph_view(
-                self.graph, filter_edge=lambda u, v: self.graph.edges[u, v]["bandwidth"] >= floor)
-            self._paths[key] = nx.single_source_dijkstra_path(view, src, weight="latency")
-        return self._paths[key]
+        if key not in self._local:
+            nic, gpus = self._members[node]
+            self._local[key] = self._dijkstra([nic, *gpus], src, floor)
+        return self._local[key]
+
+    def _between(self, a: int, b: int, floor: float) -> list[str] | None:
+        """Lowest-latency path between datacenter switches ``a`` and ``b`` over the WAN links
+        of bandwidth >= ``floor`` (None: none)."""
+        src = f"dc{a}"
+        key = (src, floor)
+        if key not in self._wan:
+            self._wan[key] = self._dijkstra([f"dc{d}" for d in range(len(self.datacenters))],
+                                            src, floor)
+        return self._wan[key].get(f"dc{b}")
+
+    def _shortest(self, a: int, b: int, floor: float) -> list[str] | None:
+        """The lowest-latency path between GPUs ``a`` and ``b`` over the links of bandwidth
+        >= ``floor`` (None: none), joined from its pieces (module docstring)."""
+        na, nb = self._node_of[a], self._node_of[b]
+        src, dst = self.gpus[a], self.gpus[b]
+        if na == nb:
+            return self._within(na, src, floor).get(dst)
+        nic_a, nic_b = self._members[na][0], self._members[nb][0]
+        up = self._within(na, nic_a, floor).get(src)
+        down = self._within(nb, nic_b, floor).get(dst)
+        da, db = self.datacenter_of(a), self.datacenter_of(b)
+        if up is None or down is None or any(
+                self.graph.edges[nic, f"dc{d}"]["bandwidth"] < floor
+                for nic, d in ((nic_a, da), (nic_b, db))):
+            return None
+        middle = [f"dc{da}"] if da == db else self._between(da, db, floor)
+        if middle is None:
+            return None
+        return [*reversed(up), *middle, *down]
 
     def path(self, a: int, b: int, nbytes: float = 0.0) -> list[str]:
         """The path between GPUs ``a`` and ``b`` (graph node names) that delivers an
@@ -218,11 +274,10 @@ class Topology:
 
         Exact by trying every bandwidth floor: the lowest-latency path over the links at least
         that fast (with ``nbytes = 0``, the lowest-latency path)."""
-        src, dst = self.gpus[a], self.gpus[b]
         floors = [min(self._bandwidths)] if nbytes == 0 else self._bandwidths
         best: tuple[float, float, list[str]] | None = None
         for floor in floors:
-            nodes = self._shortest(src, floor).get(dst)
+            nodes = self._shortest(a, b, floor)
             if nodes is None:
                 continue
             lat, bw = self._measure(nodes)

@@ -64,7 +64,7 @@ def test_enumeration_divides_gpus_and_batch() -> None:
         dp = 4 // (tp * pp)
         for b in (1, 2):
             for v in (1, 2):
-                for rc in ("none", "selective", "full"):
+                for rc in ("none", "selective", "full", "per_stage"):
                     for z in (0, 1):
                         if (z == 1 and dp == 1) or (v == 2 and pp == 1) or pp * v > 6:
                             continue
@@ -327,8 +327,11 @@ def test_ctrl_c_keeps_and_writes_the_best_so_far(tmp_path: Path, jobs: int) -> N
 
 @pytest.mark.slow
 def test_readme_plan_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """README's "Plan a run": its command runs and prints the table shown (the scheduled rows'
-    configurations and step times, the counts line)."""
+    """README's "Plan a run": its command runs and prints the table shown: the same counts of
+    configurations and of memory-pruned ones, the best step time within 2 %, and every row
+    shown that this run also scheduled at its step time within 2 %. (Which of the near-tied
+    candidates get scheduled or pruned by bound depends on what the greedy finds in its time
+    limits, so on the machine's load: those counts are not compared.)"""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     start = readme.index("$ pipeopt plan examples/plan_llama70b.yaml")
     shown = readme[start:readme.index("```", start)].splitlines()
@@ -337,12 +340,20 @@ def test_readme_plan_section(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             str(ROOT / a) if a.startswith("examples/") else a for a in argv]
     assert main([*argv, "-q"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split(";")[0] == shown[1].split(";")[0]  # the counts, not the wall time
-    want = [line for line in shown if "scheduled" in line and line[:1].isdigit()]
-    got = [line for line in out if "scheduled" in line and line[:1].isdigit()]
-    assert want and [w.split()[:10] for w in want] == [g.split()[:10] for g in got]
-    for w, g in zip(want, got, strict=True):
-        assert float(g.split()[10]) == pytest.approx(float(w.split()[10]), rel=0.02)
+    def counts(line: str) -> tuple[str, str]:
+        parts = line.split(";")[0].split(", ")
+        return parts[0], parts[2]  # "plan  N configurations", "K pruned by memory"
+
+    assert counts(out[0]) == counts(shown[1])
+    assert "0 failed, 0 skipped" in out[0]
+    want = [line.split() for line in shown if "scheduled" in line and line[:1].isdigit()]
+    got = {tuple(g.split()[1:10]): float(g.split()[10]) for g in out
+           if "scheduled" in g and g[:1].isdigit()}
+    assert want and got
+    assert min(got.values()) == pytest.approx(float(want[0][10]), rel=0.02)
+    for w in want:
+        if tuple(w[1:10]) in got:
+            assert got[tuple(w[1:10])] == pytest.approx(float(w[10]), rel=0.02)
     assert (tmp_path / "best.yaml").exists() and (tmp_path / "best.json").exists()
 
 
@@ -380,17 +391,16 @@ def test_plan_notebook_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
-def test_per_stage_recompute_is_one_entry_away(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 16 item 2 (recomputation chosen per stage, model.recompute: per_stage) joins the
-    plan by one more entry of RECOMPUTE_MODES: its candidates are built as the model form
-    builds them, their memory floor and bound stay below what their schedules need, and
-    under a memory limit that full recomputation everywhere would meet, per stage is never
-    slower than the best uniform mode."""
-    import pipeopt.plan.spec as spec_module
+def test_per_stage_recompute_in_the_plan() -> None:
+    """Issue 16 item 2 (recomputation chosen per stage, model.recompute: per_stage) in the
+    plan: its candidates are built as the model form builds them, their memory floor and
+    bound stay below what their schedules need, and under a memory limit that full
+    recomputation everywhere would meet, per stage is never slower than the best uniform
+    mode."""
+    from pipeopt.plan import RECOMPUTE_MODES
     from pipeopt.solvers import memory_floor
 
-    monkeypatch.setattr(spec_module, "RECOMPUTE_MODES", (*spec_module.RECOMPUTE_MODES,
-                                                         "per_stage"))
+    assert "per_stage" in RECOMPUTE_MODES
     # 512-token sequences on 2 stages: at 6e6 bytes per device no recomputation cannot fit
     # (its floor is 15e6), selective barely does (4.5e6), full does (2.4e6).
     data = {**tiny(recompute=["none", "selective", "full", "per_stage"], virtual_stages=[1],

@@ -1,5 +1,8 @@
 """Topology: tiered links, path delays, placement of pipeline ranks."""
 
+import itertools
+
+import networkx as nx
 import pytest
 
 from pipeopt.costs.gpus import lookup
@@ -180,3 +183,47 @@ def test_rings_share_a_node_uplink_with_fewer_nics_than_gpus():
     # Default: one NIC per GPU, nothing shared; the bottleneck is the NIC's 50e9.
     full = Topology([Datacenter(h100, 2, 4)]).ring_links([([j, 4 + j], 1e6) for j in range(4)])
     assert full[0].bandwidth == 50e9 and full[0].shared_by == 4
+
+
+def _whole_graph_path(topo: Topology, a: int, b: int, nbytes: float) -> tuple[float, float]:
+    """(latency, bandwidth) of the fastest path for ``nbytes`` by Dijkstra on the whole graph
+    at every bandwidth floor (the search before paths were joined from pieces)."""
+    best = None
+    floors = sorted({e["bandwidth"] for *_, e in topo.graph.edges(data=True)})
+    for floor in floors[:1] if nbytes == 0 else floors:
+        view = nx.subgraph_view(
+            topo.graph, filter_edge=lambda u, v, f=floor: topo.graph.edges[u, v]["bandwidth"] >= f)
+        try:
+            nodes = nx.dijkstra_path(view, topo.gpus[a], topo.gpus[b], weight="latency")
+        except nx.NetworkXNoPath:
+            continue
+        lat = sum(topo.graph.edges[u, v]["latency"] for u, v in itertools.pairwise(nodes))
+        bw = min(topo.graph.edges[u, v]["bandwidth"] for u, v in itertools.pairwise(nodes))
+        t = lat + (0.0 if nbytes == 0 else nbytes / bw)
+        if best is None or (t, lat) < best[0]:
+            best = ((t, lat), (lat, bw))
+    assert best is not None
+    return best[1]
+
+
+@pytest.mark.parametrize("topo", [
+    uniform_cluster("A100-80GB", datacenters=1, nodes=3, gpus_per_node=4),
+    uniform_cluster("H100-SXM", datacenters=3, nodes=2, gpus_per_node=2),
+    # Slow NVLink and PCIe: some messages go around them.
+    uniform_cluster("H100-SXM", datacenters=2, nodes=2, gpus_per_node=4,
+                    tiers={"nvlink": TierOverride(1e9, 1e-4), "pcie": TierOverride(80e9, 1e-6),
+                           "wan": TierOverride(200e9, 1e-3)}),
+    Topology([Datacenter(lookup("L4"), 2, 4), Datacenter(lookup("A100-40GB"), 1, 8)]),
+    Topology([Datacenter.of_groups([NodeGroup(lookup("L4"), 1, 2),
+                                    NodeGroup(lookup("H100-SXM"), 2, 4, nics=1)])]),
+], ids=["a100-1dc", "h100-3dc", "slow-nvlink", "pcie-only", "groups"])
+def test_joined_paths_equal_whole_graph_dijkstra(topo: Topology) -> None:
+    # Brute force: every pair of GPUs and several message sizes, against Dijkstra on the
+    # whole graph at each bandwidth floor: the same latency and bottleneck bandwidth.
+    n = topo.num_gpus
+    for nbytes in (0.0, 1e3, 1e6, 1e9):
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    assert topo.link(a, b, nbytes) == pytest.approx(
+                        _whole_graph_path(topo, a, b, nbytes), rel=1e-12), (a, b, nbytes)

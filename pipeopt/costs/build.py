@@ -41,6 +41,7 @@ from pipeopt.costs.transformer import (
     block_weight_grad_held_bytes,
     efficiency_at,
     total_params,
+    tp_comm_times,
 )
 from pipeopt.costs.transformer import transformer_layers as _transformer_layers
 from pipeopt.errors import ConfigError
@@ -218,6 +219,9 @@ class ModelPlan:
     fused_alternative: str | None = None
     #: Each stage's recomputation, once chosen for a partition (:meth:`resolved`).
     stage_recompute: tuple[str, ...] | None = None
+    #: Per pipeline rank, its tensor-parallel ring's slowest hop (latency s, bandwidth
+    #: bytes/s) over the rank's ``group`` GPUs; () without tensor parallelism.
+    tp_links: tuple[tuple[float, float], ...] = ()
 
     @property
     def stages(self) -> int:
@@ -240,7 +244,8 @@ class ModelPlan:
     def layer_times(self, device: int) -> np.ndarray:
         """(L, 3) seconds of forward, backward-input, backward-weight of each layer. Without
         split backward, B and W are scaled so that B + W is the fused backward (measured, when
-        a profile has it)."""
+        a profile has it). Each op includes its tensor-parallel collectives
+        (:meth:`tp_comm_times`)."""
         peak = self.peak(device)
         rows = []
         for lc in self.layers:
@@ -250,7 +255,21 @@ class ModelPlan:
                 scale = lc.fused_backward(peak, eff) / (b + w)
                 b, w = b * scale, w * scale
             rows.append((f, b, w))
-        return np.array(rows, float).reshape(len(self.layers), 3)
+        return (np.array(rows, float).reshape(len(self.layers), 3)
+                + self.tp_comm_times(device))
+
+    def tp_comm_times(self, device: int) -> np.ndarray:
+        """(L, 3) seconds of each layer's tensor-parallel collectives in its forward,
+        backward-input and backward-weight ops on pipeline rank ``device``'s ring
+        (:func:`pipeopt.costs.transformer.tp_comm_times`); zeros without tensor parallelism."""
+        out = np.zeros((len(self.layers), 3))
+        if self.group == 1 or not self.tp_links:
+            return out
+        lat, bw = self.tp_links[device]
+        for i, lc in enumerate(self.layers):
+            if lc.tp_collectives:
+                out[i] = tp_comm_times(lc, self.group, lat, bw)
+        return out
 
     def first_stage_backward(self, device: int, a: int, b: int) -> float | None:
         """With split backward, the W of a first stage (layers ``a:b``) whose input takes no
@@ -259,9 +278,10 @@ class ModelPlan:
         if not self.split_backward or a != 0 or self.layers[0].input_grad:
             return None
         peak = self.peak(device)
+        comm = self.tp_comm_times(device)[a:b, 1:].sum()
         return float(sum(lc.fused_backward(peak, efficiency_at(lc.forward_flops,
                                                                 self.efficiency))
-                         for lc in self.layers[a:b]))
+                         for lc in self.layers[a:b]) + comm)
 
     @property
     def message_bytes(self) -> float:
@@ -370,10 +390,12 @@ class ModelPlan:
             # Stage 0 runs its backward fused (no input gradient to hand on, see
             # stage_costs): cost its layers as forward + fused backward, as the problem will.
             peak = self.peak(sd[0])
+            comm = self.tp_comm_times(sd[0]).sum(axis=1)
             compute[0] = [(lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))[0]
                            + lc.fused_backward(peak, efficiency_at(lc.forward_flops,
-                                                                   self.efficiency))) * r
-                          for lc, r in zip(self.layers, mean.mean(axis=1), strict=True)]
+                                                                   self.efficiency)) + c) * r
+                          for lc, r, c in zip(self.layers, mean.mean(axis=1), comm,
+                                              strict=True)]
         out_bytes = np.array([lc.output_bytes for lc in self.layers])
         if self.ratios is not None:  # the average micro-batch's messages
             out_bytes = out_bytes * float(self.ratios.message.mean())
@@ -573,6 +595,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
     # pipeline in consecutive slots, and a rank's replicas form its all-reduce ring.
     ranks = placed[:pl.devices]
     replicas = [[placed[i * pl.devices + d] for i in range(dp)] for d in range(pl.devices)]
+    tp_links = tp_ring_links(topo, ranks, group, layers)
     limits, extra = memory_values(cfg.memory, pl.devices)  # checked as in the explicit form
     if cfg.memory.limit is None:
         limits = []
@@ -623,7 +646,24 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
                      explicit_scales=explicit or None,
                      recompute=mcfg.recompute if origin == "analytic" else None,
                      recompute_options=options, recompute_modes=modes,
-                     fused_alternative=fused_alt)
+                     fused_alternative=fused_alt, tp_links=tp_links)
+
+
+def tp_ring_links(topo: Topology, ranks: list[int], group: int, layers: list[LayerCost]
+                  ) -> tuple[tuple[float, float], ...]:
+    """Per pipeline rank (its first GPU in ``ranks``), the slowest hop (latency s, bandwidth
+    bytes/s) of the ring over its ``group`` consecutive GPUs, each hop on the path fastest
+    for the layers' largest tensor-parallel buffer (:meth:`Topology.link`); () with
+    ``group`` 1. A ring within a node of NVLink GPUs has NVLink hops (through NVSwitch, each
+    pair of GPUs its own link, so the tensor-parallel groups of a node share none)."""
+    if group == 1:
+        return ()
+    nbytes = max((n for lc in layers for _, _, n in lc.tp_collectives), default=0.0)
+    out = []
+    for g0 in ranks:
+        hops = [topo.link(g0 + j, g0 + (j + 1) % group, nbytes) for j in range(group)]
+        out.append((max(h[0] for h in hops), min(h[1] for h in hops)))
+    return tuple(out)
 
 
 def _fused_reason(short: tuple[int, float, float]) -> str:

@@ -26,6 +26,23 @@ gradient (W). The two attention matmuls have no weights; both of their operands 
 so their backward (2× their forward) is all input-gradient work. Hence per block
 B = linear + 2·attention, W = linear, and B + W = 2 × forward. Recomputation adds the recomputed
 forward to B (full: the whole block; selective: the attention core).
+
+Tensor-parallel communication (t > 1), as collectives of each op (:attr:`LayerCost.tp_collectives`,
+timed by the cost model on the tensor-parallel group's links): Megatron-LM splits a block's
+attention and MLP each between a column-parallel and a row-parallel matmul, so a block runs two
+all-reduces of its b·s·h activations in the forward (after the attention projection and after
+the MLP) and two of their gradients in the backward (Shoeybi et al., "Megatron-LM", 2019,
+section 3 and figure 4; Narayanan et al. 2021, section 3.3: "two all-reduce operations in the
+forward pass and two in the backward pass" per layer). With sequence parallelism each all-reduce
+becomes a reduce-scatter and an all-gather (Korthikanti et al. 2022, section 4.2.2), the same
+ring steps and bytes; the all-gather it redoes in the backward is overlapped there and not
+counted. The backward's belong to the input gradient (B); full recomputation replays the
+forward's two in B. The vocabulary-parallel embedding reduces its output (an all-reduce, a
+reduce-scatter with sequence parallelism), the head gathers its input with sequence
+parallelism and reduces its input gradient (an all-reduce, a reduce-scatter with sequence
+parallelism), and the vocabulary-parallel cross-entropy all-reduces three fp32 values per
+token (the logits' maximum, the target logit and the sum of exponentials; Megatron-LM's
+``vocab_parallel_cross_entropy``) in the head's forward.
 """
 
 from __future__ import annotations
@@ -33,6 +50,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+
+from pipeopt.costs.collectives import all_reduce_time
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -64,6 +83,12 @@ class LayerCost:
     backward_time: float | None = None
     input_grad: bool = True
     time_scale: float = 1.0
+    #: Tensor-parallel collectives of one micro-batch, each ``(op, all_reduces, bytes)``:
+    #: during op 0 (forward), 1 (backward-input) or 2 (backward-weight), ``all_reduces`` ring
+    #: all-reduces of a ``bytes`` buffer (a reduce-scatter or an all-gather of the whole
+    #: buffer counts 1/2: half the ring steps). Timed on the tensor-parallel group's links by
+    #: :func:`tp_comm_times`; not scaled by ``time_scale``. Empty without tensor parallelism.
+    tp_collectives: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def flops(self) -> float:
@@ -262,6 +287,53 @@ def message_bytes(shape: TransformerShape) -> float:
     return float(shape.micro_batch_size * shape.seq_len * shape.hidden * shape.dtype_bytes)
 
 
+def block_tp_collectives(shape: TransformerShape) -> tuple[tuple[int, float, float], ...]:
+    """A block's tensor-parallel collectives (see :attr:`LayerCost.tp_collectives`): two
+    all-reduces of the b·s·h activations (e bytes each) in the forward and two in the
+    backward-input op, two more there with full recomputation (its replayed forward); none
+    with t = 1 (Narayanan et al. 2021, section 3.3; Korthikanti et al. 2022, section 4.2.2)."""
+    if shape.tensor_parallel == 1:
+        return ()
+    nbytes = message_bytes(shape)
+    replay = 2.0 if shape.recompute == "full" else 0.0
+    return ((0, 2.0, nbytes), (1, 2.0 + replay, nbytes))
+
+
+def embedding_tp_collectives(shape: TransformerShape) -> tuple[tuple[int, float, float], ...]:
+    """The vocabulary-parallel embedding's: its output's all-reduce in the forward (a
+    reduce-scatter, half of one, with sequence parallelism); its input takes no gradient."""
+    if shape.tensor_parallel == 1:
+        return ()
+    return ((0, 0.5 if shape.sequence_parallel else 1.0, message_bytes(shape)),)
+
+
+def head_tp_collectives(shape: TransformerShape) -> tuple[tuple[int, float, float], ...]:
+    """The head's: with sequence parallelism an all-gather of its input in the forward and a
+    reduce-scatter of the input gradient in the backward, else that gradient's all-reduce; and
+    the cross-entropy's three all-reduces of one fp32 value per token in the forward."""
+    if shape.tensor_parallel == 1:
+        return ()
+    nbytes = message_bytes(shape)
+    loss = (0, 3.0, 4.0 * shape.seq_len * shape.micro_batch_size)
+    if shape.sequence_parallel:
+        return ((0, 0.5, nbytes), loss, (1, 0.5, nbytes))
+    return (loss, (1, 1.0, nbytes))
+
+
+def tp_comm_times(layer: LayerCost, ranks: int, latency: float, bandwidth: float
+                  ) -> tuple[float, float, float]:
+    """Seconds of ``layer``'s tensor-parallel collectives in its (forward, backward-input,
+    backward-weight) ops over a ring of ``ranks`` GPUs whose slowest hop has ``latency``
+    seconds and ``bandwidth`` bytes/s: each all-reduce of n bytes takes
+    2(t-1)·latency + 2(t-1)/t · n / bandwidth (ring all-reduce; Thakur et al. 2005, section
+    4.4), none overlapped with the op's compute (Megatron-LM runs them on its critical path)."""
+    out = [0.0, 0.0, 0.0]
+    if ranks > 1:
+        for op, count, nbytes in layer.tp_collectives:
+            out[op] += count * all_reduce_time(ranks, nbytes, latency, bandwidth)
+    return out[0], out[1], out[2]
+
+
 def embedding_activation_bytes(shape: TransformerShape) -> float:
     """Token ids (int64, needed for the embedding's weight gradient) and the dropout mask."""
     sb = shape.seq_len * shape.micro_batch_size
@@ -293,7 +365,8 @@ def block_cost(shape: TransformerShape, name: str, time_scale: float = 1.0) -> L
         backward_input_flops=(lin + 2 * att + extra) / t, backward_weight_flops=lin / t,
         params=params, activation_bytes=act,
         weight_grad_bytes=min(act, block_weight_grad_bytes(shape)),
-        output_bytes=message_bytes(shape), time_scale=time_scale)
+        output_bytes=message_bytes(shape), time_scale=time_scale,
+        tp_collectives=block_tp_collectives(shape))
 
 
 def transformer_layers(shape: TransformerShape,
@@ -310,7 +383,7 @@ def transformer_layers(shape: TransformerShape,
     out: list[LayerCost] = [LayerCost(
         name="embedding", params=embedding_params(shape) / t, input_grad=False,
         activation_bytes=emb_act, weight_grad_bytes=min(emb_act, 8.0 * sb),
-        output_bytes=message_bytes(shape))]
+        output_bytes=message_bytes(shape), tp_collectives=embedding_tp_collectives(shape))]
     for i in range(shape.layers):
         change = dict((overrides or {}).get(i, {}))
         scale = float(change.pop("time_scale", 1.0))  # type: ignore[arg-type]
@@ -323,7 +396,8 @@ def transformer_layers(shape: TransformerShape,
     out.append(LayerCost(
         name="head", forward_flops=hf, backward_input_flops=hf, backward_weight_flops=hf,
         params=(head_params(shape) - norm) / t + norm, activation_bytes=head_act,
-        weight_grad_bytes=min(head_act, head_w), output_bytes=0.0))
+        weight_grad_bytes=min(head_act, head_w), output_bytes=0.0,
+        tp_collectives=head_tp_collectives(shape)))
     return out
 
 

@@ -133,6 +133,11 @@ def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | Non
     device, the even split for more (no ILP)."""
     training: dict[str, Any] = {**spec.training, "data_parallel": cand.dp,
                                 "bytes_per_param": bytes_per_param(spec, cand)}
+    if cand.recompute == "per_stage":
+        # Per stage may weigh a split backward (none / selective) against a fused one (full
+        # allowed) by scheduling both partitions (costs.build.search_plan): a screening, so
+        # it gets round 0's time per candidate, not the model form's 5 s each.
+        training["joint_time_limit"] = spec.plan.screen_time_limit
     if stage_layers is not None:
         training["stage_layers"] = list(stage_layers)
     else:

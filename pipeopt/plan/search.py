@@ -514,9 +514,9 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
     far with ``interrupted`` set.
 
     With ``baseline``, the no-search baseline of Megatron-LM's defaults: every configuration
-    on the even partition with the hand-made 1F1B (interleaved for v = 2) only, refused when
-    that is over the memory limit, and no later rounds (the same pruning, whose bounds hold for
-    these schedules too)."""
+    with a uniform recompute mode (``per_stage`` left out) on the even partition with the
+    hand-made 1F1B (interleaved for v = 2) only, refused when that is over the memory limit,
+    and no later rounds (the same pruning, whose bounds hold for these schedules too)."""
     pl = spec.plan
     limit = pl.time_limit if time_limit is None else time_limit
     jobs = pl.jobs if jobs is None else jobs
@@ -527,6 +527,8 @@ def plan(spec: PlanSpec, *, time_limit: float | None = None, jobs: int | None = 
     t0 = time.perf_counter()
     deadline = t0 + limit
     cands = enumerate_candidates(spec)
+    if baseline:  # Megatron-LM's recompute is one mode for every block
+        cands = [c for c in cands if c.recompute != "per_stage"]
     if not cands:
         raise ConfigError("plan: no configuration divides the GPUs and the global batch "
                           f"({spec.global_batch_size} sequences); check plan.gpus, "

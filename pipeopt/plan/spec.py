@@ -32,9 +32,10 @@ from pipeopt.errors import ConfigError
 from pipeopt.schema import MemoryConfig, check_unknown_keys, pydantic_message
 from pipeopt.solvers import UnknownMethod, check_method
 
-#: The recompute modes the planner enumerates, uniform over the model's blocks. One tuple on
-#: purpose: a per-stage mode (issue 16 item 2) joins the enumeration by adding its name here.
-RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+#: The recompute modes the planner enumerates: the three uniform over the model's blocks, and
+#: ``per_stage`` (issue 16 item 2, AdaPipe-style), where the partition search chooses each
+#: stage's mode with its layers (the model form's ``model.recompute: per_stage``).
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full", "per_stage")
 #: ZeRO stages the planner knows: 0 (plain data parallelism) and 1 (optimizer state sharded
 #: over the data-parallel group; Rajbhandari et al., "ZeRO", SC'20, section 5.1).
 ZERO_STAGES: tuple[int, ...] = (0, 1)
@@ -56,7 +57,8 @@ _CHOSEN_TRAINING_KEYS = {
     "stage_layers": "each candidate has its own number of stages",
     "top_k": "the joint partition search is not used by the planner",
     "joint_method": "the joint partition search is not used by the planner",
-    "joint_time_limit": "the joint partition search is not used by the planner",
+    "joint_time_limit": "the planner sets it to plan.screen_time_limit (per_stage weighs "
+                        "its split and fused backward in that time)",
     "sequence_lengths": "the planner prices every micro-batch at model.seq_len",
 }
 
