@@ -244,6 +244,73 @@ def test_recompute_memory_matches_autograd(capsys):
     assert held > 10 * full
 
 
+def test_recompute_transient_matches_autograd(capsys):
+    """Issue 18 item 1: the peak a full-recompute backward reaches, measured as the bytes of
+    the recomputed tensors still alive when the recomputation ends (weak references to their
+    storages, taken by a dispatch mode that sees every op the recomputation runs; what is
+    alive then is what autograd saved for the gradients), against the model's kept bytes plus
+    ``block_backward_transient_bytes``: within 1 %, the same margin as without
+    recomputation above."""
+    import weakref
+    from contextlib import nullcontext
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    from pipeopt.costs.transformer import block_activation_bytes, block_backward_transient_bytes
+
+    torch.manual_seed(0)
+    block = tiny_gpt(layers=1, hidden=H, heads=HEADS, vocab=V, seq_len=S)[1]
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+
+    class Alive(TorchDispatchMode):
+        """Storages made during the recomputation, and the bytes still alive at its end."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.made: dict[int, tuple[weakref.ref, int]] = {}
+            self.alive = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    self.made.setdefault(st.data_ptr(), (weakref.ref(st), st.nbytes()))
+            return out
+
+        def __exit__(self, *exc):
+            self.alive = sum(n for ptr, (ref, n) in self.made.items()
+                             if ref() is not None and ptr not in params)
+            return super().__exit__(*exc)
+
+    modes: list[Alive] = []
+
+    def contexts():
+        modes.append(Alive())
+        return nullcontext(), modes[-1]
+
+    x = torch.randn(B, S, H, requires_grad=True)
+    # Without early stop the recomputation runs the whole block and returns, so what is
+    # alive at its end is what it saved (early stop ends it by an exception whose traceback
+    # would keep the block's locals alive a little longer).
+    with set_checkpoint_early_stop(False):
+        checkpoint(block, x, use_reentrant=False, context_fn=contexts).sum().backward()
+    assert len(modes) == 1 and modes[0].alive > 0
+    shape = TransformerShape(layers=1, hidden=H, heads=HEADS, seq_len=S, vocab=V,
+                             micro_batch_size=B, dtype="fp32", dropout=False,
+                             sequence_parallel=False, recompute="full")
+    modelled = block_activation_bytes(shape) + block_backward_transient_bytes(shape)
+    ratio = modes[0].alive / modelled
+    with capsys.disabled():
+        print(f"\nfull-recompute backward: profiled / modelled peak bytes = {ratio:.3f} "
+              f"(transient {block_backward_transient_bytes(shape):.0f} B on "
+              f"{block_activation_bytes(shape):.0f} B kept)")
+    assert ratio == pytest.approx(1.0, rel=0.01)
+    assert block_backward_transient_bytes(shape) > 10 * block_activation_bytes(shape)
+
+
 def test_forward_only_profile(tmp_path):
     """Issue 15 item 4: the inference forward alone: the same forward FLOPs as training's,
     no backward, nothing saved; the file reads back and the CLI writes it."""

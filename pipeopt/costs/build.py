@@ -373,11 +373,27 @@ class ModelPlan:
         return replace(self, layers=layers, ratios=ratios, recompute_options=(),
                        recompute_modes=(), fused_alternative=None, stage_recompute=modes)
 
-    def chain_costs(self) -> ChainCosts:
-        """Inputs of the partition search (with ``recompute: per_stage``, one mode per
-        allowed recomputation: :func:`pipeopt.partition.with_modes`)."""
+    def transient_reserve(self) -> float:
+        """Bytes the partition search keeps free on every device for a recomputing
+        backward's transient (:func:`backward_transient`): the largest layer's, times the
+        largest micro-batch's activation ratio. With ``recompute: per_stage`` the smallest
+        over the modes (the modes must share the device limits; none has no transient), so
+        there the problem, not the search, counts it."""
         if self.recompute_options:
-            return with_modes([(m, self._option(m).chain_costs())
+            return min(self._option(m).transient_reserve() for m in self.recompute_modes)
+        out = max((lc.backward_transient_bytes for lc in self.layers), default=0.0)
+        if self.ratios is not None and out > 0:
+            out *= float(self.ratios.activation.max())
+        return out
+
+    def chain_costs(self, reserve: float | None = None) -> ChainCosts:
+        """Inputs of the partition search (with ``recompute: per_stage``, one mode per
+        allowed recomputation: :func:`pipeopt.partition.with_modes`); each device limit less
+        ``reserve`` bytes (default :meth:`transient_reserve`)."""
+        if reserve is None:
+            reserve = self.transient_reserve()
+        if self.recompute_options:
+            return with_modes([(m, self._option(m).chain_costs(reserve))
                                for m in self.recompute_modes])
         sd = self.stage_device
         # Micro-batches of different cost: the search sees the average micro-batch (each
@@ -411,7 +427,7 @@ class ModelPlan:
             act = act * self.ratios.activation.mean(axis=0)
         inflight = inflight_microbatches(self.devices, self.virtual_stages, self.microbatches,
                                          self.training.inflight)
-        lim = [math.inf if x is None else x - s
+        lim = [math.inf if x is None else x - s - reserve
                for x, s in zip(self.memory_limit, self.extra_static, strict=True)]
         return ChainCosts(compute=compute, comm=comm, static=static, activation=act,
                           inflight=np.array(inflight, float), stage_device=sd,
@@ -465,6 +481,8 @@ class ModelPlan:
             mode = {} if self.recompute is None else {
                 "recompute": (self.stage_recompute[k] if self.stage_recompute is not None
                               else self.recompute)}
+            # One block's backward at a time holds its recomputed activations on top.
+            transient = max(lc.backward_transient_bytes for lc in seg)
             out.append({
                 "stage": k, "device": sd[k], "layers": [a, b],
                 "first": seg[0].name, "last": seg[-1].name, **mode,
@@ -475,7 +493,8 @@ class ModelPlan:
                 "params": float(sum(lc.params for lc in seg)),
                 "static_bytes": float(static),
                 "inflight_microbatches": inflight[k],
-                "memory_estimate_bytes": float(static + inflight[k] * act),
+                "backward_transient_bytes": float(transient),
+                "memory_estimate_bytes": float(static + inflight[k] * act + transient),
                 "output_bytes": float(seg[-1].output_bytes),
             })
         return out
@@ -493,6 +512,10 @@ class ModelPlan:
         for r in rows:
             static[r["device"]] += r["static_bytes"]
         static = [s + e for s, e in zip(static, self.extra_static, strict=True)]
+        scales = self.microbatch_scales(partition)
+        transient = backward_transient(rows, p, scales.get("microbatch_memory_scale")
+                                       or scales.get("microbatch_scale") or ())
+        static = [s + t for s, t in zip(static, transient, strict=True)]
         lat, bw = self.topology.matrices(self.rank_gpus, self.message_bytes)
         reduce, rings = self.grad_reduce(rows)
         info = {
@@ -516,8 +539,14 @@ class ModelPlan:
         }
         if self.ratios is not None:
             info["microbatch_costs"] = self.ratios.summary()
-        if self.notes:
-            info["notes"] = list(self.notes)
+        notes = list(self.notes)
+        if any(transient):
+            info["backward_transient_bytes"] = transient
+            notes.append("memory: a recomputing backward holds one block's recomputed "
+                         f"activations while it runs (up to {max(transient) / 2**30:.2f} GiB "
+                         "per device); counted in each device's static memory")
+        if notes:
+            info["notes"] = notes
         if rings is not None:
             info["grad_reduce_rings"] = rings
         fused = self.fused_backward(partition)
@@ -536,8 +565,7 @@ class ModelPlan:
             latency=lat, bandwidth=bw,
             message_size=tuple(r["output_bytes"] for r in rows[:-1]),
             memory_limit=tuple(self.memory_limit), static_memory=tuple(static),
-            grad_reduce=tuple(reduce), meta=tuple(info.items()),
-            **self.microbatch_scales(partition))
+            grad_reduce=tuple(reduce), meta=tuple(info.items()), **scales)
 
     def microbatch_scales(self, partition: Partition) -> dict[str, Scale]:
         """The :class:`Problem`'s micro-batch factors: as given in ``pipeline:``, or from the
@@ -554,6 +582,34 @@ class ModelPlan:
             ref[a:b] = times[sd[k]][a:b]
         act = np.array([lc.activation_bytes for lc in self.layers])
         return problem_scales(self.ratios, ref, act, stages=list(partition))
+
+
+def backward_transient(rows: list[dict[str, Any]], devices: int, memory_scale: Scale
+                       ) -> list[float]:
+    """Bytes per device to hold on top of the resident activations for the transient of a
+    recomputing backward (``backward_transient_bytes`` of ``rows``, :meth:`ModelPlan.
+    stage_costs`): the largest over the device's stages and micro-batches (``memory_scale``
+    as :class:`Problem` resolves it: ``()``, one factor per micro-batch or a row per stage).
+
+    Counting it as static memory is exact for one stage per device, a fused backward and
+    equal micro-batches: the resident peak is reached by a forward and held until the next
+    backward ends, and that backward adds its transient. Otherwise it is an upper bound (a W
+    may free memory first, or the next backward may be a smaller one).
+    """
+    out = [0.0] * devices
+    for r in rows:
+        k, t = r["stage"], r["backward_transient_bytes"]
+        if t <= 0:
+            continue
+        if not memory_scale:
+            factor = 1.0
+        elif isinstance(memory_scale[0], tuple | list):
+            row = memory_scale[k] if len(memory_scale) > 1 else memory_scale[0]
+            factor = max(row)  # type: ignore[arg-type]
+        else:
+            factor = max(memory_scale)  # type: ignore[type-var]
+        out[r["device"]] = max(out[r["device"]], t * float(factor))
+    return out
 
 
 #: Most pipeline layers a model may have: real models have a few hundred; the partition

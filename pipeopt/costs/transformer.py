@@ -16,6 +16,12 @@ Sources of the formulas (re-derived here matmul by matmul):
   sequence parallelism s·b·h·(10 + 24/t + 5·a·s/(h·t)); selective recomputation drops the
   5·a·s²·b attention-core term; full recomputation keeps only the block input (2·s·b·h).
   The output layer keeps fp32 logits for the loss: 4·s·b·V/t bytes.
+- Transient bytes of a recomputing backward: a block's backward first recomputes what its
+  forward dropped (Korthikanti et al. 2022: full recomputation stores each layer's input and
+  runs that layer's forward again during the backward; selective recomputes the attention
+  core), so while it runs the block holds its no-recomputation activations; the transient is
+  that minus what the forward kept (full: everything but the block input; selective: the
+  attention core). It is freed as that block's backward ends.
 - Parameters: 12h² + 13h per GPT block (with biases and two LayerNorms) — GPT-3 175B gives
   174.6e9 with its embeddings; Llama blocks have 2h² + 2·h·kv_dim + 3·h·f + 2h (no biases,
   RMSNorm).
@@ -63,7 +69,9 @@ class LayerCost:
     FLOPs are per micro-batch; ``params`` is the parameter count this rank stores;
     ``activation_bytes`` is allocated when the forward starts and freed by the backward;
     ``weight_grad_bytes`` (<= activation) is the part kept after B until W; ``output_bytes`` is
-    the p2p message to the next layer. Measured times (seconds), when given, win over FLOPs;
+    the p2p message to the next layer. ``backward_transient_bytes`` is held on top of
+    ``activation_bytes`` while this layer's backward runs (what recomputation rebuilds) and
+    freed when it ends. Measured times (seconds), when given, win over FLOPs;
     ``backward_time`` is a measured fused backward (input and weight gradients in one pass),
     what a schedule without split backward pays. ``input_grad`` is False for a layer whose input
     takes no gradient (the embedding's token ids).
@@ -77,6 +85,7 @@ class LayerCost:
     activation_bytes: float = 0.0
     weight_grad_bytes: float = 0.0
     output_bytes: float = 0.0
+    backward_transient_bytes: float = 0.0
     forward_time: float | None = None
     backward_input_time: float | None = None
     backward_weight_time: float | None = None
@@ -260,6 +269,19 @@ def block_activation_bytes(shape: TransformerShape, recompute: str | None = None
     return replicated / sp + (split + core) / t
 
 
+def block_backward_transient_bytes(shape: TransformerShape, recompute: str | None = None
+                                   ) -> float:
+    """Bytes a block's backward holds beyond what its forward kept, per micro-batch on one
+    tensor-parallel rank: the activations its recomputation rebuilds before the gradients are
+    computed, :func:`block_activation_bytes` without recomputation less with it (0 when
+    nothing is recomputed). Freed as the block's backward ends, so a stage of several blocks
+    holds one block's transient at a time."""
+    rc = recompute or shape.recompute
+    if rc not in ("full", "selective"):
+        return 0.0
+    return block_activation_bytes(shape, "none") - block_activation_bytes(shape, rc)
+
+
 def block_weight_grad_held_bytes(shape: TransformerShape) -> float:
     """Bytes a deferred weight-gradient op needs from the input-gradient op: the inputs of the
     four linear layers and the gradients of their outputs (the two factors of each weight
@@ -365,7 +387,8 @@ def block_cost(shape: TransformerShape, name: str, time_scale: float = 1.0) -> L
         backward_input_flops=(lin + 2 * att + extra) / t, backward_weight_flops=lin / t,
         params=params, activation_bytes=act,
         weight_grad_bytes=min(act, block_weight_grad_bytes(shape)),
-        output_bytes=message_bytes(shape), time_scale=time_scale,
+        output_bytes=message_bytes(shape),
+        backward_transient_bytes=block_backward_transient_bytes(shape), time_scale=time_scale,
         tp_collectives=block_tp_collectives(shape))
 
 
