@@ -28,6 +28,7 @@ code that shares nothing with the simulator.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from functools import partial
 from itertools import pairwise, repeat
@@ -488,9 +489,28 @@ def _check_links(problem: Problem, msgs: dict[tuple[int, int, int, str], Message
     return out
 
 
+#: From this many ops on, :func:`validate` first runs the vectorised pass
+#: (:func:`pipeopt.validate_fast.is_valid`) and the per-op check only when it finds a violation
+#: (to name it) or does not apply. CPU time of a valid ZB-H1 schedule on the 2-core development
+#: machine, 2026-12-03: check / is_valid = 1.3 at 96 ops, 3.3 at 1,536, 3.6 at 921,600 (2.7 s
+#: against 0.75 s).
+FAST_CHECK_MIN_OPS = 1_000
+#: ... once numpy is imported; before, from this many ops: importing it takes about 0.095 s of
+#: CPU, what the per-op check spends on about 60,000 ops, and the vectorised pass saves about
+#: 1.2 us per op, so it pays from about 80,000 ops.
+FAST_CHECK_IMPORT_OPS = 80_000
+
+
 def validate(schedule: Schedule, *, tolerance: float = 1e-9) -> Schedule:
     """Return ``schedule`` if it obeys every rule, else raise :class:`ScheduleError` naming the
     first violation."""
+    n = schedule.problem.num_ops
+    if n >= FAST_CHECK_MIN_OPS and ("numpy" in sys.modules or n >= FAST_CHECK_IMPORT_OPS):
+        from pipeopt.validate_fast import is_valid
+
+        with cyclic_gc_paused():
+            if is_valid(schedule, tolerance=tolerance):
+                return schedule
     with cyclic_gc_paused():
         violations = check(schedule, tolerance=tolerance)
     if violations:
