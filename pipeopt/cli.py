@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from pipeopt.clock import Stopwatch
 from pipeopt.config import ConfigError
 from pipeopt.io import (
     check_writable,
@@ -39,10 +40,11 @@ from pipeopt.simulate import ScheduleError, retime
 from pipeopt.solvers import Progress, UnknownMethod, check_method, compare, time_left
 from pipeopt.views_cli import positive_int
 
-#: Seconds per op that printing a summary and writing the schedule JSON take, kept out of
-#: the search's time (measured with benchmarks/limits.py on the 2-core development machine:
-#: 10-22 us per op at 0.8-0.9 million ops, under other jobs' load).
-WRITE_S_PER_OP = 15e-6
+#: CPU seconds per op that printing a summary and writing the schedule JSON take, kept out of
+#: the search's time once multiplied by the run's slowdown (wall / CPU time so far,
+#: :class:`pipeopt.clock.Stopwatch`). Measured on the 2-core development machine, 2026-12-03:
+#: 4.8-6.8 us per op of CPU at 0.8-0.9 million ops (10-22 us of wall time under load).
+WRITE_S_PER_OP = 7e-6
 
 if TYPE_CHECKING:
     from pipeopt.core.schedule import GraphSchedule
@@ -484,12 +486,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
     sc = cfg.solver
     # The time limit covers the whole command: loading (done), the search, its validation
     # (solve() keeps time for it) and writing the result (kept here).
-    spent = time.perf_counter() - args.started
-    writing = WRITE_S_PER_OP * cfg.problem.num_ops if args.output else 0.0
+    watch = Stopwatch(args.started, args.started_cpu)
+    spent, slowdown = watch.elapsed(), watch.slowdown()
+    writing = WRITE_S_PER_OP * cfg.problem.num_ops * slowdown if args.output else 0.0
     limit = time_left(sc.time_limit, spent + writing)
-    logger.info("solve: loaded in %.2f s (%d ops); %.2f s of the %.3g s time limit left for "
-                "the search and its validation, %.2f s kept for writing", spent,
-                cfg.problem.num_ops, limit, sc.time_limit, writing)
+    logger.info("solve: loaded in %.2f s (%d ops, wall / CPU %.1f); %.2f s of the %.3g s time "
+                "limit left for the search and its validation, %.2f s kept for writing", spent,
+                cfg.problem.num_ops, slowdown, limit, sc.time_limit, writing)
     try:
         check_method(sc.method)
     except UnknownMethod as exc:
@@ -517,6 +520,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.json:
         extra: dict[str, Any] = {} if sched.problem.uniform_microbatches else {
             "microbatch_order": list(sched.microbatch_order)}
+        # Whether the validator passed the schedule; auto may skip it when it cannot fit the
+        # time limit, and then says why here and in the written file's solver.details.
+        extra["validated"] = not sched.solver.detail("validation")
+        if sched.solver.detail("validation"):
+            extra["validation"] = sched.solver.detail("validation")
         if front:
             key = "max_span" if sched.solver.objective == "span" else "iteration_time"
             extra["pareto"] = [{"method": m, key: t, "peak_memory": mem,
@@ -525,6 +533,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
         print(json.dumps({**sched.summary(), **extra}))
     else:
         print_summary(sched)
+        if sched.solver.detail("validation"):
+            print(f"validation    {sched.solver.detail('validation')}")
         if sched.solver.detail("tradeoff"):
             print(f"trade-off     {sched.solver.detail('tradeoff')}")
         if front:
@@ -1073,10 +1083,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # so far is kept and written.
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_sigint)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     try:
         args = build_parser().parse_args(argv)
         args.started = started  # time limits count from here
+        args.started_cpu = started_cpu  # and the slowdown of their phases (pipeopt.clock)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a full or closed standard output fails here, not at exit
         return code

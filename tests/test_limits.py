@@ -121,6 +121,7 @@ def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
     import pipeopt.cli as cli
 
     monkeypatch.setattr(cli, "WRITE_S_PER_OP", 0.05)  # 96 ops: 4.8 s kept for writing
+    monkeypatch.setattr("pipeopt.clock.MAX_SLOWDOWN", 1.0)  # whatever the machine's load
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pipeline: {devices: 4, microbatches: 8}\n"
                    "stages: {forward: 1, backward_input: 1, backward_weight: 1}\n",
@@ -165,6 +166,80 @@ def test_auto_skips_validation_only_when_it_would_overrun_the_limit(
     assert pipeopt.validate(sched) is sched  # what it skipped would have passed
     pipeopt.solve(prob, "greedy", time_limit=30)
     assert calls[-1] == "greedy"  # a search's own times are always checked
+
+
+def test_slowdown_is_wall_per_cpu_second_within_bounds() -> None:
+    """Issue 18 item 7 under load: a phase's CPU estimate is scaled by the wall seconds per CPU
+    second this run got so far, between 1 and MAX_SLOWDOWN."""
+    from pipeopt.clock import MAX_SLOWDOWN, Stopwatch
+
+    now_wall, now_cpu = time.perf_counter(), time.process_time()
+    # 3 s of wall time for 1 s of CPU: a third of a core.
+    assert Stopwatch(now_wall - 3.0, now_cpu - 1.0).slowdown() == pytest.approx(3.0, rel=0.05)
+    assert Stopwatch(now_wall - 100.0, now_cpu - 1.0).slowdown() == MAX_SLOWDOWN
+    # Threads that used more CPU than wall time, and too small a sample, read as 1.
+    assert Stopwatch(now_wall - 1.0, now_cpu - 4.0).slowdown() == 1.0
+    assert Stopwatch(now_wall - 1.0, now_cpu).slowdown() == 1.0
+    watch = Stopwatch.start()
+    time.sleep(0.01)
+    assert watch.elapsed() >= 0.01
+
+
+def test_validation_cost_and_the_slowdown_decide_skipping(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """The vectorised validator's per-op cost applies where it runs (no link contention, large
+    enough to import numpy for); a measured slowdown multiplies the estimate, and a skip says
+    the slowdown that caused it."""
+    import pipeopt.solvers as solvers
+    from pipeopt.simulate import FAST_CHECK_IMPORT_OPS
+
+    big = pipeopt.uniform_problem(devices=64, microbatches=512)  # 98,304 ops
+    assert big.num_ops >= FAST_CHECK_IMPORT_OPS
+    assert solvers.validation_cost(big) == pytest.approx(solvers.VALIDATE_FAST_S_PER_OP * 98_304)
+    small = pipeopt.uniform_problem(devices=4, microbatches=8)
+    assert solvers.validation_cost(small) == pytest.approx(solvers.VALIDATE_S_PER_OP * 96)
+    busy = small.replace(message_size=(1.0,) * 3, bandwidth=tuple((1.0,) * 4 for _ in range(4)))
+    assert busy.has_link_contention
+    assert solvers.validation_cost(busy) == pytest.approx(solvers.VALIDATE_S_PER_OP * 96)
+
+    sched = pipeopt.solve(small, "zb-h1")  # split backward: 96 ops
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.1)  # 9.6 s of CPU
+    # 10 s left of a 10 s limit: validated on an idle machine, skipped at a slowdown of 2.
+    assert solvers._validate_in_time(sched, 10.0, 10.0, 1.0).solver.detail("validation") is None
+    note = solvers._validate_in_time(sched, 10.0, 10.0, 2.0).solver.detail("validation")
+    assert note.startswith("skipped: 10.0 s of the time limit left, about 19.2 s needed")
+    assert "wall / CPU time: 2.0" in note
+
+
+def test_cli_says_whether_the_schedule_was_validated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 item 7: a skipped validation is never silent: ``--json`` has ``validated``
+    (and ``validation``, the reason), the text summary a ``validation`` line, the written
+    file its ``solver.details.validation``."""
+    import json
+
+    import pipeopt.solvers as solvers
+    from pipeopt.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pipeline: {devices: 4, microbatches: 8}\n"
+                   "stages: {forward: 1, backward_input: 1, backward_weight: 1}\n",
+                   encoding="utf-8")
+    assert main(["solve", str(cfg), "--time-limit", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["validated"] is True and "validation" not in out
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 1.0)  # 96 s needed, 5 s given
+    assert main(["solve", str(cfg), "--time-limit", "5", "--json",
+                 "-o", str(tmp_path / "s.json")]) == 0
+    got = capsys.readouterr()
+    out = json.loads(got.out)
+    assert out["validated"] is False and out["validation"].startswith("skipped: ")
+    assert "note: validation skipped" in got.err
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["solver"]["details"]["validation"] == out["validation"]
+    assert main(["solve", str(cfg), "--time-limit", "5"]) == 0
+    assert "\nvalidation    skipped: " in capsys.readouterr().out
 
 
 def test_schedule_json_is_the_generic_layout_of_the_document() -> None:

@@ -12,11 +12,11 @@ import importlib
 import importlib.util
 import math
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pipeopt.clock import Stopwatch
 from pipeopt.problem import Problem, rechunk
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
@@ -43,8 +43,9 @@ from pipeopt.solvers.base import (
 # The shared parts live in pipeopt.solvers.base (the searches import them from there, not from
 # this package, which names the searches in its method table); they stay importable from here.
 __all__ = [
-    "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_GRACE_SHARE",
-    "VALIDATE_S_PER_OP", "CompareRow", "Method", "Objective", "OutOfTime", "Progress",
+    "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_FAST_S_PER_OP",
+    "VALIDATE_GRACE_SHARE", "VALIDATE_S_PER_OP", "CompareRow", "Method", "Objective",
+    "OutOfTime", "Progress",
     "SolveOptions", "UnknownMethod", "check_method", "classic_methods", "compare",
     "fifo_orders", "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods",
     "over_limit", "relabel", "require_memory", "run_classic", "solve", "time_left",
@@ -103,16 +104,30 @@ def classic_methods() -> list[str]:
     return list(GENERATORS)
 
 
-#: Seconds per op that validating a schedule takes, reserved out of a search's time limit
-#: (measured with benchmarks/limits.py on the 2-core development machine: 6-19 us per op at
-#: 0.8-0.9 million ops, the spread being the machine's other load).
-VALIDATE_S_PER_OP = 10e-6
+#: CPU seconds per op that validating a schedule takes with the per-op check, reserved out of
+#: a search's time limit (measured on the 2-core development machine, 2026-12-03: 1.2-3.3 us
+#: per op of CPU from 96 to 921,600 ops; the wall time is this times the run's slowdown,
+#: :class:`pipeopt.clock.Stopwatch`).
+VALIDATE_S_PER_OP = 3.5e-6
+#: The same with the vectorised pass (:mod:`pipeopt.validate_fast`, no link contention):
+#: 0.31-0.82 us per op of CPU from 12,288 to 921,600 ops, same machine and day.
+VALIDATE_FAST_S_PER_OP = 1.0e-6
 #: The least share of a time limit left to a search whatever is reserved for later phases.
 MIN_SEARCH_SHARE = 0.1
 #: Share of its time limit by which ``auto``'s validation may run past it before it is skipped
 #: instead: issue 18 asks that a limit hold "within 10% + a fixed few seconds", and the
 #: per-op estimate is itself conservative (6-19 us per op measured, 10 us assumed).
 VALIDATE_GRACE_SHARE = 0.1
+
+
+def validation_cost(problem: Problem) -> float:
+    """CPU seconds :func:`~pipeopt.simulate.validate` is expected to take on a schedule of
+    ``problem`` (:data:`VALIDATE_FAST_S_PER_OP` or :data:`VALIDATE_S_PER_OP` per op)."""
+    from pipeopt.simulate import FAST_CHECK_IMPORT_OPS
+
+    n = problem.num_ops
+    fast = not problem.has_link_contention and n >= FAST_CHECK_IMPORT_OPS
+    return (VALIDATE_FAST_S_PER_OP if fast else VALIDATE_S_PER_OP) * n
 
 
 def time_left(time_limit: float, reserved: float) -> float:
@@ -176,12 +191,12 @@ def solve(problem: Problem | Any, method: str | None = None,
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
         # The validation below counts against the time limit too: the search gets the rest.
-        t0 = time.perf_counter()
+        watch = Stopwatch.start()
         sched = fn(problem, replace(opts, time_limit=time_left(
-            opts.time_limit, VALIDATE_S_PER_OP * problem.num_ops)))
+            opts.time_limit, validation_cost(problem))))
         if method == "auto":
-            return _validate_in_time(sched, opts.time_limit - (time.perf_counter() - t0),
-                                     opts.time_limit)
+            return _validate_in_time(sched, opts.time_limit - watch.elapsed(),
+                                     opts.time_limit, watch.slowdown())
         return validate(sched)
     try:
         check_method(method)
@@ -190,11 +205,14 @@ def solve(problem: Problem | Any, method: str | None = None,
     raise UnknownMethod(f"method: {method!r} is not available here")  # pragma: no cover
 
 
-def _validate_in_time(schedule: Schedule, left_s: float, limit_s: float) -> Schedule:
+def _validate_in_time(schedule: Schedule, left_s: float, limit_s: float,
+                      slowdown: float = 1.0) -> Schedule:
     """``auto``'s result, validated unless that would overrun the time limit ``limit_s`` by
     more than :data:`VALIDATE_GRACE_SHARE` of it (``left_s`` seconds left, against
-    :data:`VALIDATE_S_PER_OP` per op): then returned unvalidated with the detail
-    ``validation`` saying so.
+    :func:`validation_cost` times ``slowdown``, the wall seconds per CPU second the search
+    itself took): then returned unvalidated with the detail ``validation`` saying so. At the
+    documented largest sizes the vectorised pass needs about a second of CPU, within the
+    grace of a 10 s limit, so only a loaded machine or link contention makes it skip.
 
     Skipping is safe for ``auto`` only: every candidate it returns was timed by the simulator
     from orders it checked (each op once, on its stage's device; every dependency, link and
@@ -202,11 +220,12 @@ def _validate_in_time(schedule: Schedule, left_s: float, limit_s: float) -> Sche
     limits, or, from CP-SAT, already passed :func:`~pipeopt.simulate.check` inside ``auto``.
     ``pipeopt simulate`` on the written file runs the full validation.
     """
-    need = VALIDATE_S_PER_OP * schedule.problem.num_ops
+    need = validation_cost(schedule.problem) * slowdown
     if left_s + VALIDATE_GRACE_SHARE * limit_s >= need:
         return validate(schedule)
+    load = f" (this run's wall / CPU time: {slowdown:.1f})" if slowdown > 1 else ""
     note = (f"skipped: {max(left_s, 0.0):.1f} s of the time limit left, about {need:.1f} s "
-            "needed; the schedule was timed by the simulator (or checked inside auto); "
+            f"needed{load}; the schedule was timed by the simulator (or checked inside auto); "
             "`pipeopt simulate FILE` validates it in full")
     # relabel, not replace: keeps the metrics computed so far (peak memory: a second at 1M ops).
     return schedule.relabel(solver=replace(schedule.solver, details=(
