@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable
@@ -214,6 +215,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     best objective meets the lower bound. Raises :class:`NotApplicable` when nothing fits.
     """
     t0 = time.perf_counter()
+    watch = Stopwatch(t0, time.process_time())
     require_memory(problem, "auto")  # fail fast, with the least limits that would work
     obj = options.objective
     cands: list[Schedule] = []
@@ -229,6 +231,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             notes.append((f"classic_{label}", "skipped: time limit"))
             continue
         cost = COST_ESTIMATES[name](problem) if name in COST_ESTIMATES else 0.0
+        cost *= watch.slowdown()  # an estimate of CPU work, in this run's wall seconds
         if classics and time.perf_counter() - t0 + cost > CLASSIC_SHARE * options.time_limit:
             notes.append((f"classic_{label}", f"skipped: would take about {cost:.3g} s"))
             continue
