@@ -122,3 +122,32 @@ def test_backward_transient_scales():
     assert backward_transient(rows, 2, (0.5, 2.0)) == [20.0, 0.0]
     # A row per stage: stage 2's largest factor (3) makes its 4 bytes 12 > stage 0's 10 x 1.
     assert backward_transient(rows, 2, ((1.0, 1.0), (9.0, 9.0), (3.0, 1.0))) == [12.0, 0.0]
+
+
+def test_flash_attention_keeps_softmax_statistics_only():
+    """With ``flash_attention`` the attention core keeps one fp32 logsumexp per head and token
+    (4·a·s·b) instead of 5as²b: GPT's block keeps sbh·34 + 4asb, and full recomputation's
+    transient is sbh·32 + 4asb."""
+    from dataclasses import replace
+
+    flash = replace(SHAPE, flash_attention=True)
+    assert block_activation_bytes(flash, "none") == SBH * 34 + 4 * A * S * B
+    assert block_activation_bytes(flash, "selective") == SBH * 34
+    assert block_backward_transient_bytes(flash, "full") == SBH * 32 + 4 * A * S * B == 4_202_496
+    c = parse_config({**cfg("full"), "model": {**cfg("full")["model"], "flash_attention": True}})
+    rows = dict(c.problem.meta)["stage_costs"]
+    assert [r["backward_transient_bytes"] for r in rows] == [4_202_496] * 4
+
+
+def test_a_transient_over_the_limit_is_refused_with_the_figures():
+    """One block's recomputed activations over what a device has: refused before the
+    partition search (which would report a negative limit), naming the remedies."""
+    from pipeopt.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"memory: with recompute: full a block's backward "
+                       r"first rebuilds its activations, 0\.0 GiB .*flash_attention: true"):
+        parse_config(cfg("full", FULL / 2))
+    flash = cfg("full", FULL / 2)
+    flash["model"]["flash_attention"] = True
+    with pytest.raises(ConfigError, match="memory: no partition"):  # fits the transient only
+        parse_config(flash)

@@ -74,7 +74,7 @@ def shape_of(cfg: ModelConfig) -> TransformerShape:
         # per_stage: the layers of mode none; each mode's are built by recompute_options
         recompute="none" if cfg.recompute == "per_stage" else cfg.recompute,
         tensor_parallel=cfg.tensor_parallel, sequence_parallel=cfg.sequence_parallel,
-        causal=cfg.causal)
+        causal=cfg.causal, flash_attention=cfg.flash_attention)
 
 
 def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[LayerCost], str]:
@@ -799,12 +799,32 @@ def _fitting(part: Partition, costs: ChainCosts, what: str) -> Partition:
                          f"limit of {costs.device_limit[worst]:.4g} bytes")
 
 
+def _check_transient(plan: ModelPlan) -> None:
+    """Refuse, with the figures, a plan whose recomputing backward alone (one block's
+    recomputed activations, :meth:`ModelPlan.transient_reserve`) exceeds what a device's memory
+    limit leaves after ``memory.static``: no partition could fit, and the search would report
+    a negative limit."""
+    reserve = plan.transient_reserve()
+    if reserve <= 0:
+        return
+    for d, (lim, extra) in enumerate(zip(plan.memory_limit, plan.extra_static, strict=True)):
+        if lim is not None and lim - extra < reserve:
+            raise ConfigError(
+                f"memory: with recompute: {plan.recompute} a block's backward first rebuilds "
+                f"its activations, {_gib(reserve)} GiB per micro-batch held while it runs, more "
+                f"than the {_gib(lim - extra)} GiB device {d} has (memory limit less "
+                "memory.static); nothing else would fit beside it. With standard attention "
+                "that is the s x s attention scores: set model.flash_attention: true if the "
+                "model runs FlashAttention, or raise tensor_parallel, or shorten seq_len")
+
+
 def search_partition(plan: ModelPlan) -> tuple[Partition, dict[str, Any]]:
     """Run the partition search the ``training:`` section asks for; returns the partition and
     a JSON-able report (method, objective values, wall time, the uniform baseline)."""
     from pipeopt.partition.dp import best_partition
 
     tc = plan.training
+    _check_transient(plan)
     costs = plan.chain_costs()
     t0 = time.perf_counter()
     uniform = plan.uniform()

@@ -89,6 +89,8 @@ class ModelConfig(_Strict):
     tensor_parallel: int = Field(1, ge=1)
     sequence_parallel: bool = True
     causal: bool = True  # a decoder's causal mask: half the attention FLOPs (transformer.py)
+    # FlashAttention: the attention core keeps fp32 softmax statistics, not the s x s scores
+    flash_attention: bool = False
     overrides: list[LayerOverride] = []
 
 

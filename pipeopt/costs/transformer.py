@@ -147,6 +147,7 @@ class TransformerShape:
     tensor_parallel: int = 1
     sequence_parallel: bool = True
     causal: bool = False
+    flash_attention: bool = False
 
     @property
     def kv(self) -> int:
@@ -250,7 +251,10 @@ def block_activation_bytes(shape: TransformerShape, recompute: str | None = None
     split over ranks — Q, K, V (e·sb·(h + 2·kv_dim)), projection input (e·sbh), MLP inner values
     (GeLU: its input and output, 2e·sbf; SwiGLU: gate, up and their product, 3e·sbf);
     attention core — softmax output (e·a·s²b), its dropout mask (a·s²b) and dropout output
-    (e·a·s²b). GPT with e = 2: sbh·(34 + 5as/h).
+    (e·a·s²b). GPT with e = 2: sbh·(34 + 5as/h). With ``flash_attention`` the core keeps only
+    the softmax statistics, one fp32 logsumexp per head and token, 4·a·s·b (Dao, "FlashAttention-2",
+    2023, algorithm 1: the output and logsumexp are saved; the dropout mask is regenerated from
+    the random state), split over the ranks; selective recomputation then saves nothing more.
     """
     rc = recompute or shape.recompute
     b, s, h, a = shape.micro_batch_size, shape.seq_len, shape.hidden, shape.heads
@@ -264,6 +268,8 @@ def block_activation_bytes(shape: TransformerShape, recompute: str | None = None
     mlp_inner = (3 if shape.activation == "swiglu" else 2) * e * sb * shape.ffn
     split = e * sb * (h + 2 * shape.kv_dim) + e * sb * h + mlp_inner
     core = (2 * e + mask) * a * s * sb if shape.dropout else e * a * s * sb
+    if shape.flash_attention:
+        core = 4 * a * sb
     if rc == "selective":
         core = 0
     return replicated / sp + (split + core) / t
