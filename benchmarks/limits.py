@@ -74,6 +74,7 @@ def run(p: int, m: int, limit: float, method: str, folder: Path) -> dict[str, ob
         "method": chosen.group(1) if chosen else "?",
         "greedy_gave_up": "ended before its first schedule" in log,
         "unvalidated": "validation skipped" in log,
+        "slowdown": _seconds(r"wall / CPU ([0-9.]+)", log),
     }
 
 
@@ -89,7 +90,7 @@ def main() -> None:
           f"{args.method}")
     head = (f"{'instance':14s} {'ops':>9s} {'limit':>6s} {'wall':>7s} {'wall/limit':>10s} "
             f"{'aim':>5s} {'cpu':>6s} {'cpu/limit':>9s}  {'load':>5s} {'search':>7s} "
-            f"{'(given)':>7s} {'write':>6s} {'other':>6s}  chosen")
+            f"{'(given)':>7s} {'write':>6s} {'other':>6s} {'slow':>5s}  chosen")
     print(head)
     print("-" * len(head))
     over: list[str] = []
@@ -113,7 +114,7 @@ def main() -> None:
                 print(f"{f'p={p} m={m}':14s} {3 * p * m:9,d} {limit:5.0f}s {wall:6.1f}s "
                       f"{wall / limit:10.2f} {'ok' if ok else 'OVER':>5s} {cpu:5.1f}s "
                       f"{cpu / limit:9.2f}  {f('load'):>5s} {f('search'):>7s} {f('given'):>7s} "
-                      f"{f('write'):>6s} {other:>6s}  "
+                      f"{f('write'):>6s} {other:>6s} {f('slowdown'):>5s}  "
                       f"{r['method']}{note}", flush=True)
                 if not ok:
                     over.append(f"p={p} m={m} at {limit:g} s")
@@ -121,14 +122,16 @@ def main() -> None:
           "time limit left them after loading and with writing kept aside; other = starting "
           "Python and importing pipeopt before the clock starts, and exiting; cpu = user + system "
           "time of the whole process (what the run itself used, whatever the other jobs on "
-          "the machine take).")
+          "the machine take); slow = the wall / CPU time of loading, by which the run scales "
+          "its estimates of the phases that cannot stop midway (validation, writing).")
     if over:
         print("Over the aim: " + "; ".join(over) + ". The phases that cannot stop midway ran "
               "past their share: loading, the first hand-made schedule (auto's fallback) with "
               "its memory check, and the summary and writing of a schedule of this size each "
               "take seconds that no time limit shortens (validation is skipped, with a note, "
-              "when it would overrun). Compare cpu with wall: on a shared machine most of the "
-              "difference is other jobs' use of the cores.")
+              "when it would overrun by more than a tenth of the limit). Compare cpu with "
+              "wall: on a shared machine most of the difference is other jobs' use of the "
+              "cores.")
 
 
 if __name__ == "__main__":
