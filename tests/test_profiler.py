@@ -269,7 +269,9 @@ def _recomputed_alive_bytes(block, x) -> float:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     st = t.untyped_storage()
-                    self.made.setdefault(st.data_ptr(), (weakref.ref(st), st.nbytes()))
+                    old = self.made.get(st.data_ptr())
+                    if old is None or old[0]() is None:  # new, or a freed one's address
+                        self.made[st.data_ptr()] = (weakref.ref(st), st.nbytes())
             return out
 
         def __exit__(self, *exc):
