@@ -376,11 +376,12 @@ class ModelPlan:
     def transient_reserve(self) -> float:
         """Bytes the partition search keeps free on every device for a recomputing
         backward's transient (:func:`backward_transient`): the largest layer's, times the
-        largest micro-batch's activation ratio. With ``recompute: per_stage`` the smallest
-        over the modes (the modes must share the device limits; none has no transient), so
-        there the problem, not the search, counts it."""
+        largest micro-batch's activation ratio. With ``recompute: per_stage`` the largest
+        over this world's modes (the modes share the device limits): the search then covers
+        every uniform mode's partitions with that mode's reserve or more, and whatever it
+        picks fits once the problem counts each stage's own transient."""
         if self.recompute_options:
-            return min(self._option(m).transient_reserve() for m in self.recompute_modes)
+            return max(self._option(m).transient_reserve() for m in self.recompute_modes)
         out = max((lc.backward_transient_bytes for lc in self.layers), default=0.0)
         if self.ratios is not None and out > 0:
             out *= float(self.ratios.activation.max())
