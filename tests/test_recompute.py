@@ -194,13 +194,15 @@ def search(recompute, limit, **training):
 
 
 def test_model_form_fits_where_no_recompute_does_not():
-    assert search("none", 5e7) is None
-    c, rep = search("per_stage", 5e7)
+    # 5.5e7: at 5e7 every stage needs full once the backward's recompute transient (one
+    # block's recomputed activations) is counted too (issue 18 item 1).
+    assert search("none", 5.5e7) is None
+    c, rep = search("per_stage", 5.5e7)
     modes = [r["recompute"] for r in dict(c.problem.meta)["stage_costs"]]
     assert modes == rep["recompute"] and len(set(modes)) > 1  # only some stages need more
-    assert all(r["memory_estimate_bytes"] <= 5e7 for r in dict(c.problem.meta)["stage_costs"])
+    assert all(r["memory_estimate_bytes"] <= 5.5e7 for r in dict(c.problem.meta)["stage_costs"])
     sched = pipeopt.solve(c.problem, "greedy", time_limit=2)
-    assert max(sched.peak_memory) <= 5e7
+    assert max(sched.peak_memory) <= 5.5e7
 
 
 @pytest.mark.parametrize("limit", [5e7, 6e7, 7e7, 9e7, 1.2e8])
@@ -335,7 +337,9 @@ def test_per_stage_needs_a_transformer_shape():
                                       {"stage_layers": [2, 2, 3, 3]}])
 def test_given_partitions_get_the_fastest_modes_that_fit(training):
     """A partition not searched (uniform, explicit) runs each stage in the fastest mode whose
-    memory estimate fits: every faster mode of that stage would be over the limit."""
+    memory estimate fits: every faster mode of that stage would be over the limit (with the
+    recompute transient the search keeps free on every device, the largest of the modes',
+    in place of the stage's own: issue 18 item 1)."""
     from pipeopt.costs.build import make_plan
     from pipeopt.schema import ConfigFile
 
@@ -343,11 +347,14 @@ def test_given_partitions_get_the_fastest_modes_that_fit(training):
     meta = dict(c.problem.meta)
     part = tuple(tuple(x) for x in meta["partition"])
     plan = make_plan(ConfigFile.model_validate(cfg("per_stage", 6e7, **training)))
+    world = plan if c.problem.split_backward else (plan.fused_world() or plan)
     checked = 0
     for r in meta["stage_costs"]:
         assert r["memory_estimate_bytes"] <= 6e7
         for faster in MODES[:MODES.index(r["recompute"])]:
-            rows = plan.resolved(part, (faster,) * 4).stage_costs(part)
-            assert rows[r["stage"]]["memory_estimate_bytes"] > 6e7
+            row = plan.resolved(part, (faster,) * 4).stage_costs(part)[r["stage"]]
+            kept = (row["memory_estimate_bytes"] - row["backward_transient_bytes"]
+                    + world.transient_reserve())
+            assert kept > 6e7
             checked += 1
     assert checked > 0  # some stage needed more than recompute none
