@@ -487,8 +487,11 @@ def cmd_solve(args: argparse.Namespace) -> int:
     # The time limit covers the whole command: loading (done), the search, its validation
     # (solve() keeps time for it) and writing the result (kept here).
     watch = Stopwatch(args.started, args.started_cpu)
-    spent, slowdown = watch.elapsed(), watch.slowdown()
-    writing = WRITE_S_PER_OP * cfg.problem.num_ops * slowdown if args.output else 0.0
+    writing = WRITE_S_PER_OP * cfg.problem.num_ops if args.output else 0.0
+    # A quick load says nothing of the machine's load: then a 50 ms probe does, when the
+    # writing it scales would take more than a second.
+    slowdown = watch.slowdown(calibrate=writing > 1.0)
+    spent, writing = watch.elapsed(), writing * slowdown
     limit = time_left(sc.time_limit, spent + writing)
     logger.info("solve: loaded in %.2f s (%d ops, wall / CPU %.1f); %.2f s of the %.3g s time "
                 "limit left for the search and its validation, %.2f s kept for writing", spent,

@@ -37,11 +37,17 @@ class Stopwatch:
         """Wall seconds since the start."""
         return time.perf_counter() - self.wall
 
-    def slowdown(self) -> float:
+    def slowdown(self, *, calibrate: bool = False) -> float:
         """Wall seconds per CPU second of this process since the start, between 1 and
-        :data:`MAX_SLOWDOWN` (1 when too little CPU time was used to tell, or when threads
-        used more CPU than wall time)."""
+        :data:`MAX_SLOWDOWN` (1 when threads used more CPU than wall time). When too little
+        CPU time was used to tell: 1, or with ``calibrate`` the same ratio over a busy loop of
+        :data:`MIN_CPU_SAMPLE_S` of CPU run now (what a phase about to start would get)."""
         cpu = time.process_time() - self.cpu
-        if cpu < MIN_CPU_SAMPLE_S:
+        if cpu >= MIN_CPU_SAMPLE_S:
+            return min(MAX_SLOWDOWN, max(1.0, self.elapsed() / cpu))
+        if not calibrate:
             return 1.0
-        return min(MAX_SLOWDOWN, max(1.0, self.elapsed() / cpu))
+        probe = Stopwatch.start()
+        while time.process_time() - probe.cpu < MIN_CPU_SAMPLE_S:
+            pass
+        return probe.slowdown()

@@ -171,7 +171,7 @@ def test_auto_skips_validation_only_when_it_would_overrun_the_limit(
 def test_slowdown_is_wall_per_cpu_second_within_bounds() -> None:
     """Issue 18 item 7 under load: a phase's CPU estimate is scaled by the wall seconds per CPU
     second this run got so far, between 1 and MAX_SLOWDOWN."""
-    from pipeopt.clock import MAX_SLOWDOWN, Stopwatch
+    from pipeopt.clock import MAX_SLOWDOWN, MIN_CPU_SAMPLE_S, Stopwatch
 
     now_wall, now_cpu = time.perf_counter(), time.process_time()
     # 3 s of wall time for 1 s of CPU: a third of a core.
@@ -183,6 +183,10 @@ def test_slowdown_is_wall_per_cpu_second_within_bounds() -> None:
     watch = Stopwatch.start()
     time.sleep(0.01)
     assert watch.elapsed() >= 0.01
+    # Too small a sample, calibrated: a busy loop of MIN_CPU_SAMPLE_S measures the machine.
+    t0 = time.process_time()
+    assert 1.0 <= Stopwatch.start().slowdown(calibrate=True) <= MAX_SLOWDOWN
+    assert time.process_time() - t0 >= MIN_CPU_SAMPLE_S
 
 
 def test_validation_cost_and_the_slowdown_decide_skipping(monkeypatch: pytest.MonkeyPatch
