@@ -2,7 +2,8 @@
 
 :func:`pipeopt.simulate.check` walks every op in Python and names each violation; at a million
 ops that is seconds that a time limit has to pay. :func:`is_valid` answers only "valid or
-not" for the same rules with numpy over whole columns, about ten times faster, so
+not" for the same rules with numpy over whole columns, in a third to a fifth of the CPU time
+(0.75 s against 2.7 s at 921,600 ops on the 2-core development machine), so
 :func:`pipeopt.simulate.validate` can afford to validate every large schedule and falls back to
 the full check (for the messages) only when this pass finds something wrong.
 
