@@ -111,9 +111,10 @@ def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
 
     monkeypatch.setattr(greedy, "solve_greedy", spy)
     prob = pipeopt.uniform_problem(devices=4, microbatches=8)
+    monkeypatch.setattr("pipeopt.clock.MAX_SLOWDOWN", 1.0)  # whatever the machine's load
     monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.1)  # 96 ops: 9.6 s kept
     pipeopt.solve(prob, "greedy", time_limit=20)
-    assert given == [pytest.approx(20 - 9.6)]
+    assert given == [pytest.approx(20 - 9.6, abs=0.2)]  # less the 50 ms probe of the load
     pipeopt.solve(prob, "greedy", time_limit=5)  # never below a tenth of the limit
     assert given[-1] == pytest.approx(0.5)
     monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.0)
@@ -121,7 +122,6 @@ def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
     import pipeopt.cli as cli
 
     monkeypatch.setattr(cli, "WRITE_S_PER_OP", 0.05)  # 96 ops: 4.8 s kept for writing
-    monkeypatch.setattr("pipeopt.clock.MAX_SLOWDOWN", 1.0)  # whatever the machine's load
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pipeline: {devices: 4, microbatches: 8}\n"
                    "stages: {forward: 1, backward_input: 1, backward_weight: 1}\n",
@@ -150,6 +150,7 @@ def test_auto_skips_validation_only_when_it_would_overrun_the_limit(
         return real(schedule)
 
     monkeypatch.setattr(solvers, "validate", spy)
+    monkeypatch.setattr("pipeopt.clock.MAX_SLOWDOWN", 1.0)  # whatever the machine's load
     prob = pipeopt.uniform_problem(devices=4, microbatches=8)  # 96 ops
     sched = pipeopt.solve(prob, "auto", time_limit=30)
     assert calls == [sched.method] and sched.solver.detail("validation") is None
@@ -187,6 +188,28 @@ def test_slowdown_is_wall_per_cpu_second_within_bounds() -> None:
     t0 = time.process_time()
     assert 1.0 <= Stopwatch.start().slowdown(calibrate=True) <= MAX_SLOWDOWN
     assert time.process_time() - t0 >= MIN_CPU_SAMPLE_S
+
+
+def test_the_validation_reserve_grows_with_the_slowdown(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """Before a search, solve() probes the machine when validation is worth it and keeps the
+    estimate times the slowdown out of the search's time."""
+    import pipeopt.solvers as solvers
+    from pipeopt.clock import Stopwatch
+    from pipeopt.solvers import greedy
+
+    given: list[float] = []
+    real = greedy.solve_greedy
+
+    def spy(problem: Problem, options: SolveOptions, **kw: object) -> pipeopt.Schedule:
+        given.append(options.time_limit)
+        return real(problem, options, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(greedy, "solve_greedy", spy)
+    monkeypatch.setattr(Stopwatch, "slowdown", lambda self, calibrate=False: 3.0)
+    monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.02)  # 96 ops: 1.92 s of CPU
+    pipeopt.solve(pipeopt.uniform_problem(devices=4, microbatches=8), "greedy", time_limit=20)
+    assert given == [pytest.approx(20 - 3 * 1.92, abs=0.1)]
 
 
 def test_validation_cost_and_the_slowdown_decide_skipping(monkeypatch: pytest.MonkeyPatch

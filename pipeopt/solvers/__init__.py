@@ -44,8 +44,8 @@ from pipeopt.solvers.base import (
 # this package, which names the searches in its method table); they stay importable from here.
 __all__ = [
     "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_FAST_S_PER_OP",
-    "VALIDATE_GRACE_SHARE", "VALIDATE_S_PER_OP", "CompareRow", "Method", "Objective",
-    "OutOfTime", "Progress",
+    "VALIDATE_GRACE_SHARE", "VALIDATE_PROBE_S", "VALIDATE_S_PER_OP", "CompareRow", "Method",
+    "Objective", "OutOfTime", "Progress",
     "SolveOptions", "UnknownMethod", "check_method", "classic_methods", "compare",
     "fifo_orders", "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods",
     "over_limit", "relabel", "require_memory", "run_classic", "solve", "time_left",
@@ -112,6 +112,10 @@ VALIDATE_S_PER_OP = 3.5e-6
 #: The same with the vectorised pass (:mod:`pipeopt.validate_fast`, no link contention):
 #: 0.31-0.82 us per op of CPU from 12,288 to 921,600 ops, same machine and day.
 VALIDATE_FAST_S_PER_OP = 1.0e-6
+#: CPU seconds of validation from which :func:`solve` probes the machine's slowdown before a
+#: search (a 50 ms busy loop, :meth:`pipeopt.clock.Stopwatch.slowdown`) to scale its reserve:
+#: below it the probe would cost a tenth of what it sizes.
+VALIDATE_PROBE_S = 0.5
 #: The least share of a time limit left to a search whatever is reserved for later phases.
 MIN_SEARCH_SHARE = 0.1
 #: Share of its time limit by which ``auto``'s validation may run past it before it is skipped
@@ -190,10 +194,14 @@ def solve(problem: Problem | Any, method: str | None = None,
     if method in _SEARCH and method in methods():
         module, func = _SEARCH[method]
         fn: Method = getattr(importlib.import_module(module), func)
-        # The validation below counts against the time limit too: the search gets the rest.
+        # The validation below counts against the time limit too: the search gets the rest,
+        # the estimate scaled by how fast this process runs now when it is worth a probe.
         watch = Stopwatch.start()
+        need = validation_cost(problem)
+        if need > VALIDATE_PROBE_S:
+            need *= watch.slowdown(calibrate=True)
         sched = fn(problem, replace(opts, time_limit=time_left(
-            opts.time_limit, validation_cost(problem))))
+            opts.time_limit, need + watch.elapsed())))
         if method == "auto":
             return _validate_in_time(sched, opts.time_limit - watch.elapsed(),
                                      opts.time_limit, watch.slowdown())
