@@ -107,8 +107,7 @@ def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int
             if not (set(kind) <= kinds.keys() and min(stage) >= 0 and max(stage) < s
                     and min(mb) >= 0 and max(mb) < m):
                 _check_orders(problem, orders)
-    return [[(kinds[o.kind] * s + o.stage) * m + o.microbatch for o in order]
-            for order in orders]
+    return training.task_orders(problem, orders)
 
 
 def simulate(problem: Problem, orders: Orders, method: str = "custom",
