@@ -111,20 +111,24 @@ def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int
 
 
 def simulate(problem: Problem, orders: Orders, method: str = "custom",
-             solver: SolverInfo | None = None, *, check: bool = True) -> Schedule:
+             solver: SolverInfo | None = None, *, check: bool = True,
+             graph: training.ChainGraph | None = None) -> Schedule:
     """Time the per-device op ``orders`` as early as possible.
 
     When messages queue on links, and to name a deadlock, the timing is the core simulator's
     (:func:`pipeopt.core.simulate.simulate`) over the problem's task graph
     (:func:`pipeopt.workloads.training.build`); with latency-only links a pass specialised to
-    the chain does it (see :func:`_simulate_fast` for why it stays).
+    the chain does it (see :func:`_simulate_fast` for why it stays). ``graph``: the problem's
+    graph built once (:func:`pipeopt.workloads.training.chain_graph`) by a caller that times
+    several orders of one problem; ``None`` builds it when needed.
 
-    Raises :class:`ScheduleError` when an order misses or repeats an op, and
-    :class:`DeadlockError` when the orders wait on each other in a cycle.
+    Raises :class:`ScheduleError` when an order misses or repeats an op,
+    :class:`DeadlockError` when the orders wait on each other in a cycle, and
+    :class:`ValueError` when ``graph`` was built for another problem.
     """
     with cyclic_gc_paused():
         if problem.has_link_contention:
-            ops, msgs = _time(problem, orders, check=check)
+            ops, msgs = _time(problem, orders, check=check, graph=graph)
         else:
             if check:
                 _check_orders(problem, orders)
@@ -250,14 +254,19 @@ def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
                      zip(*problem.op_table[:4], start, end, strict=False)))
 
 
-def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False
+def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False,
+          graph: training.ChainGraph | None = None
           ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
     """Timed ops (in op id order) and messages of ``orders``, from the core simulator, with
-    its errors in the chain's terms (ops, not task ids)."""
-    graph = training.build(problem)
+    its errors in the chain's terms (ops, not task ids). ``graph``: the problem's graph built
+    once (:func:`pipeopt.workloads.training.chain_graph`), else built here."""
+    if graph is not None and graph.problem is not problem and graph.problem != problem:
+        raise ValueError("simulate: graph: built for another problem (make it with "
+                         "pipeopt.workloads.training.chain_graph(problem))")
+    tg = training.build(problem) if graph is None else graph.graph
     tasks = _task_orders(problem, orders, check)
     try:
-        timed = core_simulate(graph, tasks, check=check, events=events)
+        timed = core_simulate(tg, tasks, check=check, events=events)
     except CoreDeadlock as exc:
         op = partial(training.task_op, problem)
         cycle = [(d, op(i), op(w)) for d, i, w in exc.cycle]
@@ -268,7 +277,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
     dev, stage, mb, kind = problem.op_table
     ops = tuple(map(tuple.__new__, repeat(TimedOp),
                     zip(dev, stage, mb, kind, timed.start, timed.end, strict=True)))
-    src, dst = graph.src, graph.dst
+    src, dst = tg.src, tg.dst
     msgs = tuple(Message(dev[a], dev[b], stage[a], stage[b], mb[a], kind[a], t0, t1, arrival)
                  for a, b, t0, t1, arrival in ((src[mm.edge], dst[mm.edge], *mm[1:])
                                                for mm in timed.messages))

@@ -18,6 +18,7 @@ from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import DeadlockError as ChainDeadlock
+from pipeopt.simulate import _time as chain_time
 from pipeopt.simulate import simulate as chain_simulate
 from pipeopt.solvers import classic_methods, run_classic
 from pipeopt.workloads import training
@@ -264,3 +265,37 @@ def test_random_orders_time_as_in_the_chain(prob: Problem, seed: int) -> None:
     core = simulate(training.build(prob), training.task_orders(prob, orders))
     _assert_same(sched, core)
     assert check(core) == []
+
+
+@pytest.mark.parametrize("pname", ["serialized", "serialized-vshape", "serialized-fused-hetero",
+                                   "hetero", "scaled-hetero"])
+def test_a_graph_built_once_times_as_a_graph_built_per_call(pname: str) -> None:
+    """simulate(graph=chain_graph(problem)) gives the very times (and messages) of a call that
+    builds the graph itself, for every classic schedule, on the same graph value each time."""
+    prob = PROBLEMS[pname]
+    built = training.chain_graph(prob)
+    assert built.problem is prob and built.graph == training.build(prob)
+    applied = []
+    for method in classic_methods():
+        try:
+            sched = run_classic(prob, method)
+        except NotApplicable:
+            continue
+        if sched.problem != prob:  # a variant of the problem (e.g. the backward fused)
+            continue
+        applied.append(method)
+        orders = sched.device_orders()
+        ops, msgs = chain_time(prob, orders, check=True)
+        assert chain_time(prob, orders, check=True, graph=built) == (ops, msgs), method
+        assert chain_simulate(prob, orders, graph=built).ops == chain_simulate(prob, orders).ops
+    assert len(applied) >= 3, applied
+
+
+def test_a_graph_of_another_problem_is_refused() -> None:
+    prob = PROBLEMS["serialized"]
+    other = training.chain_graph(_serialized(m=8))
+    orders = run_classic(prob, "zb-h1").device_orders()
+    with pytest.raises(ValueError, match="graph: built for another problem"):
+        chain_simulate(prob, orders, graph=other)
+    equal = training.chain_graph(_serialized(memory_limit=4.0))  # equal, not the same object
+    assert chain_simulate(prob, orders, graph=equal).ops == chain_simulate(prob, orders).ops

@@ -101,6 +101,22 @@ class OpLabels(Sequence[str]):
         return hash(tuple(self))
 
 
+@dataclass(frozen=True, eq=False)
+class ChainGraph:
+    """A problem with its task graph (``graph`` is ``build(problem)``), made once by
+    :func:`chain_graph` and handed to :func:`pipeopt.simulate.simulate` by a caller that times
+    several orders of one problem: each call then skips the build (about 0.03 s at p = 64,
+    m = 1024). Immutable; the simulator refuses it with any other problem."""
+
+    problem: Problem
+    graph: TaskGraph
+
+
+def chain_graph(problem: Problem) -> ChainGraph:
+    """``problem`` with :func:`build`'s graph of it, for :func:`pipeopt.simulate.simulate`."""
+    return ChainGraph(problem, build(problem))
+
+
 @cyclic_gc_paused()  # one object per task and no reference cycles (pipeopt._gc)
 def build(problem: Problem) -> TaskGraph:
     """The task graph of ``problem`` (see the module docstring).
