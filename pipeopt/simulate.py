@@ -156,9 +156,9 @@ def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
 
     It stays beside the core's fast path (the same rule, which tests/test_simulate.py and
     tests/test_core_training.py check it against) until the core, graph build included, is
-    within 10 % of it at p = 64, m = 1024: ``benchmarks/simulate.py --base`` measured the core
-    route at about half its speed on 2026-12-03 (benchmarks/README.md), the Python loop over
-    CSR slots plus building the graph against successors computed from op ids.
+    within 10 % of it at p = 64, m = 1024: ``benchmarks/core.py --cpu`` measured the core
+    route at 0.77-0.91x its speed per call on 2026-12-04, the gap being the graph's build, and
+    at 0.92-1.04x with the graph built once (benchmarks/README.md).
     """
     s, m = problem.stages, problem.microbatches
     sm = s * m
