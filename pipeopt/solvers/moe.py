@@ -122,14 +122,20 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
     with contextlib.suppress(Stuck):
         offer(simulate(g, list_schedule(g, op_prio), "greedy"))
     bases: list[_Base] = []
-    for rule, prio in (("age", wl.age_priority(g, pipe)), ("op", op_prio)):
+
+    def listed(graph: TaskGraph, prio: list[float], method: str) -> None:
+        """List-schedule ``graph`` by ``prio`` and offer the result; a valid one is also kept
+        as a base for the perturbation passes."""
         try:
-            sched = simulate(g, list_schedule(ga, prio), f"admitted greedy ({rule} priority)")
+            sched = simulate(g, list_schedule(graph, prio), method)
         except Stuck:
-            continue
+            return
         offer(sched)
         if not check(sched):
-            bases.append((sched.objective, sched.method, ga, prio))
+            bases.append((sched.objective, sched.method, graph, prio))
+
+    for rule, prio in (("age", wl.age_priority(g, pipe)), ("op", op_prio)):
+        listed(ga, prio, f"admitted greedy ({rule} priority)")
     for name in SEARCH_ORDERS:
         try:
             orders = _orders(pipe, name)
@@ -140,13 +146,7 @@ def search(pipe: wl.MoEPipeline, *, time_limit: float = 30.0, workers: int | Non
             if time.perf_counter() > deadline:
                 break
             gw, prio = wl.windowed(g, pipe, orders, window)
-            try:
-                sched = simulate(g, list_schedule(gw, prio), f"{name}+overlap(window {window})")
-            except Stuck:
-                continue
-            offer(sched)
-            if not check(sched):
-                bases.append((sched.objective, sched.method, gw, prio))
+            listed(gw, prio, f"{name}+overlap(window {window})")
     _perturb(g, sorted(bases, key=lambda x: x[0])[:PERTURB_BASES], offer, seed, deadline)
     if not found:
         raise ValueError("search: no candidate schedule fits the memory limits")
