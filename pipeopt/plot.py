@@ -1053,18 +1053,23 @@ def render_compare(schedules: Sequence[Schedule], *, dpi: float = DEFAULT_DPI,
             color="black" if f else LIMIT_COLOR, fontweight="normal" if f else "bold"))
         ax.tick_params(axis="x", labelsize=7)
         top += rows + 0.3
-    # One font for every title, the largest at which none passes the figure's right edge.
+    _compare_frame(fig, texts, _legend_handles(schedules, drawn), w, h)
+    fig.axes[-1].set_xlabel("time (s)")
+    _caption(fig, drawn)
+    return fig
+
+
+def _compare_frame(fig: Figure, texts: Sequence[Text], handles: Sequence[object], w: float,
+                   h: float) -> None:
+    """The frame of a compare figure ``w`` x ``h`` inches: one font for every title (the
+    largest at which none passes the right edge), the heading, and the legend of ``handles``."""
     _fit_texts(fig, texts,
                [_TITLE_PT - 0.5 * i for i in range(int((_TITLE_PT - _MIN_TITLE_PT) / 0.5) + 1)])
     fig.suptitle("methods compared (common time axis)", x=_LEFT_IN / w, ha="left",
                  y=1 - 0.12 / h, fontsize=11, va="top")
-    handles = _legend_handles(schedules, drawn)
     _fit_legend(fig, lambda ncol: fig.legend(
         handles=handles, loc="upper left", bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h),
         ncol=ncol, fontsize=7, frameon=False, borderaxespad=0.0, handlelength=1.5), handles)
-    fig.axes[-1].set_xlabel("time (s)")
-    _caption(fig, drawn)
-    return fig
 
 
 def plot_compare(schedules: Sequence[Schedule], path: str | os.PathLike[str], *,
@@ -1329,15 +1334,7 @@ def render_graph_compare(schedules: Sequence[GraphSchedule], *, dpi: float = DEF
                                   fontweight="normal" if f else "bold"))
         ax.tick_params(axis="x", labelsize=7)
         top += r + 0.3
-    _fit_texts(fig, texts,
-               [_TITLE_PT - 0.5 * i for i in range(int((_TITLE_PT - _MIN_TITLE_PT) / 0.5) + 1)])
-    fig.suptitle("methods compared (common time axis)", x=_LEFT_IN / w, ha="left",
-                 y=1 - 0.12 / h, fontsize=11, va="top")
-    legend_handles = handles or []
-    _fit_legend(fig, lambda ncol: fig.legend(
-        handles=legend_handles, loc="upper left", bbox_to_anchor=(_LEFT_IN / w, 1 - 0.42 / h),
-        ncol=ncol, fontsize=7, frameon=False, borderaxespad=0.0, handlelength=1.5),
-        legend_handles)
+    _compare_frame(fig, texts, handles or [], w, h)
     fig.axes[-1].set_xlabel("time (s)")
     return fig
 
