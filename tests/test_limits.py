@@ -95,11 +95,8 @@ def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
     assert sched.solver.detail("greedy").startswith("skipped: auto's")
 
 
-def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
-    import pipeopt.solvers as solvers
-    from pipeopt.cli import main
+def _greedy_limits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the time limit of every greedy run (the list fills as they run)."""
     from pipeopt.solvers import greedy
 
     given: list[float] = []
@@ -110,6 +107,16 @@ def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
         return real(problem, options, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(greedy, "solve_greedy", spy)
+    return given
+
+
+def test_solve_keeps_time_for_validation_and_the_cli_for_loading_and_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import pipeopt.solvers as solvers
+    from pipeopt.cli import main
+
+    given = _greedy_limits(monkeypatch)
     prob = pipeopt.uniform_problem(devices=4, microbatches=8)
     monkeypatch.setattr("pipeopt.clock.MAX_SLOWDOWN", 1.0)  # whatever the machine's load
     monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.1)  # 96 ops: 9.6 s kept
@@ -196,16 +203,8 @@ def test_the_validation_reserve_grows_with_the_slowdown(monkeypatch: pytest.Monk
     estimate times the slowdown out of the search's time."""
     import pipeopt.solvers as solvers
     from pipeopt.clock import Stopwatch
-    from pipeopt.solvers import greedy
 
-    given: list[float] = []
-    real = greedy.solve_greedy
-
-    def spy(problem: Problem, options: SolveOptions, **kw: object) -> pipeopt.Schedule:
-        given.append(options.time_limit)
-        return real(problem, options, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(greedy, "solve_greedy", spy)
+    given = _greedy_limits(monkeypatch)
     monkeypatch.setattr(Stopwatch, "slowdown", lambda self, calibrate=False: 3.0)
     monkeypatch.setattr(solvers, "VALIDATE_S_PER_OP", 0.02)  # 96 ops: 1.92 s of CPU
     pipeopt.solve(pipeopt.uniform_problem(devices=4, microbatches=8), "greedy", time_limit=20)

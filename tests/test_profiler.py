@@ -210,27 +210,13 @@ def test_recompute_memory_matches_autograd(capsys):
 
     torch.manual_seed(0)
     block = tiny_gpt(layers=1, hidden=H, heads=HEADS, vocab=V, seq_len=S)[1]
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-
-    def saved_bytes(fn) -> float:
-        seen: dict[int, int] = {}
-
-        def pack(t):
-            st = t.untyped_storage()
-            if st.data_ptr() not in params:
-                seen[st.data_ptr()] = st.nbytes()
-            return t
-
-        x = torch.randn(B, S, H, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(x).sum().backward()  # the backward runs: the hooks saw a real training step
-        return float(sum(seen.values()))
 
     shape = TransformerShape(layers=1, hidden=H, heads=HEADS, seq_len=S, vocab=V,
                              micro_batch_size=B, dtype="fp32", dropout=False,
                              sequence_parallel=False)
-    full = saved_bytes(lambda x: checkpoint(block, x, use_reentrant=False))
-    none = saved_bytes(block)
+    x = torch.randn(B, S, H, requires_grad=True)
+    full = _saved_bytes(block, x, lambda x: checkpoint(block, x, use_reentrant=False))
+    none = _saved_bytes(block, x)
     full_ratio = full / block_activation_bytes(shape, "full")
     none_ratio = none / block_activation_bytes(shape, "none")
     held = block_weight_grad_held_bytes(shape)
@@ -294,8 +280,9 @@ def _recomputed_alive_bytes(block, x) -> float:
     return float(modes[0].alive)
 
 
-def _saved_bytes(block, x) -> float:
-    """Bytes autograd saves for ``block``'s backward (distinct storages, no parameters)."""
+def _saved_bytes(block, x, fn=None) -> float:
+    """Bytes autograd saves for the backward of ``fn`` (default ``block``) on ``x``: distinct
+    storages, ``block``'s parameters left out; the backward runs, as in a training step."""
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     seen: dict[int, int] = {}
 
@@ -306,7 +293,7 @@ def _saved_bytes(block, x) -> float:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x).sum().backward()
+        (fn or block)(x).sum().backward()
     return float(sum(seen.values()))
 
 
