@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
+
 Kind = Literal["F", "B", "W"]
 #: A per-micro-batch factor list, or a table of such lists (one row per stage, or per stage
 #: boundary for messages); ``()`` = not given.
@@ -59,9 +61,11 @@ def stage_device_map(devices: int, virtual_stages: int, placement: str) -> tuple
 
 def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = False,
             positive: bool = False) -> tuple[float, ...]:
-    vals = tuple(float(x) for x in values)
+    vals = tuple(map(float, values))
     if len(vals) != n:
         raise ProblemError(f"{name}: expected {n} values, got {len(vals)}")
+    if vals and _all_valid(np.array(vals), allow_inf=allow_inf, positive=positive):
+        return vals
     for i, x in enumerate(vals):
         if math.isnan(x) or (math.isinf(x) and not allow_inf):
             raise ProblemError(f"{name}[{i}]: must be a finite number, got {x}")
@@ -69,6 +73,15 @@ def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = Fal
             rel = "> 0" if positive else ">= 0"
             raise ProblemError(f"{name}[{i}]: must be {rel}, got {x}")
     return vals
+
+
+def _all_valid(arr: np.ndarray, *, allow_inf: bool, positive: bool) -> bool:
+    """Do all of ``arr`` pass :func:`_floats`' checks? One vectorised pass; the caller walks
+    the values for the first bad one only when this says no (NaN fails every comparison)."""
+    ok = (arr > 0) if positive else (arr >= 0)
+    if not allow_inf:
+        ok &= arr < math.inf
+    return bool(ok.all())
 
 
 @dataclass(frozen=True)
@@ -495,7 +508,7 @@ class Problem:
             elif f.name == "meta":
                 out[f.name] = dict(val)
             elif f.name in ("latency", "bandwidth"):
-                out[f.name] = [[_json_float(x) for x in row] for row in val]
+                out[f.name] = [_json_row(row) for row in val]
             elif isinstance(val, tuple):
                 out[f.name] = [_json_float(x) for x in val]
             else:
@@ -593,14 +606,32 @@ def _matrix(name: str, rows: Sequence[Sequence[float]], p: int, *, allow_inf: bo
             positive: bool = False) -> tuple[tuple[float, ...], ...]:
     if len(rows) != p:
         raise ProblemError(f"{name}: expected a {p}x{p} matrix, got {len(rows)} rows")
+    out = tuple(tuple(map(float, row)) for row in rows)
+    # One vectorised check of the p x p values (a million at p = 1024); only a matrix that
+    # fails it, or has a row of the wrong length, is walked row by row for the message.
+    if all(len(row) == p for row in out) and _all_valid(np.array(out), allow_inf=allow_inf,
+                                                        positive=positive):
+        return out
     return tuple(_floats(f"{name}[{i}]", row, p, allow_inf=allow_inf, positive=positive)
-                 for i, row in enumerate(rows))
+                 for i, row in enumerate(out))
 
 
 def _json_float(x: Any) -> Any:
     if isinstance(x, float) and math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return x
+
+
+def _json_row(row: tuple[float, ...]) -> list[Any]:
+    """A matrix row as :func:`_json_float` writes each value; rows with no infinity (the
+    latency rows) or only infinities (an unlimited bandwidth) are written without a call per
+    value, which is most of the header of a 1024-device schedule."""
+    infs = row.count(math.inf)
+    if infs == len(row):
+        return ["inf"] * infs
+    if not infs and -math.inf not in row:
+        return list(row)
+    return [_json_float(x) for x in row]
 
 
 def _from_json_float(x: Any) -> Any:
@@ -620,16 +651,16 @@ def chain_links(devices: int, latency: Sequence[float], bandwidth: Sequence[floa
     anything else.
     """
     p = devices
-    lat = [[0.0] * p for _ in range(p)]
-    bw = [[math.inf] * p for _ in range(p)]
-    for a in range(p):
-        worst_lat, worst_bw = -math.inf, math.inf  # over the links a .. b-1, one more each step
-        for b in range(a + 1, p):
-            worst_lat = max(worst_lat, float(latency[b - 1]))
-            worst_bw = min(worst_bw, float(bandwidth[b - 1]))
-            lat[a][b] = lat[b][a] = worst_lat
-            bw[a][b] = bw[b][a] = worst_bw
-    return tuple(map(tuple, lat)), tuple(map(tuple, bw))
+    link_lat = np.array([float(x) for x in latency[:p - 1]], dtype=float)
+    link_bw = np.array([float(x) for x in bandwidth[:p - 1]], dtype=float)
+    lat = np.zeros((p, p))
+    bw = np.full((p, p), math.inf)
+    for a in range(p - 1):
+        # Row a, columns a+1 .. p-1: the worst over the links a .. b-1 (running max / min;
+        # exact, so the same floats as a scalar loop), mirrored below the diagonal.
+        lat[a, a + 1:] = lat[a + 1:, a] = np.maximum.accumulate(link_lat[a:])
+        bw[a, a + 1:] = bw[a + 1:, a] = np.minimum.accumulate(link_bw[a:])
+    return tuple(map(tuple, lat.tolist())), tuple(map(tuple, bw.tolist()))
 
 
 def uniform_problem(devices: int, microbatches: int, f: float = 1.0, b: float = 1.0,

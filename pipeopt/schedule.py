@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -16,6 +17,9 @@ from typing import Any, Literal, NamedTuple
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
+
+#: A timed op's end (field 5 of :class:`TimedOp`), read without an attribute lookup per op.
+_END = operator.itemgetter(5)
 
 Status = Literal["optimal", "feasible", "heuristic"]
 
@@ -101,7 +105,7 @@ class Schedule:
     @cached_property
     def makespan(self) -> float:
         """Latest op end (seconds); every device starts at 0."""
-        return max((o.end for o in self.ops), default=0.0)
+        return max(map(_END, self.ops), default=0.0)
 
     @cached_property
     def iteration_time(self) -> float:
@@ -120,8 +124,8 @@ class Schedule:
     def busy_time(self) -> tuple[float, ...]:
         """Per device, the total time spent computing (seconds)."""
         busy = [0.0] * self.problem.devices
-        for o in self.ops:
-            busy[o.device] += o.end - o.start
+        for d, _, _, _, start, end in self.ops:  # unpacked: a million attribute reads less
+            busy[d] += end - start
         return tuple(busy)
 
     @cached_property
@@ -137,9 +141,11 @@ class Schedule:
         """Per device, last op end minus first op start (the Zero Bubble papers' span)."""
         first = [float("inf")] * self.problem.devices
         last = [0.0] * self.problem.devices
-        for o in self.ops:
-            first[o.device] = min(first[o.device], o.start)
-            last[o.device] = max(last[o.device], o.end)
+        for d, _, _, _, start, end in self.ops:
+            if start < first[d]:
+                first[d] = start
+            if end > last[d]:
+                last[d] = end
         return tuple(max(0.0, b - a) for a, b in zip(first, last, strict=True))
 
     @cached_property

@@ -69,6 +69,8 @@ def _check_orders(problem: Problem, orders: Orders) -> None:
     p = problem.devices
     if len(orders) != p:
         raise ScheduleError(f"orders: expected {p} device lists, got {len(orders)}")
+    if _orders_valid(problem, orders):
+        return
     seen: set[Op] = set()
     kinds = set(problem.kinds)
     s, m = problem.stages, problem.microbatches
@@ -85,6 +87,29 @@ def _check_orders(problem: Problem, orders: Orders) -> None:
     if len(seen) != problem.num_ops:
         missing = next(op for op in problem.ops() if op not in seen)
         raise ScheduleError(f"orders: {problem.num_ops - len(seen)} ops missing, e.g. {missing}")
+
+
+def _orders_valid(problem: Problem, orders: Orders) -> bool:
+    """The fast pass of :func:`_check_orders`: whole-order set operations instead of a test
+    per op. True only when every op is valid, on its device, and present exactly once; any
+    other answer sends the caller through its op-by-op walk, which names the first fault."""
+    kinds = set(problem.kinds)
+    seen: set[Op] = set()
+    total = 0
+    for d, order in enumerate(orders):
+        if not order:
+            continue
+        try:
+            kind, stage, mb = zip(*order, strict=True)
+        except (TypeError, ValueError):
+            return False
+        if not (set(kind) <= kinds and set(stage) <= set(problem.device_stages[d])
+                and all(type(x) is int for x in stage) and all(type(x) is int for x in mb)
+                and min(mb) >= 0 and max(mb) < problem.microbatches):
+            return False
+        seen.update(order)
+        total += len(order)
+    return total == len(seen) == problem.num_ops
 
 
 def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int]]:
