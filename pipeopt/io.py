@@ -28,7 +28,6 @@ from pipeopt.schedule import (
     Schedule,
     SolverInfo,
     TimedOp,
-    by_device_and_time,
     schedule_header,
     schedule_to_dict,
 )
