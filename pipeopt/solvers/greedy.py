@@ -569,10 +569,11 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     small instances, two on p=64, m=1024) and keeps the best by ``options.objective``. With
     micro-batches of different cost, every variant runs with each of :func:`microbatch_orders`
     (twice the work budget; the first two variants on each order before the others). A
-    variant still running at the time limit is abandoned, except the first, which always
-    finishes unless ``optional`` (the caller has another schedule), when
-    :class:`~pipeopt.solvers.OutOfTime` is raised instead. Raises :class:`NotApplicable` when
-    some device's memory limit is below what any schedule needs.
+    variant still running at the time limit, less the time the final simulation of the chosen
+    orders will take (:data:`_RETIME_S_PER_OP` per op times the run's slowdown), is abandoned,
+    except the first, which always finishes unless ``optional`` (the caller has another
+    schedule), when :class:`~pipeopt.solvers.OutOfTime` is raised instead. Raises
+    :class:`NotApplicable` when some device's memory limit is below what any schedule needs.
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
