@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, Literal, NamedTuple
 
-import numpy as np
-
 Kind = Literal["F", "B", "W"]
 #: A per-micro-batch factor list, or a table of such lists (one row per stage, or per stage
 #: boundary for messages); ``()`` = not given.
@@ -64,7 +62,7 @@ def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = Fal
     vals = tuple(map(float, values))
     if len(vals) != n:
         raise ProblemError(f"{name}: expected {n} values, got {len(vals)}")
-    if vals and _all_valid(np.array(vals), allow_inf=allow_inf, positive=positive):
+    if vals and _all_valid(vals, allow_inf=allow_inf, positive=positive):
         return vals
     for i, x in enumerate(vals):
         if math.isnan(x) or (math.isinf(x) and not allow_inf):
@@ -75,13 +73,17 @@ def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = Fal
     return vals
 
 
-def _all_valid(arr: np.ndarray, *, allow_inf: bool, positive: bool) -> bool:
-    """Do all of ``arr`` pass :func:`_floats`' checks? One vectorised pass; the caller walks
-    the values for the first bad one only when this says no (NaN fails every comparison)."""
-    ok = (arr > 0) if positive else (arr >= 0)
-    if not allow_inf:
-        ok &= arr < math.inf
-    return bool(ok.all())
+def _all_valid(vals: tuple[float, ...], *, allow_inf: bool, positive: bool) -> bool:
+    """Do all of ``vals`` (not empty) pass :func:`_floats`' checks? Two C-level passes instead
+    of a test per value; the caller walks the values for the first bad one only when this says
+    no. A NaN makes the sum NaN, an infinity makes it infinite (or NaN with one of each sign),
+    and without NaN ``min`` is exact; a finite sum that overflows only sends a valid row to
+    the walk."""
+    total = sum(vals)
+    if math.isnan(total) or (not allow_inf and math.isinf(total)):
+        return False
+    low = min(vals)
+    return low > 0 if positive else low >= 0
 
 
 @dataclass(frozen=True)
@@ -607,10 +609,10 @@ def _matrix(name: str, rows: Sequence[Sequence[float]], p: int, *, allow_inf: bo
     if len(rows) != p:
         raise ProblemError(f"{name}: expected a {p}x{p} matrix, got {len(rows)} rows")
     out = tuple(tuple(map(float, row)) for row in rows)
-    # One vectorised check of the p x p values (a million at p = 1024); only a matrix that
-    # fails it, or has a row of the wrong length, is walked row by row for the message.
-    if all(len(row) == p for row in out) and _all_valid(np.array(out), allow_inf=allow_inf,
-                                                        positive=positive):
+    # Whole rows at a time (a million values at p = 1024); only a matrix that fails, or has a
+    # row of the wrong length, is walked value by value for the message.
+    if all(len(row) == p and _all_valid(row, allow_inf=allow_inf, positive=positive)
+           for row in out):
         return out
     return tuple(_floats(f"{name}[{i}]", row, p, allow_inf=allow_inf, positive=positive)
                  for i, row in enumerate(out))
@@ -651,16 +653,16 @@ def chain_links(devices: int, latency: Sequence[float], bandwidth: Sequence[floa
     anything else.
     """
     p = devices
-    link_lat = np.array([float(x) for x in latency[:p - 1]], dtype=float)
-    link_bw = np.array([float(x) for x in bandwidth[:p - 1]], dtype=float)
-    lat = np.zeros((p, p))
-    bw = np.full((p, p), math.inf)
-    for a in range(p - 1):
-        # Row a, columns a+1 .. p-1: the worst over the links a .. b-1 (running max / min;
-        # exact, so the same floats as a scalar loop), mirrored below the diagonal.
-        lat[a, a + 1:] = lat[a + 1:, a] = np.maximum.accumulate(link_lat[a:])
-        bw[a, a + 1:] = bw[a + 1:, a] = np.minimum.accumulate(link_bw[a:])
-    return tuple(map(tuple, lat.tolist())), tuple(map(tuple, bw.tolist()))
+    lat = [[0.0] * p for _ in range(p)]
+    bw = [[math.inf] * p for _ in range(p)]
+    for a in range(p):
+        worst_lat, worst_bw = -math.inf, math.inf  # over the links a .. b-1, one more each step
+        for b in range(a + 1, p):
+            worst_lat = max(worst_lat, float(latency[b - 1]))
+            worst_bw = min(worst_bw, float(bandwidth[b - 1]))
+            lat[a][b] = lat[b][a] = worst_lat
+            bw[a][b] = bw[b][a] = worst_bw
+    return tuple(map(tuple, lat)), tuple(map(tuple, bw))
 
 
 def uniform_problem(devices: int, microbatches: int, f: float = 1.0, b: float = 1.0,
