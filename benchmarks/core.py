@@ -1,19 +1,20 @@
-"""The core task graph against the chain code: build time and simulator speed.
+"""The chain simulator on the core task graph: where the time of one ``simulate`` call goes.
 
 Run: python benchmarks/core.py [--devices 64] [--microbatches 1024] [--repeat 3] [--cpu]
 
 For 1F1B (fused backward) and ZB-H1 (split backward) orders at p=64, m=1024 with 50 ms latency
-links, prints, each the best of ``--repeat`` runs alternated in one process (so both sides see
-the same machine): the time to build the graph (``workloads.training.build``); the chain's own
-fast pass (``pipeopt.simulate._simulate_fast``, what ``simulate`` runs on latency-only links);
-the core route that would replace it (build the graph, the core simulator, the chain Schedule:
-``pipeopt.simulate._time``), both without and with the order checks; the core route with
-the graph built once outside the timed call (``training.chain_graph``, what a caller that
-times several orders of one problem hands ``simulate``); and the speed ratios core route /
-chain pass, per call and with the graph built once (the plan of record, docs/architecture.md
-step 4, moves the fast path onto the core once every ratio is >= 0.9). The last line times
-ZB-H1 on links that serialize messages, which ``simulate`` already sends through the core
-route.
+links, prints, each the best of ``--repeat`` runs alternated in one process (so every row sees
+the same machine): ``simulate`` per call (it builds the problem's task graph each time), with
+its order checks, and with the graph built once outside the timed call
+(``graph=training.chain_graph(problem)``, what a caller that times several orders of one
+problem hands it); then the parts of a call: the graph's build (``workloads.training.build``),
+the orders as task ids (``training.task_orders``), the core's timing
+(``core.simulate.time_orders``), and the rest (the chain ``Schedule`` made from the times). The
+last line times ZB-H1 on links that serialize messages (the core's event path).
+
+``simulate`` had a pass of its own for latency-only links until 2026-12-04; the speed of the
+core route against it is measured by ``benchmarks/simulate.py --base DIR`` with DIR a checkout
+from before (both in one run), and by this script's version of that date on that checkout.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import gc
 import time
 from collections.abc import Callable
 
+from pipeopt.core.simulate import time_orders
 from pipeopt.problem import chain_links, uniform_problem
 from pipeopt.schedules import GENERATORS
-from pipeopt.simulate import _check_orders, _simulate_fast, _time
+from pipeopt.simulate import simulate
 from pipeopt.workloads import training
 
 
@@ -38,6 +40,9 @@ def main() -> None:
                     help="time with this process's CPU clock (time.process_time), not the wall "
                          "clock")
     args = ap.parse_args()
+    for name in ("devices", "microbatches", "repeat"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}: must be >= 1, got {getattr(args, name)}")
     p, m, r = args.devices, args.microbatches, args.repeat
     clock = time.process_time if args.cpu else time.perf_counter
     prob = uniform_problem(p, m, 1.0, 1.2, 0.8, latency=0.05)
@@ -48,15 +53,14 @@ def main() -> None:
         for name, pr in (("1f1b", prob.replace(split_backward=False)), ("zb-h1", prob)):
             orders = GENERATORS[name](pr)
             built = training.chain_graph(pr)
+            tasks = training.task_orders(pr, orders)
             sides: dict[str, Callable[[], object]] = {
+                "call": lambda pr=pr, o=orders: simulate(pr, o, check=False),
+                "checked": lambda pr=pr, o=orders: simulate(pr, o),
+                "given": lambda pr=pr, o=orders, g=built: simulate(pr, o, check=False, graph=g),
                 "build": lambda pr=pr: training.build(pr),
-                "chain": lambda pr=pr, o=orders: _simulate_fast(pr, o),
-                "core": lambda pr=pr, o=orders: _time(pr, o, check=False),
-                "core given": lambda pr=pr, o=orders, g=built: _time(pr, o, check=False,
-                                                                     graph=g),
-                "chain checked": lambda pr=pr, o=orders: (_check_orders(pr, o),
-                                                          _simulate_fast(pr, o)),
-                "core checked": lambda pr=pr, o=orders: _time(pr, o, check=True),
+                "ids": lambda pr=pr, o=orders: training.task_orders(pr, o),
+                "timing": lambda g=built.graph, t=tasks: time_orders(g, t, check=False),
             }
             best = dict.fromkeys(sides, float("inf"))
             for _ in range(r):
@@ -64,17 +68,16 @@ def main() -> None:
                     t0 = clock()
                     fn()
                     best[key] = min(best[key], clock() - t0)
-            print(f"{name:6s} {pr.num_ops} ops: build {best['build']:.3f} s | chain pass "
-                  f"{best['chain']:.3f} s | core route {best['core']:.3f} s | with order checks "
-                  f"{best['chain checked']:.3f} / {best['core checked']:.3f} s | speed core/chain "
-                  f"{best['chain'] / best['core']:.2f}, checked "
-                  f"{best['chain checked'] / best['core checked']:.2f} | graph built once: "
-                  f"core route {best['core given']:.3f} s, speed core/chain "
-                  f"{best['chain'] / best['core given']:.2f}")
+            rest = best["given"] - best["ids"] - best["timing"]
+            print(f"{name:6s} {pr.num_ops} ops: simulate {best['call']:.3f} s per call, "
+                  f"{best['checked']:.3f} s with order checks, {best['given']:.3f} s with the "
+                  f"graph built once ({best['given'] / best['call']:.2f} of a call) | parts: "
+                  f"build {best['build']:.3f} s, task ids {best['ids']:.3f} s, core timing "
+                  f"{best['timing']:.3f} s, Schedule {rest:.3f} s")
         orders = GENERATORS["zb-h1"](cont)
         t0 = clock()
-        _time(cont, orders, check=False)
-        print(f"zb-h1 serialized {cont.num_ops} ops: core route {clock() - t0:.3f} s (one run)")
+        simulate(cont, orders, check=False)
+        print(f"zb-h1 serialized {cont.num_ops} ops: simulate {clock() - t0:.3f} s (one run)")
     finally:
         gc.enable()
 

@@ -4,7 +4,10 @@ Run: python benchmarks/simulate.py [--devices 64] [--microbatches 1024] [--repea
                                    [--base DIR [--rounds 2]]
 
 Prints ops/s for 1F1B and ZB-H1 orders (fast path: latency-only links), the same with the
-order checks ``simulate`` runs by default, the event-driven path (links that serialize
+order checks ``simulate`` runs by default, the same with the problem's task graph built once
+outside the timed calls (``graph=training.chain_graph(problem)``, what the solvers hand
+``simulate`` when they time several orders of one problem; NaN on a checkout without it),
+the event-driven path (links that serialize
 messages), and the greedy (``solve(problem, "greedy")``, ops / wall second) on the ``large``
 instance of ``benchmarks/schedules.py`` (memory at 1F1B's peak). The baseline, measured in the
 same run, is the cost of merely walking the same ops once in Python (a loop that reads each
@@ -21,6 +24,7 @@ alternated for ``--rounds`` rounds (best of each row kept), then the ratio this 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -44,8 +48,10 @@ ROWS = {
     "baseline": "baseline: one Python pass over the ops",
     "1f1b": "simulate 1f1b (fast path)",
     "1f1b checked": "simulate 1f1b (fast path, order checks)",
+    "1f1b given": "simulate 1f1b (fast path, graph built once)",
     "zb-h1": "simulate zb-h1 (fast path)",
     "zb-h1 checked": "simulate zb-h1 (fast path, order checks)",
+    "zb-h1 given": "simulate zb-h1 (fast path, graph built once)",
     "serialized": "simulate zb-h1 (serialized links, events)",
     "greedy": "greedy, memory at 1F1B's peak (ops / s)",
 }
@@ -67,6 +73,8 @@ def measure(p: int, m: int, repeat: int, clock: Callable[[], float] = time.perf_
 
     prob = uniform_problem(p, m, *TIMES, latency=LATENCY)
     n = prob.num_ops
+    # A checkout from before simulate took a prebuilt graph has no "graph built once" rows.
+    given = "graph" in inspect.signature(simulate).parameters
     out: dict[str, float] = {}
 
     def bare_loop() -> None:
@@ -83,6 +91,15 @@ def measure(p: int, m: int, repeat: int, clock: Callable[[], float] = time.perf_
             lambda pr=pr, orders=orders: simulate(pr, orders, check=False), repeat)
         out[name + " checked"] = pr.num_ops / _best_of(
             lambda pr=pr, orders=orders: simulate(pr, orders), repeat)
+        if given:
+            from pipeopt.workloads.training import chain_graph
+
+            graph = chain_graph(pr)
+            out[name + " given"] = pr.num_ops / _best_of(
+                lambda pr=pr, orders=orders, g=graph: simulate(pr, orders, check=False,
+                                                               graph=g), repeat)
+        else:
+            out[name + " given"] = math.nan
     lat, bw = chain_links(p, [LATENCY] * (p - 1), [BANDWIDTH] * (p - 1))
     cont = prob.replace(latency=lat, bandwidth=bw, message_size=(MESSAGE,) * (p - 1))
     orders = GENERATORS["zb-h1"](cont)

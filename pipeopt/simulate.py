@@ -14,12 +14,12 @@ starts as early as its device and its inputs allow. Inputs are:
 Micro-batch j's op durations and message bytes are scaled by the problem's per-micro-batch
 factors (:attr:`Problem.time_table`, :attr:`Problem.message_table`).
 
-With messages that queue on links, the timing is the core simulator's
-(:mod:`pipeopt.core.simulate`, the judge of timings for every workload) over the problem's task
-graph (:func:`pipeopt.workloads.training.build`, task id = op id), and so is the report of a
-deadlock; this module speaks the chain's language around it: orders of ops in, a
-:class:`Schedule` out, errors naming ops. Latency-only links keep a pass specialised to the
-chain until the core matches its speed (:func:`_simulate_fast`).
+The timing is the core simulator's (:mod:`pipeopt.core.simulate`, the judge of timings for
+every workload) over the problem's task graph (:func:`pipeopt.workloads.training.build`, task
+id = op id), and so is the report of a deadlock; this module speaks the chain's language around
+it: orders of ops in, a :class:`Schedule` out, errors naming ops. A caller that times several
+orders of one problem builds the graph once (:func:`pipeopt.workloads.training.chain_graph`)
+and hands it to every call.
 
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
@@ -35,13 +35,10 @@ from itertools import pairwise, repeat
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.core.simulate import DeadlockError as CoreDeadlock
-from pipeopt.core.simulate import OrderError
-from pipeopt.core.simulate import simulate as core_simulate
+from pipeopt.core.simulate import OrderError, time_orders
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.workloads import training
-
-_KIND_INDEX = {"F": 0, "B": 1, "W": 2}
 
 
 class ScheduleError(ValueError):
@@ -69,8 +66,6 @@ def _check_orders(problem: Problem, orders: Orders) -> None:
     p = problem.devices
     if len(orders) != p:
         raise ScheduleError(f"orders: expected {p} device lists, got {len(orders)}")
-    if _orders_valid(problem, orders):
-        return
     seen: set[Op] = set()
     kinds = set(problem.kinds)
     s, m = problem.stages, problem.microbatches
@@ -87,29 +82,6 @@ def _check_orders(problem: Problem, orders: Orders) -> None:
     if len(seen) != problem.num_ops:
         missing = next(op for op in problem.ops() if op not in seen)
         raise ScheduleError(f"orders: {problem.num_ops - len(seen)} ops missing, e.g. {missing}")
-
-
-def _orders_valid(problem: Problem, orders: Orders) -> bool:
-    """The fast pass of :func:`_check_orders`: whole-order set operations instead of a test
-    per op. True only when every op is valid, on its device, and present exactly once; any
-    other answer sends the caller through its op-by-op walk, which names the first fault."""
-    kinds = set(problem.kinds)
-    seen: set[Op] = set()
-    total = 0
-    for d, order in enumerate(orders):
-        if not order:
-            continue
-        try:
-            kind, stage, mb = zip(*order, strict=True)
-        except (TypeError, ValueError):
-            return False
-        if not (set(kind) <= kinds and set(stage) <= set(problem.device_stages[d])
-                and all(type(x) is int for x in stage) and all(type(x) is int for x in mb)
-                and min(mb) >= 0 and max(mb) < problem.microbatches):
-            return False
-        seen.update(order)
-        total += len(order)
-    return total == len(seen) == problem.num_ops
 
 
 def _task_orders(problem: Problem, orders: Orders, check: bool) -> list[list[int]]:
@@ -140,143 +112,21 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
              graph: training.ChainGraph | None = None) -> Schedule:
     """Time the per-device op ``orders`` as early as possible.
 
-    When messages queue on links, and to name a deadlock, the timing is the core simulator's
-    (:func:`pipeopt.core.simulate.simulate`) over the problem's task graph
-    (:func:`pipeopt.workloads.training.build`); with latency-only links a pass specialised to
-    the chain does it (see :func:`_simulate_fast` for why it stays). ``graph``: the problem's
-    graph built once (:func:`pipeopt.workloads.training.chain_graph`) by a caller that times
-    several orders of one problem; ``None`` builds it when needed.
+    The timing is the core simulator's (:func:`pipeopt.core.simulate.simulate`) over the
+    problem's task graph (:func:`pipeopt.workloads.training.build`). ``graph``: that graph
+    built once (:func:`pipeopt.workloads.training.chain_graph`) by a caller that times several
+    orders of one problem; ``None`` builds it here (about 0.02-0.03 s of CPU at p = 64,
+    m = 1024, a sixth of the timing itself). ``check=False`` skips the order checks (for
+    orders a generator or a search made whole).
 
     Raises :class:`ScheduleError` when an order misses or repeats an op,
     :class:`DeadlockError` when the orders wait on each other in a cycle, and
     :class:`ValueError` when ``graph`` was built for another problem.
     """
     with cyclic_gc_paused():
-        if problem.has_link_contention:
-            ops, msgs = _time(problem, orders, check=check, graph=graph)
-        else:
-            if check:
-                _check_orders(problem, orders)
-            ops, msgs = _simulate_fast(problem, orders), ()
+        ops, msgs = _time(problem, orders, check=check, graph=graph)
         return Schedule(problem=problem, method=method, ops=ops, messages=msgs,
                         solver=solver or SolverInfo())
-
-
-def _stage_delays(problem: Problem) -> tuple[list[float], list[float]]:
-    """Delay of the activation into stage k (from k-1) and of the gradient into stage k (from
-    k+1), both seconds on an idle link."""
-    s = problem.stages
-    fwd = [0.0] + [problem.delay(k - 1, k) for k in range(1, s)]
-    bwd = [problem.delay(k + 1, k) for k in range(s - 1)] + [0.0]
-    return fwd, bwd
-
-
-def _simulate_fast(problem: Problem, orders: Orders) -> tuple[TimedOp, ...]:
-    """Dependency-counting timing when no message occupies a link (delays are plain offsets,
-    the latencies, which no micro-batch scale changes).
-
-    Every op keeps a count of unfinished prerequisites (its device predecessor and its data
-    inputs) and the latest time one of them made it ready; timing an op updates its at most
-    three successors, so the work is linear in the number of ops.
-
-    It stays beside the core's fast path (the same rule, which tests/test_simulate.py and
-    tests/test_core_training.py check it against) until the core, graph build included, is
-    within 10 % of it at p = 64, m = 1024: ``benchmarks/core.py --cpu`` measured the core
-    route at 0.77-0.91x its speed per call on 2026-12-04, the gap being the graph's build, and
-    at 0.92-1.04x with the graph built once (benchmarks/README.md).
-    """
-    s, m = problem.stages, problem.microbatches
-    sm = s * m
-    split = problem.split_backward
-    n = (3 if split else 2) * sm
-    dur: list[float] = []
-    table = problem.time_table if problem.microbatch_scale else None
-    for kind in problem.kinds:
-        per_stage = problem.durations[kind]
-        for k in range(s):
-            if table is None:
-                dur.extend([per_stage[k]] * m)
-            else:
-                t = per_stage[k]
-                dur.extend([t * c for c in table[k]])
-    dfwd, dbwd = _stage_delays(problem)
-    # Per op id: delay of its activation to the next stage's F / of its gradient to the
-    # previous stage's B (only F and B ids use these).
-    fdelay = [d for k in range(s) for d in [dfwd[k + 1] if k + 1 < s else 0.0] * m]
-    bdelay = [d for k in range(s) for d in [dbwd[k - 1] if k > 0 else 0.0] * m]
-
-    # Prerequisites: F(k>0) waits for F(k-1); B for its F and (k < last) B(k+1); W for its B.
-    need = [0] * m + [1] * (sm - m) + [2] * (sm - m) + [1] * m + ([1] * sm if split else [])
-    nxt = [-1] * n  # next op id on the same device
-    first = []
-    for order in orders:
-        ids = [(_KIND_INDEX[o.kind] * s + o.stage) * m + o.microbatch for o in order]
-        for a, b in pairwise(ids):
-            nxt[a] = b
-            need[b] += 1
-        if ids:
-            first.append(ids[0])
-
-    ready_at = [0.0] * n  # latest prerequisite end (plus delay) seen so far
-    start = [math.nan] * n  # NaN until timed (the deadlock report relies on it)
-    end = [math.nan] * n
-    stack = [i for i in first if need[i] == 0]
-    push, pop = stack.append, stack.pop
-    last_f = sm - m  # first id of the last stage's F
-    done = 0
-    while stack:
-        i = pop()
-        t = ready_at[i]
-        start[i] = t
-        e = t + dur[i]
-        end[i] = e
-        done += 1
-        y = nxt[i]
-        if y >= 0:
-            if e > ready_at[y]:
-                ready_at[y] = e
-            c = need[y] - 1
-            need[y] = c
-            if not c:
-                push(y)
-        if i < sm:  # F: the next stage's F, and its own B
-            if i < last_f:
-                y = i + m
-                a = e + fdelay[i]
-                if a > ready_at[y]:
-                    ready_at[y] = a
-                c = need[y] - 1
-                need[y] = c
-                if not c:
-                    push(y)
-            y = i + sm
-        elif i < 2 * sm:  # B: the previous stage's B, and its own W
-            if i >= sm + m:
-                y = i - m
-                a = e + bdelay[i - sm]
-                if a > ready_at[y]:
-                    ready_at[y] = a
-                c = need[y] - 1
-                need[y] = c
-                if not c:
-                    push(y)
-            if not split:
-                continue
-            y = i + sm
-        else:
-            continue
-        if e > ready_at[y]:
-            ready_at[y] = e
-        c = need[y] - 1
-        need[y] = c
-        if not c:
-            push(y)
-
-    if done < n:  # the core simulator names the cycle of waits
-        _time(problem, orders, check=False)
-        raise RuntimeError("simulate: the chain's fast path and the core disagree on a deadlock")
-    return tuple(map(tuple.__new__, repeat(TimedOp),
-                     zip(*problem.op_table[:4], start, end, strict=False)))
 
 
 def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False,
@@ -291,7 +141,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
     tg = training.build(problem) if graph is None else graph.graph
     tasks = _task_orders(problem, orders, check)
     try:
-        timed = core_simulate(tg, tasks, check=check, events=events)
+        start, end, timed = time_orders(tg, tasks, check=check, events=events)
     except CoreDeadlock as exc:
         op = partial(training.task_op, problem)
         cycle = [(d, op(i), op(w)) for d, i, w in exc.cycle]
@@ -301,11 +151,11 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
         raise ScheduleError(str(exc)) from None
     dev, stage, mb, kind = problem.op_table
     ops = tuple(map(tuple.__new__, repeat(TimedOp),
-                    zip(dev, stage, mb, kind, timed.start, timed.end, strict=True)))
+                    zip(dev, stage, mb, kind, start, end, strict=True)))
     src, dst = tg.src, tg.dst
     msgs = tuple(Message(dev[a], dev[b], stage[a], stage[b], mb[a], kind[a], t0, t1, arrival)
                  for a, b, t0, t1, arrival in ((src[mm.edge], dst[mm.edge], *mm[1:])
-                                               for mm in timed.messages))
+                                               for mm in timed))
     return ops, msgs
 
 

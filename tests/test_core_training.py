@@ -299,3 +299,40 @@ def test_a_graph_of_another_problem_is_refused() -> None:
         chain_simulate(prob, orders, graph=other)
     equal = training.chain_graph(_serialized(memory_limit=4.0))  # equal, not the same object
     assert chain_simulate(prob, orders, graph=equal).ops == chain_simulate(prob, orders).ops
+
+
+@pytest.mark.parametrize("pname", ["scaled-hetero", "serialized"])
+def test_a_search_builds_each_problems_graph_once(pname: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ChainGraphs builds one graph per distinct problem timed (the problem, its fused-backward
+    variant, its micro-batches longest first, and that one fused), and every hand-made schedule
+    timed with it is the one timed without it: same ops, messages and method."""
+    from itertools import combinations
+
+    import pipeopt.solvers.base as base
+
+    prob = PROBLEMS[pname]
+    built: list[Problem] = []
+    real = training.chain_graph
+
+    def counted(p: Problem) -> training.ChainGraph:
+        built.append(p)
+        return real(p)
+
+    monkeypatch.setattr(base, "chain_graph", counted)
+    graphs = base.ChainGraphs()
+    timed = 0
+    for method in classic_methods():
+        for order in base.fifo_orders(prob):
+            try:
+                alone = run_classic(prob, method, order=order)
+            except NotApplicable:
+                continue
+            pooled = run_classic(prob, method, order=order, graphs=graphs)
+            assert (pooled.ops, pooled.messages, pooled.method) == (
+                alone.ops, alone.messages, alone.method), method
+            timed += 1
+    assert timed >= 6
+    assert len(base.fifo_orders(prob)) == (2 if pname == "scaled-hetero" else 1)
+    assert 2 <= len(built) <= 2 * len(base.fifo_orders(prob))
+    assert all(a != b for a, b in combinations(built, 2))  # never the same problem twice

@@ -87,14 +87,21 @@ def simulate(graph: TaskGraph, orders: Orders, method: str = "custom", *,
     each other in a cycle.
     """
     with cyclic_gc_paused():
-        if check:
-            check_orders(graph, orders)
-        if events or graph.serialized:
-            start, end, msgs = _simulate_events(graph, orders)
-        else:
-            start, end = _simulate_fast(graph, orders)
-            msgs = []
+        start, end, msgs = time_orders(graph, orders, check=check, events=events)
         return GraphSchedule(graph, tuple(start), tuple(end), tuple(msgs), method=method)
+
+
+def time_orders(graph: TaskGraph, orders: Orders, *, check: bool = True, events: bool = False
+                ) -> tuple[list[float], list[float], list[MessageTime]]:
+    """:func:`simulate`'s timing as bare columns: (start, end) per task id in seconds and the
+    timed messages, for a caller that makes its own result type from them (the chain's
+    :func:`pipeopt.simulate.simulate`). Same arguments and errors as :func:`simulate`."""
+    if check:
+        check_orders(graph, orders)
+    if events or graph.serialized:
+        return _simulate_events(graph, orders)
+    start, end = _simulate_fast(graph, orders)
+    return start, end, []
 
 
 def _simulate_fast(graph: TaskGraph, orders: Orders) -> tuple[list[float], list[float]]:

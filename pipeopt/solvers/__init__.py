@@ -24,6 +24,7 @@ from pipeopt.simulate import validate
 from pipeopt.solvers.auto import pareto
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
+    ChainGraphs,
     Method,
     Objective,
     OutOfTime,
@@ -44,7 +45,8 @@ from pipeopt.solvers.base import (
 # this package, which names the searches in its method table); they stay importable from here.
 __all__ = [
     "CHUNKED", "INTERRUPTED", "LONGEST_FIRST", "MIN_SEARCH_SHARE", "VALIDATE_FAST_S_PER_OP",
-    "VALIDATE_GRACE_SHARE", "VALIDATE_PROBE_S", "VALIDATE_S_PER_OP", "CompareRow", "Method",
+    "VALIDATE_GRACE_SHARE", "VALIDATE_PROBE_S", "VALIDATE_S_PER_OP", "ChainGraphs", "CompareRow",
+    "Method",
     "Objective", "OutOfTime", "Progress",
     "SolveOptions", "UnknownMethod", "check_method", "classic_methods", "compare",
     "fifo_orders", "fits_memory", "longest_first", "lower_bound", "memory_floor", "methods",
@@ -311,6 +313,7 @@ def compare(problem: Problem, names: list[str] | None = None, *,
     # Micro-batches of different cost: every hand-made schedule also runs longest first.
     orders = fifo_orders(problem)
     runs = [(n, o) for n in names for o in (orders if n in GENERATORS else [None])]
+    graphs = ChainGraphs()  # the hand-made schedules of one problem share its task graph
     rows: list[CompareRow] = []
     for i, (name, mb_order) in enumerate(runs):
         prob, label = problem, name
@@ -324,7 +327,8 @@ def compare(problem: Problem, names: list[str] | None = None, *,
             on_start(label)
         try:
             if name in GENERATORS:
-                sched = validate_loose(run_classic(prob, name, order=mb_order))
+                sched = validate_loose(run_classic(prob, name, order=mb_order,
+                                                        graphs=graphs))
             elif name.startswith("torch:"):
                 # PyTorch's schedules do not know memory limits either: time them without the
                 # limit and report whether they fit.

@@ -38,6 +38,7 @@ from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
+    ChainGraphs,
     OutOfTime,
     Progress,
     SolveOptions,
@@ -152,9 +153,10 @@ def best_classic(problem: Problem, objective: str = "makespan") -> Schedule | No
     """The best hand-made schedule that keeps the memory limits, or None if none does (with
     micro-batches of different cost, each in the given order and longest first)."""
     best: Schedule | None = None
+    graphs = ChainGraphs()
     for name, mb_order in ((n, o) for n in GENERATORS for o in fifo_orders(problem)):
         try:
-            sched = run_classic(problem, name, order=mb_order)
+            sched = run_classic(problem, name, order=mb_order, graphs=graphs)
         except (NotApplicable, ScheduleError):
             continue  # ScheduleError: a generator whose orders deadlock here (a bug to report)
         if not fits_memory(sched, problem):
@@ -164,9 +166,11 @@ def best_classic(problem: Problem, objective: str = "makespan") -> Schedule | No
     return best
 
 
-def split_fused(schedule: Schedule, problem: Problem) -> Schedule | None:
+def split_fused(schedule: Schedule, problem: Problem, graphs: ChainGraphs | None = None
+                ) -> Schedule | None:
     """A hand-made schedule that was timed with a fused backward, re-timed on ``problem`` with
     each backward split into B then W in place (None when ``problem`` does not split it).
+    ``graphs``: the caller's task graphs, when it times several schedules of ``problem``.
 
     The device orders stay the same; the input gradient leaves after B instead of after B + W,
     so no op starts later and no memory is held longer: never worse than the fused timing.
@@ -181,7 +185,8 @@ def split_fused(schedule: Schedule, problem: Problem) -> Schedule | None:
             if op.kind == "B":
                 out.append(Op("W", op.stage, op.microbatch))
         orders.append(out)
-    sched = simulate(problem, orders, method=f"{schedule.method}+split")
+    sched = simulate(problem, orders, method=f"{schedule.method}+split",
+                     graph=None if graphs is None else graphs.of(problem))
     return replace(sched, solver=replace(schedule.solver, details=(
         *schedule.solver.details, ("split_from", schedule.method))))
 
@@ -225,6 +230,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     # Micro-batches of different cost: each hand-made schedule in the given order and longest
     # micro-batch first (the usual remedy: the long ones fill the pipeline while it starts).
     mb_orders = fifo_orders(problem)
+    graphs = ChainGraphs()  # built once per problem timed, shared by the hand-made schedules
     for name, mb_order in ((n, o) for n in order for o in mb_orders):
         label = name if mb_order is None else name + LONGEST_FIRST
         if classics and time.perf_counter() - t0 > CLASSIC_SHARE * options.time_limit:
@@ -239,8 +245,9 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             # Orders over the memory limits are dropped before they are timed; their split
             # re-timing holds the same peak (each W right after its B), so it would not fit
             # either.
-            sched = run_classic(problem, name, require_fit=True, order=mb_order)
-            split = split_fused(sched, problem)
+            sched = run_classic(problem, name, require_fit=True, order=mb_order,
+                                graphs=graphs)
+            split = split_fused(sched, problem, graphs)
             classics += [s for s in (split, sched) if s is not None and fits_memory(s, problem)]
         except NotApplicable:
             continue

@@ -55,6 +55,7 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.simulate import simulate
 from pipeopt.solvers.base import OutOfTime, SolveOptions, lower_bound, memory_floor, require_memory
+from pipeopt.workloads import training
 
 logger = logging.getLogger("pipeopt.greedy")
 logger.addHandler(logging.NullHandler())
@@ -664,8 +665,9 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
     best: Schedule | None = None
     name, chosen = "", 0
+    graph = training.chain_graph(problem) if len(shortlist) > 1 else None  # built once
     for _, _, orders, pname, c in shortlist:
-        sched = simulate(problem, orders, method="greedy", solver=info)
+        sched = simulate(problem, orders, method="greedy", solver=info, graph=graph)
         if best is None or _objective(sched, span_obj) < _objective(best, span_obj) - 1e-12:
             best, name, chosen = sched, pname, c
     assert best is not None
