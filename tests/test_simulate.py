@@ -142,6 +142,8 @@ def test_simulated_schedules_with_link_contention_are_valid(prob, seed):
 
 @given(problems(), st.integers(0, 10**6))
 def test_fast_and_event_paths_agree(prob, seed):
+    """simulate (the core's fast path on latency-only links) and the core's event path time
+    every op alike."""
     orders = random_orders(prob, seed)
     fast = simulate(prob, orders)
     ops, _ = _simulate_events(prob, orders)
@@ -245,9 +247,8 @@ def test_file_without_messages_checked_against_any_sending_order():
 
 
 def test_serialized_links_report_faults_as_the_fast_path_does():
-    """simulate times serialized links through the core: a bad order or a deadlock is named in
-    the same words (ops, positions) as on latency-only links, which the chain's own pass
-    times."""
+    """A bad order or a deadlock is named in the same words (ops, positions) on serialized
+    links (the core's event path) as on latency-only links (the core's fast path)."""
     fast = uniform_problem(2, 2)
     lat, bw = chain_links(2, [0.1], [1.0])
     slow = fast.replace(latency=lat, bandwidth=bw, message_size=(0.5,))

@@ -48,6 +48,7 @@ from pipeopt.solvers.cpsat_model import (
     edges,
     topological_ops,
 )
+from pipeopt.workloads.training import ChainGraph, chain_graph
 
 logger = logging.getLogger("pipeopt.cpsat")
 logger.addHandler(logging.NullHandler())
@@ -204,9 +205,10 @@ def _run_lns(problem: Problem, sm: ScheduleModel, tgrid: Grid, start: Schedule, 
              options: SolveOptions, t0: float, deadline: float,
              max_windows: int | None = None) -> lns.LnsResult:
     """Large-neighbourhood search from ``start`` on the model ``sm`` (see :mod:`lns`)."""
+    graph = chain_graph(problem)  # every window's answer is timed on it: built once
     return lns.improve(
         sm, start, options.objective, hint_units=lambda s: _hint_units(s, tgrid, sm),
-        read=lambda sol: [c for c, _ in _solution_schedules(problem, sm, sol, tgrid)],
+        read=lambda sol: [c for c, _ in _solution_schedules(problem, sm, sol, tgrid, graph)],
         deadline=deadline, bound=bound, seed=options.seed, on_progress=options.on_progress,
         t0=t0, max_windows=max_windows)
 
@@ -584,9 +586,11 @@ def _solve_interruptible(solver: cp_model.CpSolver, model: cp_model.CpModel,
 
 
 def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.CpSolver,
-                        tgrid: Grid) -> list[tuple[Schedule, str]]:
-    """The solver's orders re-timed by the simulator and, on an exact grid, the solver's own
-    timing when the validator accepts it."""
+                        tgrid: Grid, graph: ChainGraph | None = None
+                        ) -> list[tuple[Schedule, str]]:
+    """The solver's orders re-timed by the simulator (on ``graph``, the problem's task graph,
+    when the caller built it once) and, on an exact grid, the solver's own timing when the
+    validator accepts it."""
     start_u = {op: solver.value(var) for op, var in sm.start.items()}
     data = sm.data
     rank = {op: i for i, op in enumerate(topological_ops(problem))}  # ties: zero-length ops
@@ -595,7 +599,7 @@ def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.Cp
         per_dev[problem.stage_device[op.stage]].append(op)
     orders = [sorted(lst, key=lambda op: (start_u[op], start_u[op] + data.d(op), rank[op]))
               for lst in per_dev]
-    out = [(simulate(problem, orders, method="cpsat"), "simulated")]
+    out = [(simulate(problem, orders, method="cpsat", graph=graph), "simulated")]
     if tgrid.exact:
         sd = problem.stage_device
         ops = tuple(TimedOp(sd[op.stage], op.stage, op.microbatch, op.kind,
