@@ -254,6 +254,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         except ScheduleError as exc:  # a generator whose orders deadlock: skip it, say so
             notes.append((f"classic_{label}", f"skipped, invalid orders: {exc}"))
             continue
+    del graphs  # the searches below hold memory of their own: the graphs go now, not at return
     if classics:
         # The best hand-made schedule, or its split-backward re-timing when that is better (the
         # others stay in ``classics``, for the memory trade-off at the end).
