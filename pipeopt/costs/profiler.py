@@ -153,6 +153,20 @@ def forward_only_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5
     return record, out
 
 
+def _backward_kept(out: Any, grad_out: Any, leaves: list[Any]) -> None:
+    """The whole backward of ``out`` (``torch.autograd.backward``, which a checkpointed layer
+    supports where ``torch.autograd.grad`` over its parameters does not), leaving each leaf's
+    ``.grad`` as it was."""
+    import torch
+
+    kept = [t.grad for t in leaves]
+    for t in leaves:
+        t.grad = None
+    torch.autograd.backward(out, grad_out)
+    for t, g in zip(leaves, kept, strict=True):
+        t.grad = g
+
+
 def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> tuple[dict[str, Any],
                                                                                  Any]:
     """Costs of one layer on input ``x``; returns (record, output detached)."""
@@ -217,7 +231,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
     bwd_flops = 0.0
     if wrt_in or params:
         with FlopCounterMode(display=False) as fc:
-            torch.autograd.grad(o, wrt_in + params, grad_out)
+            _backward_kept(o, grad_out, wrt_in + params)
         bwd_flops = float(fc.get_total_flops())
     peak = None
     if dev.type == "cuda":
@@ -225,7 +239,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
         base = torch.cuda.memory_allocated(dev)
         o = layer(inp)
         if wrt_in or params:
-            torch.autograd.grad(o, wrt_in + params, grad_out)
+            _backward_kept(o, grad_out, wrt_in + params)
         peak = float(torch.cuda.max_memory_allocated(dev) - base)
     record = {
         "name": type(layer).__name__,
