@@ -1,6 +1,7 @@
 """Analytic cost formulas against hand-computed values for published model shapes."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -9,6 +10,7 @@ from pipeopt.costs.gpus import CATALOG, lookup
 from pipeopt.costs.transformer import (
     LayerCost,
     TransformerShape,
+    attention_backward_flops,
     block_activation_bytes,
     block_flops,
     block_params,
@@ -195,3 +197,57 @@ def test_model_form_is_causal_by_default():
     assert not shape_of(parse_model({"preset": "gpt3-175b", "causal": False})).causal
     # GPT-3 175B, b = 1: attention 2·s²·h = 103,079,215,104 FLOPs per block, causal.
     assert block_flops(shape_of(parse_model({"preset": "gpt3-175b"})))[1] == 103_079_215_104
+
+
+def test_flash_attention_backward_recomputes_the_scores():
+    """Issue 18: with ``flash_attention`` the backward first recomputes S = QKᵀ (Dao et al.
+    2022, algorithm 4), so the attention core's backward is 2.5x its forward, not 2x; the
+    extra 2·b·s²·h (half that causal) is input-gradient work. Small GPT block by hand: b = 1,
+    s = 512, h = 256: linear 24bsh² = 805,306,368; attention 4bs²h = 268,435,456."""
+    small = TransformerShape(layers=2, hidden=256, heads=4, seq_len=512, vocab=1000)
+    lin, att = block_flops(small)
+    assert (lin, att) == (805_306_368, 268_435_456)
+    std = transformer_layers(small)[1]
+    flash = transformer_layers(replace(small, flash_attention=True))[1]
+    assert std.backward_input_flops == 805_306_368 + 536_870_912  # + 2 x attention
+    assert flash.backward_input_flops == 805_306_368 + 671_088_640  # + 2.5 x attention
+    assert flash.backward_input_flops - std.backward_input_flops == 2 * 512**2 * 256
+    assert flash.forward_flops == std.forward_flops == 805_306_368 + 268_435_456
+    assert flash.backward_weight_flops == std.backward_weight_flops == 805_306_368
+    # Causal: every attention term halves, the recomputed QKᵀ too.
+    causal = transformer_layers(replace(small, flash_attention=True, causal=True))[1]
+    assert causal.backward_input_flops == 805_306_368 + 671_088_640 // 2
+    # Full recomputation adds the whole forward (its attention run by FlashAttention again).
+    full = transformer_layers(replace(small, flash_attention=True, recompute="full"))[1]
+    assert full.backward_input_flops == flash.backward_input_flops + 805_306_368 + 268_435_456
+    # Tensor parallelism divides it like the rest.
+    tp = transformer_layers(replace(small, flash_attention=True, tensor_parallel=2))[1]
+    assert tp.backward_input_flops == flash.backward_input_flops / 2
+
+
+def test_flash_attention_backward_matches_torchs_count():
+    """The same 5 : 2 matmul ratio as torch's FlopCounterMode formulas for
+    scaled_dot_product_attention (forward QKᵀ and P·V; backward the recomputed scores and four
+    gradient matmuls), on a GQA shape (8 query heads, 2 K/V heads)."""
+    pytest.importorskip("torch")
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    b, a, kv, s, d = 2, 8, 2, 64, 16
+    q, k = (b, a, s, d), (b, kv, s, d)
+    fwd, bwd = sdpa_flop_count(q, k, k), sdpa_backward_flop_count(q, q, k, k)
+    small = TransformerShape(layers=1, hidden=a * d, heads=a, kv_heads=kv, seq_len=s,
+                             vocab=10, micro_batch_size=b, flash_attention=True)
+    att = block_flops(small)[1]
+    assert fwd == att
+    assert bwd == attention_backward_flops(small, att) == 2.5 * att
+
+
+def test_moe_attention_backward_counts_flash_too():
+    from pipeopt.costs.moe import MoESpec
+    from pipeopt.costs.moe import block_cost as moe_block
+
+    small = TransformerShape(layers=2, hidden=256, heads=4, seq_len=512, vocab=1000)
+    spec = MoESpec(experts=4, top_k=2, expert_ffn=512)
+    std = moe_block(small, spec).attention
+    flash = moe_block(replace(small, flash_attention=True), spec).attention
+    assert flash.backward_input_flops - std.backward_input_flops == 2 * 512**2 * 256

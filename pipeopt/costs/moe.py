@@ -25,7 +25,8 @@ for GeLU; f_e = the expert's inner width; h = hidden):
 * attention and everything else of the block: the dense block of :mod:`pipeopt.costs.transformer`
   without its MLP (the same Narayanan et al. 2021 / FlashAttention-2 accounting);
 * backward as in :mod:`pipeopt.costs.transformer`: input gradient = forward's linear FLOPs + 2x
-  the attention matmuls, weight gradient = linear FLOPs;
+  the attention matmuls (2.5x with ``flash_attention``: the recomputed QKᵀ), weight gradient =
+  linear FLOPs;
 * parameters: attention (+ norms, biases) + router ``h · E`` + ``E · n · h · f_e`` routed +
   shared; a rank stores the attention, the router, the shared experts and ``E / ep`` routed
   experts (:func:`block_params`);
@@ -259,7 +260,8 @@ def block_cost(shape: TransformerShape, spec: MoESpec, name: str = "moe") -> MoE
     att_wg = e * t * (4 * h + 2 * shape.kv_dim + spec.experts)
     attention = LayerCost(
         name=f"{name}.attention", forward_flops=lin + att + gate,
-        backward_input_flops=lin + 2 * att + gate + extra, backward_weight_flops=lin + gate,
+        backward_input_flops=lin + tf.attention_backward_flops(shape, att) + gate + extra,
+        backward_weight_flops=lin + gate,
         params=attention_params(shape) + h * spec.experts, activation_bytes=att_act,
         weight_grad_bytes=min(att_act, att_wg), output_bytes=float(t * h * e))
     r = routed_tokens(shape, spec)

@@ -31,7 +31,11 @@ y = x·W costs the forward's FLOPs again for the input gradient (B) and again fo
 gradient (W). The two attention matmuls have no weights; both of their operands are activations,
 so their backward (2× their forward) is all input-gradient work. Hence per block
 B = linear + 2·attention, W = linear, and B + W = 2 × forward. Recomputation adds the recomputed
-forward to B (full: the whole block; selective: the attention core).
+forward to B (full: the whole block; selective: the attention core). With FlashAttention the
+attention backward is 2.5× its forward, not 2×: P = softmax(QKᵀ) is not stored, so the backward
+first recomputes S = QKᵀ (Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention
+with IO-Awareness", NeurIPS 2022, section 3.1 and algorithm 4 in appendix B), one more matmul of
+the forward's two; see :func:`attention_backward_flops`.
 
 Tensor-parallel communication (t > 1), as collectives of each op (:attr:`LayerCost.tp_collectives`,
 timed by the cost model on the tensor-parallel group's links): Megatron-LM splits a block's
@@ -187,6 +191,25 @@ def block_flops(shape: TransformerShape) -> tuple[float, float]:
     b, s, h = shape.micro_batch_size, shape.seq_len, shape.hidden
     weights = 2 * h * h + 2 * h * shape.kv_dim + shape.mlp_matrices * h * shape.ffn
     return 2.0 * b * s * weights, (2.0 if shape.causal else 4.0) * b * s * s * h
+
+
+#: Matmuls of the attention core's backward, in units of one of its forward's two (QKᵀ, P·V):
+#: dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q, and with FlashAttention S = QKᵀ recomputed
+#: first (Dao et al. 2022, algorithm 4: lines 11 and 13-20). Over the forward: 4/2 = 2 and
+#: 5/2 = 2.5, the FlashAttention paper's count (appendix B.4) and torch's ``FlopCounterMode``'s
+#: for ``scaled_dot_product_attention``.
+ATTENTION_BACKWARD_MATMULS = 4
+FLASH_BACKWARD_MATMULS = 5
+
+
+def attention_backward_flops(shape: TransformerShape, attention: float) -> float:
+    """Backward FLOPs of an attention core whose forward takes ``attention`` FLOPs (QKᵀ and
+    P·V, as :func:`block_flops` counts them, causal halving included): 2 × ``attention``, or
+    2.5 × with ``flash_attention`` (the recomputed QKᵀ; causal masking halves it as it halves
+    the rest, FlashAttention-2 skipping the masked blocks in the backward too). All of it is
+    input-gradient work (the core has no weights)."""
+    matmuls = FLASH_BACKWARD_MATMULS if shape.flash_attention else ATTENTION_BACKWARD_MATMULS
+    return attention * matmuls / 2
 
 
 def head_flops(shape: TransformerShape) -> float:
@@ -390,7 +413,8 @@ def block_cost(shape: TransformerShape, name: str, time_scale: float = 1.0) -> L
     act = block_activation_bytes(shape)
     return LayerCost(
         name=name, forward_flops=(lin + att) / t,
-        backward_input_flops=(lin + 2 * att + extra) / t, backward_weight_flops=lin / t,
+        backward_input_flops=(lin + attention_backward_flops(shape, att) + extra) / t,
+        backward_weight_flops=lin / t,
         params=params, activation_bytes=act,
         weight_grad_bytes=min(act, block_weight_grad_bytes(shape)),
         output_bytes=message_bytes(shape),
