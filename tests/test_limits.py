@@ -85,7 +85,10 @@ def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
     prob = pipeopt.uniform_problem(devices=32, microbatches=512)  # 49,152 ops
     with pytest.raises(OutOfTime, match="ended before its first schedule"):
         solve_greedy(prob, SolveOptions(time_limit=1e-4), optional=True)
-    assert solve_greedy(prob, SolveOptions(time_limit=1e-4)).method == "greedy"
+    # Alone, it returns a hand-made schedule that fits instead, and says so.
+    late = solve_greedy(prob, SolveOptions(time_limit=1e-4))
+    assert late.method == "greedy:zb-h1" and "ended before its first" in late.solver.detail(
+        "fallback")
     # auto gives the greedy at least 0.1 s: a problem whose first variant takes longer than
     # that on any machine (196,608 ops; the 49,152 above can finish in 0.1 s on an idle one).
     sched = pipeopt.solve(pipeopt.uniform_problem(devices=64, microbatches=1024), "auto",
@@ -93,6 +96,63 @@ def test_greedy_gives_up_at_the_limit_only_when_asked() -> None:
     assert sched.method.startswith("auto:zb")  # the hand-made fallback
     # Once the hand-made schedules spent the limit, auto does not start the greedy at all.
     assert sched.solver.detail("greedy").startswith("skipped: auto's")
+
+
+def _slow_clock(monkeypatch: pytest.MonkeyPatch, step_s: float) -> list[float]:
+    """``time.perf_counter`` made a fake clock on which each look is ``step_s`` seconds after
+    the one before (a machine where the list scheduler's 4,096 steps between two looks take
+    that long); returns the readings as they are taken."""
+    readings: list[float] = []
+
+    def fake() -> float:
+        readings.append(100.0 + step_s * len(readings))
+        return readings[-1]
+
+    monkeypatch.setattr(time, "perf_counter", fake)
+    return readings
+
+
+def test_the_greedys_first_variant_honours_the_deadline(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """Issue 18: the greedy alone (nothing else to return) gives up its first variant at the
+    time limit, at its first look at the clock past it, and returns the hand-made ZB-H1
+    instead (it fits the memory the greedy must keep), saying so. Before, that variant always
+    ran to its end: at p = 1024 a 0.5 s limit took 15 s."""
+    from pipeopt.simulate import check
+    from pipeopt.solvers.greedy import solve_greedy
+
+    prob = pipeopt.uniform_problem(devices=16, microbatches=1024,
+                                   memory_limit=16.0)  # 49,152 ops: 12 looks at the clock
+    readings = _slow_clock(monkeypatch, 1.0)
+    late = solve_greedy(prob, SolveOptions(time_limit=5))
+    assert late.method == "greedy:zb-h1" and late.solver.detail("variants_tried") == 0
+    assert late.solver.detail("fallback") == (
+        "greedy: the 5 s it was given ended before its first schedule; returned the hand-made "
+        "zb-h1 schedule instead")
+    assert check(late) == [] and max(late.peak_memory) <= 16.0
+    # Stopped at the first look past the deadline (at most a second late on this clock), and
+    # the fallback's timing took one more reading or two.
+    assert late.solver.wall_time <= 5 + 1 + 2 and len(readings) < 12
+    with pytest.raises(OutOfTime, match="ended before its first schedule"):
+        solve_greedy(prob, SolveOptions(time_limit=5), optional=True)
+    monkeypatch.undo()
+    assert solve_greedy(prob, SolveOptions(time_limit=60)).method == "greedy"
+
+
+def test_a_late_greedy_falls_back_to_what_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ZB-H1's and 1F1B's peak (p micro-batches on device 0) neither fits: the fallback
+    is sequential orders, one micro-batch at a time, which fit any limit the greedy accepts."""
+    from pipeopt.simulate import check
+    from pipeopt.solvers.greedy import solve_greedy
+
+    prob = pipeopt.uniform_problem(devices=16, microbatches=1024, memory_limit=2.0)
+    _slow_clock(monkeypatch, 1.0)
+    late = solve_greedy(prob, SolveOptions(time_limit=5))
+    assert late.method == "greedy:sequential"
+    assert check(late) == [] and max(late.peak_memory) <= 2.0
+    # Sequential, 1 s per op: a micro-batch's 16 F, its 16 B, then device 0's W (the other
+    # devices' W run beside the B chain) before the next micro-batch's first F.
+    assert late.makespan == pytest.approx(1024 * 33.0)
 
 
 def _greedy_limits(monkeypatch: pytest.MonkeyPatch) -> list[float]:

@@ -571,10 +571,12 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     micro-batches of different cost, every variant runs with each of :func:`microbatch_orders`
     (twice the work budget; the first two variants on each order before the others). A
     variant still running at the time limit, less the time the final simulation of the chosen
-    orders will take (:data:`_RETIME_S_PER_OP` per op times the run's slowdown), is abandoned,
-    except the first, which always finishes unless ``optional`` (the caller has another
-    schedule), when :class:`~pipeopt.solvers.OutOfTime` is raised instead. Raises
-    :class:`NotApplicable` when some device's memory limit is below what any schedule needs.
+    orders will take (:data:`_RETIME_S_PER_OP` per op times the run's slowdown), is abandoned;
+    when that is the first, the greedy returns a hand-made schedule instead
+    (:func:`_hand_made`, its method ``greedy:NAME``, a ``fallback`` detail saying why), or with
+    ``optional`` (the caller has another schedule) raises :class:`~pipeopt.solvers.OutOfTime`.
+    Raises :class:`NotApplicable` when some device's memory limit is below what any schedule
+    needs.
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -607,7 +609,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     by_name: dict[str, Policy] = {}
     best_of_order: dict[int, float] = {}
     tried = 0
-    interrupted = False
+    interrupted = late = False
     for policy, c in runs:
         if tried and time.perf_counter() - t0 > max(0.05, 0.5 * options.time_limit):
             break
@@ -618,14 +620,14 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
             retime = retime_cpu * watch.slowdown(calibrate=retime_cpu > _CALIBRATE_CPU_S)
-            orders, makespan, spans = _run(contexts[c], policy,
-                                           deadline - retime if tried or optional else _INF)
+            orders, makespan, spans = _run(contexts[c], policy, deadline - retime)
         except _Stuck:
             continue
         except _OutOfTime:
-            if not tried:
+            if not tried and optional:
                 raise OutOfTime(f"greedy: the time limit ({options.time_limit:.3g} s) ended "
                                 "before its first schedule") from None
+            late = not tried
             break
         except KeyboardInterrupt:
             if not found:
@@ -640,6 +642,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         tried += 1
         if val <= bound * (1 + 1e-9) and exact_timing:
             break  # meets the lower bound: optimal, nothing left to gain
+    if late:
+        return _hand_made(problem, options, bound, t0)
     found.sort(key=lambda x: (x[0], x[1]))
     if found and len(mb_orders) > 1 and not interrupted and not (
             found[0][0] <= bound * (1 + 1e-9) and exact_timing):
@@ -682,6 +686,36 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         details += (("interrupted", True),)
     return best.relabel(solver=replace(info, wall_time=time.perf_counter() - t0,
                                        details=details))
+
+
+#: Hand-made schedules the greedy returns, the first that fits every memory limit, when the
+#: time limit ends before its first variant does; sequential orders (one micro-batch at a
+#: time, within any limit :func:`check_memory` accepts) after them.
+_FALLBACKS = ("zb-h1", "1f1b")
+
+
+def _hand_made(problem: Problem, options: SolveOptions, bound: float, t0: float) -> Schedule:
+    """The schedule of the first of :data:`_FALLBACKS` that fits (else sequential orders),
+    named ``greedy:NAME`` with a ``fallback`` detail saying why. Its timing is the final
+    simulation the variants' deadline kept time for."""
+    from pipeopt.solvers.base import NotApplicable, run_classic
+
+    for name in _FALLBACKS:
+        try:
+            sched = run_classic(problem, name, require_fit=True)
+            break
+        except NotApplicable:
+            continue
+    else:
+        name = "sequential"
+        sched = simulate(problem, sequential_orders(problem), method=name)
+    note = (f"greedy: the {options.time_limit:.3g} s it was given ended before its first "
+            f"schedule; returned the hand-made {name} schedule instead")
+    logger.info("%s", note)
+    info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective,
+                      wall_time=time.perf_counter() - t0,
+                      details=(("policy", name), ("variants_tried", 0), ("fallback", note)))
+    return sched.relabel(method=f"greedy:{name}", solver=info)
 
 
 def _differ(problem: Problem, a: int, b: int) -> bool:
