@@ -139,20 +139,24 @@ def test_the_greedys_first_variant_honours_the_deadline(monkeypatch: pytest.Monk
     assert solve_greedy(prob, SolveOptions(time_limit=60)).method == "greedy"
 
 
-def test_a_late_greedy_falls_back_to_what_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("w", "chain"), [(1.0, 33.0), (0.0, 32.0)])
+def test_a_late_greedy_falls_back_to_what_fits(monkeypatch: pytest.MonkeyPatch, w: float,
+                                               chain: float) -> None:
     """Below ZB-H1's and 1F1B's peak (p micro-batches on device 0) neither fits: the fallback
-    is sequential orders, one micro-batch at a time, which fit any limit the greedy accepts."""
+    is sequential orders, one micro-batch at a time, which fit any limit the greedy accepts.
+    With W ops of no duration the orders' peak is not checked before the timing; the timed
+    schedule's is."""
     from pipeopt.simulate import check
     from pipeopt.solvers.greedy import solve_greedy
 
-    prob = pipeopt.uniform_problem(devices=16, microbatches=1024, memory_limit=2.0)
+    prob = pipeopt.uniform_problem(devices=16, microbatches=1024, w=w, memory_limit=2.0)
     _slow_clock(monkeypatch, 1.0)
     late = solve_greedy(prob, SolveOptions(time_limit=5))
     assert late.method == "greedy:sequential"
     assert check(late) == [] and max(late.peak_memory) <= 2.0
     # Sequential, 1 s per op: a micro-batch's 16 F, its 16 B, then device 0's W (the other
     # devices' W run beside the B chain) before the next micro-batch's first F.
-    assert late.makespan == pytest.approx(1024 * 33.0)
+    assert late.makespan == pytest.approx(1024 * chain)
 
 
 def _greedy_limits(monkeypatch: pytest.MonkeyPatch) -> list[float]:

@@ -698,14 +698,16 @@ def _hand_made(problem: Problem, options: SolveOptions, bound: float, t0: float)
     """The schedule of the first of :data:`_FALLBACKS` that fits (else sequential orders),
     named ``greedy:NAME`` with a ``fallback`` detail saying why. Its timing is the final
     simulation the variants' deadline kept time for."""
-    from pipeopt.solvers.base import NotApplicable, run_classic
+    from pipeopt.solvers.base import NotApplicable, fits_memory, run_classic
 
     for name in _FALLBACKS:
         try:
             sched = run_classic(problem, name, require_fit=True)
-            break
         except NotApplicable:
             continue
+        # run_classic checks the orders' peak only when every op lasts > 0; this is exact.
+        if fits_memory(sched, problem):
+            break
     else:
         name = "sequential"
         sched = simulate(problem, sequential_orders(problem), method=name)
