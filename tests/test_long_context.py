@@ -17,6 +17,7 @@ inputs and the QKV / MLP inputs 4·2·s·h, Q, K, V 2·s·(h + 2·kv_dim), the p
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,25 @@ def test_the_small_models_backward_is_right():
     w = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_SwiGLU.apply, (a, b))
     assert torch.autograd.gradcheck(_RMSNorm.apply, (a, w))
+
+
+def test_the_chunk_searchs_partition_ilp_keeps_its_time_limit(monkeypatch):
+    """``auto`` on this config also weighs two chunks per device: the v = 2 partition ILPs get
+    1.67 s each of the 10 s limit (a sixth). With FlashAttention's backward counted 2x (the
+    cost model before it counted the recomputed scores) CBC's LP on the warm start cycled for
+    minutes past that limit (memory rows in bytes, 1e9-1e11 beside 0/1 variables; 162 s of
+    `pipeopt solve` before it was stopped); with the rows in units of each device's limit it
+    stops on time. Tenfold margin for a loaded machine."""
+    from pipeopt.costs import transformer
+    from pipeopt.costs.chunks import chunk_variants
+
+    monkeypatch.setattr(transformer, "FLASH_BACKWARD_MATMULS", 4)
+    c = pipeopt.load_config(EXAMPLE)
+    t0 = time.perf_counter()
+    variants = chunk_variants(c, 10.0)
+    elapsed = time.perf_counter() - t0
+    assert [v.label for v in variants] == ["v=1 loop", "v=2 vshape", "v=2 loop"]
+    for v in variants[1:]:
+        assert v.problem is not None
+        assert dict(v.problem.meta)["partition_search"]["method"] == "ilp"
+    assert elapsed < 10 * 10.0 / 3

@@ -105,16 +105,20 @@ def ilp_partition(costs: ChainCosts, objective: str = "pipeline", time_limit: fl
             return pulp.lpSum(u[j, k, m] * float(value(m)) for m in M)
         return x(j, k) * float(value(0))
 
-    # _add_memory: per device, over all of its stages.
+    # _add_memory: per device, over all of its stages, in units of the device's limit: byte
+    # counts of 1e9-1e11 beside 0/1 variables made CBC's LP on a warm start cycle past its
+    # time limit (Llama-2 70B at 128k tokens, v = 2: minutes against 1.5 s).
     for d, lim in enumerate(costs.device_limit):
         if math.isinf(lim):
             continue
+        unit = float(lim) if lim > 0 else 1.0
         prob += pulp.lpSum(
-            x(j, k) * float(costs.static[j] + costs.inflight[k] * costs.activation[j])
+            x(j, k) * float((costs.static[j] + costs.inflight[k] * costs.activation[j]) / unit)
             if j not in u_layers else
-            x(j, k) * float(costs.static[j])
-            + in_modes(j, k, lambda m, j=j, k=k: costs.inflight[k] * costs.activation_of(m)[j])
-            for k in S if costs.stage_device[k] == d for j in J) <= float(lim)
+            x(j, k) * float(costs.static[j] / unit)
+            + in_modes(j, k, lambda m, j=j, k=k, unit=unit: costs.inflight[k]
+                       * costs.activation_of(m)[j] / unit)
+            for k in S if costs.stage_device[k] == d for j in J) <= float(lim) / unit
     # Stage times and the objective.
     stage_time = {k: pulp.lpSum(in_modes(j, k, lambda m, j=j, k=k: costs.compute_of(m)[k, j])
                                 for j in J) for k in S}
