@@ -194,3 +194,25 @@ def test_the_chunk_searchs_partition_ilp_keeps_its_time_limit(monkeypatch):
         assert v.problem is not None
         assert dict(v.problem.meta)["partition_search"]["method"] == "ilp"
     assert elapsed < 10 * 10.0 / 3
+
+
+def test_pipeopt_solve_of_the_example(tmp_path, capsys):
+    """``pipeopt solve examples/llama70b_128k.yaml`` as shipped (``auto`` choosing the chunks
+    per device too): a schedule whose every device stays within its 71.7 GiB, with the
+    transient counted, within the time limit and a tenfold margin for a loaded machine."""
+    import json
+
+    from pipeopt.cli import main
+    from pipeopt.io import load_schedule
+
+    out = tmp_path / "s.json"
+    t0 = time.perf_counter()
+    assert main(["solve", str(EXAMPLE), "-o", str(out), "--json"]) == 0
+    assert time.perf_counter() - t0 < 10 * 10
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"].startswith("auto:")
+    sched = load_schedule(out)  # validated again on reading
+    meta = dict(sched.problem.meta)
+    assert meta["backward_transient_bytes"] == [TRANSIENT_FLASH] * 8  # whatever the chunks
+    assert any("recomputed activations" in n for n in meta["notes"])
+    assert max(sched.peak_memory) <= min(sched.problem.memory_limit)
