@@ -29,6 +29,7 @@ from pipeopt.costs.transformer import (
     block_activation_bytes,
     block_backward_transient_bytes,
 )
+from pipeopt.simulate import check
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama70b_128k.yaml"
 GIB = 2.0**30
@@ -74,8 +75,6 @@ def test_with_flash_attention_it_solves_within_memory(capsys):
     limit = c.problem.memory_limit[0]
     assert round(limit / GIB, 1) == 71.7
     greedy = pipeopt.solve(c.problem, "greedy", time_limit=5)
-    from pipeopt.simulate import check
-
     assert check(greedy) == []
     assert max(greedy.peak_memory) <= limit
     with capsys.disabled():
