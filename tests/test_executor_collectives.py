@@ -123,6 +123,9 @@ def test_run_refuses_flags_the_replay_does_not_take(tmp_path: Path, capsys) -> N
                           (["--costs-out", str(tmp_path / "m.json")], "--costs-out: ")):
         assert main(["run", str(path), *flags]) == 2
         assert phrase in capsys.readouterr().err
+    dump_graph_schedule(_schedule(ZERO, "1f1b:pipelined"), path)
+    assert main(["run", str(path)]) == 2
+    assert "pipelined order needs weight stashing" in capsys.readouterr().err
 
 
 # ----- replays on 4 gloo ranks ------------------------------------------------------------------

@@ -33,11 +33,15 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
     if args.costs_out:
         check_writable("--costs-out", args.costs_out)  # before the run, not after it
     sched = load_schedule(args.schedule)
+    _check_model(args)
+    check_run_flags(args, sched.problem.devices * args.data_parallel, sched.problem.microbatches)
+    return sched
+
+
+def _check_model(args: argparse.Namespace) -> None:
     if args.model not in BUILTIN_MODELS and ":" not in args.model:
         raise ConfigError(f"model: unknown model {args.model!r}; use "
                           f"{' or '.join(BUILTIN_MODELS)} or MODULE:FACTORY")
-    check_run_flags(args, sched.problem.devices * args.data_parallel, sched.problem.microbatches)
-    return sched
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -143,10 +147,7 @@ def check_graph_args(args: argparse.Namespace, plan: GraphRun) -> Schedule:
     if args.steps > plan.iterations:
         raise ConfigError(f"--steps: the schedule holds {plan.iterations} iteration(s), one per "
                           f"step, got {args.steps}")
-    if args.model not in BUILTIN_MODELS and ":" not in args.model:
-        raise ConfigError(f"model: unknown model {args.model!r}; use "
-                          f"{' or '.join(BUILTIN_MODELS)} or MODULE:FACTORY")
-    args.data_parallel = plan.replicas
+    _check_model(args)
     check_run_flags(args, plan.problem.devices * plan.replicas, plan.problem.microbatches)
     return plan_schedule(plan, 0, 0)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeopt.core.schedule import GraphSchedule
+from pipeopt.errors import ConfigError
 from pipeopt.executor.procs import ExecutorError
 from pipeopt.graphio import FORMAT_V2, graph_schedule_from_dict
 from pipeopt.io import read_schedule_doc
@@ -188,7 +189,8 @@ def plan_schedule(plan: GraphRun, replica: int, iteration: int) -> Schedule:
 def load_graph_run(path: str) -> GraphRun | None:
     """:func:`graph_run` of the schedule JSON v2 at ``path`` when it schedules a data-parallel
     graph (read with every check of :mod:`pipeopt.graphio`), else None (standard input, another
-    document, or a file the chain reader will report on)."""
+    document, or a file the chain reader will report on); ConfigError when the replay cannot
+    run it (:func:`graph_run`'s reason)."""
     if path == "-":
         return None
     try:
@@ -197,4 +199,7 @@ def load_graph_run(path: str) -> GraphRun | None:
         return None
     if doc.get("format") != FORMAT_V2 or not is_dataparallel(doc):
         return None
-    return graph_run(graph_schedule_from_dict(doc))
+    try:
+        return graph_run(graph_schedule_from_dict(doc))
+    except ExecutorError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
