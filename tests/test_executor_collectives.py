@@ -171,3 +171,13 @@ def test_run_of_the_delayed_zero1_schedule_matches_the_delayed_reference(
     log = doc["collectives"][1]
     assert log.index("launch i0.RS 1.b1") > log.index("1:1F0")
 
+
+
+def test_run_says_it_does_not_replay_moe_schedules(tmp_path: Path, capsys) -> None:
+    from pipeopt.graphio import FORMAT_V2
+
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps({"format": FORMAT_V2, "graph": {"meta": {"workload": "moe"}}}),
+                    encoding="utf-8")
+    assert main(["run", str(path)]) == 2
+    assert "does not replay MoE blocks and their all-to-all" in capsys.readouterr().err

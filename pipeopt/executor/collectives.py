@@ -86,11 +86,13 @@ class GraphRun:
     method: str = "custom"
 
 
-def is_dataparallel(doc: Any) -> bool:
-    """True when a parsed schedule document is a v2 schedule of a data-parallel graph."""
-    graph = doc.get("graph") if isinstance(doc, dict) else None
+def workload_of(doc: Any) -> Any:
+    """``graph.meta.workload`` of a parsed schedule JSON v2 document (None where it has none)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_V2:
+        return None
+    graph = doc.get("graph")
     meta = graph.get("meta") if isinstance(graph, dict) else None
-    return isinstance(meta, dict) and meta.get("workload") == "dataparallel"
+    return meta.get("workload") if isinstance(meta, dict) else None
 
 
 def graph_run(schedule: GraphSchedule) -> GraphRun:
@@ -197,7 +199,11 @@ def load_graph_run(path: str) -> GraphRun | None:
         doc = read_schedule_doc(path)
     except ScheduleError:
         return None
-    if doc.get("format") != FORMAT_V2 or not is_dataparallel(doc):
+    kind = workload_of(doc)
+    if kind == "moe":
+        raise ConfigError(f"{path}: an MoE schedule (graph.meta.workload: moe); pipeopt run "
+                          "does not replay MoE blocks and their all-to-all")
+    if kind != "dataparallel":
         return None
     try:
         return graph_run(graph_schedule_from_dict(doc))
