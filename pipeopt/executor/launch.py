@@ -203,7 +203,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     reducer = None
     if plan is not None:
         reducer = Reducer(plan, replica, rank, params, dp_group,
-                          lambda ts: optimizer(cfg.optimizer, ts, cfg.lr))
+                          lambda ts: optimizer(cfg.optimizer, ts, cfg.lr), status)
         clock.before = reducer.before_op
         for st in pstages:
             st.grads_ready = reducer.grads_ready

@@ -279,14 +279,16 @@ class Reducer:
     order at their places among the compute ops (:meth:`before_op`, :meth:`end_step`), waited
     where their result is needed (semantics: :mod:`pipeopt.executor.collectives`).
     ``make_opt`` builds the optimizer over the given tensors (the stage's parameters, or with
-    ZeRO-1 this replica's shards). ``log``: ``step:op`` per compute op and the label of each
-    launch, in the order they happened."""
+    ZeRO-1 this replica's shards); ``status`` says which collective it waits for. ``log``:
+    ``step:op`` per compute op and ``launch LABEL`` per collective, in the order they
+    happened."""
 
     def __init__(self, plan: Any, replica: int, rank: int, params: list[nn.Parameter],
-                 group: Any, make_opt: Callable[[list[Any]], torch.optim.Optimizer]) -> None:
+                 group: Any, make_opt: Callable[[list[Any]], torch.optim.Optimizer],
+                 status: RankStatus) -> None:
         import torch.distributed as dist
 
-        self.dist, self.group, self.replicas = dist, group, plan.replicas
+        self.dist, self.group, self.replicas, self.status = dist, group, plan.replicas, status
         self.delay, self.zero = plan.delay, plan.reduction == "reduce_scatter"
         self.buckets = bucket_params(params, plan.buckets[rank])
         self.todo = [c for _, _, c in plan.launches[replica][rank]]
@@ -387,6 +389,7 @@ class Reducer:
     def _result(self, kind: str, iteration: int, bucket: int) -> list[torch.Tensor]:
         i = self.key[(kind, iteration, bucket)]
         self._launch_upto(i)
+        self.status.text = f"step {self.step}: waits for {self.todo[i].label} (its replicas)"
         works, outs = self.work[i]
         for w in works:
             w.wait()
