@@ -34,7 +34,6 @@ stashing); ``--steps`` at most K.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +107,7 @@ def graph_run(schedule: GraphSchedule) -> GraphRun:
     ops: dict[tuple[int, int, Op], float] = {}  # (replica, iteration, op) -> first start
     colls: list[tuple[float, Collective]] = []
     buckets: dict[int, int] = {}
+    dur: dict[Op, float] = {}  # replica 0, iteration 0: seconds of each (unsplit) op
     for t, label in enumerate(g.label):
         c = _COMPUTE.match(label)
         if c:
@@ -118,6 +118,8 @@ def graph_run(schedule: GraphSchedule) -> GraphRun:
                                     "stage per device")
             key = (r, j, Op(kind, k, mb))
             ops[key] = min(ops.get(key, schedule.start[t]), schedule.start[t])
+            if r == j == 0 and c[6] is None:
+                dur[key[2]] = g.duration[t]
             continue
         c = _COLLECTIVE.match(label)
         if not c:
@@ -129,7 +131,6 @@ def graph_run(schedule: GraphSchedule) -> GraphRun:
             buckets[k] = max(buckets.get(k, 0), b + 1)
     m = 1 + max(op.microbatch for _, _, op in ops)
     split = any(op.kind == "W" for _, _, op in ops)
-    dur = {op: g.duration[t] for t, op in _ops_of(g.label, 0, 0)}
     base = uniform_problem(p, m, split_backward=split)
     prob = base.replace(
         forward=tuple(dur.get(Op("F", k, 0), 0.0) for k in range(p)),
@@ -145,16 +146,6 @@ def graph_run(schedule: GraphSchedule) -> GraphRun:
                     "reduce_scatter" if any(c.kind == "RS" for _, c in colls) else "all_reduce",
                     tuple(buckets.get(k, 1) for k in range(p)), orders, launches,
                     schedule.makespan / iters, schedule.method)
-
-
-def _ops_of(labels: Sequence[str], replica: int, iteration: int) -> list[tuple[int, Op]]:
-    """(task, op) of the unsplit compute tasks of one replica and iteration."""
-    out = []
-    for t, label in enumerate(labels):
-        c = _COMPUTE.match(label)
-        if c and int(c[2]) == replica and int(c[1] or 0) == iteration and c[6] is None:
-            out.append((t, Op(c[4], int(c[3]), int(c[5]))))
-    return out
 
 
 def _positions(ops: dict[tuple[int, int, Op], float], colls: list[tuple[float, Collective]],
