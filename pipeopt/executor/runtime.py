@@ -255,11 +255,11 @@ def bucket_params(params: Sequence[nn.Parameter], buckets: int) -> list[list[nn.
     return out
 
 
-def _flat(tensors: Sequence[torch.Tensor], parts: int) -> torch.Tensor:
-    """The tensors flattened into one new buffer, zero-padded to a multiple of ``parts`` (at
-    least ``parts`` elements)."""
+def _flat(tensors: Sequence[torch.Tensor], parts: int, device: torch.device) -> torch.Tensor:
+    """The tensors flattened into one new fp32 buffer on ``device``, zero-padded to a multiple
+    of ``parts`` (at least ``parts`` elements)."""
     n = sum(t.numel() for t in tensors)
-    out = torch.zeros(max(1, -(-n // parts)) * parts, dtype=torch.float32)
+    out = torch.zeros(max(1, -(-n // parts)) * parts, dtype=torch.float32, device=device)
     if tensors:
         torch.cat([t.detach().reshape(-1).float() for t in tensors], out=out[:n])
     return out
@@ -290,6 +290,7 @@ class Reducer:
 
         self.dist, self.group, self.replicas, self.status = dist, group, plan.replicas, status
         self.delay, self.zero = plan.delay, plan.reduction == "reduce_scatter"
+        self.device = params[0].device if params else torch.device("cpu")
         self.buckets = bucket_params(params, plan.buckets[rank])
         self.todo = [c for _, _, c in plan.launches[replica][rank]]
         self.key = {(c.kind, c.iteration, c.bucket): i for i, c in enumerate(self.todo)}
@@ -304,7 +305,7 @@ class Reducer:
         if self.zero:
             r, rep = replica, self.replicas
             self.shards = [nn.Parameter(f.view(rep, -1)[r].clone())
-                           for f in (_flat(b, rep) for b in self.buckets)]
+                           for f in (_flat(b, rep, self.device) for b in self.buckets)]
             self.opt = make_opt(self.shards)
         else:
             self.opt = make_opt(params)
@@ -314,7 +315,7 @@ class Reducer:
         """The stage's backward of this step ended: copy its gradients to the bucket buffers."""
         self.packed[self.step] = [
             _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in b],
-                  self.replicas) for b in self.buckets]
+                  self.replicas, self.device) for b in self.buckets]
 
     def begin_step(self, step: int) -> None:
         """Before step ``step``: launch what is placed before its first op, then wait for what
@@ -354,7 +355,7 @@ class Reducer:
                 w.wait()
         if self.zero:
             for b, shard in zip(self.buckets, self.shards, strict=True):
-                full = torch.empty(shard.numel() * self.replicas)
+                full = shard.new_empty(shard.numel() * self.replicas)
                 self.dist.all_gather_single(full, shard.detach(), group=self.group)
                 self._copy_params(b, full)
 
@@ -372,13 +373,13 @@ class Reducer:
             if c.kind == "AG":
                 if c.iteration - self.delay >= 0:
                     self._shard_step(c.iteration - self.delay)
-                outs = [torch.empty(s.numel() * self.replicas) for s in self.shards]
+                outs = [s.new_empty(s.numel() * self.replicas) for s in self.shards]
                 works = [self.dist.all_gather_single(o, s.detach(), group=self.group,
                                                      async_op=True)
                          for o, s in zip(outs, self.shards, strict=True)]
             else:
                 buf = self.packed[c.iteration][c.bucket]
-                out = buf if c.kind == "AR" else torch.empty(buf.numel() // self.replicas)
+                out = buf if c.kind == "AR" else buf.new_empty(buf.numel() // self.replicas)
                 works = [self.dist.all_reduce(buf, group=self.group, async_op=True)
                          if c.kind == "AR" else self.dist.reduce_scatter_single(
                              out, buf, group=self.group, async_op=True)]
