@@ -194,7 +194,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.plan", "pipeopt.plan.spec", "pipeopt.plan.candidates", "pipeopt.plan.search",
      "pipeopt.plan.report"),
     ("pipeopt.executor", "pipeopt.executor.periodic", "pipeopt.executor.inference",
-     "pipeopt.plan.plot", "pipeopt.plot", "pipeopt.plot_periodic",
+     "pipeopt.executor.collectives", "pipeopt.plan.plot", "pipeopt.plot", "pipeopt.plot_periodic",
      "pipeopt.trace", "pipeopt.trace_periodic", "pipeopt.costs.profiler",
      "pipeopt.costs.cli", "pipeopt.models", "pipeopt.cli", "pipeopt.views_cli",
      "pipeopt.__main__"),

@@ -44,8 +44,9 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "group_options", "lower",
-           "parse_action", "rows_to_actions", "runtime", "stage_backward_input",
+__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "group_options",
+           "load_actions", "lower", "parse_action",
+ "rows_to_actions", "runtime", "stage_backward_input",
            "stage_backward_weight"]
 
 #: pipeopt op kind -> torch computation type (B is our split input gradient when split).
@@ -85,6 +86,11 @@ def lower(actions: dict[int, list[Any]], stages: int, microbatches: int
     stage_rank = _validate_schedule(actions, len(actions), stages, microbatches)
     return _add_send_recv({r: list(a) for r, a in actions.items()},
                           stage_to_rank=lambda s: stage_rank[s], num_stages=stages)
+
+
+def load_actions(rt: Any, actions: dict[int, list[Any]]) -> None:
+    """Replace the compute-only ``actions`` of a :func:`runtime` (lowered again by it)."""
+    rt._prepare_schedule_with_comms(actions)
 
 
 def group_options(backend: str, timeout_s: float) -> Any:

@@ -38,6 +38,12 @@ def batch_for(spec: Any, batch_size: int, seed: int, step: int, microbatches: in
     return list(x.tensor_split(microbatches)), list(y.tensor_split(microbatches))
 
 
+def stage_weights(modules: dict[int, torch.nn.Module]) -> Grads:
+    """Every parameter's value, per stage, as numpy arrays."""
+    return {k: {name: p.detach().cpu().numpy().copy() for name, p in mod.named_parameters()}
+            for k, mod in modules.items()}
+
+
 def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
     """The ``.grad`` of every parameter, per stage, as numpy arrays (zeros when unset)."""
     out: Grads = {}
@@ -70,11 +76,14 @@ def clip_grads(params: list[torch.nn.Parameter], max_norm: float,
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, sq.sqrt())
 
 
-def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1) -> dict[str, Any]:
+def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
+                  delay: int | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says (optimizer, clipping, autocast, ...) without pipelining, on the
     batches of ``replicas`` pipelines split into as many micro-batches as they ran; returns
-    per-step losses and step times (seconds) and the gradients of the last step per stage
-    (after clipping)."""
+    per-step losses and step times (seconds), the gradients of the last step per stage
+    (after clipping) and the final weights. ``delay`` D: step t's gradients go through the
+    optimizer after step t + D - 1 (D = 2: one step late), the last ones after the last step
+    (:mod:`pipeopt.executor.collectives`); None: right after step t."""
     spec = build_model(cfg.model, problem, seed=cfg.seed, **dict(cfg.model_options))
     stages = split_stages(spec, problem)
     runs = [StageModule(mod, AUTOCAST[cfg.autocast] if cfg.autocast else None)
@@ -83,7 +92,15 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1) -> dict[s
     opt = optimizer(cfg.optimizer, params, cfg.lr)
     m = problem.microbatches * replicas
     losses, times = [], []
+    pending: list[list[torch.Tensor]] = []
+
+    def update(grads: list[torch.Tensor]) -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        opt.step()
+
     for step in range(cfg.steps):
+
         xs, ys = batch_for(spec, cfg.batch(problem.microbatches) * replicas, cfg.seed, step, m)
         opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
@@ -98,10 +115,20 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1) -> dict[s
         if cfg.clip_grad_norm is not None:
             clip_grads(params, cfg.clip_grad_norm)
         grads = stage_grads(dict(enumerate(stages))) if step == cfg.steps - 1 else None
-        opt.step()
+        if delay is None:
+            opt.step()
+        else:
+            pending.append([p.grad if p.grad is not None else torch.zeros_like(p)
+                            for p in params])
+            if len(pending) >= delay:
+                update(pending.pop(0))
         times.append(time.perf_counter() - t0)
         losses.append(total)
-    return {"losses": losses, "step_times": times, "grads": grads}
+    while pending:
+        update(pending.pop(0))
+    return {"losses": losses, "step_times": times, "grads": grads,
+            "weights": stage_weights(dict(enumerate(stages)))}
+
 
 
 def compare_grads(got: Grads, ref: Grads, rtol: float = RTOL, atol: float = ATOL

@@ -7,6 +7,7 @@ import json
 import sys
 
 from pipeopt.config import ConfigError
+from pipeopt.executor.collectives import GraphRun, load_graph_run, plan_schedule
 from pipeopt.executor.procs import ExecutorError, RunConfig, check_nccl, check_run_flags
 from pipeopt.io import (
     check_writable,
@@ -32,11 +33,15 @@ def check_run_args(args: argparse.Namespace) -> Schedule:
     if args.costs_out:
         check_writable("--costs-out", args.costs_out)  # before the run, not after it
     sched = load_schedule(args.schedule)
+    _check_model(args)
+    check_run_flags(args, sched.problem.devices * args.data_parallel, sched.problem.microbatches)
+    return sched
+
+
+def _check_model(args: argparse.Namespace) -> None:
     if args.model not in BUILTIN_MODELS and ":" not in args.model:
         raise ConfigError(f"model: unknown model {args.model!r}; use "
                           f"{' or '.join(BUILTIN_MODELS)} or MODULE:FACTORY")
-    check_run_flags(args, sched.problem.devices * args.data_parallel, sched.problem.microbatches)
-    return sched
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -52,22 +57,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         from pipeopt.executor.periodic import cmd_run_async
 
         return cmd_run_async(args, periodic)
-    if is_served_plan(args.schedule):
+    plan = load_graph_run(args.schedule)  # data parallelism with scheduled collectives
+    if plan is None and is_served_plan(args.schedule):
         return cmd_run_serving(args)
     if getattr(args, "max_prompt", None) is not None or getattr(args, "max_output",
                                                                  None) is not None:
         raise ConfigError("--max-prompt / --max-output: apply to served inference plans "
                           f"(schedule JSON v2), and {args.schedule} is not one")
-    sched = check_run_args(args)
+    sched = check_run_args(args) if plan is None else check_graph_args(args, plan)
     check_nccl(args.backend)  # the one check that needs torch, so the last one
-    from pipeopt.executor.launch import run_pipeline
+    from pipeopt.executor.launch import run_graph, run_pipeline
     from pipeopt.executor.models import ModelError, recompute_plan
 
     cfg = RunConfig.from_args(args)
     try:
         for note in recompute_plan(sched.problem, args.recompute)[1]:
             print(f"pipeopt: note: {note}", file=sys.stderr)
-        res = run_pipeline(sched, cfg)
+        res = run_pipeline(sched, cfg) if plan is None else run_graph(plan, cfg)
     except ModelError as exc:
         raise ConfigError(str(exc)) from None
     except ExecutorError as exc:
@@ -94,14 +100,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     n = len(res.step_times)
     how = f"median of {n - 1} after warm-up" if n > 1 else "1 step, includes warm-up"
     print(f"step time     {res.step_time:.6g} s measured ({how})")
-    print(f"predicted     {res.predicted_step_time:.6g} s (the schedule's makespan; its "
-          "problem's times are read as seconds)")
+    print(f"predicted     {res.predicted_step_time:.6g} s (the schedule's "
+          + ("makespan" if plan is None else "makespan / iterations")
+          + "; its problem's times are read as seconds)")
     if args.check:
         print(f"reference     {res.reference_step_time:.6g} s per step without pipelining, loss "
               f"{res.reference_losses[-1]:.6g}")
         verdict = "ok" if res.grads_match else "MISMATCH"
-        print(f"grad diff     {res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
+        what = "grad diff" if res.compared == "gradients" else "weight diff"
+        print(f"{what:<14}{res.max_abs_grad_diff:.3g} max abs ({verdict}; rtol {cfg.rtol:g}, "
               f"atol {cfg.atol:g}; worst {res.worst_param})")
+    if plan is not None:
+        launches = sum(x.startswith("launch ") for x in res.collectives[0])
+        print(f"collectives   {launches} launches on rank 0 (op and launch "
+              f"order: --json), in the schedule's order, "
+              f"{'one step late' if plan.delay == 2 else 'applied before the next step'}")
     if res.peak_memory:
         print(f"peak memory   {', '.join(f'{x / 2**20:.4g}' for x in res.peak_memory)} MiB "
               "per rank (CUDA allocator peak; on CPU the process's peak resident set)")
@@ -120,7 +133,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def check_graph_args(args: argparse.Namespace, plan: GraphRun) -> Schedule:
+    """The ``run`` flags' checks for a data-parallel graph schedule (ConfigError naming the
+    flag); returns replica 0's first iteration as a chain schedule."""
+    for flag, given, why in (
+            ("--clip-grad-norm", args.clip_grad_norm is not None, "is not supported"),
+            ("--costs-out", args.costs_out is not None, "is for chain schedules (v1)"),
+            ("--data-parallel", args.data_parallel not in (1, plan.replicas),
+             f"the schedule has {plan.replicas} replicas")):
+        if given:
+            raise ConfigError(f"{flag}: {why} with a data-parallel schedule of scheduled "
+                              "collectives (docs/executor.md)")
+    if args.steps > plan.iterations:
+        raise ConfigError(f"--steps: the schedule holds {plan.iterations} iteration(s), one per "
+                          f"step, got {args.steps}")
+    _check_model(args)
+    check_run_flags(args, plan.problem.devices * plan.replicas, plan.problem.microbatches)
+    return plan_schedule(plan, 0, 0)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
+
     """Write the schedule in another tool's format."""
     from pipeopt.executor.export import (
         export_torch,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,9 @@ from pipeopt.executor.check import (
     optimizer,
     reference_run,
     stage_grads,
+    stage_weights,
 )
+from pipeopt.executor.collectives import GraphRun, plan_schedule
 from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
 from pipeopt.executor.procs import (
@@ -40,7 +42,7 @@ from pipeopt.executor.procs import (
     torchrun,
     under_torchrun,
 )
-from pipeopt.executor.runtime import OpClock, StageModule, TimedStage
+from pipeopt.executor.runtime import OpClock, Reducer, StageModule, TimedStage
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import fused_variant, split_variant
@@ -64,6 +66,8 @@ class RunResult:
     worst_param: str | None = None
     op_costs: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, stage) -> s
     peak_memory: list[float] = field(default_factory=list)  # bytes, per rank
+    compared: str = "gradients"  # or "weights" (a data-parallel graph schedule's final ones)
+    collectives: list[list[str]] = field(default_factory=list)  # per rank: Reducer.log
 
     @property
     def loss(self) -> float:
@@ -157,13 +161,15 @@ def _waits_for(schedule: Schedule, rank: int) -> dict[Op, str]:
 
 
 def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
-             cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None
-             ) -> dict[str, Any]:
+             cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None,
+             plan: GraphRun | None = None) -> dict[str, Any]:
     """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
     (process group already joined); returns per-step losses and times (seconds), the last
     step's gradients, its op trace ((op, start, end) seconds from the step's start, ops named
     as pipeopt does, e.g. ``1B0``), the op durations of the steps after the first and the
-    peak memory (bytes)."""
+    peak memory (bytes). With ``plan`` (a data-parallel graph schedule), step s replays its
+    iteration s with its collectives in its order (:class:`Reducer`), and the report adds the
+    final weights (``weights``) and the rank's ``collectives`` log."""
     prob = schedule.problem
     status = status or RankStatus()
     p, dp = prob.devices, cfg.data_parallel
@@ -194,10 +200,19 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         runtime = _torch.runtime(pstages, m, spec.loss_fn, _torch.rows_to_actions(rows))
     params = [p for k in mine for p in stages[k].parameters()]
     opt = optimizer(cfg.optimizer, params, cfg.lr)
+    reducer = None
+    if plan is not None:
+        reducer = Reducer(plan, replica, rank, params, dp_group,
+                          lambda ts: optimizer(cfg.optimizer, ts, cfg.lr), status)
+        clock.before = reducer.before_op
+        for st in pstages:
+            st.grads_ready = reducer.grads_ready
     losses, times, grads = [], [], None
     durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
     last = prob.stages - 1
     for step in range(cfg.steps):
+        if plan is not None:
+            order = _iteration(plan, replica, rank, step, runtime, clock)
         x_mb, y_mb = batch_for(spec, bs * dp, cfg.seed, step, m * dp)  # this replica's share:
         x = torch.cat([x_mb[replica * m + j] for j in order]).to(device)
         y = torch.cat([y_mb[replica * m + j] for j in order]).to(device)
@@ -213,12 +228,16 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         t0 = time.perf_counter()
         clock.start(step)
         try:
+            if reducer is not None:
+                reducer.begin_step(step)
             runtime.step(*((x,) if 0 in mine else ()),
                          **({"target": y, "losses": mb_losses} if last in mine else {}))
         except Exception as exc:
             raise ExecutorError(f"rank {rank}: {status.text}: {type(exc).__name__}: "
                                 f"{first_line(exc)}") from exc
-        if dp_group is not None:
+        if reducer is not None:
+            reducer.end_step()
+        elif dp_group is not None:
             for p_ in params:
                 if p_.grad is not None:
                     dist.all_reduce(p_.grad, group=dp_group)
@@ -227,7 +246,8 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
             clip_grads(params, cfg.clip_grad_norm, lambda t: dist.all_reduce(t, group=group))
         if step == cfg.steps - 1:
             grads = stage_grads({k: stages[k] for k in mine})
-        opt.step()
+        if reducer is None:
+            opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dist.barrier()
@@ -239,8 +259,28 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
                 if op is not None:
                     durations.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
     trace = [(str(op), a, b) for op, a, b in clock.trace]
+    extra = {}
+    if reducer is not None:
+        reducer.finish(cfg.steps)
+        extra = {"weights": stage_weights({k: stages[k] for k in mine}),
+                 "collectives": reducer.log}
     return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
-            "op_durations": durations, "peak_memory": peak_memory(device)}
+            "op_durations": durations, "peak_memory": peak_memory(device), **extra}
+
+
+def _iteration(plan: GraphRun, replica: int, rank: int, step: int, runtime: Any,
+               clock: OpClock) -> list[int]:
+    """Load ``replica``'s compute order of iteration ``step`` into the runtime and the clock;
+    returns its micro-batch relabelling (:func:`schedule_rows`)."""
+    sched = plan_schedule(plan, replica, step)
+    rows, order = schedule_rows(sched)
+    _torch.load_actions(runtime, _torch.rows_to_actions(rows))
+    clock.ops, clock.waits_for = list(sched.device_orders()[rank]), _waits_for(sched, rank)
+    return order
+
+
+
+
 
 
 def peak_memory(device: torch.device) -> float:
@@ -308,20 +348,26 @@ def _jobs_rank(rank: int, world: int, device: torch.device,
     return [run_rank(rank, world, device, s, c, backend, status) for s, c in jobs]
 
 
-def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]]
-              ) -> RunResult:
-    """Merge the ranks' reports (and compare with the reference when asked)."""
+def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]],
+              plan: GraphRun | None = None) -> RunResult:
+    """Merge the ranks' reports (and compare with the reference when asked); with ``plan``,
+    the final weights against the reference with the plan's delay."""
     steps, dp = len(per_rank[0]["losses"]), cfg.data_parallel
     losses = [sum(r["losses"][i] for r in per_rank) / dp for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
-    res = RunResult(schedule.method, len(per_rank), losses, times, schedule.makespan)
+    res = RunResult(schedule.method, len(per_rank), losses, times,
+                    schedule.makespan if plan is None else plan.iteration_s)
     res.op_costs = op_costs(per_rank)
     res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
+    res.collectives = [r.get("collectives", []) for r in per_rank]
     if cfg.check:
-        # replica 0's gradients (every replica holds the same after the average)
-        grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r["grads"].items()}
-        ref = reference_run(schedule.problem, cfg, replicas=dp)
-        cmp = compare_grads(grads, ref["grads"], cfg.rtol, cfg.atol)
+        # replica 0's gradients or weights (every replica holds the same after the average)
+        what = "grads" if plan is None else "weights"
+        grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r[what].items()}
+        ref = reference_run(schedule.problem, cfg, replicas=dp,
+                            delay=None if plan is None else plan.delay)
+        res.compared = "gradients" if plan is None else "weights"
+        cmp = compare_grads(grads, ref[what], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
                                                     or ref["step_times"])
@@ -370,7 +416,36 @@ def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
         _build(schedule, cfg)
 
 
+def run_graph(plan: GraphRun, cfg: RunConfig) -> RunResult:
+    """Replay a data-parallel graph schedule (:func:`pipeopt.executor.collectives.graph_run`)
+    on ``devices x replicas`` spawned ranks, or as this rank under torchrun (the result then
+    on rank 0 only, others get None); step s is the schedule's iteration s."""
+    if cfg.steps > plan.iterations:
+        raise ExecutorError(f"steps: the schedule holds {plan.iterations} iteration(s), one per "
+                            f"step, got {cfg.steps}")
+    cfg = replace(cfg, data_parallel=plan.replicas)
+    sched = plan_schedule(plan, 0, 0)
+    _preflight(sched, cfg)
+    backend = resolve_backend(cfg.backend)
+    args = (sched, cfg, backend, plan)
+    if under_torchrun():
+        per_rank = torchrun(_graph_rank, args, backend=backend, timeout=cfg.timeout,
+                            threads=cfg.threads)
+    else:
+        per_rank = spawn(_graph_rank, sched.problem.devices * plan.replicas, args,
+                         timeout=cfg.timeout, backend=backend, threads=cfg.threads,
+                         op_timeout=cfg.op_timeout)
+    return None if per_rank is None else _assemble(sched, cfg, per_rank, plan)  # type: ignore
+
+
+def _graph_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
+                cfg: RunConfig, backend: str, plan: GraphRun,
+                status: RankStatus | None = None) -> dict[str, Any]:
+    return run_rank(rank, world, device, schedule, cfg, backend, status, plan)
+
+
 def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:
+
     """Replay ``schedule`` on spawned local workers, or as this rank under torchrun (when
     ``RANK`` and ``WORLD_SIZE`` are set; the result then exists on rank 0 only, others get
     None)."""

@@ -113,6 +113,7 @@ class OpClock:
     status: RankStatus
     waits_for: dict[Op, str]
     cuda: bool = False
+    before: Callable[[Op | None], None] | None = None  # called as each op is about to run
     step: int = 0
     trace: list[tuple[Op | None, float, float]] = field(default_factory=list)
     _i: int = 0
@@ -135,6 +136,8 @@ class OpClock:
 
     def timed(self, fn: Callable[[], Any]) -> Any:
         op = self.ops[self._i] if self._i < len(self.ops) else None
+        if self.before is not None:
+            self.before(op)
         self.status.text = f"step {self.step}: running {op or 'an op'}"
         t0 = time.perf_counter()
         if self.cuda:
@@ -164,6 +167,7 @@ class TimedStage(PipelineStage):
     def __init__(self, *args: Any, clock: OpClock, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.clock = clock
+        self.grads_ready: Callable[[], None] | None = None  # after the last backward's scaling
         self._chunk = 0
         self._segments: dict[int, list[Segment]] = {}
 
@@ -189,6 +193,12 @@ class TimedStage(PipelineStage):
         self._chunk = bwd_chunk_id
         self.clock.timed(lambda: super(TimedStage, self).backward_weight_one_chunk(
             bwd_chunk_id, last_backward))
+
+    def perform_reduce_grad(self, grad_scale_factor: int) -> None:
+        """PyTorch's end of the stage's backward (gradients scaled), then ``grads_ready``."""
+        super().perform_reduce_grad(grad_scale_factor)
+        if self.grads_ready is not None:
+            self.grads_ready()
 
     def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict[str, Any],
                                    last_backward: bool = False) -> Any:
@@ -229,3 +239,197 @@ def backward_weight(saved: list[tuple[Segment, Any]]) -> None:
     """The per-layer split's W: accumulate every segment's weight gradients into ``.grad``."""
     for seg, groups in saved:
         _torch.stage_backward_weight(iter(seg.params), groups)
+
+
+# ----- data-parallel collectives in the schedule's order -----------------------------------------
+def bucket_params(params: Sequence[nn.Parameter], buckets: int) -> list[list[nn.Parameter]]:
+    """``params`` in backward order (last first, as DDP fills its buckets) cut into ``buckets``
+    consecutive groups of about equal element counts (some may be empty)."""
+    rev = list(reversed(params))
+    total = sum(p.numel() for p in rev)
+    out: list[list[nn.Parameter]] = [[] for _ in range(buckets)]
+    seen = 0
+    for p in rev:
+        out[min(buckets - 1, seen * buckets // max(total, 1))].append(p)
+        seen += p.numel()
+    return out
+
+
+def _flat(tensors: Sequence[torch.Tensor], parts: int, device: torch.device) -> torch.Tensor:
+    """The tensors flattened into one new fp32 buffer on ``device``, zero-padded to a multiple
+    of ``parts`` (at least ``parts`` elements)."""
+    n = sum(t.numel() for t in tensors)
+    out = torch.zeros(max(1, -(-n // parts)) * parts, dtype=torch.float32, device=device)
+    if tensors:
+        torch.cat([t.detach().reshape(-1).float() for t in tensors], out=out[:n])
+    return out
+
+
+def _unflat(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    out, i = [], 0
+    for t in like:
+        out.append(flat[i:i + t.numel()].view_as(t).to(t.dtype))
+        i += t.numel()
+    return out
+
+
+class Reducer:
+    """One rank's data-parallel collectives of a :class:`~pipeopt.executor.collectives
+    .GraphRun` on its stage's replica group ``group``: launched asynchronously in the schedule's
+    order at their places among the compute ops (:meth:`before_op`, :meth:`end_step`), waited
+    where their result is needed (semantics: :mod:`pipeopt.executor.collectives`).
+    ``make_opt`` builds the optimizer over the given tensors (the stage's parameters, or with
+    ZeRO-1 this replica's shards); ``status`` says which collective it waits for. ``log``:
+    ``step:op`` per compute op and ``launch LABEL`` per collective, in the order they
+    happened."""
+
+    def __init__(self, plan: Any, replica: int, rank: int, params: list[nn.Parameter],
+                 group: Any, make_opt: Callable[[list[Any]], torch.optim.Optimizer],
+                 status: RankStatus) -> None:
+        import torch.distributed as dist
+
+        self.dist, self.group, self.replicas, self.status = dist, group, plan.replicas, status
+        self.delay, self.zero = plan.delay, plan.reduction == "reduce_scatter"
+        self.device = params[0].device if params else torch.device("cpu")
+        self.buckets = bucket_params(params, plan.buckets[rank])
+        self.todo = [c for _, _, c in plan.launches[replica][rank]]
+        self.key = {(c.kind, c.iteration, c.bucket): i for i, c in enumerate(self.todo)}
+        self.at: dict[tuple[int, int], int] = {}  # (step, n) -> last todo index placed there
+        for i, (step, n, _) in enumerate(plan.launches[replica][rank]):
+            self.at[(step, n)] = i
+        self.next = 0  # todo[:next] are launched
+        self.work: dict[int, tuple[list[Any], list[torch.Tensor]]] = {}
+        self.packed: dict[int, list[torch.Tensor]] = {}  # iteration -> bucket gradients
+        self.applied: set[int] = set()
+        self.step, self.n, self.log = 0, 0, list[str]()
+        if self.zero:
+            r, rep = replica, self.replicas
+            self.shards = [nn.Parameter(f.view(rep, -1)[r].clone())
+                           for f in (_flat(b, rep, self.device) for b in self.buckets)]
+            self.opt = make_opt(self.shards)
+        else:
+            self.opt = make_opt(params)
+
+    # hooks of the training loop
+    def grads_ready(self) -> None:
+        """The stage's backward of this step ended: copy its gradients to the bucket buffers."""
+        self.packed[self.step] = [
+            _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in b],
+                  self.replicas, self.device) for b in self.buckets]
+
+    def begin_step(self, step: int) -> None:
+        """Before step ``step``: launch what is placed before its first op, then wait for what
+        it needs (the reduction of step - D applied, or with ZeRO-1 its all-gather)."""
+        self.step, self.n = step, 0
+        self._launch_at(step, 0)
+        if self.zero:
+            self._gathered(step)
+        elif step - self.delay >= 0:
+            self._apply(step - self.delay)
+
+    def before_op(self, op: Op | None) -> None:
+        """Compute op number ``n`` of this step is about to run."""
+        self._launch_at(self.step, self.n)
+        self.log.append(f"{self.step}:{op}")
+        self.n += 1
+
+    def end_step(self) -> None:
+        """After the step's last op: launch what is placed after it."""
+        for (step, n), _ in sorted(self.at.items()):
+            if step == self.step and n >= self.n:
+                self._launch_at(step, n)
+
+    def finish(self, steps: int) -> None:
+        """After the last step: every reduction of steps run launched, waited and applied (with
+        ZeRO-1, a last all-gather of the shards, outside the schedule)."""
+        for c in self.todo[self.next:]:
+            if c.iteration < steps and c.kind != "AG":
+                self._launch_upto(self.key[(c.kind, c.iteration, c.bucket)])
+        for u in range(steps):
+            if self.zero:
+                self._shard_step(u)
+            else:
+                self._apply(u)
+        for works, _ in self.work.values():
+            for w in works:
+                w.wait()
+        if self.zero:
+            for b, shard in zip(self.buckets, self.shards, strict=True):
+                full = shard.new_empty(shard.numel() * self.replicas)
+                self.dist.all_gather_single(full, shard.detach(), group=self.group)
+                self._copy_params(b, full)
+
+    # the collectives
+    def _launch_at(self, step: int, n: int) -> None:
+        i = self.at.get((step, n))
+        if i is not None:
+            self._launch_upto(i)
+
+    def _launch_upto(self, i: int) -> None:
+        """Launch ``todo[next..i]`` in order (every replica launches them in this order)."""
+        while self.next <= i:
+            c = self.todo[self.next]
+            self.log.append(f"launch {c.label}")
+            if c.kind == "AG":
+                if c.iteration - self.delay >= 0:
+                    self._shard_step(c.iteration - self.delay)
+                outs = [s.new_empty(s.numel() * self.replicas) for s in self.shards]
+                works = [self.dist.all_gather_single(o, s.detach(), group=self.group,
+                                                     async_op=True)
+                         for o, s in zip(outs, self.shards, strict=True)]
+            else:
+                buf = self.packed[c.iteration][c.bucket]
+                out = buf if c.kind == "AR" else buf.new_empty(buf.numel() // self.replicas)
+                works = [self.dist.all_reduce(buf, group=self.group, async_op=True)
+                         if c.kind == "AR" else self.dist.reduce_scatter_single(
+                             out, buf, group=self.group, async_op=True)]
+                outs = [out]
+            self.work[self.next] = (works, outs)
+            self.next += 1
+
+    def _result(self, kind: str, iteration: int, bucket: int) -> list[torch.Tensor]:
+        i = self.key[(kind, iteration, bucket)]
+        self._launch_upto(i)
+        self.status.text = f"step {self.step}: waits for {self.todo[i].label} (its replicas)"
+        works, outs = self.work[i]
+        for w in works:
+            w.wait()
+        return outs
+
+    def _apply(self, u: int) -> None:
+        """All-reduce: the averaged gradients of iteration ``u`` through the optimizer."""
+        if u in self.applied or u not in self.packed:
+            return
+        self.applied.add(u)
+        for k, b in enumerate(self.buckets):
+            (flat,) = self._result("AR", u, k)
+            for p, g in zip(b, _unflat(flat / self.replicas, b), strict=True):
+                p.grad = g.clone()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        del self.packed[u]
+
+    def _shard_step(self, u: int) -> None:
+        """ZeRO-1: this replica's shards stepped on iteration ``u``'s reduce-scatter."""
+        if u in self.applied or u not in self.packed:
+            return
+        self.applied.add(u)
+        for k, shard in enumerate(self.shards):
+            (out,) = self._result("RS", u, k)
+            shard.grad = out / self.replicas
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        del self.packed[u]
+
+    def _gathered(self, step: int) -> None:
+        """ZeRO-1: step ``step``'s parameters from its all-gather."""
+        if ("AG", step, 0) not in self.key:
+            return
+        for b, full in zip(self.buckets, self._result("AG", step, 0), strict=True):
+            self._copy_params(b, full)
+
+    @staticmethod
+    def _copy_params(params: list[nn.Parameter], full: torch.Tensor) -> None:
+        with torch.no_grad():
+            for p, x in zip(params, _unflat(full, params), strict=True):
+                p.copy_(x)
