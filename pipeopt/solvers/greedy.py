@@ -117,7 +117,12 @@ class Policy:
     the device less. ``wait_w``: do not start a W that would still run when an F or B
     arrives, if waiting for that op idles the device less than it would delay it. ``fb``, when
     both a B and an F are ready: ``'b'`` B first, ``'alt'`` alternate (1F1B), ``'starve'`` the
-    one whose receiving device is idle. ``noise``: the
+    one whose receiving device is idle. ``mem_caps``: instead, caps fitted to the device's
+    memory (:meth:`_Context.caps`: the stages of a device share it in proportion to their
+    1F1B warm-up and link round trip). ``reclaim``: the headroom an F leaves may be taken
+    from memory that will be freed without any other F on the device (see :func:`_run`).
+    ``link_wait``: an F whose message would queue on a serialized link waits until it would
+    not, so that B messages made in the meantime go first. ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``).
     """
 
@@ -127,13 +132,18 @@ class Policy:
     lookahead: bool = False
     fb: str = "b"
     wait_w: bool = False
+    reclaim: bool = False
+    mem_caps: bool = False
+    link_wait: bool = False
     noise: float = 0.0
     seed: int = 0
 
     @property
     def name(self) -> str:
-        cap = "mem" if self.cap_slack is None else f"path+{self.cap_slack:g}"
-        la = ("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
+        cap = ("fit" if self.mem_caps else "mem" if self.cap_slack is None
+               else f"path+{self.cap_slack:g}")
+        la = (("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
+              + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else ""))
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
         return (f"cap={cap},w={self.w_lag},{'deep' if self.deep else 'wide'}{la},"
                 f"fb={self.fb}{noise}")
@@ -142,10 +152,23 @@ class Policy:
 #: Variants in the order they are tried. The first two cover most cases and are all that run
 #: on p=64, m=1024 (memory-bound F's suit relaxed memory, capped ones tight memory). Measured
 #: over 216 instances (uniform, heterogeneous, 2 and 4 datacenters, tight / relaxed / no memory
-#: limit): no single variant is best everywhere.
+#: limit): no single variant is best everywhere. The next nine (fitted caps, reclaim, link
+#: wait) are those of 24 combinations that were best on some instance of
+#: ``benchmarks/search.py --families`` (two chunks per device under tight memory, links with
+#: latency or transmission time; p = 8 and 16; see benchmarks/README.md). Variants that
+#: cannot differ from another on a problem are skipped there (:func:`policies_for`).
 POLICIES: tuple[Policy, ...] = (
     Policy(fb="alt", wait_w=True),
     Policy(cap_slack=1.0, wait_w=True),
+    Policy(mem_caps=True, reclaim=True, fb="alt"),
+    Policy(mem_caps=True, reclaim=True),
+    Policy(mem_caps=True, reclaim=True, fb="alt", wait_w=True),
+    Policy(mem_caps=True, reclaim=True, wait_w=True),
+    Policy(mem_caps=True, wait_w=True),
+    Policy(link_wait=True, wait_w=True),
+    Policy(mem_caps=True, fb="alt", wait_w=True),
+    Policy(link_wait=True, wait_w=True, fb="starve"),
+    Policy(mem_caps=True, reclaim=True, fb="starve", wait_w=True),
     Policy(fb="alt"),
     Policy(),
     Policy(fb="starve"),
@@ -161,6 +184,16 @@ POLICIES: tuple[Policy, ...] = (
 )
 
 
+def policies_for(problem: Problem) -> tuple[Policy, ...]:
+    """:data:`POLICIES` less those that would repeat another on ``problem``: ``reclaim``
+    needs a device with more than one stage (else no F leaves headroom), ``link_wait`` a link
+    with a transmission time (else no message queues)."""
+    nested = any(len(x) > 1 for x in problem.device_stages)
+    queues = problem.has_link_contention
+    return tuple(pol for pol in POLICIES
+                 if (nested or not pol.reclaim) and (queues or not pol.link_wait))
+
+
 class _Context:
     """Per-problem constants shared by every variant: flat per-stage lists (index k), or, when
     micro-batches differ (``scaled``), per-op lists (index ``k * m + j``) for durations, memory
@@ -174,6 +207,10 @@ class _Context:
         self.scaled = not pr.uniform_microbatches
         self.dur = {kind: list(pr.durations[kind]) for kind in pr.kinds}
         self.act = list(pr.activation_memory)
+        # Per stage, an average micro-batch's activation (bytes): the fitted caps' unit.
+        self.act_mean = ([a * math.fsum(row) / m for a, row in
+                          zip(pr.activation_memory, pr.memory_table, strict=True)]
+                         if self.scaled else list(pr.activation_memory))
         if self.split:
             self.b_free = [a - w for a, w in zip(pr.activation_memory, pr.weight_grad_memory,
                                                  strict=True)]
@@ -220,22 +257,79 @@ class _Context:
                           for c in row] + [(0.0, 0.0)] * m
         # Does a B's output leave the device? (B of k feeds k-1.)
         self.b_cross = [k > 0 and sd[k - 1] != sd[k] for k in range(s)]
+        # Reclaimable memory (policies with ``reclaim``): after the F of a device's last stage,
+        # a micro-batch holds its activations of every stage of the device (index k, or
+        # k * m + j when micro-batches differ), all of which its B's and W's will free.
+        self.last_on_device = [max(dstg) if dstg else -1 for dstg in pr.device_stages]
+        self.held = [0.0] * (s * m if self.scaled else s)
+        for dstg in pr.device_stages:
+            if not dstg:
+                continue
+            top = max(dstg)
+            if self.scaled:
+                for j in range(m):
+                    self.held[top * m + j] = math.fsum(self.act[q * m + j] for q in dstg)
+            else:
+                self.held[top] = math.fsum(self.act[q] for q in dstg)
+        self.nested = any(h > 0 for h in self.headroom)
 
     def caps(self, policy: Policy) -> list[int]:
         """In-flight cap per stage (micro-batches with F done and B not done): one per stage
         from k to the last (1F1B's warm-up), plus the micro-batches that the links' round-trip
         delay after stage k would otherwise leave the device idle for, plus ``cap_slack``."""
         m = self.problem.microbatches
-        if policy.cap_slack is None:
+        if policy.cap_slack is None and not policy.mem_caps:
             return [m] * self.problem.stages
         sd = self.problem.stage_device
         s = self.problem.stages
-        out = []
+        needs = []
         for k in range(s):
             links = sum(sum(self.tx_f[q]) + sum(self.tx_b[q - 1]) for q in range(k + 1, s))
-            need = (s - k) + links / self.cycle[sd[k]] + policy.cap_slack
+            needs.append((s - k) + links / self.cycle[sd[k]])
+        if policy.mem_caps:
+            return self._fit_caps(needs)
+        out = []
+        for k in range(s):
+            need = needs[k] + policy.cap_slack
             out.append(max(1, min(m, math.ceil(min(need, m) - 1e-9))))  # need may be inf
         return out
+
+    def _fit_caps(self, needs: list[float]) -> list[int]:
+        """Caps scaled to the device's memory: ``floor(rho * needs[k]) + 1`` per stage k
+        (at most m), with one ``rho`` in (0, 1] per device, the largest whose caps' activations
+        (a micro-batch of average memory per stage) fit in its limit less static memory.
+
+        So the stages of a device share its memory in proportion to their 1F1B warm-up (plus
+        link round trips), as the controllable-memory V schedules do (V-Half, V-Min: about
+        half or a third of 1F1B's in-flight micro-batches per stage; Qi et al., NeurIPS 2024).
+        Raising rho raises the caps one stage at a time, at rho = c / needs[k]; caps that step
+        at the same rho step together, and the last group that still fits is kept."""
+        pr = self.problem
+        m = pr.microbatches
+        caps = [m] * pr.stages
+        for d, dstg in enumerate(pr.device_stages):
+            room = self.limit[d] - self.static[d]
+            cur = {k: 1 for k in dstg}
+            used = math.fsum(self.act_mean[k] for k in dstg)
+            # Steps (rho, stage): stage k's cap goes from c to c + 1 at rho = c / needs[k].
+            steps = sorted((c / needs[k], k) for k in dstg if needs[k] > 0
+                           for c in range(1, min(m, math.ceil(min(needs[k], m))) + 1))
+            i = 0
+            while i < len(steps):
+                rho = steps[i][0]
+                group = []
+                while i < len(steps) and steps[i][0] == rho:
+                    group.append(steps[i][1])
+                    i += 1
+                extra = math.fsum(self.act_mean[k] for k in group)
+                if rho > 1.0 or used + extra > room:
+                    break
+                used += extra
+                for k in group:
+                    cur[k] += 1
+            for k in dstg:
+                caps[k] = max(1, min(m, cur[k]))
+        return caps
 
     def w_lags(self, policy: Policy) -> list[float]:
         """Per device, how many W may wait before they go ahead of F."""
@@ -312,6 +406,12 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     contention = ctx.contention
     b_cross = ctx.b_cross
     deep, lookahead, fb, wait_w = policy.deep, policy.lookahead, policy.fb, policy.wait_w
+    # reclaim: memory that micro-batches past their last F on the device hold counts as free
+    # for the headroom (never for the F's own activation): see the docstring.
+    reclaim = policy.reclaim and ctx.nested
+    link_wait = policy.link_wait and contention
+    rec = [0.0] * p
+    top_stage, held = ctx.last_on_device, ctx.held
     last_b = [False] * p  # was the device's last F-or-B a B?
     noise = policy.noise
     rand = random.Random(policy.seed).random
@@ -363,6 +463,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         next_t = next_b = _INF
         lim = limit[d]
         cur = mem[d]
+        cur_h = cur - rec[d] if reclaim else cur  # what the headroom check counts
         for k in dstages[d]:
             base = k * m
             j = nb[k]
@@ -380,8 +481,15 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                     next_b = r
             j = nf[k]
             if (j < m and nf[k] - nb[k] < caps[k]
-                    and cur + act[base + j if sc else k] + headroom[k] <= lim):
+                    and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
+                    and cur + a_ <= lim):
                 r = f_ready[base + j]
+                if link_wait and k < last and sd[k + 1] != d:
+                    # Not before its message would leave at once: the B messages made in
+                    # the meantime go first on the link.
+                    q = link_free.get((d, sd[k + 1]), 0.0) - d_f[base + j if sc else k]
+                    if q > r:
+                        r = q
                 if r <= t:
                     key = (-k if deep else k, r)
                     if f_key is None or key < f_key:
@@ -448,6 +556,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             f_end[i] = end
             mem[d] = cur + act[x]
             last_b[d] = False
+            if reclaim and k == top_stage[d]:
+                rec[d] += held[x]
             if k < last:
                 dd = sd[k + 1]
                 a = arrive(d, dd, end, tx_f[i + m if sc else k + 1])
@@ -466,6 +576,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             b_end[i] = end
             mem[d] = cur - b_free[x]
             last_b[d] = True
+            if reclaim:
+                rec[d] -= b_free[x]
             if split:
                 pend_w[d] += 1
             if k > 0:
@@ -484,6 +596,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             end = t + d_w[x]
             mem[d] = cur - w_free[x]
             pend_w[d] -= 1
+            if reclaim:
+                rec[d] -= w_free[x]
         orders[d].append(Op(kind, k, j))
         if t < first[d]:
             first[d] = t
@@ -590,8 +704,9 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     contexts: dict[int, _Context] = {}  # per micro-batch order, built when first used
     n = max(1, problem.num_ops)
     orders_ = range(len(mb_orders))
-    pairs = ([(policy, c) for c in orders_ for policy in POLICIES[:2]]
-             + [(policy, c) for policy in POLICIES[2:] for c in orders_])
+    policies = policies_for(problem)
+    pairs = ([(policy, c) for c in orders_ for policy in policies[:2]]
+             + [(policy, c) for policy in policies[2:] for c in orders_])
     budget = _WORK_BUDGET_OPS * (2 if len(mb_orders) > 1 else 1)
     runs = pairs[:max(1, budget // n)]
     # Random restarts: every policy in turn with a little noise in the F/B/W choices, on the
@@ -599,7 +714,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     # the restart runs).
     restarts = min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // n) if len(runs) == len(pairs) else 0
     for i in range(restarts):
-        runs.append((replace(POLICIES[i % len(POLICIES)], noise=_NOISE[i % len(_NOISE)],
+        runs.append((replace(policies[i % len(policies)], noise=_NOISE[i % len(_NOISE)],
                              seed=options.seed * 7919 + i), -1 - i % min(2, len(mb_orders))))
     span_obj = options.objective == "span"
     bound = lower_bound(problem, options.objective)
