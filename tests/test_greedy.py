@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeopt.problem import chain_links, uniform_problem
+from pipeopt.problem import Op, chain_links, uniform_problem
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import validate
 from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, run_classic, solve
@@ -199,3 +199,85 @@ def test_order_search_beats_its_start_and_is_seeded():
     assert sorted(a[2]) == list(start)
     assert simulate(_SCALED, a[1]).makespan == pytest.approx(a[0])
     assert a[0] >= lower_bound(_SCALED) - 1e-9
+
+
+# ----- variants: reclaimed headroom, fitted caps, link wait -----------------------------------
+def test_reclaim_starts_the_next_microbatch_while_the_last_drains():
+    """V on 2 devices (stages 0, 3 on device 0; 1, 2 on device 1), F 0.5 s, B 1 s, W 0.5 s,
+    0.5 of activation per stage held until W, memory for one micro-batch (1.0).
+
+    Device 0 runs F0.0, F3.0 [1.5, 2], B3.0, W3.0 [2.5, 3.5]. Then it holds only micro-batch
+    0's stage-0 activation (0.5), which B0.0 and W0.0 will free without any other F there. The
+    old rule keeps room for a stage-3 activation besides F0.1's (0.5 + 0.5 + 0.5 > 1), so F0.1
+    waits for W0.0 (6.5) and the schedule ends at 13. Reclaim counts micro-batch 0's 0.5 as
+    free for that headroom: F0.1 starts at 3.5, F1.1 on device 1 at 5.5 (after W1.0), and the
+    schedule ends at 12, which CP-SAT proves optimal."""
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import POLICIES, Policy, _Context, _run
+
+    prob = uniform_problem(2, 2, 1.0, 2.0, virtual_stages=2, placement="vshape",
+                           memory_limit=1.0)
+    assert prob.stage_device == (0, 1, 1, 0) and prob.forward == (0.5,) * 4
+    ctx = _Context(prob)
+    old = [_run(ctx, pol)[1] for pol in POLICIES
+           if not (pol.reclaim or pol.mem_caps or pol.link_wait)]
+    assert min(old) == approx(13.0)
+    orders, makespan, _ = _run(ctx, Policy(reclaim=True, fb="alt"))
+    assert makespan == approx(12.0)
+    s = validate(simulate(prob, orders))
+    assert s.makespan == approx(12.0) and fits_memory(s, prob)
+    assert s.op_times()[Op("F", 0, 1)] == (approx(3.5), approx(4.0))
+    assert validate(solve_greedy(prob, OPTS)).makespan == approx(12.0)
+    assert solve(prob, "cpsat", time_limit=30).makespan == approx(12.0)
+
+
+@given(problems(max_devices=3, max_microbatches=5), st.floats(0.0, 1.5),
+       st.lists(st.floats(0.25, 3.0), min_size=5, max_size=5))
+def test_every_variant_finishes_at_tight_memory(prob, slack, scale):
+    """No variant deadlocks (reclaim's argument in ``_run``), on micro-batches of one cost and
+    of different costs, at the least memory any schedule needs plus a little; each schedule
+    is valid, keeps the limit and ends no later than the greedy's own timing."""
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import POLICIES, _Context, _run
+
+    for pr in (prob, prob.replace(microbatch_scale=tuple(scale[:prob.microbatches]))):
+        limit = tuple(x + slack for x in min_memory(pr))
+        pr = pr.replace(memory_limit=limit)
+        ctx = _Context(pr)
+        for pol in POLICIES:
+            orders, makespan, _ = _run(ctx, pol)
+            s = validate(simulate(pr, orders))
+            assert fits_memory(s, pr)
+            # The simulator starts each op as early as the order allows, so it never ends
+            # later than the greedy's own timing (which may wait on purpose: lookahead).
+            assert s.makespan <= makespan * (1 + 1e-9) + 1e-9
+
+
+@given(problems(max_devices=3, max_microbatches=4, contention=True), st.floats(0.0, 1.5))
+def test_every_variant_finishes_with_link_contention(prob, slack):
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import POLICIES, _Context, _run
+
+    prob = prob.replace(memory_limit=tuple(x + slack for x in min_memory(prob)))
+    ctx = _Context(prob)
+    for pol in POLICIES:
+        orders, _, _ = _run(ctx, pol)
+        assert fits_memory(validate(simulate(prob, orders)), prob)
+
+
+def test_fitted_caps_share_memory_by_warm_up():
+    """V, p = 4 (8 stages), activation 0.5 per stage, no links: stage k's 1F1B warm-up is
+    8 - k; device 0 holds stages 0 and 7 (needs 8 and 1). With room for 6 activations of 0.5
+    (3.0) the largest rho with floor(8 rho) + 1 and floor(rho) + 1 in 6 slots is rho = 4/8
+    (caps 5 and 1); with unlimited memory rho = 1 (caps 9, at most m = 8, and 2)."""
+    from pipeopt.solvers.greedy import Policy, _Context
+
+    prob = uniform_problem(4, 8, 1.0, 1.2, 0.8, virtual_stages=2, placement="vshape",
+                           weight_grad=0.5, memory_limit=3.0)
+    caps = _Context(prob).caps(Policy(mem_caps=True))
+    assert caps[0] == 5 and caps[7] == 1
+    # Device 3 holds stages 3 and 4 (needs 5 and 4): the caps step at rho = c/5 and c/4, in
+    # turn 0.2, 0.25, 0.4, 0.5 (caps 3 and 3: 6 slots); 0.6 would take a seventh.
+    assert caps[3] == 3 and caps[4] == 3
+    free = _Context(prob.replace(memory_limit=(None,) * 4)).caps(Policy(mem_caps=True))
+    assert free[0] == 8 and free[7] == 2

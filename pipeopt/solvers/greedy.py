@@ -155,7 +155,8 @@ class Policy:
 #: limit): no single variant is best everywhere. The next nine (fitted caps, reclaim, link
 #: wait) are those of 24 combinations that were best on some instance of
 #: ``benchmarks/search.py --families`` (two chunks per device under tight memory, links with
-#: latency or transmission time; p = 8 and 16; see benchmarks/README.md). Variants that
+#: latency or transmission time; p = 8 and 16; see benchmarks/README.md); the tenth (reclaim
+#: alone) was best on most V shapes with p = 2 and m <= 6 at the least memory. Variants that
 #: cannot differ from another on a problem are skipped there (:func:`policies_for`).
 POLICIES: tuple[Policy, ...] = (
     Policy(fb="alt", wait_w=True),
@@ -169,6 +170,7 @@ POLICIES: tuple[Policy, ...] = (
     Policy(mem_caps=True, fb="alt", wait_w=True),
     Policy(link_wait=True, wait_w=True, fb="starve"),
     Policy(mem_caps=True, reclaim=True, fb="starve", wait_w=True),
+    Policy(reclaim=True, fb="alt"),
     Policy(fb="alt"),
     Policy(),
     Policy(fb="starve"),
@@ -482,7 +484,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             j = nf[k]
             if (j < m and nf[k] - nb[k] < caps[k]
                     and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
-                    and cur + a_ <= lim):
+                    and (not reclaim or cur + a_ <= lim)):
                 r = f_ready[base + j]
                 if link_wait and k < last and sd[k + 1] != d:
                     # Not before its message would leave at once: the B messages made in
