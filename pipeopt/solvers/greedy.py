@@ -16,9 +16,20 @@ micro-batch can always take its next step (see :func:`_run`). So the greedy find
 whenever any exists: every schedule holds all of one micro-batch's activations on a device at
 the start of that device's last F of it (:func:`min_memory`).
 
+Several stages per device under tight memory (the V of ZB-V, V-Half, V-Min): the headroom
+need not be free memory. Memory held by micro-batches that have run their last F on the device
+will be freed by their B's and W's alone, so ``reclaim`` variants count it towards the
+headroom (the published V schedules fill memory to the limit in their steady state and keep
+this rule; the deadlock argument still holds: see :func:`_run`). Their fitted caps share the
+device's memory among its stages in proportion to their 1F1B warm-up (V-Half and V-Min keep
+about a half or a third of it per stage).
+
 Latency: without a cap, a device keeps starting F's while memory allows, so devices before a
 slow link hold as many micro-batches in flight as their memory permits; capped variants allow
 each stage its 1F1B warm-up plus the micro-batches that its links' round trip would leave idle.
+Where messages queue on a link (a transmission time), ``link_wait`` variants hold an F back
+until its message would leave at once, so the B messages made meanwhile are not queued behind
+forwards that are not yet needed.
 Variants (:data:`POLICIES`: caps, F/B order, W lag and look-ahead, chunk order) and seeded
 random restarts are tried within a work budget that shrinks with the instance (all on small
 instances, two passes at p=64, m=1024); the best by its own timing is timed again by
@@ -186,14 +197,28 @@ POLICIES: tuple[Policy, ...] = (
 )
 
 
+#: Tried first where a device holds several stages (large instances run only the first one or
+#: two variants). On the V at p = 32, m = 128, one run each: 1.006-1.035 x V-Half's and V-Min's
+#: iteration time at their memory where the first two of :data:`POLICIES` gave 1.18-1.23 x;
+#: 1.014 x ZB-V's at 1F1B's memory (1.027-1.033 x); level (0.3 % apart) at twice its memory.
+_NESTED_FIRST: tuple[Policy, ...] = (
+    Policy(mem_caps=True, reclaim=True, fb="alt", wait_w=True),
+    Policy(mem_caps=True, reclaim=True, fb="alt"),
+)
+
+
 def policies_for(problem: Problem) -> tuple[Policy, ...]:
-    """:data:`POLICIES` less those that would repeat another on ``problem``: ``reclaim``
-    needs a device with more than one stage (else no F leaves headroom), ``link_wait`` a link
-    with a transmission time (else no message queues)."""
+    """:data:`POLICIES` in the order tried on ``problem``, less those that would repeat another
+    there: ``reclaim`` needs a device with more than one stage (else no F leaves headroom),
+    ``link_wait`` a link with a transmission time (else no message queues). With several
+    stages on a device, :data:`_NESTED_FIRST` go first."""
     nested = any(len(x) > 1 for x in problem.device_stages)
     queues = problem.has_link_contention
-    return tuple(pol for pol in POLICIES
-                 if (nested or not pol.reclaim) and (queues or not pol.link_wait))
+    out = tuple(pol for pol in POLICIES
+                if (nested or not pol.reclaim) and (queues or not pol.link_wait))
+    if nested:
+        out = _NESTED_FIRST + tuple(pol for pol in out if pol not in _NESTED_FIRST)
+    return out
 
 
 class _Context:
@@ -389,6 +414,15 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     left that room. So j0's next op is never blocked by memory or by a cap, B and W never are,
     and some op can always run. With micro-batches of different memory the room left is for
     the largest micro-batch's later stages, so it holds j0's whatever j0 is.
+
+    With ``reclaim`` the room may be memory ``R`` held by micro-batches that have run the F of
+    the device's last stage (their ops left on the device are B's and W's). Suppose every
+    device waits and j0's next op is an F of stage k on device d. All micro-batches before j0
+    are done, so d holds only the activations of micro-batches j >= j0 on stages before k.
+    Take the last F of such a micro-batch on d: when it was admitted, d held all of those but
+    its own, plus ``R`` (micro-batches that had run their last F on d, so earlier than j0,
+    now done and freed), and the admission left room for the headroom beyond ``R``. So now
+    d has room for that headroom, which covers stage k's activation: a contradiction.
     """
     pr = ctx.problem
     p, m, s = pr.devices, pr.microbatches, pr.stages
