@@ -274,10 +274,16 @@ def test_fitted_caps_share_memory_by_warm_up():
 
     prob = uniform_problem(4, 8, 1.0, 1.2, 0.8, virtual_stages=2, placement="vshape",
                            weight_grad=0.5, memory_limit=3.0)
-    caps = _Context(prob).caps(Policy(mem_caps=True))
+    caps = _Context(prob).caps(Policy(mem_caps="fit"))
     assert caps[0] == 5 and caps[7] == 1
     # Device 3 holds stages 3 and 4 (needs 5 and 4): the caps step at rho = c/5 and c/4, in
     # turn 0.2, 0.25, 0.4, 0.5 (caps 3 and 3: 6 slots); 0.6 would take a seventh.
     assert caps[3] == 3 and caps[4] == 3
-    free = _Context(prob.replace(memory_limit=(None,) * 4)).caps(Policy(mem_caps=True))
+    free = _Context(prob.replace(memory_limit=(None,) * 4)).caps(Policy(mem_caps="fit"))
     assert free[0] == 8 and free[7] == 2
+    # Shared: every device's warm-ups would hold 0.5 x 9 = 4.5 against its 3.0, rho = 2/3:
+    # round(8 x 2/3) = 5, round(2/3) = 1; round(5 x 2/3) = 3, round(4 x 2/3) = 3.
+    shared = _Context(prob).caps(Policy(mem_caps="share"))
+    assert (shared[0], shared[7], shared[3], shared[4]) == (5, 1, 3, 3)
+    assert _Context(prob.replace(memory_limit=(None,) * 4)).caps(
+        Policy(mem_caps="share"))[:2] == [8, 7]

@@ -128,10 +128,12 @@ class Policy:
     the device less. ``wait_w``: do not start a W that would still run when an F or B
     arrives, if waiting for that op idles the device less than it would delay it. ``fb``, when
     both a B and an F are ready: ``'b'`` B first, ``'alt'`` alternate (1F1B), ``'starve'`` the
-    one whose receiving device is idle. ``mem_caps``: instead, caps fitted to the device's
-    memory (:meth:`_Context.caps`: the stages of a device share it in proportion to their
-    1F1B warm-up and link round trip). ``reclaim``: the headroom an F leaves may be taken
-    from memory that will be freed without any other F on the device (see :func:`_run`).
+    one whose receiving device is idle. ``mem_caps``: instead, caps scaled to the device's
+    memory (the stages of a device share it in proportion to their 1F1B warm-up and link
+    round trip): ``'fit'`` the largest that fit, ``'share'`` the warm-ups times the device's
+    memory over what they would hold, rounded (:meth:`_Context.caps`). ``reclaim``: the
+    headroom an F leaves may be taken from memory that will be freed without any other F on
+    the device (see :func:`_run`).
     ``link_wait``: an F whose message would queue on a serialized link waits until it would
     not, so that B messages made in the meantime go first. ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``).
@@ -144,15 +146,15 @@ class Policy:
     fb: str = "b"
     wait_w: bool = False
     reclaim: bool = False
-    mem_caps: bool = False
+    mem_caps: str | None = None
     link_wait: bool = False
     noise: float = 0.0
     seed: int = 0
 
     @property
     def name(self) -> str:
-        cap = ("fit" if self.mem_caps else "mem" if self.cap_slack is None
-               else f"path+{self.cap_slack:g}")
+        cap = (self.mem_caps or ("mem" if self.cap_slack is None
+                                 else f"path+{self.cap_slack:g}"))
         la = (("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
               + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else ""))
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
@@ -167,21 +169,26 @@ class Policy:
 #: wait) are those of 24 combinations that were best on some instance of
 #: ``benchmarks/search.py --families`` (two chunks per device under tight memory, links with
 #: latency or transmission time; p = 8 and 16; see benchmarks/README.md); the tenth (reclaim
-#: alone) was best on most V shapes with p = 2 and m <= 6 at the least memory. Variants that
+#: alone) was best on most V shapes with p = 2 and m <= 6 at the least memory; the next two
+#: (caps shared in proportion instead of fitted) were best on the V with latency 8 F at p = 8
+#: (0.992 x ``crosspipe-v``), V-Half at p = 16 (1.011 x) and the V with transmission 2 F at
+#: p = 16 (282 s against 286 s) among 20 such combinations. Variants that
 #: cannot differ from another on a problem are skipped there (:func:`policies_for`).
 POLICIES: tuple[Policy, ...] = (
     Policy(fb="alt", wait_w=True),
     Policy(cap_slack=1.0, wait_w=True),
-    Policy(mem_caps=True, reclaim=True, fb="alt"),
-    Policy(mem_caps=True, reclaim=True),
-    Policy(mem_caps=True, reclaim=True, fb="alt", wait_w=True),
-    Policy(mem_caps=True, reclaim=True, wait_w=True),
-    Policy(mem_caps=True, wait_w=True),
+    Policy(mem_caps="fit", reclaim=True, fb="alt"),
+    Policy(mem_caps="fit", reclaim=True),
+    Policy(mem_caps="fit", reclaim=True, fb="alt", wait_w=True),
+    Policy(mem_caps="fit", reclaim=True, wait_w=True),
+    Policy(mem_caps="fit", wait_w=True),
     Policy(link_wait=True, wait_w=True),
-    Policy(mem_caps=True, fb="alt", wait_w=True),
+    Policy(mem_caps="fit", fb="alt", wait_w=True),
     Policy(link_wait=True, wait_w=True, fb="starve"),
-    Policy(mem_caps=True, reclaim=True, fb="starve", wait_w=True),
+    Policy(mem_caps="fit", reclaim=True, fb="starve", wait_w=True),
     Policy(reclaim=True, fb="alt"),
+    Policy(mem_caps="share", reclaim=True, fb="alt"),
+    Policy(mem_caps="share", wait_w=True, link_wait=True),
     Policy(fb="alt"),
     Policy(),
     Policy(fb="starve"),
@@ -202,8 +209,8 @@ POLICIES: tuple[Policy, ...] = (
 #: iteration time at their memory where the first two of :data:`POLICIES` gave 1.18-1.23 x;
 #: 1.014 x ZB-V's at 1F1B's memory (1.027-1.033 x); level (0.3 % apart) at twice its memory.
 _NESTED_FIRST: tuple[Policy, ...] = (
-    Policy(mem_caps=True, reclaim=True, fb="alt", wait_w=True),
-    Policy(mem_caps=True, reclaim=True, fb="alt"),
+    Policy(mem_caps="fit", reclaim=True, fb="alt", wait_w=True),
+    Policy(mem_caps="fit", reclaim=True, fb="alt"),
 )
 
 
@@ -313,13 +320,30 @@ class _Context:
         for k in range(s):
             links = sum(sum(self.tx_f[q]) + sum(self.tx_b[q - 1]) for q in range(k + 1, s))
             needs.append((s - k) + links / self.cycle[sd[k]])
-        if policy.mem_caps:
+        if policy.mem_caps == "fit":
             return self._fit_caps(needs)
+        if policy.mem_caps == "share":
+            return self._share_caps(needs)
         out = []
         for k in range(s):
             need = needs[k] + policy.cap_slack
             out.append(max(1, min(m, math.ceil(min(need, m) - 1e-9))))  # need may be inf
         return out
+
+    def _share_caps(self, needs: list[float]) -> list[int]:
+        """Caps ``round(rho * needs[k])`` (at least 1, at most m) with ``rho`` the share of
+        the device's memory less static memory in what every stage's ``needs`` would hold
+        (at most 1): the warm-ups scaled to memory, rounded instead of fitted."""
+        pr = self.problem
+        m = pr.microbatches
+        caps = [m] * pr.stages
+        for d, dstg in enumerate(pr.device_stages):
+            want = math.fsum(self.act_mean[k] * min(needs[k], m) for k in dstg)
+            room = self.limit[d] - self.static[d]
+            rho = 1.0 if want <= room else room / want
+            for k in dstg:
+                caps[k] = max(1, min(m, math.floor(rho * min(needs[k], m) + 0.5)))
+        return caps
 
     def _fit_caps(self, needs: list[float]) -> list[int]:
         """Caps scaled to the device's memory: ``floor(rho * needs[k]) + 1`` per stage k
