@@ -166,7 +166,7 @@ class Policy:
 #: on p=64, m=1024 (memory-bound F's suit relaxed memory, capped ones tight memory). Measured
 #: over 216 instances (uniform, heterogeneous, 2 and 4 datacenters, tight / relaxed / no memory
 #: limit): no single variant is best everywhere. The next nine (fitted caps, reclaim, link
-#: wait) are those of 24 combinations that were best on some instance of
+#: wait) are those of about 40 combinations tried that were best on some instance of
 #: ``benchmarks/search.py --families`` (two chunks per device under tight memory, links with
 #: latency or transmission time; p = 8 and 16; see benchmarks/README.md); the tenth (reclaim
 #: alone) was best on most V shapes with p = 2 and m <= 6 at the least memory; the next two
