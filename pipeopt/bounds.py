@@ -663,15 +663,20 @@ def block_bound(problem: Problem) -> float:
     link delays from stage v - 1 down to 1, and stage 0's device then runs B(0, j) and
     W(0, j) for every j in H one at a time, so ``makespan - t >= (x - t) + min_H chain +
     (B_0 + W_0) sum_H c_0j``: a floor under the second sum above (it holds whatever the
-    split of the others). The bound is the least of the three cases (each minimised as
+    split of the others). Likewise with the last two B(v, .) of H to end (l last, at E, and
+    another at y <= E): both B(0, .) start after y and their chains, so ``makespan >= y +
+    min_H chain + (B_0 + W_0)`` times the two least c_0j of H; every F(v, j) and B(v, j) of H
+    but l's runs in [t, y], and so does F(v, l) when f = l, so ``y - t >= (F_v + B_v) (sum_H
+    c_j - c_l)``, plus ``F_v c_l`` when f = l, with c_l at most the largest factor of H. The
+    bound is the least of the three cases (each minimised as
     above; :func:`_block_cases`), never below the value with the least terms over H, and
     with one micro-batch in H that value is kept. On three devices with factors 2.37 and
     1.92 (F / B / W = 1 / 1.2 / 0.8 s) it is 20.838 s against CP-SAT's proven optimum of
     20.862 s, where the least terms over H gave 19.422 s (tests/test_variable_bounds.py).
 
     Cost O(stages * min(m, _BLOCK_SETS)) evaluations after O(stages * m log m) to sum the
-    chains and sort each row (0.14 s of CPU at p=64, m=1024 with one case; 0.26 s with the
-    three, on a loaded machine).
+    chains and sort each row (0.14 s of CPU at p=64, m=1024 with one case; 0.26-0.30 s with
+    the three, on a loaded machine).
     """
     if problem.uniform_microbatches or problem.stages < 2:
         return 0.0
@@ -716,6 +721,7 @@ def block_bound(problem: Problem) -> float:
         least: list[list[tuple[float, int]]] = [[], [], [], []]
         reach = math.inf
         drain = 0.0
+        two_ends: list[float] = []  # the two least stage 0 B + W of H
         heavy = 0.0
         h = 0
         for count in counts:
@@ -729,6 +735,7 @@ def block_bound(problem: Problem) -> float:
                 end0 = (bwd[0] + wgt[0]) * tt[0][j]
                 reach = min(reach, chain_b[j] - end0)
                 drain += end0
+                two_ends = sorted((*two_ends, end0))[:2]
                 heavy += row[j]
                 h += 1
             body = (beta * heavy, beta, omega * total, omega)
@@ -739,10 +746,14 @@ def block_bound(problem: Problem) -> float:
             else:
                 u = least[0][0][1]
                 c1, c2 = row[order[h - 1]], row[order[h - 2]]
+                # The last two B(v) of H to end: all of H but the last one's (at least
+                # all but the largest factor's) F and B run before the second last ends.
+                last_two = (beta * heavy - bwd[v] * row[order[0]], beta * (heavy - row[order[0]]),
+                            reach + sum(two_ends))
                 val = _block_cases(least, (arrival[u], plain_f[u]),
                                    (row[u], c1, c2, c2 if u == order[h - 1] else c1),
-                                   (fwd[v], beta, phi_f, phi_b), body, rest, reach + drain,
-                                   best)
+                                   (fwd[v], beta, phi_f, phi_b), body, rest,
+                                   (reach + drain, *last_two), best)
             best = max(best, val)
     return best
 
@@ -750,21 +761,24 @@ def block_bound(problem: Problem) -> float:
 def _block_cases(least: list[list[tuple[float, int]]], head_u: tuple[float, float],
                  costs: tuple[float, float, float, float],
                  rates: tuple[float, float, float, float],
-                 body: tuple[float, float, float, float], rest: float, after: float,
-                 known: float = -math.inf) -> float:
+                 body: tuple[float, float, float, float], rest: float,
+                 after: tuple[float, float, float, float], known: float = -math.inf) -> float:
     """:func:`block_bound`'s value for one set H of two or more micro-batches: the least over
     three cases of which micro-batch opens the block and which closes it (see there).
 
     ``least``: for each of the head terms (a, b) and the tail terms (tau, b') the two least
     values over H, each with its micro-batch; u is the micro-batch of the least a, and
     ``head_u`` its (a, b). ``costs``: (c_u, the least factor of H on row v, the second least,
-    the least other than u's); ``rates``: (F_v, F_v + B_v, phi_F, phi_B); ``after``: the
-    least chain from a B(v, j) of H to its B(0, j), plus stage 0's B and W of all of H
+    the least other than u's); ``rates``: (F_v, F_v + B_v, phi_F, phi_B); ``after``: (the
+    least chain from a B(v, j) of H to its B(0, j) plus stage 0's B and W of all of H; the
+    least time from t to the second last B(v) end of H when one micro-batch opens and closes
+    the block, and otherwise; the least chain plus the two least of stage 0's B + W over H)
     (seconds). Once a case is at most ``known`` (a bound already proven) the rest are
     skipped: the value returned is then at most ``known`` too, which the caller's maximum
     ignores."""
     c_u, c1, c2, c_rest = costs
     f_v, fb, phi_f, phi_b = rates
+    drain, second_nested, second, last_two = after
     u = least[0][0][1]
 
     def least_of(i: int) -> float:
@@ -777,16 +791,17 @@ def _block_cases(least: list[list[tuple[float, int]]], head_u: tuple[float, floa
     cases = (
         # the same micro-batch opens and closes it, so another's B(v) ends first (first: it
         # is the least of the three on most instances, and ends the loop below early).
-        ((least_of(0), least_of(1)), (least_of(2), least_of(3)), f_v * c2 + fb * c1),
+        ((least_of(0), least_of(1)), (least_of(2), least_of(3)),
+         max(f_v * c2 + fb * c1 + drain, second_nested + last_two)),
         # u opens the block, another micro-batch closes it.
-        (head_u, (least_but_u(2), least_but_u(3)), min(fb * c_u, f_v * c_u + fb * c1)),
+        (head_u, (least_but_u(2), least_but_u(3)),
+         max(min(fb * c_u, f_v * c_u + fb * c1) + drain, second + last_two)),
         # another micro-batch opens it, any closes it.
         ((least_but_u(0), least_but_u(1)), (least_of(2), least_of(3)),
-         min(fb * c_rest, f_v * c_rest + fb * c1)),
+         max(min(fb * c_rest, f_v * c_rest + fb * c1) + drain, second + last_two)),
     )
     out = math.inf
-    for (ha, hb), (ta, tb), first in cases:
-        floor = first + after
+    for (ha, hb), (ta, tb), floor in cases:
         if floor <= body[0] + ta:  # never above the block and its tail: no floor
             floor = -math.inf
         out = min(out, _block_least((ha, hb, phi_f), body, (ta, tb, phi_b), rest, floor))
