@@ -1,6 +1,7 @@
 """Micro-batches of different cost: the search against the best hand-made schedule, in one run.
 
 Run: python benchmarks/variable_microbatches.py [--quick] [--time-limit 30] [--workers 2]
+     python benchmarks/variable_microbatches.py --analogues 30 [--time-limit 60] [--workers 1]
 
 Instances: p = 4..16 devices, m = 16..64 micro-batches, T_F = 1 s, T_B = 1.2 s, T_W = 0.8 s per
 device for the reference micro-batch (activation 1 per stage, half of it held from B to W).
@@ -16,12 +17,18 @@ enough), the best hand-made schedule that fits (given or longest-first order) an
 the search, the lower bound and the search's ratio to it; then the geometric means (also of
 the best hand-made schedule in the given order over either order) and the aims with
 PASS / FAIL.
+
+``--analogues N``: where the text / image gap lies, on N small analogues drawn with a fixed
+seed (p = 3 or 4, m = 4..6, one to m / 2 images of factor 1.9-2.4, the rest text of 0.25-0.45,
+the same F / B / W, no memory limit): CP-SAT's optimum (proven when it says so), the lower
+bound and the greedy against it, then the largest and mean gaps.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -45,8 +52,9 @@ from pipeopt.costs.transformer import TransformerShape
 from pipeopt.problem import Problem, uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import GENERATORS, NotApplicable
-from pipeopt.solvers import fits_memory, lower_bound, run_classic, solve
+from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, run_classic, solve
 from pipeopt.solvers.auto import best_classic
+from pipeopt.solvers.cpsat import solve_cpsat
 
 TIMES = (1.0, 1.2, 0.8)  # T_F, T_B, T_W of the reference micro-batch (seconds)
 SEQ_LEN = 4096  # reference tokens per micro-batch
@@ -169,13 +177,58 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
 
+def analogue(rng: random.Random) -> Problem:
+    """One small text / image analogue of the p8 m32 instance (see the module docstring)."""
+    p, m = rng.choice([3, 4]), rng.choice([4, 5, 6])
+    images = rng.randint(1, m // 2)
+    scales = ([round(rng.uniform(1.9, 2.4), 2) for _ in range(images)]
+              + [round(rng.uniform(0.25, 0.45), 2) for _ in range(m - images)])
+    rng.shuffle(scales)
+    f, b, w = TIMES
+    return uniform_problem(p, m, f, b, w, activation=1.0, weight_grad=0.5).replace(
+        microbatch_scale=tuple(scales))
+
+
+def analogues(count: int, time_limit: float, workers: int) -> int:
+    """``--analogues``: the bound and the greedy against CP-SAT's optima on small instances."""
+    rng = random.Random(1)
+    print(f"CP-SAT {time_limit:g} s, {workers} worker(s) per instance; greedy 3 s; seconds")
+    print(f"{'p':>2} {'m':>2} {'optimum':>8} {'status':>8} {'bound':>8} {'opt/bnd':>7} "
+          f"{'greedy/opt':>10}  factors")
+    gaps, greedy_gaps = [], []
+    for _ in range(count):
+        prob = analogue(rng)
+        best = solve_cpsat(prob, SolveOptions(time_limit=time_limit, workers=workers))
+        greedy = solve(prob, "greedy", time_limit=3.0)
+        bound = lower_bound(prob)
+        status, opt = best.solver.status, best.makespan
+        print(f"{prob.devices:>2} {prob.microbatches:>2} {opt:>8.3f} {status:>8} "
+              f"{bound:>8.3f} {opt / bound:>7.3f} {greedy.makespan / opt:>10.3f}"
+              f"  {', '.join(f'{x:g}' for x in prob.time_scale)}", flush=True)
+        if status == "optimal":
+            gaps.append(opt / bound - 1)
+        greedy_gaps.append(greedy.makespan / opt - 1)
+    if gaps:
+        print(f"{len(gaps)} proven optima: optimum / bound - 1 at most {max(gaps):.1%}, mean "
+              f"{sum(gaps) / len(gaps):.2%}, {sum(g < 1e-9 for g in gaps)} at the bound")
+    print(f"greedy / CP-SAT's best - 1: at most {max(greedy_gaps):.1%}, "
+          f"{sum(g < 1e-9 for g in greedy_gaps)} of {count} equal")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 instances, 5 s time limit")
     ap.add_argument("--time-limit", type=float, help="seconds for greedy and auto (default "
                     "30: enough for auto to hand p=8, m=32 to CP-SAT; 5 with --quick)")
     ap.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    ap.add_argument("--analogues", type=int, metavar="N", help="instead: N small text / "
+                    "image analogues solved by CP-SAT (time limit default 60 s each)")
     args = ap.parse_args(argv)
+    if args.analogues is not None:
+        if args.analogues < 1:
+            ap.error(f"--analogues: must be >= 1, got {args.analogues}")
+        return analogues(args.analogues, args.time_limit or 60.0, args.workers)
     limit = args.time_limit or (5.0 if args.quick else 30.0)
     suite = [i for i in instances() if i.quick or not args.quick]
     head = (f"{'instance':<9} {'lengths':<12} {'time factors':>12} {'greedy':>8} {'search':>8} "

@@ -565,15 +565,16 @@ _BLOCK_SETS = 64
 
 
 def _block_least(head: tuple[float, float, float], body: tuple[float, float, float, float],
-                 tail: tuple[float, float, float], rest: float) -> float:
+                 tail: tuple[float, float, float], rest: float, floor: float = -math.inf
+                 ) -> float:
     """The least over x, y >= 0 with x + y <= ``rest`` of ``max(a, b + phi_F x) + max(P +
-    beta (rest - x - y) + max(tau, b' + phi_B y), Omega - omega x)``, with ``head = (a, b,
-    phi_F)``, ``body = (P, beta, Omega, omega)``, ``tail = (tau, b', phi_B)``.
+    beta (rest - x - y) + max(tau, b' + phi_B y), Omega - omega x, floor)``, with ``head =
+    (a, b, phi_F)``, ``body = (P, beta, Omega, omega)``, ``tail = (tau, b', phi_B)``.
 
     The function is convex and piecewise linear (a sum of maxima of affine functions), so its
     least over the triangle is at a vertex of the pieces: where two of the lines on which a
     maximum changes its piece, or an edge of the triangle, cross. Every such point is
-    evaluated (at most 21)."""
+    evaluated (at most 21 without a floor, 45 with one)."""
     a, b, phi_f = head
     p, beta, omega_total, omega = body
     tau, b2, phi_b = tail
@@ -581,13 +582,17 @@ def _block_least(head: tuple[float, float, float], body: tuple[float, float, flo
     def g(x: float, y: float) -> float:
         return (max(a, b + phi_f * x)
                 + max(p + beta * (rest - x - y) + max(tau, b2 + phi_b * y),
-                      omega_total - omega * x))
+                      omega_total - omega * x, floor))
 
     # Lines u x + v y = w: the triangle's edges, then where each maximum changes its piece.
     lines = [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (1.0, 1.0, rest),
              (phi_f, 0.0, a - b), (0.0, phi_b, tau - b2),
              (omega - beta, -beta, omega_total - p - beta * rest - tau),
              (omega - beta, phi_b - beta, omega_total - p - beta * rest - b2)]
+    if floor > -math.inf:  # where the floor meets each of the other pieces
+        lines += [(beta, beta, p + beta * rest + tau - floor),
+                  (beta, beta - phi_b, p + beta * rest + b2 - floor),
+                  (omega, 0.0, omega_total - floor)]
     best = math.inf
     for i, (u1, v1, w1) in enumerate(lines):
         for u2, v2, w2 in lines[i + 1:]:
@@ -637,8 +642,41 @@ def block_bound(problem: Problem) -> float:
     can only lower it, and :func:`_block_least` finds that least exactly. With H one
     micro-batch this is close to :func:`passing_bound` (which also knows L's own round
     trip); with H the heavy ones it counts that the light ones must run before the first, in
-    between, or after the last of them. Cost O(stages * min(m, _BLOCK_SETS)) evaluations after
-    O(stages * m log m) to sum the chains and sort each row (0.17 s of CPU at p=64, m=1024).
+    between, or after the last of them.
+
+    Who opens and who closes the block (H of two or more): taking a, b over all of H and tau,
+    b' over all of H lets one micro-batch both start first and end last, the one with the
+    shortest chains. Three cases cover every schedule. Let u be the micro-batch of H with the
+    least arrival, g the one whose B(v, g) ends first, at x, and c_j, c_(1) <= c_(2) the
+    factors of H on row v.
+
+    * f = u and l != u: a, b are u's own, tau, b' the least over H without u.
+    * f != u: a, b the least over H without u; tau, b' over H.
+    * f = l: a, b, tau, b' over H; then g != f, since |H| >= 2.
+
+    In every case ``x - t >= (F_v + B_v) c_g`` if g = f, else ``F_v c_f + (F_v + B_v) c_g``
+    (F(v, f) starts at t; F(v, g) and B(v, g) run after t and end by x, on one device): at
+    least ``min((F_v + B_v) c_f, F_v c_f + (F_v + B_v) c_(1))`` with the least c_f that the
+    case allows (c_u; the least over H without u), and ``F_v c_(2) + (F_v + B_v) c_(1)``
+    when f = l (two distinct micro-batches, the one with the larger weight on the smaller
+    factor). Each B(0, j) of H starts after B(v, j) ends (at or after x) and j's B's and
+    link delays from stage v - 1 down to 1, and stage 0's device then runs B(0, j) and
+    W(0, j) for every j in H one at a time, so ``makespan - t >= (x - t) + min_H chain +
+    (B_0 + W_0) sum_H c_0j``: a floor under the second sum above (it holds whatever the
+    split of the others). Likewise with the last two B(v, .) of H to end (l last, at E, and
+    another at y <= E): both B(0, .) start after y and their chains, so ``makespan >= y +
+    min_H chain + (B_0 + W_0)`` times the two least c_0j of H; every F(v, j) and B(v, j) of H
+    but l's runs in [t, y], and so does F(v, l) when f = l, so ``y - t >= (F_v + B_v) (sum_H
+    c_j - c_l)``, plus ``F_v c_l`` when f = l, with c_l at most the largest factor of H. The
+    bound is the least of the three cases (each minimised as
+    above; :func:`_block_cases`), never below the value with the least terms over H, and
+    with one micro-batch in H that value is kept. On three devices with factors 2.37 and
+    1.92 (F / B / W = 1 / 1.2 / 0.8 s) it is 20.838 s against CP-SAT's proven optimum of
+    20.862 s, where the least terms over H gave 19.422 s (tests/test_variable_bounds.py).
+
+    Cost O(stages * min(m, _BLOCK_SETS)) evaluations after O(stages * m log m) to sum the
+    chains and sort each row (0.14 s of CPU at p=64, m=1024 with one case; 0.26-0.30 s with
+    the three, on a loaded machine).
     """
     if problem.uniform_microbatches or problem.stages < 2:
         return 0.0
@@ -678,20 +716,98 @@ def block_bound(problem: Problem) -> float:
         omega = beta + wgt[v]
         total = math.fsum(row)
         order = sorted(range(m), key=lambda j: -row[j])
-        a = b = tau = b2 = math.inf
+        # The two least of each head / tail term over H, with their micro-batches, for
+        # :func:`_block_cases`; the least chain from B(v) to B(0) and stage 0's B + W of H.
+        least: list[list[tuple[float, int]]] = [[], [], [], []]
+        reach = math.inf
+        drain = 0.0
+        two_ends: list[float] = []  # the two least stage 0 B + W of H
         heavy = 0.0
         h = 0
         for count in counts:
             while h < count:
                 j = order[h]
-                a, b = min(a, arrival[j]), min(b, plain_f[j])
-                tau, b2 = min(tau, chain_b[j]), min(b2, plain_b[j])
+                for pair, x in zip(least, (arrival[j], plain_f[j], chain_b[j], plain_b[j]),
+                                   strict=True):
+                    pair.append((x, j))
+                    pair.sort()
+                    del pair[2:]
+                end0 = (bwd[0] + wgt[0]) * tt[0][j]
+                reach = min(reach, chain_b[j] - end0)
+                drain += end0
+                two_ends = sorted((*two_ends, end0))[:2]
                 heavy += row[j]
                 h += 1
-            val = _block_least((a, b, phi_f), (beta * heavy, beta, omega * total, omega),
-                               (tau, b2, phi_b), max(0.0, total - heavy))
+            body = (beta * heavy, beta, omega * total, omega)
+            rest = max(0.0, total - heavy)
+            a, b, tau, b2 = (pair[0][0] for pair in least)
+            if h == 1:
+                val = _block_least((a, b, phi_f), body, (tau, b2, phi_b), rest)
+            else:
+                u = least[0][0][1]
+                c1, c2 = row[order[h - 1]], row[order[h - 2]]
+                # The last two B(v) of H to end: all of H but the last one's (at least
+                # all but the largest factor's) F and B run before the second last ends.
+                last_two = (beta * heavy - bwd[v] * row[order[0]], beta * (heavy - row[order[0]]),
+                            reach + sum(two_ends))
+                val = _block_cases(least, (arrival[u], plain_f[u]),
+                                   (row[u], c1, c2, c2 if u == order[h - 1] else c1),
+                                   (fwd[v], beta, phi_f, phi_b), body, rest,
+                                   (reach + drain, *last_two), best)
             best = max(best, val)
     return best
+
+
+def _block_cases(least: list[list[tuple[float, int]]], head_u: tuple[float, float],
+                 costs: tuple[float, float, float, float],
+                 rates: tuple[float, float, float, float],
+                 body: tuple[float, float, float, float], rest: float,
+                 after: tuple[float, float, float, float], known: float = -math.inf) -> float:
+    """:func:`block_bound`'s value for one set H of two or more micro-batches: the least over
+    three cases of which micro-batch opens the block and which closes it (see there).
+
+    ``least``: for each of the head terms (a, b) and the tail terms (tau, b') the two least
+    values over H, each with its micro-batch; u is the micro-batch of the least a, and
+    ``head_u`` its (a, b). ``costs``: (c_u, the least factor of H on row v, the second least,
+    the least other than u's); ``rates``: (F_v, F_v + B_v, phi_F, phi_B); ``after``: (the
+    least chain from a B(v, j) of H to its B(0, j) plus stage 0's B and W of all of H; the
+    least time from t to the second last B(v) end of H when one micro-batch opens and closes
+    the block, and otherwise; the least chain plus the two least of stage 0's B + W over H)
+    (seconds). Once a case is at most ``known`` (a bound already proven) the rest are
+    skipped: the value returned is then at most ``known`` too, which the caller's maximum
+    ignores."""
+    c_u, c1, c2, c_rest = costs
+    f_v, fb, phi_f, phi_b = rates
+    drain, second_nested, second, last_two = after
+    u = least[0][0][1]
+
+    def least_of(i: int) -> float:
+        return least[i][0][0]
+
+    def least_but_u(i: int) -> float:
+        pair = least[i]
+        return pair[1][0] if pair[0][1] == u else pair[0][0]
+
+    cases = (
+        # the same micro-batch opens and closes it, so another's B(v) ends first (first: it
+        # is the least of the three on most instances, and ends the loop below early).
+        ((least_of(0), least_of(1)), (least_of(2), least_of(3)),
+         max(f_v * c2 + fb * c1 + drain, second_nested + last_two)),
+        # u opens the block, another micro-batch closes it.
+        (head_u, (least_but_u(2), least_but_u(3)),
+         max(min(fb * c_u, f_v * c_u + fb * c1) + drain, second + last_two)),
+        # another micro-batch opens it, any closes it.
+        ((least_but_u(0), least_but_u(1)), (least_of(2), least_of(3)),
+         max(min(fb * c_rest, f_v * c_rest + fb * c1) + drain, second + last_two)),
+    )
+    out = math.inf
+    for (ha, hb), (ta, tb), floor in cases:
+        if floor <= body[0] + ta:  # never above the block and its tail: no floor
+            floor = -math.inf
+        out = min(out, _block_least((ha, hb, phi_f), body, (ta, tb, phi_b), rest, floor))
+        if out <= known:
+            break  # the maximum over the sets is at least ``known`` already
+    return out
 
 
 def link_bound(problem: Problem) -> float:
