@@ -10,7 +10,15 @@ import pytest
 
 from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.schedules import GENERATORS, NotApplicable
-from pipeopt.schedules.crosspipe import Rule, best_plan, crosspipe, crosspipe_v, plan, rules
+from pipeopt.schedules.crosspipe import (
+    Rule,
+    all_rules,
+    best_plan,
+    crosspipe,
+    crosspipe_v,
+    plan,
+    rules,
+)
 from pipeopt.simulate import simulate, validate
 from pipeopt.solvers import fits_memory, run_classic, solve
 
@@ -162,6 +170,33 @@ def test_a_deadlocking_variant_is_dropped():
     sched = validate(run_classic(prob, "crosspipe-v"))
     assert fits_memory(sched, prob)
     assert sched.iteration_time == approx(41.5)
+
+
+def test_past_the_budget_while_every_variant_deadlocks():
+    """p = 16, m = 64 in a V at 1F1B's memory: the budget holds only the first warm-up, whose
+    four priorities all deadlock; the next variant of the uncut list that finishes is taken
+    (before, crosspipe-v refused every such instance)."""
+    prob = uniform_problem(16, 64, virtual_stages=2, placement="vshape", latency=2.0,
+                           memory_limit=16.0)
+    budget = rules(prob)
+    assert len(budget) < len(all_rules(prob))
+    for rule in budget:
+        with pytest.raises(NotApplicable, match="memory limit blocks"):
+            plan(prob, rule)
+    first_ok = next(r for r in all_rules(prob)[len(budget):] if _finishes(prob, r))
+    best = best_plan(prob, "crosspipe-v")
+    assert best.rule == first_ok
+    sched = validate(run_classic(prob, "crosspipe-v"))
+    assert fits_memory(sched, prob)
+    assert sched.iteration_time == approx(best.makespan)
+
+
+def _finishes(prob, rule) -> bool:
+    try:
+        plan(prob, rule)
+    except NotApplicable:
+        return False
+    return True
 
 
 def test_fused_backward_has_no_w():

@@ -338,6 +338,11 @@ def rules(problem: Problem) -> list[Rule]:
     """The variants tried on ``problem``, most often best first (without those that cannot
     differ: no W to place when the backward is fused, no reserve with one chunk per device),
     at most :data:`MAX_VARIANT_OPS` ops' worth of them (at least one)."""
+    return all_rules(problem)[:max(1, MAX_VARIANT_OPS // max(1, problem.num_ops))]
+
+
+def all_rules(problem: Problem) -> list[Rule]:
+    """Every variant of :func:`rules`, uncut, in the same order."""
     w_fills = (False, True) if problem.split_backward else (False,)
     chunks = _CHUNK_VARIANTS if problem.virtual_stages > 1 else _ONE_CHUNK_VARIANTS
     # Warm-up variants outermost: when the list is cut, the first warm-ups are tried with every
@@ -345,7 +350,7 @@ def rules(problem: Problem) -> list[Rule]:
     # with the W filling every gap; the priorities change the makespan by up to 12% there).
     out = [Rule(b, w, r, lead, links) for (r, lead, links), w, b
            in itertools.product(chunks, w_fills, (True, False))]
-    return out[:max(1, MAX_VARIANT_OPS // max(1, problem.num_ops))]
+    return out
 
 
 def estimated_seconds(problem: Problem) -> float:
@@ -356,8 +361,9 @@ def estimated_seconds(problem: Problem) -> float:
 
 def best_plan(problem: Problem, method: str = "crosspipe") -> Plan:
     """The variant whose estimated makespan (then largest span) is smallest; the first of
-    equals in :func:`rules` order. Raises :class:`NotApplicable` when every variant deadlocks
-    or a device cannot hold one micro-batch's activations."""
+    equals in :func:`rules` order. When every variant of :func:`rules` deadlocks, the next ones
+    of :func:`all_rules` are tried until one finishes. Raises :class:`NotApplicable` when every
+    variant deadlocks or a device cannot hold one micro-batch's activations."""
     limit = _limits(problem)
     for d, stages in enumerate(problem.device_stages):
         need = max(sum(problem.memory_delta(Op("F", k, j))[0] for k in stages)
@@ -367,7 +373,13 @@ def best_plan(problem: Problem, method: str = "crosspipe") -> Plan:
                 f"memory.limit less static memory ({limit[d]:g})")
     best: Plan | None = None
     reasons = []
-    for rule in rules(problem):
+    budget = len(rules(problem))
+    # Past the budget only while every variant so far deadlocked: at p = 16, m = 64 in a V at
+    # 1F1B's memory the budget holds four priorities of the first warm-up, which deadlocks
+    # under that limit, while later warm-ups (a lead cap, a reserve) finish.
+    for i, rule in enumerate(all_rules(problem)):
+        if i >= budget and best is not None:
+            break
         try:
             cand = plan(problem, rule)
         except NotApplicable as exc:
