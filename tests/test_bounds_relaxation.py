@@ -124,3 +124,25 @@ def test_not_applicable() -> None:
     assert relaxation_bound(varied) is None
     with pytest.raises(ValueError, match="stage"):
         relaxation_bound(uniform_problem(2, 2, 1, 1, 1), stage=2)
+
+
+def test_auto_reports_it() -> None:
+    """auto counts the relaxation bound: at xdc p = 4, m = 12 it proves the greedy's 86.6 s
+    optimal (the analytic bound is 85.8 s), so CP-SAT is skipped and the status is optimal."""
+    from pipeopt.solvers import SolveOptions, solve
+
+    prob = _xdc(4, 12, 8.0)
+    sched = solve(prob, "auto", options=SolveOptions(time_limit=30, workers=2))
+    assert sched.iteration_time == pytest.approx(86.6)
+    assert sched.solver.lower_bound == pytest.approx(86.6)
+    assert sched.solver.status == "optimal"
+    assert sched.solver.detail("relaxation_bound") == pytest.approx(86.6)
+
+
+def test_auto_leaves_it_out_where_memory_does_not_pace() -> None:
+    prob = uniform_problem(4, 8, 1.0, 1.0, 1.0).replace(
+        latency=chain_links(4, [0.0, 3.0, 0.0], [math.inf] * 3)[0])
+    from pipeopt.solvers import SolveOptions, solve
+
+    sched = solve(prob, "auto", options=SolveOptions(time_limit=5, workers=2))
+    assert sched.solver.detail("relaxation_bound") is None

@@ -85,13 +85,15 @@ def _stage(problem: Problem) -> int:
 
 
 def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int = 2,
-                     stage: int | None = None) -> RelaxationBound | None:
+                     stage: int | None = None, max_pairs: int = MAX_PAIRS
+                     ) -> RelaxationBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring, given
     to CP-SAT for ``time_limit`` seconds with ``workers`` threads. ``stage``: the stage kept
     exactly (default: the one whose memory bound is the largest, else 0).
 
     None where it does not apply: micro-batches of different cost (they cannot be renamed by
-    start), a stage past the range, or a model over :data:`MAX_PAIRS`.
+    start) or a model of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a
+    stage out of range.
     """
     from ortools.sat.python import cp_model  # lazy: importing OR-Tools takes a second
 
@@ -119,7 +121,7 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
         tail += problem.backward_weight[0]
     pairs = sum(1 for i in range(m) for j in range(i + 1, m) for _, gam in gaps
                 if (j - i) * fwd[s] < gam)
-    if pairs > MAX_PAIRS:
+    if pairs > max_pairs:
         return None
     analytic = _analytic(problem)
     unit = time_grid([fwd[s], bwd[s], w_s, trip, arr[s], tail]
