@@ -222,7 +222,7 @@ def _load(module: str, func: str) -> Callable[..., Schedule] | None:
 
 
 def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: float,
-                workers: int) -> float | None:
+                workers: int | None) -> float | None:
     """The relaxation bound on the iteration time (it bounds the makespan, which the
     iteration time includes) where worth its time (see :data:`RELAX_SHARE`), else None."""
     if obj != "makespan" or best is None or not problem.uniform_microbatches:

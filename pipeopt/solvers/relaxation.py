@@ -55,8 +55,9 @@ from pipeopt.bounds import makespan_lower_bound as _analytic
 from pipeopt.problem import Problem
 from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
 
-#: Most pair choices the model takes (a larger model is not built: the bound is the analytic
-#: one). 20,000 builds in about a second; p = 16, m = 64 has 16,790.
+#: Most pair choices the model takes (a larger model is not built). The xdc chain of
+#: benchmarks/search.py has 16,790 at p = 16, m = 64 (CP-SAT proves nothing there in minutes);
+#: p = 32, m = 128 would have 128,889.
 MAX_PAIRS = 20_000
 
 
@@ -84,11 +85,12 @@ def _stage(problem: Problem) -> int:
     return problem.device_stages[d][0] if per[d] > 0 else 0
 
 
-def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int = 2,
+def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int | None = 2,
                      stage: int | None = None, max_pairs: int = MAX_PAIRS
                      ) -> RelaxationBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring, given
-    to CP-SAT for ``time_limit`` seconds with ``workers`` threads. ``stage``: the stage kept
+    to CP-SAT for ``time_limit`` seconds with ``workers`` threads (None: CP-SAT's default).
+    ``stage``: the stage kept
     exactly (default: the one whose memory bound is the largest, else 0).
 
     None where it does not apply: micro-batches of different cost (they cannot be renamed by
@@ -171,7 +173,8 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     model.minimize(span)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
-    solver.parameters.num_workers = workers
+    if workers is not None:
+        solver.parameters.num_workers = workers
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0)
