@@ -13,7 +13,7 @@ from pipeopt.bounds import makespan_lower_bound
 from pipeopt.problem import Problem, chain_links, uniform_problem
 from pipeopt.solvers.relaxation import relaxation_bound
 from tests.test_bounds_memory import _proven_optimum
-from tests.test_brute_force import brute_force
+from tests.test_brute_force import CASES, brute_force
 
 
 def _xdc(p: int, m: int, latency: float) -> Problem:
@@ -146,3 +146,15 @@ def test_auto_leaves_it_out_where_memory_does_not_pace() -> None:
 
     sched = solve(prob, "auto", options=SolveOptions(time_limit=5, workers=2))
     assert sched.solver.detail("relaxation_bound") is None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_below_brute_force_with_every_stage_kept(name: str) -> None:
+    """tests/test_brute_force.py's cases (two chunks per device in a V among them), each stage
+    in turn kept exactly: never above the exhaustive optimum."""
+    prob = CASES[name]
+    best, _ = brute_force(prob)
+    for stage in range(prob.stages):
+        got = relaxation_bound(prob, time_limit=10, stage=stage)
+        assert got is not None and got.stage == stage
+        assert got.value <= best * (1 + 1e-9), (stage, got, best)
