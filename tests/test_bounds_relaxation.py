@@ -158,3 +158,15 @@ def test_below_brute_force_with_every_stage_kept(name: str) -> None:
         got = relaxation_bound(prob, time_limit=10, stage=stage)
         assert got is not None and got.stage == stage
         assert got.value <= best * (1 + 1e-9), (stage, got, best)
+
+
+def test_pair_count_by_formula() -> None:
+    from pipeopt.solvers.relaxation import _pairs_within
+
+    for m in (1, 2, 5, 9):
+        for gap in (0.0, 0.5, 1.0, 2.5, 3.0, 100.0):
+            for step in (0.0, 1.0, 1.5):
+                want = sum(1 for i in range(m) for j in range(i + 1, m) if (j - i) * step < gap)
+                assert _pairs_within(m, gap, step) == want, (m, gap, step)
+    # benchmarks/search.py's p = 32, m = 128: 128,889 pair choices, over the cap (no model).
+    assert relaxation_bound(_xdc(32, 128, 8.0), time_limit=1) is None

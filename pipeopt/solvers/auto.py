@@ -225,7 +225,8 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
                 workers: int | None) -> float | None:
     """The relaxation bound on the iteration time (it bounds the makespan, which the
     iteration time includes) where worth its time (see :data:`RELAX_SHARE`), else None."""
-    if obj != "makespan" or best is None or not problem.uniform_microbatches:
+    if (obj != "makespan" or best is None or not problem.uniform_microbatches
+            or problem.num_ops > CPSAT_MAX_OPS):
         return None
     budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
     if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):

@@ -121,8 +121,7 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
         tail += problem.delay(k + 1, k, 0) + bwd[k]
     if problem.split_backward:
         tail += problem.backward_weight[0]
-    pairs = sum(1 for i in range(m) for j in range(i + 1, m) for _, gam in gaps
-                if (j - i) * fwd[s] < gam)
+    pairs = sum(_pairs_within(m, gam, fwd[s]) for _, gam in gaps)
     if pairs > max_pairs:
         return None
     analytic = _analytic(problem)
@@ -181,6 +180,14 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     value = max(analytic, solver.best_objective_bound * unit)
     return RelaxationBound(value, status == cp_model.OPTIMAL, s, pairs,
                            time.perf_counter() - t0)
+
+
+def _pairs_within(m: int, gap: float, step: float) -> int:
+    """How many pairs i < j of 0..m-1 have ``(j - i) * step < gap`` (O(1))."""
+    if gap <= 0:
+        return 0
+    most = m - 1 if step <= 0 else min(m - 1, math.ceil(gap / step) - 1)
+    return max(0, most * m - most * (most + 1) // 2)
 
 
 def _add_memory(model, problem: Problem, s: int, x, ends, w_ends, horizon: int) -> None:
