@@ -37,11 +37,12 @@ second option holds anyway, as ``x_j >= x_i + (j - i) F_s``); the makespan at le
 end, each B's start plus the backward down to stage 0 and W(0) (stage s > 0), and at least the
 analytic bound. Dropping ops and conditions only makes it easier, so its optimum, and CP-SAT's
 proven bound on it, is at most the optimum of the problem. Times are rounded down to an integer
-grid and memory demands down, the memory limit up (rounding that only makes the model easier).
+grid and memory demands down; the free memory becomes the whole grid units it holds (integer
+demands fit in that exactly when their sum fits in the real amount). Both only ease the model.
 
 Cost: a model of 3m intervals and up to ``m * stages`` pair choices per distance; CP-SAT proves
-its optimum in about a second at p = 4, m = 12 and in 40 s at p = 8, m = 24 on a loaded 2-core
-machine, and not in minutes at p = 16, m = 64 (there its bound stays the analytic one).
+its optimum in 1-2 s at p = 4, m = 12 and in 40-65 s at p = 8, m = 24 on a loaded 2-core
+machine, and not in 60-240 s at p = 16, m = 64 (there its bound stays the analytic one).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from pipeopt.problem import Problem
 from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
 
 #: Most pair choices the model takes (a larger model is not built). The xdc chain of
-#: benchmarks/search.py has 16,790 at p = 16, m = 64 (CP-SAT proves nothing there in minutes);
+#: benchmarks/search.py has 16,790 at p = 16, m = 64 (CP-SAT proves nothing there in 60 s);
 #: p = 32, m = 128 would have 128,889.
 MAX_PAIRS = 20_000
 
