@@ -2,6 +2,7 @@
 (a base checkout, run in a subprocess) and after (this checkout), measured in one run.
 
 Run: python benchmarks/search.py [--time-limit 30] [--workers 2] [--large | --small]
+                                 [--relax-limit 60] [--bounds-only]
                                  [--base /tmp/base-lns] [--json out.json]
      python benchmarks/search.py --families [--quick] [--time-limit 60] [--workers 2]
 
@@ -21,7 +22,9 @@ bound known in this run (the analytic bound or a search's proven bound, before o
 solve time, and with ``--base`` the same for the base checkout and the after / before ratio of
 the objectives (< 1: the change made it faster). Per instance it prints each checkout's
 analytic bound (``bound`` after, ``bound0`` before: a stronger bound raises it) and its
-wall time (``bound_s``).
+wall time (``bound_s``), and the relaxation bound of ``pipeopt.solvers.relaxation`` (CP-SAT on
+one stage's device with the waits the later stages force; ``--relax-limit`` seconds, 0 to skip;
+whether CP-SAT proved the relaxation's optimum). ``--bounds-only``: the bounds, no search.
 
 ``--families`` instead checks the issue's done-when bullets against the published schedule of
 each family (no base checkout): the V-shape (two chunks per device) at the peak memory of ZB-V
@@ -199,15 +202,30 @@ def instances(large: bool, small: bool = False) -> dict[str, Problem]:
     return out
 
 
-def measure(large: bool, time_limit: float, workers: int, small: bool = False
-            ) -> dict[str, Any]:
-    """Per instance: the analytic bound and, per method, objective, proven bound, seconds."""
+def relaxed(prob: Problem, time_limit: float, workers: int) -> dict[str, Any] | None:
+    """The relaxation bound (``pipeopt.solvers.relaxation``; None in a checkout without it or
+    where it does not apply): value, whether CP-SAT proved the relaxation's optimum, seconds."""
+    try:
+        from pipeopt.solvers.relaxation import relaxation_bound
+    except ImportError:
+        return None
+    got = relaxation_bound(prob, time_limit=time_limit, workers=workers)
+    if got is None:
+        return None
+    return {"value": got.value, "optimal": got.optimal, "wall_s": got.wall_s}
+
+
+def measure(large: bool, time_limit: float, workers: int, small: bool = False,
+            relax_limit: float = 60.0, methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
+    """Per instance: the analytic bound, the relaxation bound and, per method, objective,
+    proven bound, seconds."""
     res: dict[str, Any] = {}
     for name, prob in instances(large, small).items():
         t = time.perf_counter()
         row: dict[str, Any] = {"ops": prob.num_ops, "bound": lower_bound(prob, "makespan"),
                                "bound_s": time.perf_counter() - t}
-        for method in METHODS:
+        row["relax"] = relaxed(prob, relax_limit, workers) if relax_limit > 0 else None
+        for method in methods:
             t = time.perf_counter()
             s = solve(prob, method, time_limit=time_limit, workers=workers)
             row[method] = {"value": s.iteration_time, "wall_s": time.perf_counter() - t,
@@ -229,6 +247,10 @@ def main() -> None:
                     help="instead: the done-when checks against each family's published "
                          "schedule")
     ap.add_argument("--quick", action="store_true", help="with --families: p = 8 only")
+    ap.add_argument("--relax-limit", type=float, default=60.0,
+                    help="seconds for the relaxation bound per instance (0: skip it)")
+    ap.add_argument("--bounds-only", action="store_true",
+                    help="only the analytic and relaxation bounds, no search")
     ap.add_argument("--base", type=Path, help="a base checkout to measure first")
     ap.add_argument("--json", type=Path, help="write the figures here (a new file)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # JSON to stdout
@@ -243,14 +265,17 @@ def main() -> None:
         if not (args.base / "pipeopt").is_dir():
             sys.exit(f"--base: {args.base} is not a pipeopt checkout (no pipeopt/ in it)")
         cmd = [sys.executable, __file__, "--time-limit", str(args.time_limit), "--workers",
-               str(args.workers), "--child"] + (["--large"] if args.large else []) + (
-                   ["--small"] if args.small else [])
+               str(args.workers), "--relax-limit", str(args.relax_limit), "--child"] + (
+                   ["--large"] if args.large else []) + (["--small"] if args.small else []) + (
+                   ["--bounds-only"] if args.bounds_only else [])
         env = {**os.environ, "PIPEOPT_BENCH_ROOT": str(args.base.resolve()),
                "PYTHONPATH": str(args.base.resolve())}
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         sys.stderr.write(out.stderr)
         base = json.loads(out.stdout)
-    after = measure(args.large, args.time_limit, args.workers, args.small)
+    methods = () if args.bounds_only else METHODS
+    after = measure(args.large, args.time_limit, args.workers, args.small, args.relax_limit,
+                    methods)
     if args.child:
         sys.stdout.write(json.dumps(after))
         return
@@ -265,13 +290,19 @@ def main() -> None:
     print(head)
     for name, row in after.items():
         extra = f" bound0 {base[name]['bound']:.5g}" if base is not None else ""
+        rel = row.get("relax")
+        if rel is not None:
+            extra += (f"; relaxation {rel['value']:.5g} ("
+                      f"{'its optimum' if rel['optimal'] else 'not proven further'}, "
+                      f"{rel['wall_s']:.1f} s)")
         print(f"{name:<18} analytic bound {row['bound']:.5g} ({row['bound_s']:.3f} s){extra}")
         runs = [row] + ([base[name]] if base is not None else [])
         bound = max([r["bound"] for r in runs]
-                    + [r[m]["bound"] for r in runs for m in METHODS
+                    + [r["relax"]["value"] for r in runs if r.get("relax") is not None]
+                    + [r[m]["bound"] for r in runs for m in methods
                        if r[m]["bound"] is not None and r[m]["status"] in ("optimal",
                                                                           "feasible")])
-        for m in METHODS:
+        for m in methods:
             a = row[m]
             line = (f"{name:<18} {row['ops']:>5} {bound:>7.5g} {m:<7} {a['value']:>8.5g} "
                     f"{a['value'] / bound:>6.3f} {a['wall_s']:>5.1f}s")

@@ -184,7 +184,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.schedules", "pipeopt.schedules.periodic"),
     ("pipeopt.solvers", "pipeopt.solvers.inference", "pipeopt.core.greedy", "pipeopt.core.cpsat",
      "pipeopt.core.justify", "pipeopt.solvers.periodic", "pipeopt.solvers.periodic_cpsat",
-     "pipeopt.solvers.graph", "pipeopt.solvers.moe"),
+     "pipeopt.solvers.graph", "pipeopt.solvers.moe", "pipeopt.solvers.relaxation"),
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition",

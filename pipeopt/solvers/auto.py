@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pipeopt.bounds import memory_bound
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule
@@ -60,6 +61,14 @@ CPSAT_OPS_PER_SECOND = 40.0
 CPSAT_MAX_OPS = 4000
 #: The least time worth handing to CP-SAT (seconds).
 CPSAT_MIN_TIME_S = 1.0
+#: The relaxation bound (:mod:`pipeopt.solvers.relaxation`) in auto: at most this share of the
+#: time left and these seconds, on models of at most this many pair choices (CP-SAT proves its
+#: optimum at 182 pairs, p = 4, m = 16, in 4 s and at 1,238, p = 8, m = 24, in 40 s on a loaded
+#: 2-core machine), only where memory paces some stage and the best schedule so far is above
+#: the analytic bound.
+RELAX_SHARE = 0.2
+RELAX_MAX_S = 10.0
+RELAX_MAX_PAIRS = 2_000
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
 CLASSIC_SHARE = 0.3
@@ -212,6 +221,25 @@ def _load(module: str, func: str) -> Callable[..., Schedule] | None:
         return None
 
 
+def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: float,
+                workers: int | None) -> float | None:
+    """The relaxation bound on the iteration time (it bounds the makespan, which the
+    iteration time includes) where worth its time (see :data:`RELAX_SHARE`), else None."""
+    if (obj != "makespan" or best is None or not problem.uniform_microbatches
+            or problem.num_ops > CPSAT_MAX_OPS):
+        return None
+    budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
+    if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
+        return None
+    if not any(x > 0 for x in memory_bound(problem)):
+        return None
+    bound = _load("pipeopt.solvers.relaxation", "relaxation_bound")
+    if bound is None:
+        return None
+    got: Any = bound(problem, time_limit=budget, workers=workers, max_pairs=RELAX_MAX_PAIRS)
+    return None if got is None else float(got.value)
+
+
 def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     """Best of: every hand-made schedule that fits, ``greedy``, and ``cpsat`` when it is present
     and the instance is small enough (:func:`cpsat_skip_reason`).
@@ -301,10 +329,25 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             interrupted = True  # Ctrl-C: keep the best so far (a hand-made schedule)
         report()
 
-    reason = "interrupted" if interrupted else cpsat_skip_reason(problem, left())
+    relaxed: float | None = None
+    if not interrupted:
+        try:
+            relaxed = _relaxation(problem, obj, best_so_far(), left(), options.workers)
+        except KeyboardInterrupt:
+            if not any(fits_memory(s, problem) for s in cands):
+                raise
+            interrupted = True
+    proved = (relaxed is not None and best_so_far() is not None
+              and relaxed >= _value(best_so_far(), obj) * (1 - 1e-9))
+    if relaxed is not None:
+        notes.append(("relaxation_bound", relaxed))
+    reason = ("interrupted" if interrupted else
+              "the relaxation bound proves the best so far optimal" if proved else
+              cpsat_skip_reason(problem, left()))
     # Too large for the full model in the time left but not for a model at all: the remaining
     # time goes to large-neighbourhood search around the best so far (cpsat, full model skipped).
-    lns_only = (reason is not None and not interrupted and left() >= CPSAT_MIN_TIME_S
+    lns_only = (reason is not None and not interrupted and not proved
+                and left() >= CPSAT_MIN_TIME_S
                 and problem.num_ops <= (_load("pipeopt.solvers.cpsat", "MAX_MODEL_OPS") or 0))
     if lns_only:
         notes.append(("cpsat_full_model", reason))
@@ -354,7 +397,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     proven = [s.solver.lower_bound for s in cands
               if s.solver.lower_bound is not None and s.solver.objective == obj
               and s.solver.status in ("optimal", "feasible")]
-    bound = max([lower_bound(problem, obj), *proven])
+    bound = max([lower_bound(problem, obj), *proven, *([relaxed] if relaxed else [])])
     # A search that proved optimality for the same objective bounds it by its own value.
     for s in cands:
         if s.solver.status == "optimal" and s.solver.objective == obj:

@@ -1,0 +1,172 @@
+"""The relaxation bound (pipeopt.solvers.relaxation): never above an optimum found without it
+(exhaustive search, CP-SAT's proof with the analytic bounds taken out), above the analytic
+bound where the later stages force waits, and the values of small cases."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from pipeopt.bounds import makespan_lower_bound
+from pipeopt.problem import Problem, chain_links, uniform_problem
+from pipeopt.solvers.relaxation import relaxation_bound
+from tests.test_bounds_memory import _proven_optimum
+from tests.test_brute_force import CASES, brute_force
+
+
+def _xdc(p: int, m: int, latency: float) -> Problem:
+    """benchmarks/search.py's instance: latency on the middle link, 1F1B's memory (p
+    activations), F / B / W = 1 / 1.2 / 0.8 s, half of the activation held from B until W."""
+    lat = [0.0] * (p - 1)
+    lat[p // 2 - 1] = latency
+    links, bw = chain_links(p, lat, [math.inf] * (p - 1))
+    return uniform_problem(p, m, 1.0, 1.2, 0.8, weight_grad=0.5,
+                           memory_limit=float(p)).replace(latency=links, bandwidth=bw)
+
+
+def test_waits_at_the_last_stage_by_hand() -> None:
+    """Two devices, F / B = 1 / 2 s on both, fused backward, no memory limit, no link delay,
+    m = 2. Stage 0's round trip is R = F + F + B = 4 s; on stage 1, a_1 = 1, c_1 = 2, so
+    g_1 = 4 - 1 - 1 - 2 = 0 and gamma_1 = 0 + 1 + 2 = 3. With x_1 >= x_0 + 1 >= 1 the lemma
+    says b_0 >= x_1 + 4 >= 5 or b_1 >= x_0 + 7 >= 7. Then either both B(0, .) start at 5 or
+    later (device 0 runs them one after the other: done at 5 + 2 + 2 = 9), or B(0, 1) starts
+    at 7 or later (done at 9): 9 s. The analytic bounds give 8 s (device 0's work, 6 s, and its
+    2 s of warm-up idle); exhaustive search finds 9 s (device 1: F, B, F, B or F, F, B, B, and
+    device 0 waits for the second B either way)."""
+    prob = uniform_problem(2, 2, 1.0, 2.0, 0.0, split_backward=False)
+    got = relaxation_bound(prob, time_limit=10)
+    assert got is not None and got.optimal and got.stage == 0 and got.pairs == 1
+    assert makespan_lower_bound(prob) == pytest.approx(8.0)
+    assert got.value == pytest.approx(9.0)
+    assert brute_force(prob)[0] == pytest.approx(9.0)
+
+
+def test_published_instances() -> None:
+    """benchmarks/search.py's --small instances, where CP-SAT proves the optimum:
+    xdc p = 4, m = 12 (latency 8 s): analytic 85.8, relaxation 86.6 = the optimum;
+    xdc p = 4, m = 16, latency 1.7 s: analytic 61.0, relaxation 62.8, optimum 63.4
+    (benchmarks/README.md)."""
+    a = relaxation_bound(_xdc(4, 12, 8.0), time_limit=60)
+    assert a is not None and a.optimal
+    assert makespan_lower_bound(_xdc(4, 12, 8.0)) == pytest.approx(85.8)
+    assert a.value == pytest.approx(86.6)
+    b = relaxation_bound(_xdc(4, 16, 1.7), time_limit=60)
+    assert b is not None and b.optimal
+    assert makespan_lower_bound(_xdc(4, 16, 1.7)) == pytest.approx(61.0)
+    assert b.value == pytest.approx(62.8)
+
+
+def _random_tiny(rng: random.Random) -> Problem:
+    p = rng.choice([2, 2, 3])
+    split = rng.random() < 0.6
+    m = 3 if p == 2 and not split and rng.random() < 0.5 else 2  # (brute force: seconds)
+    t = [0.5, 1.0, 1.5, 2.0]
+    lat = [rng.choice([0.0, 0.0, 1.0, 2.5]) for _ in range(p - 1)]
+    bws = [rng.choice([math.inf, math.inf, 1.0]) for _ in range(p - 1)]
+    links, bw = chain_links(p, lat, bws)
+    return Problem(devices=p, microbatches=m, forward=[rng.choice(t) for _ in range(p)],
+                   backward_input=[rng.choice(t) for _ in range(p)],
+                   backward_weight=[rng.choice(t) for _ in range(p)],
+                   split_backward=split, activation_memory=[1.0] * p,
+                   weight_grad_memory=[rng.choice([0.0, 0.5, 1.0]) for _ in range(p)],
+                   message_size=[rng.choice([0.5, 1.0]) for _ in range(p - 1)],
+                   latency=links, bandwidth=bw,
+                   memory_limit=[rng.choice([1.0, 1.5, 2.0, None]) for _ in range(p)])
+
+
+def test_below_brute_force_on_random_tiny_instances() -> None:
+    """Every order combination timed (no solver): memory limits, latencies, a serialized link,
+    split or fused backward; the bound never exceeds the optimum, and is above the analytic
+    bound on some of them (so the lemma is exercised)."""
+    rng = random.Random(5)
+    checked = stronger = 0
+    for _ in range(30):
+        prob = _random_tiny(rng)
+        best, _ = brute_force(prob)
+        if not math.isfinite(best):
+            continue
+        got = relaxation_bound(prob, time_limit=10)
+        assert got is not None
+        checked += 1
+        assert got.value <= best * (1 + 1e-9), (prob, got, best)
+        stronger += got.value > makespan_lower_bound(prob) * (1 + 1e-9)
+    assert checked >= 20
+    assert stronger >= 2
+
+
+def test_below_proven_optima_on_random_small_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+    """p = 3..4, m = 4..6, a slow link and tight memory on device 0: never above CP-SAT's
+    proven optimum (its analytic bounds taken out, so the bound under test plays no part)."""
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(8):
+        p = rng.choice([3, 4])
+        m = rng.choice([4, 5, 6])
+        lat = [rng.choice([0.0, 1.0, 3.0]) for _ in range(p - 1)]
+        links, bw = chain_links(p, lat, [math.inf] * (p - 1))
+        prob = uniform_problem(p, m, 1.0, rng.choice([1.0, 1.2, 2.0]), 0.8, weight_grad=0.5,
+                               memory_limit=float(rng.choice([2, 3, p]))).replace(
+            latency=links, bandwidth=bw)
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if best is None:
+            continue
+        checked += 1
+        got = relaxation_bound(prob, time_limit=20)
+        assert got is not None
+        assert got.value <= best * (1 + 1e-9), (prob, got, best)
+    assert checked >= 5
+
+
+def test_not_applicable() -> None:
+    varied = uniform_problem(2, 3, 1, 1, 1).replace(microbatch_scale=(1.0, 2.0, 1.0))
+    assert relaxation_bound(varied) is None
+    with pytest.raises(ValueError, match="stage"):
+        relaxation_bound(uniform_problem(2, 2, 1, 1, 1), stage=2)
+
+
+def test_auto_reports_it() -> None:
+    """auto counts the relaxation bound: at xdc p = 4, m = 12 it proves the greedy's 86.6 s
+    optimal (the analytic bound is 85.8 s), so CP-SAT is skipped and the status is optimal."""
+    from pipeopt.solvers import SolveOptions, solve
+
+    prob = _xdc(4, 12, 8.0)
+    sched = solve(prob, "auto", options=SolveOptions(time_limit=30, workers=2))
+    assert sched.iteration_time == pytest.approx(86.6)
+    assert sched.solver.lower_bound == pytest.approx(86.6)
+    assert sched.solver.status == "optimal"
+    assert sched.solver.detail("relaxation_bound") == pytest.approx(86.6)
+
+
+def test_auto_leaves_it_out_where_memory_does_not_pace() -> None:
+    prob = uniform_problem(4, 8, 1.0, 1.0, 1.0).replace(
+        latency=chain_links(4, [0.0, 3.0, 0.0], [math.inf] * 3)[0])
+    from pipeopt.solvers import SolveOptions, solve
+
+    sched = solve(prob, "auto", options=SolveOptions(time_limit=5, workers=2))
+    assert sched.solver.detail("relaxation_bound") is None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_below_brute_force_with_every_stage_kept(name: str) -> None:
+    """tests/test_brute_force.py's cases (two chunks per device in a V among them), each stage
+    in turn kept exactly: never above the exhaustive optimum."""
+    prob = CASES[name]
+    best, _ = brute_force(prob)
+    for stage in range(prob.stages):
+        got = relaxation_bound(prob, time_limit=10, stage=stage)
+        assert got is not None and got.stage == stage
+        assert got.value <= best * (1 + 1e-9), (stage, got, best)
+
+
+def test_pair_count_by_formula() -> None:
+    from pipeopt.solvers.relaxation import _pairs_within
+
+    for m in (1, 2, 5, 9):
+        for gap in (0.0, 0.5, 1.0, 2.5, 3.0, 100.0):
+            for step in (0.0, 1.0, 1.5):
+                want = sum(1 for i in range(m) for j in range(i + 1, m) if (j - i) * step < gap)
+                assert _pairs_within(m, gap, step) == want, (m, gap, step)
+    # benchmarks/search.py's p = 32, m = 128: 128,889 pair choices, over the cap (no model).
+    assert relaxation_bound(_xdc(32, 128, 8.0), time_limit=1) is None
