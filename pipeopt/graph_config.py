@@ -278,6 +278,11 @@ def _model_form(data: dict[str, Any], source: str, overrides: dict[str, Any] | N
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
         raise ConfigError(f"training.data_parallel: scheduled collectives need >= 2 replicas, "
                           f"got {replicas!r}")
+    zero = rest.get("zero_stage", 0)
+    if zero in (2, 3):
+        raise ConfigError(f"training.zero_stage: {zero} is modelled with training.collectives: "
+                          "scalar only (its collectives run inside every micro-batch's ops, "
+                          "not as the step's reduction tasks); use zero_stage 0 or 1 here")
     if sec.bucket_bytes is not None and sec.bucket_bytes < 1:
         raise ConfigError(f"training.bucket_bytes: must be >= 1 byte, got {sec.bucket_bytes}")
     clean = {**data, "training": rest}

@@ -47,7 +47,7 @@ def tiny(**plan_keys: Any) -> dict[str, Any]:
 
 
 def test_enumeration_divides_gpus_and_batch() -> None:
-    spec = parse_plan(tiny())
+    spec = parse_plan(tiny(zero=[0, 1, 2, 3]))
     cands = enumerate_candidates(spec)
     assert cands
     for c in cands:
@@ -55,7 +55,7 @@ def test_enumeration_divides_gpus_and_batch() -> None:
         assert c.dp * c.micro_batch_size * c.microbatches == 8
         assert c.tp in (1, 2)  # divisors of the 2 GPUs per node
         assert c.pp * c.virtual_stages <= TINY_MODEL["layers"] + 2
-        assert not (c.zero == 1 and c.dp == 1)
+        assert not (c.zero > 0 and c.dp == 1)
         assert not (c.virtual_stages > 1 and c.pp == 1)
     # Every combination that divides is there: (tp, pp) in {(1,1),(1,2),(1,4),(2,1),(2,2)},
     # b in {1, 2} (8 / (dp b) integral for every dp here), v, recompute, zero.
@@ -65,8 +65,8 @@ def test_enumeration_divides_gpus_and_batch() -> None:
         for b in (1, 2):
             for v in (1, 2):
                 for rc in ("none", "selective", "full", "per_stage"):
-                    for z in (0, 1):
-                        if (z == 1 and dp == 1) or (v == 2 and pp == 1) or pp * v > 6:
+                    for z in (0, 1, 2, 3):
+                        if (z > 0 and dp == 1) or (v == 2 and pp == 1) or pp * v > 6:
                             continue
                         expected.add(Candidate(tp, pp, dp, b, 8 // (dp * b), v, rc, z))
     assert set(cands) == expected
@@ -188,7 +188,9 @@ def test_pareto_pruning_keeps_every_candidate_of_the_fronts() -> None:
     ({"pipeline": {"devices": 2, "microbatches": 4}}, "pipeline: not used in a plan config"),
     ({"plan": {"micro_batch_size": [1, 0]}}, "plan.micro_batch_size[1]: must be >= 1, got 0"),
     ({"plan": {"recompute": ["none", "sometimes"]}}, "plan.recompute[1]:"),
-    ({"plan": {"zero": [2]}}, "plan.zero[0]:"),
+    ({"plan": {"zero": [4]}}, "plan.zero[0]:"),
+    ({"training": {"global_batch_size": 8, "zero_stage": 2}},
+     "training.zero_stage: not used in a plan config (the planner chooses it"),
     ({"plan": {"tensor_parallel": [3]}}, "plan.tensor_parallel[0]: must divide model.heads"),
     ({"plan": {"gpus": [64]}}, "plan.gpus[0]: the cluster has 4 GPUs, got 64"),
     ({"plan": {"time_limit": -1}}, "plan.time_limit:"),

@@ -44,6 +44,13 @@ from pipeopt.costs.transformer import (
     tp_comm_times,
 )
 from pipeopt.costs.transformer import transformer_layers as _transformer_layers
+from pipeopt.costs.zero import (
+    WEIGHT_BYTES,
+    zero_bytes_per_param,
+    zero_op_comm_times,
+    zero_step_comm_time,
+    zero_transient_bytes,
+)
 from pipeopt.errors import ConfigError
 from pipeopt.partition import (
     ChainCosts,
@@ -222,11 +229,35 @@ class ModelPlan:
     #: Per pipeline rank, its tensor-parallel ring's slowest hop (latency s, bandwidth
     #: bytes/s) over the rank's ``group`` GPUs; () without tensor parallelism.
     tp_links: tuple[tuple[float, float], ...] = ()
+    #: With ZeRO-2/3 and data parallelism, per pipeline rank the slowest hop (latency s,
+    #: bandwidth bytes/s) of its replicas' rings (:meth:`dp_ring_links`), which carry the
+    #: collectives of every micro-batch; () otherwise.
+    dp_links: tuple[tuple[float, float], ...] = ()
 
     @property
     def stages(self) -> int:
         """Global stages p·v."""
         return self.devices * self.virtual_stages
+
+    @property
+    def zero_stage(self) -> int:
+        """``training.zero_stage`` (0: plain data parallelism)."""
+        return self.training.zero_stage
+
+    @property
+    def static_bytes_per_param(self) -> float:
+        """Bytes per parameter a GPU holds under the ZeRO stage (weights, gradients,
+        optimizer state; :func:`pipeopt.costs.zero.zero_bytes_per_param`)."""
+        return zero_bytes_per_param(self.zero_stage, self.training.bytes_per_param,
+                                    self.training.data_parallel)
+
+    def zero_transient(self, layers: list[LayerCost] | tuple[LayerCost, ...]) -> float:
+        """Bytes the largest of ``layers`` holds on top of its ZeRO-2/3 shards while it runs
+        (:func:`pipeopt.costs.zero.zero_transient_bytes`); 0 otherwise."""
+        return max((zero_transient_bytes(self.zero_stage, lc.params,
+                                         self.training.data_parallel,
+                                         self.training.grad_bytes_per_param)
+                    for lc in layers), default=0.0)
 
     @property
     def stage_device(self) -> tuple[int, ...]:
@@ -256,7 +287,28 @@ class ModelPlan:
                 b, w = b * scale, w * scale
             rows.append((f, b, w))
         return (np.array(rows, float).reshape(len(self.layers), 3)
-                + self.tp_comm_times(device))
+                + self.comm_times(device))
+
+    def comm_times(self, device: int) -> np.ndarray:
+        """(L, 3) seconds of the collectives inside each layer's ops on pipeline rank
+        ``device``: tensor-parallel (:meth:`tp_comm_times`) and ZeRO-2/3
+        (:meth:`zero_comm_times`)."""
+        return self.tp_comm_times(device) + self.zero_comm_times(device)
+
+    def zero_comm_times(self, device: int) -> np.ndarray:
+        """(L, 3) seconds of each layer's per-micro-batch ZeRO collectives in its forward,
+        backward-input and backward-weight ops over pipeline rank ``device``'s replicas
+        (:func:`pipeopt.costs.zero.zero_op_comm_times`: stage 3 gathers the weights in F and
+        B, stages 2 and 3 reduce-scatter the gradients in W); zeros otherwise."""
+        out = np.zeros((len(self.layers), 3))
+        if self.zero_stage < 2 or not self.dp_links:
+            return out
+        lat, bw = self.dp_links[device]
+        for i, lc in enumerate(self.layers):
+            out[i] = zero_op_comm_times(self.zero_stage, lc.params,
+                                        self.training.data_parallel, lat, bw,
+                                        self.training.grad_bytes_per_param)
+        return out
 
     def tp_comm_times(self, device: int) -> np.ndarray:
         """(L, 3) seconds of each layer's tensor-parallel collectives in its forward,
@@ -278,7 +330,7 @@ class ModelPlan:
         if not self.split_backward or a != 0 or self.layers[0].input_grad:
             return None
         peak = self.peak(device)
-        comm = self.tp_comm_times(device)[a:b, 1:].sum()
+        comm = self.comm_times(device)[a:b, 1:].sum()
         return float(sum(lc.fused_backward(peak, efficiency_at(lc.forward_flops,
                                                                 self.efficiency))
                          for lc in self.layers[a:b]) + comm)
@@ -289,16 +341,29 @@ class ModelPlan:
         path fastest for it (:meth:`pipeopt.topology.Topology.path`)."""
         return max((lc.output_bytes for lc in self.layers[:-1]), default=0.0)
 
+    def dp_ring_links(self, chunks: list[float]) -> list[Any]:
+        """Per pipeline rank, the slowest of its tensor-parallel GPUs' rings through the rank's
+        replicas (a :class:`~pipeopt.topology.RingLink`), all rings running at once and
+        dividing the links they share (:meth:`pipeopt.topology.Topology.ring_links`);
+        ``chunks``: per rank, the bytes of one ring step (they choose the paths)."""
+        replicas = self.replica_gpus or [[g] for g in self.rank_gpus]
+        rings = [([g + j for g in replicas[d]], chunks[d])
+                 for d in range(self.devices) for j in range(self.group)]
+        links = self.topology.ring_links(rings)
+        return [min(links[d * self.group:(d + 1) * self.group],
+                    key=lambda x: (x.bandwidth, -x.latency)) for d in range(self.devices)]
+
     def grad_reduce(self, rows: list[dict[str, Any]]
                     ) -> tuple[list[float], list[dict[str, Any]] | None]:
-        """Per stage, the seconds of its data-parallel gradient all-reduce, and per device
-        the ring's link (JSON-able; None without data parallelism).
+        """Per stage, the seconds of its data-parallel collectives after its last backward,
+        and per device the ring's link (JSON-able; None without data parallelism).
 
         Every pipeline rank's ``group`` tensor-parallel GPUs each reduce their shard over a
-        ring through the rank's replicas; all these rings run at the same time and divide the
-        links they share (:meth:`pipeopt.topology.Topology.ring_links`). A stage's reduction
-        is a ring all-reduce: 2(d-1) steps, each sending 1/d of its bytes over every ring
-        link at once, paced by the slowest of the rank's rings."""
+        ring through the rank's replicas (:meth:`dp_ring_links`). With ZeRO 0 or 1 a stage's
+        reduction is a ring all-reduce: 2(d-1) steps, each sending 1/d of its bytes over
+        every ring link at once, paced by the slowest of the rank's rings; with ZeRO-2 the
+        all-gather of the updated weights, with ZeRO-3 nothing (its reduce-scatters are in
+        the W ops; :func:`pipeopt.costs.zero.zero_step_comm_time`)."""
         dp = self.training.data_parallel
         if dp == 1:
             return [0.0] * self.stages, None
@@ -307,14 +372,11 @@ class ModelPlan:
         per_device = [0.0] * self.devices
         for k, nbytes in enumerate(grads):
             per_device[sd[k]] += nbytes
-        replicas = self.replica_gpus or [[g] for g in self.rank_gpus]
-        rings = [([g + j for g in replicas[d]], per_device[d] / dp)
-                 for d in range(self.devices) for j in range(self.group)]
-        links = self.topology.ring_links(rings)
-        worst = [min(links[d * self.group:(d + 1) * self.group],
-                     key=lambda x: (x.bandwidth, -x.latency)) for d in range(self.devices)]
-        reduce = [2 * (dp - 1) * (worst[sd[k]].latency + (nbytes / dp) / worst[sd[k]].bandwidth)
-                  for k, nbytes in enumerate(grads)]
+        worst = self.dp_ring_links([x / dp for x in per_device])
+        reduce = [zero_step_comm_time(self.zero_stage, r["params"], dp, worst[sd[k]].latency,
+                                      worst[sd[k]].bandwidth,
+                                      self.training.grad_bytes_per_param)
+                  for k, r in enumerate(rows)]
         info = [{"device": d, "rings": self.group, "latency_s": x.latency,
                  "bandwidth": None if math.isinf(x.bandwidth) else x.bandwidth,
                  "shared_by": x.shared_by, "link": x.link}
@@ -385,7 +447,7 @@ class ModelPlan:
         out = max((lc.backward_transient_bytes for lc in self.layers), default=0.0)
         if self.ratios is not None and out > 0:
             out *= float(self.ratios.activation.max())
-        return out
+        return out + self.zero_transient(self.layers)
 
     def chain_costs(self, reserve: float | None = None) -> ChainCosts:
         """Inputs of the partition search (with ``recompute: per_stage``, one mode per
@@ -407,7 +469,7 @@ class ModelPlan:
             # Stage 0 runs its backward fused (no input gradient to hand on, see
             # stage_costs): cost its layers as forward + fused backward, as the problem will.
             peak = self.peak(sd[0])
-            comm = self.tp_comm_times(sd[0]).sum(axis=1)
+            comm = self.comm_times(sd[0]).sum(axis=1)
             compute[0] = [(lc.times(peak, efficiency_at(lc.forward_flops, self.efficiency))[0]
                            + lc.fused_backward(peak, efficiency_at(lc.forward_flops,
                                                                    self.efficiency)) + c) * r
@@ -422,7 +484,7 @@ class ModelPlan:
             if a != b:
                 lat, bw = self.topology.link(a, b, self.message_bytes)
                 comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
-        static = np.array([lc.params * self.training.bytes_per_param for lc in self.layers])
+        static = np.array([lc.params * self.static_bytes_per_param for lc in self.layers])
         act = np.array([lc.activation_bytes for lc in self.layers])
         if self.ratios is not None:  # the average micro-batch's bytes
             act = act * self.ratios.activation.mean(axis=0)
@@ -470,7 +532,7 @@ class ModelPlan:
             t = times[sd[k]][a:b].sum(axis=0)
             seg = self.layers[a:b]
             act = sum(lc.activation_bytes for lc in seg)
-            static = sum(lc.params for lc in seg) * self.training.bytes_per_param
+            static = sum(lc.params for lc in seg) * self.static_bytes_per_param
             wgb = float(sum(lc.weight_grad_bytes for lc in seg))
             whole = self.first_stage_backward(sd[k], a, b) if k == 0 else None
             if whole is not None:
@@ -484,6 +546,7 @@ class ModelPlan:
                               else self.recompute)}
             # One block's backward at a time holds its recomputed activations on top.
             transient = max(lc.backward_transient_bytes for lc in seg)
+            zero_held = self.zero_transient(seg)
             out.append({
                 "stage": k, "device": sd[k], "layers": [a, b],
                 "first": seg[0].name, "last": seg[-1].name, **mode,
@@ -495,7 +558,9 @@ class ModelPlan:
                 "static_bytes": float(static),
                 "inflight_microbatches": inflight[k],
                 "backward_transient_bytes": float(transient),
-                "memory_estimate_bytes": float(static + inflight[k] * act + transient),
+                **({"zero_transient_bytes": float(zero_held)} if zero_held else {}),
+                "memory_estimate_bytes": float(static + inflight[k] * act + transient
+                                               + zero_held),
                 "output_bytes": float(seg[-1].output_bytes),
             })
         return out
@@ -517,6 +582,11 @@ class ModelPlan:
         transient = backward_transient(rows, p, scales.get("microbatch_memory_scale")
                                        or scales.get("microbatch_scale") or ())
         static = [s + t for s, t in zip(static, transient, strict=True)]
+        # ZeRO-2/3: one layer's gathered weights and full gradients at a time, on top.
+        held = [0.0] * p
+        for r in rows:
+            held[r["device"]] = max(held[r["device"]], r.get("zero_transient_bytes", 0.0))
+        static = [s + h for s, h in zip(static, held, strict=True)]
         lat, bw = self.topology.matrices(self.rank_gpus, self.message_bytes)
         reduce, rings = self.grad_reduce(rows)
         info = {
@@ -532,7 +602,8 @@ class ModelPlan:
                 [self.rank_gpus[d] for d in sd]),
             "cost_model": {"source": self.source, "dtype": self.dtype,
                            "compute_efficiency": self.efficiency,
-                           "bytes_per_param": self.training.bytes_per_param,
+                           "bytes_per_param": self.static_bytes_per_param,
+                           "zero_stage": self.zero_stage,
                            "model_params": self.model_params,
                            "data_parallel": self.training.data_parallel,
                            "micro_batch_size": self.micro_batch_size},
@@ -543,6 +614,13 @@ class ModelPlan:
         notes = list(self.notes)
         if any(transient):
             info["backward_transient_bytes"] = transient
+        if any(held):
+            info["zero_transient_bytes"] = held
+            notes.append(f"memory: ZeRO-{self.zero_stage} holds one layer's "
+                         + ("gathered weights and " if self.zero_stage == 3 else "")
+                         + "full gradients on top of its shards while it runs (up to "
+                         f"{max(held) / 2**30:.2f} GiB per device); counted in each device's "
+                         "static memory")
             notes.append("memory: a recomputing backward holds one block's recomputed "
                          f"activations while it runs (up to {max(transient) / 2**30:.2f} GiB "
                          "per device); counted in each device's static memory")
@@ -653,6 +731,11 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
     ranks = placed[:pl.devices]
     replicas = [[placed[i * pl.devices + d] for i in range(dp)] for d in range(pl.devices)]
     tp_links = tp_ring_links(topo, ranks, group, layers)
+    try:
+        zero_bytes_per_param(tcfg.zero_stage, tcfg.bytes_per_param, dp)
+    except ValueError as exc:
+        raise ConfigError(f"training.{exc} with training.zero_stage: "
+                          f"{tcfg.zero_stage}") from None
     limits, extra = memory_values(cfg.memory, pl.devices)  # checked as in the explicit form
     if cfg.memory.limit is None:
         limits = []
@@ -691,7 +774,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
                              + _fused_reason(full_short))
             else:
                 fused_alt = _fused_reason(full_short)
-    return ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
+    out = ModelPlan(layers=layers, source=origin, topology=topo, rank_gpus=ranks,
                      devices=pl.devices, microbatches=pl.microbatches,
                      virtual_stages=pl.virtual_stages, placement=pl.placement,
                      split_backward=split, dtype=mcfg.dtype,
@@ -704,6 +787,13 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
                      recompute=mcfg.recompute if origin == "analytic" else None,
                      recompute_options=options, recompute_modes=modes,
                      fused_alternative=fused_alt, tp_links=tp_links)
+    if tcfg.zero_stage >= 2 and dp > 1:
+        # The rings of every micro-batch's collectives, their paths chosen for the largest
+        # layer's weight shard (one ring step of its gather).
+        chunk = max((lc.params for lc in layers), default=0.0) * WEIGHT_BYTES / dp
+        worst = out.dp_ring_links([chunk] * pl.devices)
+        out = replace(out, dp_links=tuple((x.latency, x.bandwidth) for x in worst))
+    return out
 
 
 def tp_ring_links(topo: Topology, ranks: list[int], group: int, layers: list[LayerCost]

@@ -251,6 +251,10 @@ class TrainingConfig(_Strict):
     bytes_per_param: float = Field(16.0, gt=0, description="weights + grads + optimizer state")
     grad_bytes_per_param: float = Field(2.0, gt=0, description="gradient bytes reduced per param")
     data_parallel: int = Field(1, ge=1)
+    # ZeRO (Rajbhandari et al. 2020): 1 shards the optimizer state over the data-parallel
+    # replicas, 2 the gradients too, 3 the weights too (pipeopt.costs.zero).
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage; bytes_per_param "
+                                            "stays the unsharded total")
     partition: Literal["dp", "ilp", "joint", "uniform"] = "dp"
     partition_objective: Literal["pipeline", "minmax"] = "pipeline"
     stage_layers: list[int] | None = Field(None, description="explicit layers per stage")

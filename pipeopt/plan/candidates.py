@@ -17,15 +17,16 @@ from typing import Any
 
 from pipeopt.costs.build import ModelPlan, make_plan, topology_of
 from pipeopt.costs.transformer import model_flops_per_iteration
+from pipeopt.costs.zero import zero_bytes_per_param
 from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
-from pipeopt.plan.spec import ZERO1_KEPT_BYTES, PlanSpec
+from pipeopt.plan.spec import PlanSpec
 from pipeopt.schema import ConfigFile
 from pipeopt.topology import Topology
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One parallel configuration (all counts; ``zero`` is the ZeRO stage, 0 or 1)."""
+    """One parallel configuration (all counts; ``zero`` is the ZeRO stage, 0 to 3)."""
 
     tp: int
     pp: int
@@ -88,7 +89,8 @@ def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
     """Every configuration of the search space that divides the GPUs and the global batch:
     DP = N / (TP x PP) and m = global batch / (DP x b) integers, PP x v stages at most the
     model's pipeline layers (blocks + embedding + head), at most :data:`MAX_DEVICES` pipeline
-    ranks and :data:`MAX_OPS` ops; ZeRO-1 only with DP > 1 (with one replica it is ZeRO-0)."""
+    ranks and :data:`MAX_OPS` ops; ZeRO 1 to 3 only with DP > 1 (with one replica they are
+    ZeRO-0)."""
     pl = spec.plan
     layers = (spec.model_cfg.layers or 0) + 2
     out = []
@@ -104,7 +106,7 @@ def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
                         v > 1 and pp == 1):  # chunks only matter with a pipeline
                     continue
                 dp = n // (tp * pp)
-                if spec.global_batch_size % (dp * b) or (zero == 1 and dp == 1):
+                if spec.global_batch_size % (dp * b) or (zero > 0 and dp == 1):
                     continue
                 m = spec.global_batch_size // (dp * b)
                 if 3 * pp * v * m > MAX_OPS:
@@ -114,14 +116,12 @@ def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
 
 
 def bytes_per_param(spec: PlanSpec, cand: Candidate) -> float:
-    """Bytes of weights, gradients and optimizer state per parameter on one GPU: the
-    ``training.bytes_per_param`` (16 for mixed-precision Adam) with ZeRO-0; with ZeRO-1 the
-    16-bit weights and gradients whole and the optimizer state divided by DP,
-    4 + (bytes_per_param - 4) / DP (Rajbhandari et al. 2020, figure 1: 2 + 2 + 12 / N_d)."""
-    total = spec.training_cfg.bytes_per_param
-    if cand.zero == 0:
-        return total
-    return ZERO1_KEPT_BYTES + (total - ZERO1_KEPT_BYTES) / cand.dp
+    """Bytes of weights, gradients and optimizer state per parameter on one GPU under the
+    candidate's ZeRO stage, ``total`` = ``training.bytes_per_param`` (16 for mixed-precision
+    Adam): ``total`` (ZeRO-0), ``4 + (total - 4) / DP`` (ZeRO-1), ``2 + (total - 2) / DP``
+    (ZeRO-2), ``total / DP`` (ZeRO-3) (Rajbhandari et al. 2020, figure 1;
+    :func:`pipeopt.costs.zero.zero_bytes_per_param`)."""
+    return zero_bytes_per_param(cand.zero, spec.training_cfg.bytes_per_param, cand.dp)
 
 
 def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | None = None,
@@ -131,8 +131,9 @@ def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | Non
     takes. With ``stage_layers`` the partition is fixed to it; else with ``uniform``
     Megatron's even split, else the planner's rule: the exact chain DP for one chunk per
     device, the even split for more (no ILP)."""
-    training: dict[str, Any] = {**spec.training, "data_parallel": cand.dp,
-                                "bytes_per_param": bytes_per_param(spec, cand)}
+    training: dict[str, Any] = {**spec.training, "data_parallel": cand.dp}
+    if cand.zero:
+        training["zero_stage"] = cand.zero
     if cand.recompute == "per_stage":
         # Per stage may weigh a split backward (none / selective) against a fused one (full
         # allowed) by scheduling both partitions (costs.build.search_plan): a screening, so
@@ -196,15 +197,17 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
 
     Time: every micro-batch runs every layer's F, B and W once on some device. The PP devices
     together are busy m x sum(F + B + W) seconds, each for at most the step time, so the step
-    time is at least m x sum(F + B + W) / PP, each layer timed on the fastest GPU of the
-    candidate's ranks (the first stage's fused backward and the fused variant of hand-made
-    schedules keep the sum B + W; recomputation is inside B).
+    time is at least m x sum(F + B + W) / PP, each layer timed on the fastest of the
+    candidate's ranks (GPU model, tensor-parallel and ZeRO collectives; the first stage's
+    fused backward and the fused variant of hand-made schedules keep the sum B + W;
+    recomputation is inside B).
     """
     plan = plan or model_plan(spec, cand)
     gpus = sorted(set(range(plan.devices)), key=lambda d: plan.rank_gpus[d])
-    kinds: dict[str, int] = {}
-    for d in gpus:
-        kinds.setdefault(plan.gpu(d).name, d)
+    kinds: dict[tuple[Any, ...], int] = {}
+    for d in gpus:  # ranks that time every layer alike: one GPU model, the same rings
+        kinds.setdefault((plan.gpu(d).name, plan.tp_links[d] if plan.tp_links else None,
+                          plan.dp_links[d] if plan.dp_links else None), d)
     # With a recompute mode chosen per stage (model.recompute: per_stage) each layer may run
     # in any of the modes: take, per layer, the least time and the least activation bytes
     # over them, which bounds every choice from below.
@@ -212,7 +215,7 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
                       for o in getattr(plan, "recompute_options", ()))]
     times = [w.layer_times(d).sum(axis=1) for w in worlds for d in kinds.values()]
     per_mb = sum(min(t[i] for t in times) for i in range(len(plan.layers)))
-    static = sum(lc.params for lc in plan.layers) * plan.training.bytes_per_param
+    static = sum(lc.params for lc in plan.layers) * plan.static_bytes_per_param
     act = sum(min(w.layers[i].activation_bytes for w in worlds)
               for i in range(len(plan.layers)))
     extra = sum(plan.extra_static)

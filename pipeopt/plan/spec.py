@@ -28,6 +28,8 @@ from pipeopt.costs.config import (
     parse_training,
 )
 from pipeopt.costs.transformer import TransformerShape
+from pipeopt.costs.zero import GRAD_BYTES, WEIGHT_BYTES
+from pipeopt.costs.zero import ZERO_STAGES as _ZERO_STAGES
 from pipeopt.errors import ConfigError
 from pipeopt.schema import MemoryConfig, check_unknown_keys, pydantic_message
 from pipeopt.solvers import UnknownMethod, check_method
@@ -36,14 +38,19 @@ from pipeopt.solvers import UnknownMethod, check_method
 #: ``per_stage`` (issue 16 item 2, AdaPipe-style), where the partition search chooses each
 #: stage's mode with its layers (the model form's ``model.recompute: per_stage``).
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full", "per_stage")
-#: ZeRO stages the planner knows: 0 (plain data parallelism) and 1 (optimizer state sharded
-#: over the data-parallel group; Rajbhandari et al., "ZeRO", SC'20, section 5.1).
-ZERO_STAGES: tuple[int, ...] = (0, 1)
+#: ZeRO stages the planner knows (Rajbhandari et al., "ZeRO", SC'20, section 5): 0 (plain
+#: data parallelism), 1 (optimizer state sharded over the data-parallel group), 2 (gradients
+#: too), 3 (weights too); memory and collectives in :mod:`pipeopt.costs.zero`.
+ZERO_STAGES: tuple[int, ...] = _ZERO_STAGES
+#: ZeRO stages enumerated when ``plan.zero`` is not given: 0 and 1, whose collectives (one
+#: all-reduce's bytes per step) cost no more than plain data parallelism's; ZeRO-2/3 pay
+#: collectives in every micro-batch (list them to weigh that against their memory).
+DEFAULT_ZERO: tuple[int, ...] = (0, 1)
 #: Bytes per parameter that ZeRO-1 keeps whole on every replica: the 16-bit weights and
 #: gradients of mixed-precision training (2 + 2; ZeRO, section 3.1). The rest of
 #: ``training.bytes_per_param`` (Adam's fp32 master weights, momentum and variance, 12 bytes
 #: by default) is divided by the data-parallel size: 2 + 2 + 12 / DP (ZeRO, figure 1, P_os).
-ZERO1_KEPT_BYTES = 4.0
+ZERO1_KEPT_BYTES = WEIGHT_BYTES + GRAD_BYTES
 
 #: model: keys the planner chooses, and the plan: key that lists its choices.
 _CHOSEN_MODEL_KEYS = {"tensor_parallel": "plan.tensor_parallel",
@@ -52,6 +59,7 @@ _CHOSEN_MODEL_KEYS = {"tensor_parallel": "plan.tensor_parallel",
 #: training: keys that the planner sets per candidate or that describe another search.
 _CHOSEN_TRAINING_KEYS = {
     "data_parallel": "the planner chooses it (DP = GPUs / (TP x PP))",
+    "zero_stage": "the planner chooses it; list the stages to try under plan.zero",
     "partition": "the planner partitions each candidate itself (exact DP for one chunk per "
                  "device, uniform for more)",
     "stage_layers": "each candidate has its own number of stages",
@@ -80,7 +88,8 @@ class PlanSection(_Strict):
     virtual_stages: list[int] = Field([1, 2], min_length=1)
     recompute: list[str] = Field(list(RECOMPUTE_MODES), min_length=1,
                                  description="modes of RECOMPUTE_MODES")
-    zero: list[Literal[0, 1]] = Field([0, 1], min_length=1)
+    zero: list[Literal[0, 1, 2, 3]] = Field(list(DEFAULT_ZERO), min_length=1,
+                                           description="ZeRO stages of ZERO_STAGES")
     gpus: list[int] | None = Field(
         None, min_length=1, description="GPU counts to plan for, each the first N GPUs of "
         "the cluster (default: all of them)")
