@@ -4,10 +4,14 @@ configuration of the no-search baseline (Megatron-LM's defaults: 1F1B, interleav
 v = 2, on the even partition, uniform recompute), both measured in this run.
 
     python benchmarks/plan.py [CONFIG] [--time-limit S] [--jobs N] [--no-baseline]
+    python benchmarks/plan.py [CONFIG] --zero-compare [--time-limit S] [--jobs N]
 
 The predicted throughput is printed beside the paper's 138 TFLOP/s per GPU (its table 1, 175B
 on 1024 GPUs), counted as the paper counts (:func:`pipeopt.plan.narayanan_flops`); the ratio
 is shown, not asserted. Prints figures measured in this run; asserts nothing about wall time.
+
+``--zero-compare`` runs the search twice in this run instead, with ``plan.zero`` [0, 1] and
+[0, 1, 2, 3] (ZeRO-2/3: :mod:`pipeopt.costs.zero`), and prints both bests and their ratio.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from pipeopt.plan import Plan, load_plan, narayanan_flops, plan
+from pipeopt.plan import Plan, PlanSpec, load_plan, narayanan_flops, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Narayanan et al. 2021, table 1: GPT-3 175B on 1024 A100s, 138 TFLOP/s per GPU.
@@ -41,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--zero-compare", action="store_true",
+                    help="search with ZeRO [0, 1] and [0, 1, 2, 3] (no baseline)")
     args = ap.parse_args(argv)
     spec = load_plan(args.config)
+    if args.zero_compare:
+        return _zero_compare(spec, args.time_limit, args.jobs)
     t0 = time.perf_counter()
     searched = plan(spec, time_limit=args.time_limit, jobs=args.jobs)
     t_plan = time.perf_counter() - t0
@@ -67,6 +76,23 @@ def main(argv: list[str] | None = None) -> int:
         if base.best is not None:
             print(f"  best step time: baseline / plan = "
                   f"{base.best.step_time_s / best.step_time_s:.4f}")
+    return 0
+
+
+def _zero_compare(spec: PlanSpec, time_limit: float | None, jobs: int | None) -> int:
+    """The best with ZeRO [0, 1] against the best with ZeRO [0, 1, 2, 3], same run."""
+    bests = []
+    for stages in ([0, 1], [0, 1, 2, 3]):
+        variant = replace(spec, plan=spec.plan.model_copy(update={"zero": stages}))
+        result = plan(variant, time_limit=time_limit, jobs=jobs)
+        _line(f"plan, ZeRO {stages}", result)
+        by_zero = {z: sum(r.status == "scheduled" and r.candidate.zero == z
+                          for r in result.results) for z in stages}
+        print(f"  scheduled per ZeRO stage: {by_zero}")
+        bests.append(result.best)
+    if bests[0] is not None and bests[1] is not None:
+        print(f"  best step time: ZeRO [0, 1] / ZeRO [0..3] = "
+              f"{bests[0].step_time_s / bests[1].step_time_s:.4f}")
     return 0
 
 

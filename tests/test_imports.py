@@ -175,7 +175,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt._gc", "pipeopt._malloc", "pipeopt._version", "pipeopt.clock", "pipeopt.errors",
      "pipeopt.executor._torch", "pipeopt.core"),
     ("pipeopt.problem", "pipeopt.core.graph", "pipeopt.core.schedule",
-     "pipeopt.costs.collectives"),
+     "pipeopt.costs.collectives", "pipeopt.costs.zero"),
     ("pipeopt.bounds", "pipeopt.workloads", "pipeopt.workloads.inference", "pipeopt.core.bounds",
      "pipeopt.workloads.periodic", "pipeopt.workloads.moe"),
     ("pipeopt.schedule",),

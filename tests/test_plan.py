@@ -19,6 +19,7 @@ import yaml
 
 from pipeopt.cli import main
 from pipeopt.config import ConfigError, load_config
+from pipeopt.config import parse_config as load_config_data
 from pipeopt.plan import (
     Candidate,
     bytes_per_param,
@@ -126,7 +127,11 @@ def test_pruning_never_discards_the_best() -> None:
     scheduled without pruning, every bound is below its candidate's schedules, and every
     candidate pruned by memory fits no schedule."""
     cases = [tiny(finalists=100, virtual_stages=[1, 2], zero=[0, 1]),
-             {**tiny(finalists=100), "memory": {"limit": 3.0e6}}]
+             {**tiny(finalists=100), "memory": {"limit": 3.0e6}},
+             # ZeRO-2/3 (collectives inside every micro-batch's ops, sharded memory) beside
+             # 0/1, under a limit that only some layouts and stages meet.
+             {**tiny(finalists=100, virtual_stages=[1], recompute=["none", "full"],
+                     zero=[0, 1, 2, 3]), "memory": {"limit": 1.6e6}}]
     for data in cases:
         spec = parse_plan(data)
         result = plan(spec)
@@ -146,6 +151,35 @@ def test_pruning_never_discards_the_best() -> None:
             if r.status == "scheduled":
                 assert r.step_time_s >= r.bound_s * (1 - 1e-9)
     assert result.count("pruned", "memory") > 0  # the second case's memory limit
+
+
+def test_zero3_is_the_only_configuration_that_fits() -> None:
+    """Pure data parallelism (TP = PP = 1) over 4 GPUs with 1.25 MB each: the tiny model's
+    218,752 parameters need 16, 7 and 5.5 bytes each under ZeRO-0, 1 and 2 (3.5, 1.53 and
+    1.20 MB before activations and ZeRO-2's one-block gradient), 4 under ZeRO-3 (0.875 MB plus
+    one block's gathered weights and gradients, 0.2 MB): only ZeRO-3 fits, and a schedule of
+    every other candidate, searched without pruning, is refused by memory too."""
+    data = {**tiny(zero=[0, 1, 2, 3], finalists=100, tensor_parallel=[1],
+                   pipeline_parallel=[1]), "memory": {"limit": 1.25e6}}
+    spec = parse_plan(data)
+    result = plan(spec)
+    done = result.scheduled
+    assert done and {r.candidate.zero for r in done} == {3}
+    assert result.best is not None and result.best.peak_memory_bytes <= 1.25e6
+    for r in result.results:
+        if r.candidate.zero < 3:
+            assert r.status == "pruned" and r.reason.startswith("memory"), r
+    brute = _brute_force(spec)
+    assert {c.zero for c, r in brute.items() if r.status == "scheduled"} == {3}
+    # The plan's config of the best is solvable by the model form and carries its stage.
+    cfg = result.config()
+    assert cfg["training"]["zero_stage"] == 3
+    problem = load_config_data(cfg).problem
+    # 16 / 4 bytes per parameter, one block's weights and gradients, and the recomputing
+    # backward's transient (the model form's, counted the same with every ZeRO stage).
+    recomputed = dict(problem.meta).get("backward_transient_bytes", [0.0])[0]
+    assert problem.static_memory[0] == pytest.approx(
+        4 * (4 * 49_984 + 10_240 + 8_320) + 4 * 49_984 + recomputed, rel=1e-12)
 
 
 @pytest.mark.slow
