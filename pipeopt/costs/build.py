@@ -373,10 +373,15 @@ class ModelPlan:
         for k, nbytes in enumerate(grads):
             per_device[sd[k]] += nbytes
         worst = self.dp_ring_links([x / dp for x in per_device])
-        reduce = [zero_step_comm_time(self.zero_stage, r["params"], dp, worst[sd[k]].latency,
-                                      worst[sd[k]].bandwidth,
-                                      self.training.grad_bytes_per_param)
-                  for k, r in enumerate(rows)]
+        if self.zero_stage < 2:  # the all-reduce (as zero_step_comm_time, term by term)
+            reduce = [2 * (dp - 1) * (worst[sd[k]].latency
+                                      + (nbytes / dp) / worst[sd[k]].bandwidth)
+                      for k, nbytes in enumerate(grads)]
+        else:
+            reduce = [zero_step_comm_time(self.zero_stage, r["params"], dp,
+                                          worst[sd[k]].latency, worst[sd[k]].bandwidth,
+                                          self.training.grad_bytes_per_param)
+                      for k, r in enumerate(rows)]
         info = [{"device": d, "rings": self.group, "latency_s": x.latency,
                  "bandwidth": None if math.isinf(x.bandwidth) else x.bandwidth,
                  "shared_by": x.shared_by, "link": x.link}
@@ -614,6 +619,9 @@ class ModelPlan:
         notes = list(self.notes)
         if any(transient):
             info["backward_transient_bytes"] = transient
+            notes.append("memory: a recomputing backward holds one block's recomputed "
+                         f"activations while it runs (up to {max(transient) / 2**30:.2f} GiB "
+                         "per device); counted in each device's static memory")
         if any(held):
             info["zero_transient_bytes"] = held
             notes.append(f"memory: ZeRO-{self.zero_stage} holds one layer's "
@@ -621,9 +629,6 @@ class ModelPlan:
                          + "full gradients on top of its shards while it runs (up to "
                          f"{max(held) / 2**30:.2f} GiB per device); counted in each device's "
                          "static memory")
-            notes.append("memory: a recomputing backward holds one block's recomputed "
-                         f"activations while it runs (up to {max(transient) / 2**30:.2f} GiB "
-                         "per device); counted in each device's static memory")
         if notes:
             info["notes"] = notes
         if rings is not None:
