@@ -181,6 +181,9 @@ def test_model_form_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"training\.bytes_per_param: must be >= 2 \(what "
                        r"ZeRO-2 keeps whole\), got 1 with training\.zero_stage: 2"):
         parse_config(tiny_config(2, bytes_per_param=1.0))
+    with pytest.raises(ConfigError, match=r"training\.sequence_lengths: cannot be combined "
+                       r"with training\.zero_stage: 2"):
+        parse_config(tiny_config(2, sequence_lengths=[32, 16, 8, 4]))
     with pytest.raises(ConfigError, match=r"training\.zero_stage: 3 is modelled with "
                        r"training\.collectives: scalar only"):
         load_dataparallel(tiny_config(3, collectives="scheduled"))

@@ -762,6 +762,13 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
     if explicit and ratios is not None:
         raise ConfigError(f"pipeline.{next(iter(explicit))}: cannot be combined with "
                           "training.sequence_lengths (give the lengths or the factors, not both)")
+    if tcfg.zero_stage >= 2 and dp > 1 and (explicit or ratios is not None):
+        key = (f"pipeline.{next(iter(explicit))}" if explicit
+               else "training.sequence_lengths")
+        raise ConfigError(f"{key}: cannot be combined with training.zero_stage: "
+                          f"{tcfg.zero_stage} (micro-batch factors scale whole ops, but a "
+                          "ZeRO-2/3 collective inside them moves the same bytes whatever the "
+                          "micro-batch holds)")
     options: tuple[RecomputeOption, ...] = ()
     modes: tuple[str, ...] = ()
     fused_alt = None
