@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pipeopt import subblocks
 from pipeopt.errors import (
     MAX_CONFIG_BYTES,
     MAX_DEVICES,
@@ -28,7 +29,6 @@ from pipeopt.errors import (
     check_solver_option,
     solver_option_rule,
 )
-from pipeopt import subblocks
 from pipeopt.problem import Problem, ProblemError, chain_links
 from pipeopt.schema import (
     SCALE_KEYS,
