@@ -331,3 +331,33 @@ def test_executor_runs_the_pieces_and_matches_the_reference() -> None:
     for (sched, _), res in zip(jobs, run_pipelines(jobs), strict=True):
         assert res.max_abs_grad_diff < 1e-5, sched.method
         assert res.losses == pytest.approx(res.reference_losses, rel=1e-5), sched.method
+
+
+def test_plot_names_the_pieces_and_keeps_them_in_their_chunk() -> None:
+    pytest.importorskip("matplotlib")
+    from pipeopt.plot import _chunk_index, schedule_title
+
+    sched = run_classic(split(rechunk(uniform_problem(2, 2), 2, "loop"), 2), "interleaved-1f1b")
+    assert "v=2 (loop) sub-blocks=2" in schedule_title(sched)
+    # stages 0, 1 (chunk 0 of device 0), 2, 3 (chunk 0 of device 1), 4, 5 (chunk 1 of 0), ...
+    assert _chunk_index(sched) == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_auto_on_a_cut_problem_starts_from_the_uncut_answer() -> None:
+    from pipeopt.solvers import SolveOptions
+    from pipeopt.solvers.auto import uncut_candidate
+
+    whole = uniform_problem(4, 8, 1.0, 1.2, 0.8, latency=1.0, memory_limit=4.0)
+    cut = split(whole, 2)
+    opts = SolveOptions(time_limit=20, workers=1)
+    plain = solve(whole, "auto", time_limit=10, workers=1)
+    assert plain.solver.status == "optimal"  # so the uncut answer below is this one's value
+    cand = uncut_candidate(cut, opts)
+    assert cand is not None and cand.problem == cut
+    validate(cand)
+    assert cand.makespan == pytest.approx(plain.makespan)
+    # the uncut bound does not hold for the cut problem: the candidate carries the cut one's
+    assert cand.solver.status == "heuristic"
+    assert cand.solver.lower_bound == pytest.approx(lower_bound(cut))
+    best = solve(cut, "auto", time_limit=20, workers=1)
+    assert best.makespan <= plain.makespan + 1e-9
