@@ -181,6 +181,24 @@ def test_brute_force_agrees_on_the_tight_instance() -> None:
     assert _brute_force(split(whole, 2)) == pytest.approx(14.5)
 
 
+@pytest.mark.parametrize(("latency", "limit", "b"), [(0.0, None, 2.0), (2.0, 1.5, 1.0),
+                                                     (0.5, 1.0, 3.0)])
+def test_cut_problems_bounds_and_cpsat_against_brute_force(latency: float, limit: float | None,
+                                                          b: float) -> None:
+    """On tiny cut problems the bound holds and CP-SAT proves the exhaustive optimum, which
+    is never above the uncut one (the uncut orders, run piece by piece, are among the cut
+    problem's)."""
+    whole = uniform_problem(2, 2, 1.0, b, 0.0, split_backward=False, latency=latency,
+                            memory_limit=limit)
+    cut = split(whole, 2)
+    best = _brute_force(cut)
+    assert best <= _brute_force(whole) + 1e-9
+    assert lower_bound(cut) <= best + 1e-9
+    sched = solve(cut, "cpsat", time_limit=20, workers=1)
+    assert sched.solver.status == "optimal"
+    assert sched.makespan == pytest.approx(best)
+
+
 # ----- every method honours the option ---------------------------------------------------------
 _SHAPES = [dict(virtual_stages=1), dict(virtual_stages=2), dict(virtual_stages=2,
                                                                 placement="vshape")]
