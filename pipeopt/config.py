@@ -113,7 +113,7 @@ def parse_config(data: Any, source: str = "<memory>",
     if cfg.pipedream is not None:
         return _from_pipedream(cfg, source)
     if cfg.model is not None or cfg.cluster is not None:
-        return cut_sub_blocks(_from_model(cfg, data, source), cfg.pipeline.sub_blocks)
+        return _cut_model(_from_model(cfg, data, source), cfg.pipeline.sub_blocks)
     if cfg.stages is None:
         raise ConfigError("stages: missing (give per-stage costs, or a model: and cluster:)")
     if cfg.training:  # only the model form searches a partition; here it would do nothing
@@ -125,15 +125,28 @@ def parse_config(data: Any, source: str = "<memory>",
                                  extras=async_extras(cfg, problem)), cfg.pipeline.sub_blocks)
 
 
-def cut_sub_blocks(config: Config, k: int) -> Config:
+def _cut_model(config: Config, k: int) -> Config:
+    """A model config cut into ``k`` sub-blocks, each piece priced by its own layers
+    (:meth:`pipeopt.costs.build.ModelPlan.sub_block_weights`, in each stage's recomputation)."""
+    plan, part = config.extra("plan"), config.extra("partition")
+    if k == 1 or plan is None or part is None or min(b - a for a, b in part) < k:
+        return cut_sub_blocks(config, k)  # (too few layers: refused there, naming the key)
+    if plan.recompute_options:
+        recompute = (config.extra("partition_search") or {}).get("recompute")
+        plan = plan.resolved([tuple(r) for r in part], recompute)
+    return cut_sub_blocks(config, k, plan.sub_block_weights(part, k))
+
+
+def cut_sub_blocks(config: Config, k: int, weights: Any = None) -> Config:
     """``config`` with its problem's stages cut into ``k`` sub-blocks
-    (:func:`pipeopt.subblocks.split`; itself when ``k`` is 1). A model config's layer
-    partition must give every stage at least ``k`` layers, and its chunk count is then fixed
-    (``auto`` does not re-chunk a cut problem)."""
+    (:func:`pipeopt.subblocks.split`, each piece's share of its stage by ``weights``, else
+    even; itself when ``k`` is 1). A model config's layer partition must give every stage at
+    least ``k`` layers, and its chunk count is then fixed (``auto`` does not re-chunk a cut
+    problem)."""
     if k == 1:
         return config
     try:
-        problem = subblocks.split(config.problem, k)
+        problem = subblocks.split(config.problem, k, weights)
     except ProblemError as exc:
         msg = str(exc)
         raise ConfigError(f"pipeline.{msg}" if msg.startswith("sub_blocks") else f"model: {msg}"

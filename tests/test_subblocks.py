@@ -379,3 +379,43 @@ def test_auto_on_a_cut_problem_starts_from_the_uncut_answer() -> None:
     assert cand.solver.lower_bound == pytest.approx(lower_bound(cut))
     best = solve(cut, "auto", time_limit=20, workers=1)
     assert best.makespan <= plain.makespan + 1e-9
+
+
+def test_model_config_prices_each_piece_by_its_layers() -> None:
+    data = yaml.safe_load((EXAMPLES / "gpt_small.yaml").read_text())
+    data["pipeline"]["devices"] = 2
+    data["solver"] = {"method": "greedy", "time_limit": 5}
+    whole = parse_config(data).problem
+    data["pipeline"]["sub_blocks"] = 3
+    cfg = parse_config(data)
+    cut = cfg.problem
+    meta = dict(cut.meta)
+    assert cut.sub_blocks == 3 and cut.stages == 6
+    ranges = dict(whole.meta)["partition"]
+    assert meta["partition"] == [list(r) for a, b in ranges for r in piece_layers(a, b, 3)]
+    # the pieces add up to their stage; a piece holding the head costs what the head costs,
+    # not a third of its stage
+    assert merge(cut).forward == pytest.approx(whole.forward)
+    assert merge(cut).backward_input == pytest.approx(whole.backward_input)
+    assert merge(cut).activation_memory == pytest.approx(whole.activation_memory)
+    assert cut.forward[5] != pytest.approx(cut.forward[4])
+    rows = meta["stage_costs"]
+    assert [r["layers"] for r in rows] == meta["partition"]
+    assert [r["forward_s"] for r in rows] == pytest.approx(list(cut.forward))
+    assert rows[5]["last"] == "head" and rows[5]["sub_block"] == 2
+    # inside a stage nothing leaves the device; stage 0's last piece sends its activation
+    assert [rows[q]["output_bytes"] for q in (0, 1, 3, 4)] == [0.0] * 4
+    assert rows[2]["output_bytes"] == cut.message_size[2] > 0
+    assert cfg.extra("chunks_open") is False
+
+
+def test_bad_weights_are_refused() -> None:
+    base = uniform_problem(2, 2)
+    with pytest.raises(ProblemError, match=r"^sub_blocks: weights: expected 2 stages"):
+        split(base, 2, [[(1.0,) * 6] * 2])
+    with pytest.raises(ProblemError, match=r"^sub_blocks: weights\[1\]: expected 2 pieces"):
+        split(base, 2, [[(1.0,) * 6] * 2, [(1.0,) * 5] * 2])
+    with pytest.raises(ProblemError, match=r"^sub_blocks: weights\[0\]: must be finite"):
+        split(base, 2, [[(-1.0,) * 6] * 2, [(1.0,) * 6] * 2])
+    cut = split(base, 2, [[(3.0,) * 6, (1.0,) * 6], [(0.0,) * 6, (0.0,) * 6]])
+    assert cut.forward == (0.75, 0.25, 0.5, 0.5)  # a stage of zero weights: even
