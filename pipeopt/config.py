@@ -375,6 +375,12 @@ def check_size(pl: PipelineConfig) -> None:
                           "sub-blocks here)")
     stages *= pl.sub_blocks
     ops = kinds * stages * pl.microbatches
+    if ops > MAX_OPS and pl.sub_blocks > 1:
+        most = MAX_OPS // (kinds * stages // pl.sub_blocks * pl.microbatches)
+        raise ConfigError(
+            f"pipeline.sub_blocks: {pl.microbatches} micro-batches on {stages} pieces "
+            f"({pl.sub_blocks} sub-blocks per stage) make {ops:,} ops, more than pipeopt "
+            f"schedules ({MAX_OPS:,}; at most {most} sub-blocks here)")
     if ops > MAX_OPS:
         raise ConfigError(
             f"pipeline.microbatches: {pl.microbatches} micro-batches on {stages} stages make "

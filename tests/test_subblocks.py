@@ -306,6 +306,15 @@ def test_config_refuses_bad_sub_blocks(bad: object, why: str) -> None:
         parse_config(_with(bad))
 
 
+def test_config_refuses_more_ops_than_pipeopt_schedules() -> None:
+    data = {"pipeline": {"devices": 64, "microbatches": 1024, "sub_blocks": 6},
+            "stages": {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}}
+    # 3 kinds x 384 pieces x 1024 micro-batches = 1,179,648 ops > 1,000,000; 5 fit
+    with pytest.raises(ConfigError, match=r"^pipeline\.sub_blocks: .*1,179,648 ops.*at most 5 "
+                                          r"sub-blocks here"):
+        parse_config(data)
+
+
 def test_config_refuses_sub_blocks_with_async() -> None:
     with pytest.raises(ConfigError, match=r"^pipeline\.sub_blocks: pipeline\.mode: async"):
         parse_config(_with(2, mode="async"))
