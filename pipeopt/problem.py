@@ -213,7 +213,7 @@ class Problem:
             set_(self, "meta", tuple(dict(self.meta).items()))
 
     # ----- derived structure ---------------------------------------------------------------
-    @property
+    @cached_property
     def stages(self) -> int:
         """Number of global stages ``devices * virtual_stages * sub_blocks`` (with sub-blocks,
         each piece is a stage: see :attr:`sub_blocks`)."""
