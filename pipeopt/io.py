@@ -430,8 +430,9 @@ def _problem(doc: dict[str, Any]) -> Problem:
     except (TypeError, ValueError, OverflowError) as exc:
         raise ScheduleError(f"problem: {exc}") from None
     if "stages" in doc and doc["stages"] != prob.stages:
+        cut = " x sub_blocks" if prob.sub_blocks > 1 else ""
         raise ScheduleError(f"problem.stages: expected {prob.stages} (devices x "
-                            f"virtual_stages), got {doc['stages']}")
+                            f"virtual_stages{cut}), got {doc['stages']}")
     return prob
 
 
