@@ -242,8 +242,8 @@ def test_searches_return_valid_schedules_of_the_cut_problem(method: str) -> None
     validate(sched)
     assert sched.problem == cut
     assert all(x <= 4.0 + 1e-9 for x in sched.peak_memory)
-    # never behind running the uncut schedule piece by piece (the hand-made are candidates)
-    assert sched.makespan <= run_classic(cut, "zb-h1").makespan + 1e-9 or method != "auto"
+    if method == "auto":  # the hand-made schedules, run piece by piece, are among its candidates
+        assert sched.makespan <= run_classic(cut, "zb-h1").makespan + 1e-9
 
 
 def test_torch_schedules_run_piece_by_piece() -> None:
