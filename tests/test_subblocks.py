@@ -428,3 +428,17 @@ def test_bad_weights_are_refused() -> None:
         split(base, 2, [[(-1.0,) * 6] * 2, [(1.0,) * 6] * 2])
     cut = split(base, 2, [[(3.0,) * 6, (1.0,) * 6], [(0.0,) * 6, (0.0,) * 6]])
     assert cut.forward == (0.75, 0.25, 0.5, 0.5)  # a stage of zero weights: even
+
+
+def test_cpsat_warm_start_on_a_cut_problem_is_no_worse_than_the_uncut_greedy() -> None:
+    pytest.importorskip("ortools")
+    from pipeopt.solvers import SolveOptions
+    from pipeopt.solvers.cpsat import warm_start
+
+    whole = uniform_problem(4, 8, 1.0, 1.2, 0.8, latency=1.0, memory_limit=4.0)
+    cut = split(whole, 2)
+    opts = SolveOptions(time_limit=10, workers=1)
+    start, _ = warm_start(cut, opts)
+    assert start.problem == cut
+    validate(start)
+    assert start.makespan <= solve(whole, "greedy", time_limit=5, workers=1).makespan + 1e-9
