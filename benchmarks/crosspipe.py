@@ -3,6 +3,7 @@
 
 Run: python benchmarks/crosspipe.py [--time-limit 10] [--workers 1] [--base /tmp/base-xpipe]
                                     [--time-tolerance 0] [--quick] [--json out.json]
+                                    [--sub-blocks 1,2,4]
 
 64 instances (``--quick``: the 16 with p = 8 and one memory): p = 4 and 8 devices, m = 2p
 micro-batches, T_F = 1 s, T_B = 1.2 s, T_W = 0.8 s per device and micro-batch (split evenly over
@@ -18,6 +19,11 @@ For each instance it prints the iteration time (seconds) of CrossPipe's greedy f
 (which does not know the greedy) and in this one, and the ratios auto / greedy (< 1: auto is
 faster); then per layout the wins, ties and losses of auto against the greedy and the worst and
 geometric-mean ratios.
+
+With ``--sub-blocks 1,2,4`` it instead runs ``auto`` on each instance cut into each number of
+sub-blocks (:func:`pipeopt.subblocks.split`: every op in k pieces of its stage's layers, other
+work allowed between them; issue 12 item 3) in this checkout, and prints the iteration times,
+each k's ratio to k = 1 (< 1: cutting helps) and per layout the wins and the geometric mean.
 """
 
 from __future__ import annotations
@@ -101,6 +107,39 @@ def run_greedy(probs: dict[str, Problem]) -> dict[str, Any]:
     return out
 
 
+def run_sub_blocks(probs: dict[str, Problem], ks: list[int], time_limit: float,
+                   workers: int, tolerance: float) -> None:
+    """auto on every instance cut into each of ``ks`` sub-blocks: iteration times, ratios to
+    the first k, and per layout the wins and geometric means."""
+    from pipeopt.subblocks import split
+
+    times: dict[str, dict[int, float]] = {}
+    print(f"auto {time_limit:g} s, {workers} worker(s), time_tolerance {tolerance:g}; "
+          f"iteration time (s) per number of sub-blocks k, and its ratio to k = {ks[0]}")
+    print(f"{'instance':28} " + " ".join(f"{f'k={k}':>8} {'s':>5}" for k in ks) + "  "
+          + " ".join(f"{f'{k}/{ks[0]}':>7}" for k in ks[1:]))
+    for key, prob in probs.items():
+        row, cells = {}, []
+        for k in ks:
+            t0 = time.perf_counter()
+            sched = solve(split(prob, k), "auto", time_limit=time_limit, workers=workers,
+                          time_tolerance=tolerance)
+            row[k] = sched.iteration_time
+            cells.append(f"{row[k]:8.3f} {time.perf_counter() - t0:5.1f}")
+        times[key] = row
+        print(f"{key:28} " + " ".join(cells) + "  "
+              + " ".join(f"{row[k] / row[ks[0]]:7.4f}" for k in ks[1:]), flush=True)
+    for chunks, layout in ((1, "one chunk"), (2, "V")):
+        keys = [key for key in probs if key.startswith(f"v={chunks} ")]
+        for k in ks[1:]:
+            ratios = [times[key][k] / times[key][ks[0]] for key in keys]
+            geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+            print(f"{layout}, k={k} / k={ks[0]}: faster on {sum(r < 1 - TIE for r in ratios)}, "
+                  f"tied on {sum(abs(r - 1) <= TIE for r in ratios)}, slower on "
+                  f"{sum(r > 1 + TIE for r in ratios)} of {len(ratios)}; best "
+                  f"{min(ratios):.4f}, worst {max(ratios):.4f}, geomean {geo:.4f}")
+
+
 def summary(rows: list[tuple[str, float, float]]) -> str:
     """Wins / ties / losses of auto against the greedy, worst and geomean ratio."""
     ratios = [a / g for _, g, a in rows]
@@ -122,9 +161,15 @@ def main() -> None:
     ap.add_argument("--base", type=Path, help="a base checkout: auto before the change")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--sub-blocks", help="e.g. 1,2,4: auto on each instance cut into each "
+                    "number of sub-blocks (this checkout only)")
     ap.add_argument("--auto-only", action="store_true", help=argparse.SUPPRESS)  # the child
     args = ap.parse_args()
     probs = instances(args.quick)
+    if args.sub_blocks:
+        ks = [int(x) for x in args.sub_blocks.split(",")]
+        run_sub_blocks(probs, ks, args.time_limit, args.workers, args.time_tolerance)
+        return
     if args.auto_only:
         json.dump(run_auto(probs, args.time_limit, args.workers, args.time_tolerance),
                   sys.stdout)

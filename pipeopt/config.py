@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pipeopt import subblocks
 from pipeopt.errors import (
     MAX_CONFIG_BYTES,
     MAX_DEVICES,
@@ -105,10 +106,14 @@ def parse_config(data: Any, source: str = "<memory>",
     except ValidationError as exc:
         raise ConfigError(pydantic_message(exc)) from None
     check_size(cfg.pipeline)
+    if cfg.pipeline.sub_blocks != 1 and cfg.pipeline.mode == "async":
+        raise ConfigError(f"pipeline.sub_blocks: pipeline.mode: async runs one op per stage and "
+                          f"micro-batch, got {cfg.pipeline.sub_blocks} sub-blocks (leave it out "
+                          "or set 1)")
     if cfg.pipedream is not None:
         return _from_pipedream(cfg, source)
     if cfg.model is not None or cfg.cluster is not None:
-        return _from_model(cfg, data, source)
+        return _cut_model(_from_model(cfg, data, source), cfg.pipeline.sub_blocks)
     if cfg.stages is None:
         raise ConfigError("stages: missing (give per-stage costs, or a model: and cluster:)")
     if cfg.training:  # only the model form searches a partition; here it would do nothing
@@ -116,8 +121,38 @@ def parse_config(data: Any, source: str = "<memory>",
                           "model:/cluster: (the explicit form gives per-stage costs already)")
     problem = build_problem(cfg)
     check_totals(problem, "stages")
-    return Config(problem=problem, solver=cfg.solver, source=source,
-                  extras=async_extras(cfg, problem))
+    return cut_sub_blocks(Config(problem=problem, solver=cfg.solver, source=source,
+                                 extras=async_extras(cfg, problem)), cfg.pipeline.sub_blocks)
+
+
+def _cut_model(config: Config, k: int) -> Config:
+    """A model config cut into ``k`` sub-blocks, each piece priced by its own layers
+    (:meth:`pipeopt.costs.build.ModelPlan.sub_block_weights`, in each stage's recomputation)."""
+    plan, part = config.extra("plan"), config.extra("partition")
+    if k == 1 or plan is None or part is None or min(b - a for a, b in part) < k:
+        return cut_sub_blocks(config, k)  # (too few layers: refused there, naming the key)
+    if plan.recompute_options:
+        recompute = (config.extra("partition_search") or {}).get("recompute")
+        plan = plan.resolved([tuple(r) for r in part], recompute)
+    return cut_sub_blocks(config, k, plan.sub_block_weights(part, k))
+
+
+def cut_sub_blocks(config: Config, k: int, weights: Any = None) -> Config:
+    """``config`` with its problem's stages cut into ``k`` sub-blocks
+    (:func:`pipeopt.subblocks.split`, each piece's share of its stage by ``weights``, else
+    even; itself when ``k`` is 1). A model config's layer partition must give every stage at
+    least ``k`` layers, and its chunk count is then fixed (``auto`` does not re-chunk a cut
+    problem)."""
+    if k == 1:
+        return config
+    try:
+        problem = subblocks.split(config.problem, k, weights)
+    except ProblemError as exc:
+        msg = str(exc)
+        raise ConfigError(f"pipeline.{msg}" if msg.startswith("sub_blocks") else f"model: {msg}"
+                          ) from None
+    extras = tuple((key, False if key == "chunks_open" else val) for key, val in config.extras)
+    return dataclasses.replace(config, problem=problem, extras=extras)
 
 
 #: Bound on PipeDream's DP (:func:`planner_work`): layers^3 x the sum over levels of units^2
@@ -244,6 +279,7 @@ def _from_pipedream(cfg: ConfigFile, source: str) -> Config:
                        ("pipeline.replicas", pl.replicas is not None),
                        ("pipeline.replica_bandwidth", pl.replica_bandwidth is not None),
                        ("pipeline.virtual_stages", pl.virtual_stages != 1),
+                       ("pipeline.sub_blocks", pl.sub_blocks != 1),
                        ("memory.weight_bytes", mem.weight_bytes is not None),
                        *((f"pipeline.{k}", getattr(pl, k) is not None) for k in SCALE_KEYS)):
         if given:
@@ -333,7 +369,18 @@ def check_size(pl: PipelineConfig) -> None:
         raise ConfigError(f"pipeline.virtual_stages: {pl.devices} devices x "
                           f"{pl.virtual_stages} virtual stages is too many stages (at most "
                           f"{MAX_OPS // kinds // pl.devices} virtual stages here)")
+    if stages * pl.sub_blocks > MAX_OPS // kinds:
+        raise ConfigError(f"pipeline.sub_blocks: {stages} stages x {pl.sub_blocks} sub-blocks "
+                          f"is too many pieces (at most {MAX_OPS // kinds // stages} "
+                          "sub-blocks here)")
+    stages *= pl.sub_blocks
     ops = kinds * stages * pl.microbatches
+    if ops > MAX_OPS and pl.sub_blocks > 1:
+        most = MAX_OPS // (kinds * stages // pl.sub_blocks * pl.microbatches)
+        raise ConfigError(
+            f"pipeline.sub_blocks: {pl.microbatches} micro-batches on {stages} pieces "
+            f"({pl.sub_blocks} sub-blocks per stage) make {ops:,} ops, more than pipeopt "
+            f"schedules ({MAX_OPS:,}; at most {most} sub-blocks here)")
     if ops > MAX_OPS:
         raise ConfigError(
             f"pipeline.microbatches: {pl.microbatches} micro-batches on {stages} stages make "

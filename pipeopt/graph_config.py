@@ -34,7 +34,7 @@ from pipeopt.costs.collectives import LinkCost
 from pipeopt.errors import ConfigError
 from pipeopt.moe_config import MoERun, parse_moe
 from pipeopt.problem import Problem
-from pipeopt.schedules import GENERATORS, NotApplicable
+from pipeopt.schedules import NotApplicable, generate
 from pipeopt.schema import SolverConfig, validate_mapping
 from pipeopt.solvers.graph import GraphWorkload
 from pipeopt.workload_config import workload_kind
@@ -126,9 +126,9 @@ class DataParallelRun:
         graph = self.graph if prob is self.problem else dpw.build(prob, self.dp)
         if how == "pipelined":
             long = prob.replace(microbatches=prob.microbatches * self.dp.iterations)
-            return graph, dpw.task_orders(prob, self.dp, GENERATORS[family](long),
+            return graph, dpw.task_orders(prob, self.dp, generate(family, long),
                                           pipelined=True)
-        return graph, dpw.task_orders(prob, self.dp, GENERATORS[family](prob))
+        return graph, dpw.task_orders(prob, self.dp, generate(family, prob))
 
 
 def make_run(problem: Problem, dp: dpw.DataParallel) -> DataParallelRun:

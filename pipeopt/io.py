@@ -340,6 +340,7 @@ def _index(doc: dict[str, Any], key: str, where: str, n: int) -> int:
 #: Fields of ``problem`` in a schedule file and the JSON shape each must have.
 _PROBLEM_SHAPES: dict[str, str] = {
     "devices": "int", "microbatches": "int", "virtual_stages": "int", "stages": "int",
+    "sub_blocks": "int",
     "placement": "str", "split_backward": "bool", "meta": "object",
     "forward": "numbers", "backward_input": "numbers", "backward_weight": "numbers",
     "activation_memory": "numbers", "weight_grad_memory": "numbers",
@@ -412,11 +413,12 @@ def _problem(doc: dict[str, Any]) -> Problem:
     # The size caps of configs, before anything of that size is built (a p x p matrix of a
     # 20000-device file alone would take gigabytes).
     p, v = doc["devices"], doc.get("virtual_stages", 1)
+    k = doc.get("sub_blocks", 1)
     if p > MAX_DEVICES:
         raise ScheduleError(f"problem.devices: at most {MAX_DEVICES}, got {p}")
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+    if all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (v, k)):
         kinds = 3 if doc.get("split_backward", True) else 2
-        ops = kinds * p * v * doc["microbatches"]
+        ops = kinds * p * v * k * doc["microbatches"]
         if ops > MAX_OPS:
             raise ScheduleError(f"problem: {ops} ops is more than pipeopt schedules "
                                 f"({MAX_OPS:,})")
@@ -428,8 +430,9 @@ def _problem(doc: dict[str, Any]) -> Problem:
     except (TypeError, ValueError, OverflowError) as exc:
         raise ScheduleError(f"problem: {exc}") from None
     if "stages" in doc and doc["stages"] != prob.stages:
+        cut = " x sub_blocks" if prob.sub_blocks > 1 else ""
         raise ScheduleError(f"problem.stages: expected {prob.stages} (devices x "
-                            f"virtual_stages), got {doc['stages']}")
+                            f"virtual_stages{cut}), got {doc['stages']}")
     return prob
 
 

@@ -270,6 +270,8 @@ def schedule_title(schedule: Schedule) -> str:
     shape = f"p={pr.devices} m={pr.microbatches}"
     if pr.virtual_stages > 1:
         shape += f" v={pr.virtual_stages} ({pr.placement})"
+    if pr.sub_blocks > 1:
+        shape += f" sub-blocks={pr.sub_blocks}"
     out = f"{schedule.method}   {shape}   makespan {_fmt_time(schedule.makespan)}   "
     if not math.isclose(schedule.iteration_time, schedule.makespan, rel_tol=1e-12):
         out += f"iteration {_fmt_time(schedule.iteration_time)}   "
@@ -673,12 +675,13 @@ def _device_ticks(ax: Axes, positions: list[float], row_px: float, dpi: float,
 
 
 def _chunk_index(schedule: Schedule) -> list[int]:
-    """Per global stage, which of its device's chunks it is (0 for the first)."""
+    """Per global stage, which of its device's chunks it is (0 for the first); the
+    sub-blocks of a stage are parts of its chunk."""
     pr = schedule.problem
     out = [0] * pr.stages
     for stages in pr.device_stages:
         for c, k in enumerate(stages):
-            out[k] = c
+            out[k] = c // pr.sub_blocks
     return out
 
 

@@ -115,6 +115,16 @@ class Problem:
     are all equal is stored as its one row. :attr:`time_table`, :attr:`memory_table` and
     :attr:`message_table` resolve every form; :attr:`time_scale` and its kin are then
     per-micro-batch summaries (work-weighted means), for orderings and reports only.
+
+    Sub-blocks (CrossPipe, Chen et al., USENIX ATC 2025): with ``sub_blocks = k > 1`` every
+    model stage (``devices * virtual_stages`` of them, placed by ``placement``) is cut into k
+    pieces, contiguous parts of its layers, which are the problem's stages: global stage
+    ``q`` is piece ``q % k`` of model stage ``q // k`` and runs on that stage's device, so
+    every per-stage tuple has ``stages = devices * virtual_stages * k`` entries (one per
+    piece) and ``message_size`` one per piece boundary (those inside a model stage cross no
+    link). F runs the pieces in order, B and W in reverse, each piece its own op, so other
+    work may run between them. :func:`pipeopt.subblocks.split` makes such a problem from an
+    uncut one; :func:`pipeopt.subblocks.merge` gives the uncut one back.
     """
 
     devices: int
@@ -136,16 +146,18 @@ class Problem:
     microbatch_scale: Scale = ()
     microbatch_memory_scale: Scale = ()
     microbatch_message_scale: Scale = ()
+    sub_blocks: int = 1
     meta: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         p, m, v = self.devices, self.microbatches, self.virtual_stages
-        for name, val in (("devices", p), ("microbatches", m), ("virtual_stages", v)):
+        for name, val in (("devices", p), ("microbatches", m), ("virtual_stages", v),
+                          ("sub_blocks", self.sub_blocks)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ProblemError(f"{name}: must be an integer >= 1, got {val!r}")
         if self.placement not in ("loop", "vshape"):
             raise ProblemError(f"placement: must be 'loop' or 'vshape', got {self.placement!r}")
-        s = p * v
+        s = p * v * self.sub_blocks
         set_ = object.__setattr__
         set_(self, "forward", _floats("forward", self.forward, s))
         set_(self, "backward_input", _floats("backward_input", self.backward_input, s))
@@ -201,15 +213,20 @@ class Problem:
             set_(self, "meta", tuple(dict(self.meta).items()))
 
     # ----- derived structure ---------------------------------------------------------------
-    @property
+    @cached_property
     def stages(self) -> int:
-        """Number of global stages ``devices * virtual_stages``."""
-        return self.devices * self.virtual_stages
+        """Number of global stages ``devices * virtual_stages * sub_blocks`` (with sub-blocks,
+        each piece is a stage: see :attr:`sub_blocks`)."""
+        return self.devices * self.virtual_stages * self.sub_blocks
 
     @cached_property
     def stage_device(self) -> tuple[int, ...]:
-        """Device of each global stage."""
-        return stage_device_map(self.devices, self.virtual_stages, self.placement)
+        """Device of each global stage (the ``sub_blocks`` pieces of a model stage share its
+        device)."""
+        whole = stage_device_map(self.devices, self.virtual_stages, self.placement)
+        if self.sub_blocks == 1:
+            return whole
+        return tuple(d for d in whole for _ in range(self.sub_blocks))
 
     @cached_property
     def device_stages(self) -> tuple[tuple[int, ...], ...]:
@@ -503,8 +520,8 @@ class Problem:
         out: dict[str, Any] = {}
         for f in fields(self):
             val = getattr(self, f.name)
-            if f.name in _SCALES and not val:
-                continue  # default; keeps files of uniform problems as they were
+            if (f.name in _SCALES and not val) or (f.name == "sub_blocks" and val == 1):
+                continue  # default; keeps files of uniform / uncut problems as they were
             if f.name in _SCALES and _is_table(val):
                 out[f.name] = [list(row) for row in val]
             elif f.name == "meta":
@@ -696,6 +713,10 @@ def rechunk(problem: Problem, virtual_stages: int, placement: Placement) -> Prob
     if problem.virtual_stages != 1:
         raise ProblemError("virtual_stages: rechunking needs a problem with one stage per "
                            f"device, got {problem.virtual_stages}")
+    if problem.sub_blocks != 1:
+        raise ProblemError("sub_blocks: rechunking needs a problem whose stages are not cut "
+                           f"into sub-blocks, got {problem.sub_blocks} (rechunk first, then "
+                           "pipeopt.subblocks.split)")
     v = virtual_stages
     p = problem.devices
     sd = stage_device_map(p, v, placement)

@@ -40,6 +40,9 @@ class PipelineConfig(_Strict):
     virtual_stages: int = Field(1, ge=1, description="model chunks per device v")
     placement: Literal["loop", "vshape"] = "loop"
     split_backward: bool = True
+    sub_blocks: int = Field(1, ge=1, description="pieces each stage's ops are cut into, run "
+                            "in order on the stage's device with other work allowed between "
+                            "them (CrossPipe's sub-blocks)")
     microbatch_scale: ScaleTable | None = Field(
         None, description="per micro-batch factor on its op times (and by default memory); "
         "or a table, one row per stage")

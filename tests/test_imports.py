@@ -174,7 +174,7 @@ def test_an_acyclic_fake_package_passes(tmp_path: Path) -> None:
 LAYERS: list[tuple[str, ...]] = [
     ("pipeopt._gc", "pipeopt._malloc", "pipeopt._version", "pipeopt.clock", "pipeopt.errors",
      "pipeopt.executor._torch", "pipeopt.core"),
-    ("pipeopt.problem", "pipeopt.core.graph", "pipeopt.core.schedule",
+    ("pipeopt.problem", "pipeopt.subblocks", "pipeopt.core.graph", "pipeopt.core.schedule",
      "pipeopt.costs.collectives", "pipeopt.costs.zero"),
     ("pipeopt.bounds", "pipeopt.workloads", "pipeopt.workloads.inference", "pipeopt.core.bounds",
      "pipeopt.workloads.periodic", "pipeopt.workloads.moe"),

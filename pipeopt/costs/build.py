@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -321,6 +322,29 @@ class ModelPlan:
         for i, lc in enumerate(self.layers):
             if lc.tp_collectives:
                 out[i] = tp_comm_times(lc, self.group, lat, bw)
+        return out
+
+    def sub_block_weights(self, partition: Sequence[Sequence[int]], k: int
+                          ) -> list[list[tuple[float, ...]]]:
+        """Per stage of ``partition``, per piece of its layers cut into ``k``
+        (:func:`pipeopt.subblocks.piece_layers`): the sums of the piece's layers' forward,
+        backward-input and backward-weight seconds on the stage's device, activation and
+        weight-gradient bytes, and parameters, the ``weights`` of
+        :func:`pipeopt.subblocks.split`."""
+        from pipeopt.subblocks import piece_layers
+
+        sd = self.stage_device
+        times = {d: self.layer_times(d) for d in set(sd)}
+        out = []
+        for st, (a, b) in enumerate(partition):
+            row = []
+            for lo, hi in piece_layers(a, b, k):
+                f, bi, w = (float(x) for x in times[sd[st]][lo:hi].sum(axis=0))
+                seg = self.layers[lo:hi]
+                row.append((f, bi, w, float(sum(lc.activation_bytes for lc in seg)),
+                            float(sum(lc.weight_grad_bytes for lc in seg)),
+                            float(sum(lc.params for lc in seg))))
+            out.append(row)
         return out
 
     def first_stage_backward(self, device: int, a: int, b: int) -> float | None:

@@ -70,7 +70,15 @@ def transformer_split(schedule: Schedule, target: str) -> list[tuple[bool, int, 
     """Per stage (in stage order): (holds the embedding, first block, blocks, holds the head),
     from the partition a model-form config recorded in ``problem.meta``. Raises
     :class:`ExportError` naming ``target`` when the schedule has no partition or its layers
-    are not a transformer's ``embedding, block0..block{L-1}, head``."""
+    are not a transformer's ``embedding, block0..block{L-1}, head``, and for a schedule cut
+    into sub-blocks (``pipeline.sub_blocks`` > 1: neither trainer places a stage's pieces on
+    one rank)."""
+    k = schedule.problem.sub_blocks
+    if k > 1:
+        raise ExportError(f"{target}: the schedule cuts every stage into {k} sub-blocks (pieces "
+                          f"of a stage's layers on one rank), which {target} cannot place (it "
+                          "puts stage s on rank s mod p, or a V); solve with "
+                          "pipeline.sub_blocks: 1 to export")
     meta = dict(schedule.problem.meta)
     part, names = meta.get("partition"), meta.get("layer_names")
     if not part or not names:

@@ -26,6 +26,7 @@ from pipeopt.schedules.controllable_memory import v_half, v_min
 from pipeopt.schedules.crosspipe import crosspipe, crosspipe_v, estimated_seconds
 from pipeopt.schedules.zb_auto import zb_1p, zb_2p
 from pipeopt.schedules.zero_bubble import zb_h1, zb_h2, zb_v
+from pipeopt.subblocks import expand_orders, merge
 
 #: Every hand-made schedule by its method name.
 GENERATORS: dict[str, Generator] = {
@@ -44,6 +45,17 @@ GENERATORS: dict[str, Generator] = {
     "crosspipe-v": crosspipe_v,
 }
 
+def generate(name: str, problem: Problem) -> Orders:
+    """The orders of hand-made schedule ``name`` for ``problem``. On a problem cut into
+    sub-blocks they are generated for its uncut problem (:func:`pipeopt.subblocks.merge`) and
+    each op runs its pieces back to back (:func:`pipeopt.subblocks.expand_orders`), which
+    times as the uncut schedule does; raises :class:`NotApplicable` as the generator does."""
+    gen = GENERATORS[name]
+    if problem.sub_blocks == 1:
+        return gen(problem)
+    return expand_orders(problem, gen(merge(problem)))
+
+
 #: Estimated wall time (seconds) of the generators that search (several variants each), for
 #: callers under a time limit; the others take a few microseconds per op.
 COST_ESTIMATES: dict[str, Callable[[Problem], float]] = {
@@ -58,4 +70,4 @@ COST_ESTIMATES: dict[str, Callable[[Problem], float]] = {
 FUSED_BACKWARD = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"})
 
 __all__ = ["COST_ESTIMATES", "FUSED_BACKWARD", "GENERATORS", "SPLIT_COSTS", "Generator",
-           "NotApplicable", "Orders", "fused_variant", "split_variant"]
+           "NotApplicable", "Orders", "fused_variant", "generate", "split_variant"]

@@ -34,6 +34,7 @@ from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules.base import NotApplicable, fused_variant
 from pipeopt.simulate import ScheduleError, simulate
+from pipeopt.subblocks import expand_orders, merge
 
 
 @dataclass(frozen=True)
@@ -165,12 +166,15 @@ def solve_torch(problem: Problem, name: str, options: Any = None) -> Schedule:
         raise NotApplicable(f"torch:{canon}: PyTorch rejects this shape: {exc}") from None
     except ImportError as exc:  # another torch than the pinned one (pipeopt.executor._torch)
         raise NotApplicable(f"torch:{canon}: {exc}") from None
-    orders, fixup = to_orders(prob, actions, canon)
+    # Sub-blocks: PyTorch's order of the uncut stages, each op then run piece by piece.
+    whole = merge(prob)
+    orders, fixup = to_orders(whole, actions, canon)
     for d, order in enumerate(orders):
         for op in order:
-            if not 0 <= op.stage < prob.stages or prob.stage_device[op.stage] != d:
+            if not 0 <= op.stage < whole.stages or whole.stage_device[op.stage] != d:
                 raise NotApplicable(f"torch:{canon}: rank {d} runs stage {op.stage}, which "
                                     f"placement {prob.placement} puts elsewhere")
+    orders = expand_orders(prob, orders)
     try:
         sched = simulate(prob, orders, method=f"torch:{canon}")
     except ScheduleError as exc:

@@ -40,6 +40,7 @@ from pipeopt.solvers.base import (
     require_memory,
     run_classic,
 )
+from pipeopt.subblocks import merge, split
 
 # The shared parts live in pipeopt.solvers.base (the searches import them from there, not from
 # this package, which names the searches in its method table); they stay importable from here.
@@ -320,7 +321,9 @@ def compare(problem: Problem, names: list[str] | None = None, *,
         if name in CHUNKED and problem.virtual_stages == 1 and problem.devices > 1:
             # Run it on the same work cut into equal chunks, and say so in the row's name.
             v, placement = CHUNKED[name]
-            prob, label = rechunk(problem, v, placement), f"{name} (v={v})"
+            # A problem cut into sub-blocks: the chunks of its uncut problem, cut again alike.
+            prob = split(rechunk(merge(problem), v, placement), problem.sub_blocks)
+            label = f"{name} (v={v})"
         if mb_order is not None:
             label += " (longest first)"
         if on_start is not None:

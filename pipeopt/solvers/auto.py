@@ -7,7 +7,9 @@ of different cost each also run longest micro-batch first; CrossPipe's latency-a
 theirs and the searches start from it), the ``greedy``
 list scheduler, then ``cpsat`` warm-started from the best so far when the instance is small
 enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is
-in ``details['skipped_cpsat']``). The result is the candidate with the best objective, so it is
+in ``details['skipped_cpsat']``). On a problem cut into sub-blocks, before the greedy: ``auto``'s
+answer for the uncut problem run piece by piece (:func:`uncut_candidate`), so that cutting
+never loses to not cutting. The result is the candidate with the best objective, so it is
 never worse than the best hand-made schedule under the same limits, unless another candidate
 within ``time_tolerance`` of it (relative) needs less peak memory: then the one with the lowest
 peak memory (``details['tradeoff']`` says what was traded; ``details['pareto']`` lists the
@@ -34,8 +36,8 @@ from typing import Any
 from pipeopt.bounds import memory_bound
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
-from pipeopt.schedule import Schedule
-from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable
+from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable, fused_variant
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
@@ -49,6 +51,7 @@ from pipeopt.solvers.base import (
     require_memory,
     run_classic,
 )
+from pipeopt.subblocks import expand_orders, merge
 
 logger = logging.getLogger("pipeopt.auto")
 logger.addHandler(logging.NullHandler())
@@ -83,6 +86,14 @@ AUTO_ORDER = ("zb-v", "zb-h1", "zb-h2", "interleaved-1f1b", "1f1b", "looped-bfs"
 #: cross-datacenter instances; with this order on 3 (the V ones: ``crosspipe-v``'s own
 #: estimated time, about 1 s there, is still over the share of a 3 s limit).
 LATENCY_AWARE = ("crosspipe", "crosspipe-v")
+#: Share of ``auto``'s time limit spent on the uncut problem of a problem cut into sub-blocks
+#: (:func:`uncut_candidate`). Its answer, run piece by piece, is a schedule of the cut problem
+#: as fast as the uncut one, so cutting never makes ``auto`` slower than not cutting with this
+#: share of the time; the searches over the pieces alone, with 5 s, were up to 2.6 % slower
+#: than the uncut ``auto`` on CrossPipe's cross-datacenter family (``benchmarks/crosspipe.py
+#: --sub-blocks 1,2,4``, 2026-12-04). Half: the other half goes to the searches over the
+#: pieces, warm-started from it.
+UNCUT_SHARE = 0.5
 
 
 def classic_order(problem: Problem) -> list[str]:
@@ -240,6 +251,31 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     return None if got is None else float(got.value)
 
 
+def uncut_candidate(problem: Problem, options: SolveOptions) -> Schedule | None:
+    """For a problem cut into sub-blocks: ``auto`` on its uncut problem
+    (:func:`pipeopt.subblocks.merge`) within :data:`UNCUT_SHARE` of the time limit, each op
+    then run piece by piece (:func:`pipeopt.subblocks.expand_orders`): the same makespan, a
+    schedule of ``problem`` (of its fused variant when the uncut answer fuses the backward).
+    Its status is ``heuristic`` and its bound ``problem``'s own: the uncut problem's bound
+    does not hold once ops may be cut. None when nothing fits the uncut problem."""
+    whole = merge(problem)
+    try:
+        sched = solve_auto(whole, replace(options, time_limit=UNCUT_SHARE * options.time_limit,
+                                          on_progress=None, hint=None))
+    except (NotApplicable, OutOfTime):
+        return None
+    target = problem if sched.problem.split_backward == whole.split_backward else (
+        fused_variant(problem))
+    orders = expand_orders(target, sched.device_orders())
+    label = "uncut-" + sched.method.removeprefix("auto:")
+    cut = simulate(target, orders, method=label)
+    info = SolverInfo(status="heuristic", lower_bound=lower_bound(problem, options.objective),
+                      wall_time=sched.solver.wall_time, objective=options.objective,
+                      details=(("uncut_status", sched.solver.status),
+                               ("uncut_lower_bound", sched.solver.lower_bound)))
+    return replace(cut, solver=info)
+
+
 def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     """Best of: every hand-made schedule that fits, ``greedy``, and ``cpsat`` when it is present
     and the instance is small enough (:func:`cpsat_skip_reason`).
@@ -292,6 +328,14 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     else:
         notes.append(("classic", "no hand-made schedule fits the memory limits"))
         logger.info("auto: no hand-made schedule fits the memory limits")
+
+    if problem.sub_blocks > 1:
+        # The uncut problem's answer run piece by piece: never slower than not cutting.
+        uncut = uncut_candidate(problem, options)
+        if uncut is not None and fits_memory(uncut, problem):
+            cands.append(uncut)
+        else:
+            notes.append(("uncut", "no schedule of the uncut problem fits the memory limits"))
 
     def best_so_far() -> Schedule | None:
         return _pick(cands, obj, problem) if cands else None

@@ -19,7 +19,7 @@ from pipeopt.bounds import Objective, lower_bound
 from pipeopt.errors import check_solver_option
 from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
-from pipeopt.schedules import FUSED_BACKWARD, GENERATORS, NotApplicable, fused_variant
+from pipeopt.schedules import FUSED_BACKWARD, NotApplicable, fused_variant, generate
 from pipeopt.simulate import simulate
 from pipeopt.workloads.training import ChainGraph, chain_graph
 
@@ -204,7 +204,9 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
     (hand-made schedules take micro-batches first in, first out); the result is still a
     schedule of ``problem``, its method name ending in :data:`LONGEST_FIRST` when ``order``
     is :func:`longest_first`'s. ``graphs``: the caller's :class:`ChainGraphs`, when it times
-    several schedules of one problem.
+    several schedules of one problem. On a problem cut into sub-blocks the schedule is
+    generated for the uncut problem (:func:`~pipeopt.subblocks.merge`) and runs each op's
+    pieces back to back (:func:`~pipeopt.schedules.generate`).
     """
     if order is not None and tuple(order) != tuple(range(problem.microbatches)):
         sched = run_classic(problem.permute_microbatches(order), name, require_fit=require_fit,
@@ -213,7 +215,7 @@ def run_classic(problem: Problem, name: str, *, require_fit: bool = False,
         return replace(relabel(sched, order), method=sched.method + suffix)
     t0 = time.perf_counter()
     prob = fused_variant(problem) if name in FUSED_BACKWARD else problem
-    orders = GENERATORS[name](prob)
+    orders = generate(name, prob)
     if require_fit and min(min(ts, default=1.0) for ts in prob.durations.values()) > 0:
         over = over_limit(order_peak_memory(prob, orders), problem.memory_limit)
         if over:

@@ -48,6 +48,7 @@ from pipeopt.solvers.cpsat_model import (
     edges,
     topological_ops,
 )
+from pipeopt.subblocks import expand_orders, merge
 from pipeopt.workloads.training import ChainGraph, chain_graph
 
 logger = logging.getLogger("pipeopt.cpsat")
@@ -434,6 +435,8 @@ def warm_start(problem: Problem, options: SolveOptions) -> tuple[Schedule, bool]
                 greedy, stopped = None, True  # before its first variant: keep the classic
             if greedy is not None:
                 cands.append(greedy)
+            if problem.sub_blocks > 1 and not stopped:
+                cands += _uncut_greedy(problem, options)
     interrupted = stopped or any(c.solver.detail("interrupted") for c in cands)
     cands.append(simulate(problem, sequential_orders(problem), method="sequential"))
     fitting = [s for s in (on_problem(problem, c) for c in cands) if s is not None]
@@ -453,6 +456,20 @@ def _best_classic(problem: Problem, objective: str) -> Schedule | None:
                                   < _objective(best, objective)):
             best = sched
     return best
+
+
+def _uncut_greedy(problem: Problem, options: SolveOptions) -> list[Schedule]:
+    """On a problem cut into sub-blocks: the greedy's schedule of the uncut problem with each
+    op run piece by piece (:func:`pipeopt.subblocks.expand_orders`; its makespan), which the
+    greedy over the pieces may miss; [] when there is none."""
+    whole = _greedy(merge(problem), options)
+    if whole is None or whole.problem.split_backward != problem.split_backward:
+        return []
+    try:
+        return [simulate(problem, expand_orders(problem, whole.device_orders()),
+                         method="uncut-greedy")]
+    except ScheduleError:
+        return []
 
 
 def _greedy(problem: Problem, options: SolveOptions) -> Schedule | None:
