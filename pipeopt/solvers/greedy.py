@@ -64,8 +64,17 @@ from pipeopt._gc import cyclic_gc_paused
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
+from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import simulate
-from pipeopt.solvers.base import OutOfTime, SolveOptions, lower_bound, memory_floor, require_memory
+from pipeopt.solvers.base import (
+    OutOfTime,
+    SolveOptions,
+    fits_memory,
+    lower_bound,
+    memory_floor,
+    require_memory,
+    run_classic,
+)
 from pipeopt.workloads import training
 
 logger = logging.getLogger("pipeopt.greedy")
@@ -873,8 +882,6 @@ def _hand_made(problem: Problem, options: SolveOptions, bound: float, t0: float)
     """The schedule of the first of :data:`_FALLBACKS` that fits (else sequential orders),
     named ``greedy:NAME`` with a ``fallback`` detail saying why. Its timing is the final
     simulation the variants' deadline kept time for."""
-    from pipeopt.solvers.base import NotApplicable, fits_memory, run_classic
-
     for name in _FALLBACKS:
         try:
             sched = run_classic(problem, name, require_fit=True)
