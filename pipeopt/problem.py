@@ -57,6 +57,14 @@ def stage_device_map(devices: int, virtual_stages: int, placement: str) -> tuple
     raise ProblemError(f"placement: must be 'loop' or 'vshape', got {placement!r}")
 
 
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as a count (an integer >= 1, not a bool); :class:`ProblemError` naming
+    ``name`` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProblemError(f"{name}: must be an integer >= 1, got {value!r}")
+    return value
+
+
 def _floats(name: str, values: Sequence[float], n: int, *, allow_inf: bool = False,
             positive: bool = False) -> tuple[float, ...]:
     vals = tuple(map(float, values))
@@ -153,8 +161,7 @@ class Problem:
         p, m, v = self.devices, self.microbatches, self.virtual_stages
         for name, val in (("devices", p), ("microbatches", m), ("virtual_stages", v),
                           ("sub_blocks", self.sub_blocks)):
-            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
-                raise ProblemError(f"{name}: must be an integer >= 1, got {val!r}")
+            positive_int(name, val)
         if self.placement not in ("loop", "vshape"):
             raise ProblemError(f"placement: must be 'loop' or 'vshape', got {self.placement!r}")
         s = p * v * self.sub_blocks

@@ -25,18 +25,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pipeopt.problem import Op, Problem, ProblemError
+from pipeopt.problem import Op, Problem, ProblemError, positive_int
 
 __all__ = ["WEIGHT_COLUMNS", "expand_orders", "merge", "piece_layers", "split"]
-
-
-
-def check_sub_blocks(value: Any, name: str = "sub_blocks") -> int:
-    """``value`` as a piece count (an integer >= 1); :class:`ProblemError` naming ``name``
-    otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProblemError(f"{name}: must be an integer >= 1, got {value!r}")
-    return value
 
 
 def piece_layers(first: int, last: int, k: int) -> list[tuple[int, int]]:
@@ -84,7 +75,7 @@ def split(problem: Problem, k: int,
     times, bytes and parameters, the stage's recomputation, and output bytes only on the last
     piece (the others' stay on the device).
     """
-    k = check_sub_blocks(k)
+    k = positive_int("sub_blocks", k)
     if problem.sub_blocks != 1:
         raise ProblemError(f"sub_blocks: the problem is cut into {problem.sub_blocks} "
                            "sub-blocks already (merge it first)")
