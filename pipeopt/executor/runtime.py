@@ -325,7 +325,7 @@ class Reducer:
         if self.zero:
             self._gathered(step)
         elif step - self.delay >= 0:
-            self._apply(step - self.delay)
+            self._update(step - self.delay)
 
     def before_op(self, op: Op | None) -> None:
         """Compute op number ``n`` of this step is about to run."""
@@ -346,10 +346,7 @@ class Reducer:
             if c.iteration < steps and c.kind != "AG":
                 self._launch_upto(self.key[(c.kind, c.iteration, c.bucket)])
         for u in range(steps):
-            if self.zero:
-                self._shard_step(u)
-            else:
-                self._apply(u)
+            self._update(u)
         for works, _ in self.work.values():
             for w in works:
                 w.wait()
@@ -372,7 +369,7 @@ class Reducer:
             self.log.append(f"launch {c.label}")
             if c.kind == "AG":
                 if c.iteration - self.delay >= 0:
-                    self._shard_step(c.iteration - self.delay)
+                    self._update(c.iteration - self.delay)
                 outs = [s.new_empty(s.numel() * self.replicas) for s in self.shards]
                 works = [self.dist.all_gather_single(o, s.detach(), group=self.group,
                                                      async_op=True)
@@ -396,27 +393,22 @@ class Reducer:
             w.wait()
         return outs
 
-    def _apply(self, u: int) -> None:
-        """All-reduce: the averaged gradients of iteration ``u`` through the optimizer."""
+    def _update(self, u: int) -> None:
+        """The optimizer step on iteration ``u``'s averaged gradients (once): from its
+        all-reduce into the stage's parameters, or with ZeRO-1 from its reduce-scatter into
+        this replica's shards."""
         if u in self.applied or u not in self.packed:
             return
         self.applied.add(u)
-        for k, b in enumerate(self.buckets):
-            (flat,) = self._result("AR", u, k)
-            for p, g in zip(b, _unflat(flat / self.replicas, b), strict=True):
-                p.grad = g.clone()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        del self.packed[u]
-
-    def _shard_step(self, u: int) -> None:
-        """ZeRO-1: this replica's shards stepped on iteration ``u``'s reduce-scatter."""
-        if u in self.applied or u not in self.packed:
-            return
-        self.applied.add(u)
-        for k, shard in enumerate(self.shards):
-            (out,) = self._result("RS", u, k)
-            shard.grad = out / self.replicas
+        if self.zero:
+            for k, shard in enumerate(self.shards):
+                (out,) = self._result("RS", u, k)
+                shard.grad = out / self.replicas
+        else:
+            for k, b in enumerate(self.buckets):
+                (flat,) = self._result("AR", u, k)
+                for p, g in zip(b, _unflat(flat / self.replicas, b), strict=True):
+                    p.grad = g.clone()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         del self.packed[u]
