@@ -66,6 +66,7 @@ from pipeopt.partition import (
 )
 from pipeopt.problem import Problem, ProblemError, Scale, stage_device_map
 from pipeopt.schema import Config, ConfigFile, check_totals, memory_values, microbatch_scales
+from pipeopt.subblocks import piece_layers
 from pipeopt.topology import Datacenter, NodeGroup, TierOverride, Topology, TopologyError
 
 
@@ -331,8 +332,6 @@ class ModelPlan:
         backward-input and backward-weight seconds on the stage's device, activation and
         weight-gradient bytes, and parameters, the ``weights`` of
         :func:`pipeopt.subblocks.split`."""
-        from pipeopt.subblocks import piece_layers
-
         sd = self.stage_device
         times = {d: self.layer_times(d) for d in set(sd)}
         out = []
