@@ -90,13 +90,20 @@ def mutated(draw: st.DrawFn, base: Any) -> Any:
             new = draw(st.sampled_from([f"{key}s", str(key)[:-1], str(key).upper(), "x", 3]))
             parent[new] = parent.pop(key)
         elif how == "add" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["extra", "pipline", "solvr", "limit"]))] = draw(JUNK)
+            parent[draw(st.sampled_from(["extra", "pipline", "solvr", "limit"]))] = _junk(draw)
         elif how == "number" and isinstance(parent[key], int | float) \
                 and not isinstance(parent[key], bool):
             parent[key] = parent[key] * draw(st.sampled_from([-1, 0, 2, 1e-9, 1e9, math.nan]))
         else:
-            parent[key] = draw(JUNK)
+            parent[key] = _junk(draw)
     return doc
+
+
+def _junk(draw: st.DrawFn) -> Any:
+    """A fresh copy of a :data:`JUNK` value: ``sampled_from`` hands out the same list or dict
+    object every time, and a later mutation inside it would change what later examples draw
+    (hypothesis then fails with FlakyStrategyDefinition)."""
+    return copy.deepcopy(draw(JUNK))
 
 
 @functools.cache
