@@ -114,6 +114,35 @@ def test_the_delayed_reference_is_not_the_synchronous_one() -> None:
     assert compare_grads(late, sync).max_abs_grad_diff > 1e-2
 
 
+def test_compare_replicas_checks_every_replica_and_names_the_worst() -> None:
+    """Each replica must hold the reference's weights: one replica off is a mismatch named
+    with its replica, even when replica 0 is exact."""
+    from pipeopt.executor.check import compare_replicas
+
+    ref = {0: {"w": np.ones(3)}, 1: {"v": np.zeros(2)}}
+    off = {0: {"w": np.ones(3)}, 1: {"v": np.array([0.0, 1e-3])}}
+    assert compare_replicas([ref, ref], ref).ok
+    bad = compare_replicas([ref, off], ref)
+    assert not bad.ok and bad.worst == "1.v (replica 1)" and bad.compared == 4
+    assert bad.max_abs_grad_diff == pytest.approx(1e-3)
+    assert compare_replicas([off], ref).worst == "1.v"  # one replica: no suffix
+
+
+def test_the_float64_reference_runs_in_float64() -> None:
+    """``dtype="float64"`` casts the model and the data of the reference (what ``--check`` of
+    a graph replay runs in); an unknown dtype is refused with the field's name."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.check import reference_run
+
+    prob = graph_run(_schedule(SYNC)).problem
+    ref = reference_run(prob, RunConfig(model="mlp", steps=1, optimizer="adamw",
+                                        dtype="float64"), replicas=2)
+    assert {w.dtype for stage in ref["weights"].values() for w in stage.values()} == {
+        np.dtype("float64")}
+    with pytest.raises(ValueError, match="dtype: expected float32 or float64, got 'fp8'"):
+        RunConfig(dtype="fp8")
+
+
 def test_run_refuses_flags_the_replay_does_not_take(tmp_path: Path, capsys) -> None:
     path = tmp_path / "dp.json"
     dump_graph_schedule(_schedule(SYNC), path)
@@ -141,7 +170,8 @@ def test_synchronous_bucketed_all_reduce_matches_one_process_training() -> None:
     sched = _schedule(SYNC)
     res = run_graph(graph_run(sched), RunConfig(model="mlp", steps=2, check=True))
     assert res.compared == "weights" and res.grads_match, res.worst_param
-    assert res.max_abs_grad_diff is not None and res.max_abs_grad_diff < 1e-6
+    assert (res.dtype, res.rtol, res.atol) == ("float64", 1e-8, 1e-8)  # the check's precision
+    assert res.max_abs_grad_diff is not None and res.max_abs_grad_diff < 1e-12
     for rank, log in enumerate(res.collectives):
         assert log == _schedule_order(sched, *divmod(rank, 2)), rank
     assert sum(x.startswith("launch") for x in res.collectives[0]) == 4  # 2 iterations x 2
@@ -153,9 +183,10 @@ def test_synchronous_bucketed_all_reduce_matches_one_process_training() -> None:
 def test_run_of_the_delayed_zero1_schedule_matches_the_delayed_reference(
         tmp_path: Path, capsys) -> None:
     """``pipeopt run`` of the ZB-H1 schedule above (ZeRO-1, one step late, AdamW): the final
-    weights equal one-process AdamW whose step t applies step t - 1's gradients (the last
-    ones after the run), within 1e-5 + 1e-5 |b|; the order of each rank's ops and collective
-    launches is the schedule's, reductions of iteration 0 among iteration 1's ops."""
+    weights of every replica equal one-process AdamW whose step t applies step t - 1's
+    gradients (the last ones after the run), both in float64, within 1e-8 + 1e-8 |b|; the
+    order of each rank's ops and collective launches is the schedule's, reductions of
+    iteration 0 among iteration 1's ops."""
     pytest.importorskip("torch")
     sched = _schedule(ZERO)
     path = tmp_path / "dp.json"
@@ -165,11 +196,55 @@ def test_run_of_the_delayed_zero1_schedule_matches_the_delayed_reference(
                  "adamw", "--lr", "0.05"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["grads_match"] and doc["compared"] == "weights" and doc["ranks"] == 4
-    assert doc["max_abs_grad_diff"] < 1e-5
+    assert doc["dtype"] == "float64" and doc["tolerance"] == {"rtol": 1e-8, "atol": 1e-8}
+    assert doc["max_abs_grad_diff"] < 1e-12
     for rank, log in enumerate(doc["collectives"]):
         assert log == _schedule_order(sched, *divmod(rank, 2)), rank
     log = doc["collectives"][1]
     assert log.index("launch i0.RS 1.b1") > log.index("1:1F0")
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_check_fails_when_a_replica_skips_its_all_reduce(tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    """The check must fail on a wrong replay under AdamW: replica 1's stage-1 rank applies
+    its own gradients of iteration 0 in place of the all-reduced average (the collective
+    still runs). Its weights leave the reference by about lr, replica 0's much less, so the
+    run exits 1 with MISMATCH naming replica 1 (only replica 0 was compared before)."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.procs import Fault
+
+    path = tmp_path / "dp.json"
+    dump_graph_schedule(_schedule(SYNC), path)
+    plain = RunConfig.from_args
+    monkeypatch.setattr(RunConfig, "from_args", classmethod(
+        lambda cls, args, **kw: plain(args, fault=Fault(rank=3, mode="skip_reduce"), **kw)))
+    capsys.readouterr()
+    assert main(["run", str(path), "--model", "mlp", "--check", "--steps", "2",
+                 "--optimizer", "adamw", "--lr", "0.05"]) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("weight diff"))
+    assert "MISMATCH: |a - b| <= 1e-08 + 1e-08 |b| elementwise, every replica, float64" in line
+    assert "(replica 1)" in line
+    assert float(line.split()[2]) > 1e-3  # about lr, five orders above the tolerance
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_check_fails_when_a_replica_sends_scaled_gradients() -> None:
+    """ZeRO-1, one step late, AdamW: replica 0's stage-0 rank sends its gradients of
+    iteration 0 doubled into the reduce-scatter. Every replica then holds the same wrong
+    weights (the all-gather spreads them), and the check fails on them."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.launch import run_graph
+    from pipeopt.executor.procs import Fault
+
+    res = run_graph(graph_run(_schedule(ZERO)), RunConfig(
+        model="mlp", steps=2, check=True, optimizer="adamw", lr=0.05,
+        fault=Fault(rank=0, mode="scale_grads", factor=2.0)))
+    assert not res.grads_match and res.max_abs_grad_diff is not None
+    assert res.max_abs_grad_diff > 1e-4, res.max_abs_grad_diff
 
 
 

@@ -31,11 +31,25 @@ class Comparison:
     compared: int
 
 
-def batch_for(spec: Any, batch_size: int, seed: int, step: int, microbatches: int
-              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The micro-batches of training step ``step`` (the same in every process)."""
-    x, y = spec.make_batch(batch_size, seed + 1000 + step)
+def batch_for(spec: Any, batch_size: int, seed: int, step: int, microbatches: int,
+              dtype: str = "float32") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The micro-batches of training step ``step`` (the same in every process), floating
+    tensors in ``dtype`` (token ids stay integers)."""
+    x, y = (cast(t, dtype) for t in spec.make_batch(batch_size, seed + 1000 + step))
     return list(x.tensor_split(microbatches)), list(y.tensor_split(microbatches))
+
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def cast(x: Any, dtype: str) -> Any:
+    """A floating tensor, or a module's parameters and buffers (in place), in ``dtype``
+    (:data:`DTYPES`); anything else as it is."""
+    if isinstance(x, torch.nn.Module):
+        return x.to(DTYPES[dtype])
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.to(DTYPES[dtype])
+    return x
 
 
 def stage_weights(modules: dict[int, torch.nn.Module]) -> Grads:
@@ -81,11 +95,12 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
     """Train as ``cfg`` says (optimizer, clipping, autocast, ...) without pipelining, on the
     batches of ``replicas`` pipelines split into as many micro-batches as they ran; returns
     per-step losses and step times (seconds), the gradients of the last step per stage
-    (after clipping) and the final weights. ``delay`` D: step t's gradients go through the
-    optimizer after step t + D - 1 (D = 2: one step late), the last ones after the last step
-    (:mod:`pipeopt.executor.collectives`); None: right after step t."""
+    (after clipping) and the final weights, all in ``cfg.dtype``. ``delay`` D: step t's
+    gradients go through the optimizer after step t + D - 1 (D = 2: one step late), the last
+    ones after the last step (:mod:`pipeopt.executor.collectives`); None: right after step
+    t."""
     spec = build_model(cfg.model, problem, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, problem)
+    stages = [cast(mod, cfg.dtype) for mod in split_stages(spec, problem)]
     runs = [StageModule(mod, AUTOCAST[cfg.autocast] if cfg.autocast else None)
             for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
@@ -101,7 +116,8 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
 
     for step in range(cfg.steps):
 
-        xs, ys = batch_for(spec, cfg.batch(problem.microbatches) * replicas, cfg.seed, step, m)
+        xs, ys = batch_for(spec, cfg.batch(problem.microbatches) * replicas, cfg.seed, step, m,
+                           cfg.dtype)
         opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         total = 0.0
@@ -128,6 +144,26 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
         update(pending.pop(0))
     return {"losses": losses, "step_times": times, "grads": grads,
             "weights": stage_weights(dict(enumerate(stages)))}
+
+
+def compare_replicas(got: list[Grads], ref: Grads, rtol: float = RTOL, atol: float = ATOL
+                     ) -> Comparison:
+    """:func:`compare_grads` of every replica's gradients (or weights) with the one reference
+    (each replica must hold them all after the average): the worst difference, ok only when
+    every replica is, the worst parameter named with its replica (``stage.name (replica r)``)
+    when there are several."""
+    worst: Comparison | None = None
+    ok, n = True, 0
+    for r, g in enumerate(got):
+        c = compare_grads(g, ref, rtol, atol)
+        ok, n = ok and c.ok, n + c.compared
+        if len(got) > 1:
+            c = Comparison(c.max_abs_grad_diff, c.ok, f"{c.worst} (replica {r})", c.compared)
+        if worst is None or c.max_abs_grad_diff > worst.max_abs_grad_diff:
+            worst = c
+    if worst is None:
+        return Comparison(float("inf"), False, "no replica", 0)
+    return Comparison(worst.max_abs_grad_diff, ok, worst.worst, n)
 
 
 

@@ -22,8 +22,9 @@ from pipeopt.executor import _torch
 from pipeopt.executor.check import (
     AUTOCAST,
     batch_for,
+    cast,
     clip_grads,
-    compare_grads,
+    compare_replicas,
     optimizer,
     reference_run,
     stage_grads,
@@ -33,6 +34,10 @@ from pipeopt.executor.collectives import GraphRun, plan_schedule
 from pipeopt.executor.export import schedule_rows
 from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
 from pipeopt.executor.procs import (
+    ATOL,
+    ATOL64,
+    RTOL,
+    RTOL64,
     ExecutorError,
     RankStatus,
     RunConfig,
@@ -67,6 +72,9 @@ class RunResult:
     op_costs: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, stage) -> s
     peak_memory: list[float] = field(default_factory=list)  # bytes, per rank
     compared: str = "gradients"  # or "weights" (a data-parallel graph schedule's final ones)
+    dtype: str = "float32"  # of the parameters and inputs, in the ranks and the reference
+    rtol: float = RTOL  # the comparison's tolerance: |a - b| <= atol + rtol |b|
+    atol: float = ATOL
     collectives: list[list[str]] = field(default_factory=list)  # per rank: Reducer.log
 
     @property
@@ -86,8 +94,10 @@ class RunResult:
         out = {**asdict(self), "ranks": self.world, "loss": self.loss,
                "step_time": self.step_time, "op_costs": {
                    f"{k}{kind}": t for (kind, k), t in sorted(self.op_costs.items(),
-                                                              key=lambda x: x[0][::-1])}}
-        del out["world"]
+                                                              key=lambda x: x[0][::-1])},
+               "tolerance": {"rtol": self.rtol, "atol": self.atol}}
+        for key in ("world", "rtol", "atol"):
+            del out[key]
         return out
 
 
@@ -116,12 +126,13 @@ def _build(schedule: Schedule, cfg: RunConfig
     """The model, its stages, their stage modules and a micro-batch's way through them."""
     prob = schedule.problem
     spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    stages = [cast(mod, cfg.dtype) for mod in split_stages(spec, prob)]
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
     checkpointed, _ = recompute_plan(prob, cfg.recompute)
     mods = [StageModule(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
                         checkpointed[k]) for k, mod in enumerate(stages)]
-    xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches)
+    xs, _ = batch_for(spec, cfg.batch(prob.microbatches), cfg.seed, 0, prob.microbatches,
+                      cfg.dtype)
     return spec, stages, mods, stage_io(mods, xs[0])
 
 
@@ -202,8 +213,10 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     opt = optimizer(cfg.optimizer, params, cfg.lr)
     reducer = None
     if plan is not None:
+        fault = cfg.fault if cfg.fault is not None and cfg.fault.rank == replica * p + rank \
+            and cfg.fault.mode in ("scale_grads", "skip_reduce") else None
         reducer = Reducer(plan, replica, rank, params, dp_group,
-                          lambda ts: optimizer(cfg.optimizer, ts, cfg.lr), status)
+                          lambda ts: optimizer(cfg.optimizer, ts, cfg.lr), status, fault)
         clock.before = reducer.before_op
         for st in pstages:
             st.grads_ready = reducer.grads_ready
@@ -213,14 +226,14 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     for step in range(cfg.steps):
         if plan is not None:
             order = _iteration(plan, replica, rank, step, runtime, clock)
-        x_mb, y_mb = batch_for(spec, bs * dp, cfg.seed, step, m * dp)  # this replica's share:
+        x_mb, y_mb = batch_for(spec, bs * dp, cfg.seed, step, m * dp, cfg.dtype)  # its share:
         x = torch.cat([x_mb[replica * m + j] for j in order]).to(device)
         y = torch.cat([y_mb[replica * m + j] for j in order]).to(device)
         opt.zero_grad(set_to_none=True)
         mb_losses: list[torch.Tensor] = []
         dist.barrier()
         if cfg.fault is not None and cfg.fault.rank == replica * p + rank \
-                and cfg.fault.step == step:
+                and cfg.fault.step == step and cfg.fault.mode in ("raise", "hang"):
             if cfg.fault.mode == "hang":
                 status.text = f"step {step}: stopped answering (injected fault)"
                 time.sleep(3600)
@@ -360,14 +373,16 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     res.op_costs = op_costs(per_rank)
     res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
     res.collectives = [r.get("collectives", []) for r in per_rank]
+    res.dtype, res.rtol, res.atol = cfg.dtype, cfg.rtol, cfg.atol
     if cfg.check:
-        # replica 0's gradients or weights (every replica holds the same after the average)
-        what = "grads" if plan is None else "weights"
-        grads = {k: g for r in per_rank[:schedule.problem.devices] for k, g in r[what].items()}
+        # every replica's gradients or weights (each must hold the same after the average)
+        what, p = "grads" if plan is None else "weights", schedule.problem.devices
+        got = [{k: g for r in per_rank[i * p:(i + 1) * p] for k, g in r[what].items()}
+               for i in range(dp)]
         ref = reference_run(schedule.problem, cfg, replicas=dp,
                             delay=None if plan is None else plan.delay)
         res.compared = "gradients" if plan is None else "weights"
-        cmp = compare_grads(grads, ref[what], cfg.rtol, cfg.atol)
+        cmp = compare_replicas(got, ref[what], cfg.rtol, cfg.atol)
         res.reference_losses = ref["losses"]
         res.reference_step_time = statistics.median(ref["step_times"][1:]
                                                     or ref["step_times"])
@@ -424,6 +439,8 @@ def run_graph(plan: GraphRun, cfg: RunConfig) -> RunResult:
         raise ExecutorError(f"steps: the schedule holds {plan.iterations} iteration(s), one per "
                             f"step, got {cfg.steps}")
     cfg = replace(cfg, data_parallel=plan.replicas)
+    if check_dtype(cfg) != cfg.dtype:
+        cfg = replace(cfg, dtype=check_dtype(cfg), rtol=RTOL64, atol=ATOL64)
     sched = plan_schedule(plan, 0, 0)
     _preflight(sched, cfg)
     backend = resolve_backend(cfg.backend)
@@ -436,6 +453,17 @@ def run_graph(plan: GraphRun, cfg: RunConfig) -> RunResult:
                          timeout=cfg.timeout, backend=backend, threads=cfg.threads,
                          op_timeout=cfg.op_timeout)
     return None if per_rank is None else _assemble(sched, cfg, per_rank, plan)  # type: ignore
+
+
+def check_dtype(cfg: RunConfig) -> str:
+    """The dtype a data-parallel graph replay runs in: ``float64`` under ``--check`` (both
+    the ranks and the reference), so that the order in which float32 would round the sums of
+    gradients (the replicas' reduction against the reference's one sum, which AdamW's division
+    by sqrt(v) + eps magnifies up to ``lr`` per element where a gradient nearly cancels) stays
+    far below the tolerance while a wrong replay still moves the weights by about ``lr``;
+    ``cfg.dtype`` otherwise, and under ``--autocast`` (which leaves float64 uncast). The
+    float64 check compares with :data:`~pipeopt.executor.procs.RTOL64` / ``ATOL64``."""
+    return "float64" if cfg.check and cfg.autocast is None else cfg.dtype
 
 
 def _graph_rank(rank: int, world: int, device: torch.device, schedule: Schedule,

@@ -43,11 +43,16 @@ def first_line(exc: BaseException) -> str:
 @dataclass
 class Fault:
     """Testing hook: make ``rank`` fail (``raise``) or stop answering (``hang``) before its
-    first op of step ``step``."""
+    first op of step ``step``; or, in the replay of a data-parallel graph schedule, train
+    wrongly so that ``--check`` must fail: ``scale_grads`` multiplies the rank's gradients of
+    iteration ``step`` by ``factor`` before they are reduced, ``skip_reduce`` makes the rank
+    apply its own gradients of iteration ``step`` in place of the reduced ones (the
+    collective still runs, so the other ranks are not held up)."""
 
     rank: int
     mode: str = "raise"
     step: int = 0
+    factor: float = 2.0
 
 
 class RankStatus:
@@ -60,9 +65,17 @@ class RankStatus:
 #: Default tolerance of the gradient comparison (fp32): |a - b| <= ATOL + RTOL * |b|.
 RTOL = 1e-5
 ATOL = 1e-5
+#: The tolerance when both sides run in float64 (``--check`` of a data-parallel graph
+#: schedule): far above float64's rounding (3.7e-13 measured with AdamW on
+#: examples/dp_cross_dc.yaml), far below what a wrong replay moves (about lr times a gradient).
+RTOL64 = 1e-8
+ATOL64 = 1e-8
 
 #: ``--autocast`` dtypes (:data:`pipeopt.executor.check.AUTOCAST` maps them to torch's).
 AUTOCAST_NAMES = ("bf16", "fp16")
+
+#: :attr:`RunConfig.dtype` values: parameters, buffers and floating inputs in this dtype.
+DTYPE_NAMES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -73,15 +86,17 @@ class RunConfig:
     rank (default: cores / ranks), whether to compare with the one-process reference, the
     optimizer (``sgd``, ``adamw``), gradient clipping to a global norm, autocast (``bf16``,
     ``fp16``) and whether a split backward runs per layer (pipeopt's refinement) or as
-    PyTorch's whole-stage split. ``torch_schedule``: run PyTorch's own schedule class of that
-    name (e.g. ``Schedule1F1B``) on the same stages instead of the schedule's orders (a
-    baseline for benchmarks). ``data_parallel``: replicas of the pipeline (rank = replica *
-    devices + pipeline rank), each on its own share of a batch ``data_parallel`` times as
-    large, gradients averaged over the replicas after each step. ``recompute``: ``None``
-    checkpoints activations where the schedule's problem says (model form: ``full``
-    recompute, see :func:`~pipeopt.executor.models.recompute_plan`), ``full`` / ``none``
-    on every stage whatever it says. The async and the serving replays read the fields
-    they use."""
+    PyTorch's whole-stage split. ``dtype``: ``float32``, or ``float64`` (the model's
+    parameters and buffers and the floating inputs cast, in the ranks and the reference:
+    what ``--check`` of a data-parallel graph schedule runs in). ``torch_schedule``: run
+    PyTorch's own schedule class of that name (e.g. ``Schedule1F1B``) on the same stages
+    instead of the schedule's orders (a baseline for benchmarks). ``data_parallel``:
+    replicas of the pipeline (rank = replica * devices + pipeline rank), each on its own share
+    of a batch ``data_parallel`` times as large, gradients averaged over the replicas after
+    each step. ``recompute``: ``None`` checkpoints activations where the schedule's problem
+    says (model form: ``full`` recompute, see :func:`~pipeopt.executor.models
+    .recompute_plan`), ``full`` / ``none`` on every stage whatever it says. The async and
+    the serving replays read the fields they use."""
 
     model: str = "mlp"
     model_options: tuple[tuple[str, Any], ...] = ()
@@ -104,6 +119,7 @@ class RunConfig:
     torch_schedule: str | None = None
     data_parallel: int = 1
     recompute: str | None = None
+    dtype: str = "float32"
 
     def batch(self, microbatches: int) -> int:
         """The batch size for ``microbatches``; must split evenly."""
@@ -118,6 +134,8 @@ class RunConfig:
                 self.autocast or "bf16") not in AUTOCAST_NAMES:
             raise ValueError(f"optimizer {self.optimizer!r} / autocast {self.autocast!r}: "
                              f"expected sgd or adamw / {', '.join(AUTOCAST_NAMES)} or None")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: expected {' or '.join(DTYPE_NAMES)}, got {self.dtype!r}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> RunConfig:

@@ -22,7 +22,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.utils.checkpoint import checkpoint
 
 from pipeopt.executor import _torch
-from pipeopt.executor.procs import ExecutorError, RankStatus
+from pipeopt.executor.procs import ExecutorError, Fault, RankStatus
 from pipeopt.problem import Op
 
 
@@ -255,13 +255,14 @@ def bucket_params(params: Sequence[nn.Parameter], buckets: int) -> list[list[nn.
     return out
 
 
-def _flat(tensors: Sequence[torch.Tensor], parts: int, device: torch.device) -> torch.Tensor:
-    """The tensors flattened into one new fp32 buffer on ``device``, zero-padded to a multiple
-    of ``parts`` (at least ``parts`` elements)."""
+def _flat(tensors: Sequence[torch.Tensor], parts: int, device: torch.device,
+          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The tensors flattened into one new ``dtype`` buffer on ``device``, zero-padded to a
+    multiple of ``parts`` (at least ``parts`` elements)."""
     n = sum(t.numel() for t in tensors)
-    out = torch.zeros(max(1, -(-n // parts)) * parts, dtype=torch.float32, device=device)
+    out = torch.zeros(max(1, -(-n // parts)) * parts, dtype=dtype, device=device)
     if tensors:
-        torch.cat([t.detach().reshape(-1).float() for t in tensors], out=out[:n])
+        torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors], out=out[:n])
     return out
 
 
@@ -281,16 +282,20 @@ class Reducer:
     ``make_opt`` builds the optimizer over the given tensors (the stage's parameters, or with
     ZeRO-1 this replica's shards); ``status`` says which collective it waits for. ``log``:
     ``step:op`` per compute op and ``launch LABEL`` per collective, in the order they
-    happened."""
+    happened. ``fault`` (a :class:`~pipeopt.executor.procs.Fault`, tests only): train wrongly
+    in iteration ``fault.step`` as its mode says (``scale_grads``, ``skip_reduce``)."""
 
     def __init__(self, plan: Any, replica: int, rank: int, params: list[nn.Parameter],
                  group: Any, make_opt: Callable[[list[Any]], torch.optim.Optimizer],
-                 status: RankStatus) -> None:
+                 status: RankStatus, fault: Fault | None = None) -> None:
         import torch.distributed as dist
 
         self.dist, self.group, self.replicas, self.status = dist, group, plan.replicas, status
         self.delay, self.zero = plan.delay, plan.reduction == "reduce_scatter"
+        self.fault, self.replica = fault, replica
+        self.own: list[torch.Tensor] = []  # skip_reduce: the faulty iteration's own gradients
         self.device = params[0].device if params else torch.device("cpu")
+        self.dtype = params[0].dtype if params else torch.float32
         self.buckets = bucket_params(params, plan.buckets[rank])
         self.todo = [c for _, _, c in plan.launches[replica][rank]]
         self.key = {(c.kind, c.iteration, c.bucket): i for i, c in enumerate(self.todo)}
@@ -304,8 +309,8 @@ class Reducer:
         self.step, self.n, self.log = 0, 0, list[str]()
         if self.zero:
             r, rep = replica, self.replicas
-            self.shards = [nn.Parameter(f.view(rep, -1)[r].clone())
-                           for f in (_flat(b, rep, self.device) for b in self.buckets)]
+            self.shards = [nn.Parameter(f.view(rep, -1)[r].clone()) for f in (
+                _flat(b, rep, self.device, self.dtype) for b in self.buckets)]
             self.opt = make_opt(self.shards)
         else:
             self.opt = make_opt(params)
@@ -315,7 +320,12 @@ class Reducer:
         """The stage's backward of this step ended: copy its gradients to the bucket buffers."""
         self.packed[self.step] = [
             _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in b],
-                  self.replicas, self.device) for b in self.buckets]
+                  self.replicas, self.device, self.dtype) for b in self.buckets]
+        if self._faulty(self.step, "scale_grads"):
+            for buf in self.packed[self.step]:
+                buf.mul_(self.fault.factor)  # type: ignore[union-attr]
+        if self._faulty(self.step, "skip_reduce"):  # its own gradients, times R: kept apart
+            self.own = [buf * self.replicas for buf in self.packed[self.step]]
 
     def begin_step(self, step: int) -> None:
         """Before step ``step``: launch what is placed before its first op, then wait for what
@@ -400,18 +410,27 @@ class Reducer:
         if u in self.applied or u not in self.packed:
             return
         self.applied.add(u)
+        skip = self._faulty(u, "skip_reduce")
         if self.zero:
             for k, shard in enumerate(self.shards):
                 (out,) = self._result("RS", u, k)
+                if skip:  # this replica's shard of its own gradients
+                    out = self.own[k].view(self.replicas, -1)[self.replica]
                 shard.grad = out / self.replicas
         else:
             for k, b in enumerate(self.buckets):
                 (flat,) = self._result("AR", u, k)
+                if skip:
+                    flat = self.own[k]
                 for p, g in zip(b, _unflat(flat / self.replicas, b), strict=True):
                     p.grad = g.clone()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         del self.packed[u]
+
+    def _faulty(self, iteration: int, mode: str) -> bool:
+        return self.fault is not None and self.fault.mode == mode \
+            and self.fault.step == iteration
 
     def _gathered(self, step: int) -> None:
         """ZeRO-1: step ``step``'s parameters from its all-gather."""
