@@ -162,6 +162,46 @@ def test_pruning_never_discards_the_best() -> None:
     assert result.count("pruned", "memory") > 0  # the last case's memory limit
 
 
+# The MoE case (tests/test_plan_moe.py has its costs by hand): 4 SwiGLU experts, top-2.
+TINY_MOE = {**TINY_MODEL, "ffn_hidden": 128, "activation": "swiglu", "norm": "rmsnorm",
+            "bias": False, "position_embedding": "rotary", "dropout": False,
+            "moe": {"experts": 4, "top_k": 2, "expert_ffn": 128}}
+
+
+@pytest.mark.slow
+def test_pruning_never_discards_the_best_moe() -> None:
+    """The pruning property on an MoE model enumerated in full (EP 1, 2, 4; the all-to-all
+    inside F and B; routed experts' ZeRO-1 shards over DP / EP), PP 1 or 2, under a memory
+    limit that EP 1 never meets: every candidate pruned by bound has schedules (enumerated
+    in full) no faster than its bound and than the plan's best, and the plan's best is the
+    best of every candidate scheduled without pruning (within 1 %: the time-limited searches
+    of one candidate may end on schedules that differ slightly, with the machine's load)."""
+    data = {**tiny(finalists=100, virtual_stages=[1, 2], pipeline_parallel=[1, 2]),
+            "memory": {"limit": 2.5e6}}
+    data["model"] = {**TINY_MOE, "moe": dict(TINY_MOE["moe"])}
+    spec = parse_plan(data)
+    result = plan(spec)
+    assert result.count("pruned", "bound") > 0 and result.count("pruned", "memory") > 0
+    brute = _brute_force(spec)
+    fastest = min(r.step_time_s for r in brute.values() if r.status == "scheduled")
+    assert result.best is not None
+    assert result.best.step_time_s <= fastest * 1.01
+    for r in result.results:
+        full = brute[r.candidate]
+        if r.status == "pruned" and r.reason.startswith("bound"):
+            if full.status == "scheduled":
+                assert full.step_time_s >= r.bound_s * (1 - 1e-9)
+                assert full.step_time_s >= result.best.step_time_s * (1 - 1e-9)
+            else:  # pruned by bound before its partition: it may fit no partition
+                assert full.reason.startswith("memory"), (r.candidate, full.reason)
+        if r.status == "pruned" and r.reason.startswith("memory"):
+            assert full.status != "scheduled", r.candidate
+        if r.status == "scheduled":
+            assert r.step_time_s >= r.bound_s * (1 - 1e-9)
+    assert {r.candidate.ep for r in result.results if r.status == "pruned"} == {1, 2, 4}
+    assert result.best.candidate.ep is not None and result.best.candidate.ep > 1
+
+
 def test_zero3_is_the_only_configuration_that_fits() -> None:
     """Pure data parallelism (TP = PP = 1) over 4 GPUs with 1.25 MB each: the tiny model's
     218,752 parameters need 16, 7 and 5.5 bytes each under ZeRO-0, 1 and 2 (3.5, 1.53 and

@@ -235,6 +235,15 @@ class ModelPlan:
     #: bandwidth bytes/s) of its replicas' rings (:meth:`dp_ring_links`), which carry the
     #: collectives of every micro-batch; () otherwise.
     dp_links: tuple[tuple[float, float], ...] = ()
+    #: Mixture-of-experts (:func:`pipeopt.costs.moe_chain.moe_plan`): per layer, the
+    #: parameters of the routed experts this rank stores (their replicas are DP / EP, not DP);
+    #: () for a dense model.
+    expert_params: tuple[float, ...] = ()
+    #: Expert-parallel size EP (a divisor of the data-parallel size; 1 for a dense model).
+    expert_parallel: int = 1
+    #: Per pipeline rank, (L, 3) seconds of each MoE layer's all-to-all in its forward,
+    #: backward-input and backward-weight ops over the rank's EP group; () without them.
+    a2a_times: tuple[np.ndarray, ...] = ()
 
     @property
     def stages(self) -> int:
@@ -252,6 +261,23 @@ class ModelPlan:
         optimizer state; :func:`pipeopt.costs.zero.zero_bytes_per_param`)."""
         return zero_bytes_per_param(self.zero_stage, self.training.bytes_per_param,
                                     self.training.data_parallel)
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        """Bytes per routed-expert parameter a GPU holds: the ZeRO stage's over the experts'
+        DP / EP replicas (equal to :attr:`static_bytes_per_param` with ZeRO-0)."""
+        return zero_bytes_per_param(self.zero_stage, self.training.bytes_per_param,
+                                    self.training.data_parallel // self.expert_parallel)
+
+    def static_bytes(self, a: int, b: int) -> float:
+        """Bytes of weights, gradients and optimizer state of layers ``a:b`` on a GPU: their
+        parameters x :attr:`static_bytes_per_param`, routed experts at
+        :attr:`expert_bytes_per_param`."""
+        out = sum(lc.params for lc in self.layers[a:b]) * self.static_bytes_per_param
+        if self.expert_params:
+            out += sum(self.expert_params[a:b]) * (self.expert_bytes_per_param
+                                                   - self.static_bytes_per_param)
+        return out
 
     def zero_transient(self, layers: list[LayerCost] | tuple[LayerCost, ...]) -> float:
         """Bytes the largest of ``layers`` holds on top of its ZeRO-2/3 shards while it runs
@@ -293,9 +319,12 @@ class ModelPlan:
 
     def comm_times(self, device: int) -> np.ndarray:
         """(L, 3) seconds of the collectives inside each layer's ops on pipeline rank
-        ``device``: tensor-parallel (:meth:`tp_comm_times`) and ZeRO-2/3
-        (:meth:`zero_comm_times`)."""
-        return self.tp_comm_times(device) + self.zero_comm_times(device)
+        ``device``: tensor-parallel (:meth:`tp_comm_times`), ZeRO-2/3
+        (:meth:`zero_comm_times`) and an MoE layer's all-to-all (:attr:`a2a_times`)."""
+        out = self.tp_comm_times(device) + self.zero_comm_times(device)
+        if self.a2a_times:  # an MoE layer's dispatch and combine all-to-all
+            out = out + self.a2a_times[device]
+        return out
 
     def zero_comm_times(self, device: int) -> np.ndarray:
         """(L, 3) seconds of each layer's per-micro-batch ZeRO collectives in its forward,
@@ -396,7 +425,20 @@ class ModelPlan:
         for k, nbytes in enumerate(grads):
             per_device[sd[k]] += nbytes
         worst = self.dp_ring_links([x / dp for x in per_device])
-        if self.zero_stage < 2:  # the all-reduce (as zero_step_comm_time, term by term)
+        if self.zero_stage < 2 and self.expert_params:
+            # MoE: the routed experts' gradients are all-reduced over their DP / EP replicas
+            # (taken on the same worst ring link), the rest over all DP replicas.
+            dpe = dp // self.expert_parallel
+            gb = self.training.grad_bytes_per_param
+            reduce = []
+            for k, r in enumerate(rows):
+                link = worst[sd[k]]
+                ex = r.get("expert_params", 0.0) * gb
+                t = 2 * (dp - 1) * (link.latency + ((grads[k] - ex) / dp) / link.bandwidth)
+                if dpe > 1:
+                    t += 2 * (dpe - 1) * (link.latency + (ex / dpe) / link.bandwidth)
+                reduce.append(t)
+        elif self.zero_stage < 2:  # the all-reduce (as zero_step_comm_time, term by term)
             reduce = [2 * (dp - 1) * (worst[sd[k]].latency
                                       + (nbytes / dp) / worst[sd[k]].bandwidth)
                       for k, nbytes in enumerate(grads)]
@@ -513,6 +555,9 @@ class ModelPlan:
                 lat, bw = self.topology.link(a, b, self.message_bytes)
                 comm[k] = 2 * (lat + out_bytes / bw)  # activation forward + gradient back
         static = np.array([lc.params * self.static_bytes_per_param for lc in self.layers])
+        if self.expert_params:
+            static = static + np.array(self.expert_params) * (
+                self.expert_bytes_per_param - self.static_bytes_per_param)
         act = np.array([lc.activation_bytes for lc in self.layers])
         if self.ratios is not None:  # the average micro-batch's bytes
             act = act * self.ratios.activation.mean(axis=0)
@@ -560,7 +605,7 @@ class ModelPlan:
             t = times[sd[k]][a:b].sum(axis=0)
             seg = self.layers[a:b]
             act = sum(lc.activation_bytes for lc in seg)
-            static = sum(lc.params for lc in seg) * self.static_bytes_per_param
+            static = self.static_bytes(a, b)
             wgb = float(sum(lc.weight_grad_bytes for lc in seg))
             whole = self.first_stage_backward(sd[k], a, b) if k == 0 else None
             if whole is not None:
@@ -583,6 +628,8 @@ class ModelPlan:
                 "activation_bytes": float(act),
                 "weight_grad_bytes": wgb,
                 "params": float(sum(lc.params for lc in seg)),
+                **({"expert_params": float(sum(self.expert_params[a:b]))}
+                   if self.expert_params else {}),
                 "static_bytes": float(static),
                 "inflight_microbatches": inflight[k],
                 "backward_transient_bytes": float(transient),

@@ -4,7 +4,9 @@ before it is built: a memory floor and a step-time bound valid for every partiti
 A candidate fixes tensor parallelism TP (within a node), pipeline parallelism PP, data
 parallelism DP = GPUs / (TP x PP), the micro-batch size b, the micro-batches per step
 m = global batch / (DP x b) (an integer), the chunks per device v, the recompute mode and the
-ZeRO stage. Times in seconds, memory in bytes.
+ZeRO stage; for a mixture-of-experts model also the expert-parallel size EP, a divisor of
+the experts count and of DP (EP carved out of data parallelism, as Megatron-Core and
+DeepSpeed-MoE do: :mod:`pipeopt.costs.moe_chain`). Times in seconds, memory in bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeopt.costs.build import ModelPlan, make_plan, topology_of
+from pipeopt.costs.moe_chain import moe_model_flops, moe_plan
 from pipeopt.costs.transformer import model_flops_per_iteration
 from pipeopt.costs.zero import zero_bytes_per_param
 from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
@@ -26,7 +29,8 @@ from pipeopt.topology import Topology
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One parallel configuration (all counts; ``zero`` is the ZeRO stage, 0 to 3)."""
+    """One parallel configuration (all counts; ``zero`` is the ZeRO stage, 0 to 3; ``ep``
+    the expert-parallel size of an MoE model, None for a dense one)."""
 
     tp: int
     pp: int
@@ -36,6 +40,7 @@ class Candidate:
     virtual_stages: int
     recompute: str
     zero: int
+    ep: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -44,13 +49,16 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """A short name, e.g. ``tp8 pp16 dp8 b1 m192 v1 selective z1``."""
+        """A short name, e.g. ``tp8 pp16 dp8 b1 m192 v1 selective z1`` (``... z1 ep8`` for
+        an MoE model)."""
         return (f"tp{self.tp} pp{self.pp} dp{self.dp} b{self.micro_batch_size} "
-                f"m{self.microbatches} v{self.virtual_stages} {self.recompute} z{self.zero}")
+                f"m{self.microbatches} v{self.virtual_stages} {self.recompute} z{self.zero}"
+                + ("" if self.ep is None else f" ep{self.ep}"))
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON keys of the configuration."""
+        """The JSON keys of the configuration (``ep`` for an MoE model only)."""
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp,
+                **({} if self.ep is None else {"ep": self.ep}),
                 "micro_batch_size": self.micro_batch_size, "microbatches": self.microbatches,
                 "virtual_stages": self.virtual_stages, "recompute": self.recompute,
                 "zero": self.zero, "gpus": self.gpus}
@@ -68,7 +76,10 @@ def gpu_counts(spec: PlanSpec) -> list[int]:
 def tensor_sizes(spec: PlanSpec) -> list[int]:
     """TP sizes to try: ``plan.tensor_parallel`` or every divisor of the smallest node's GPU
     count that divides the heads (and the kv heads, or is divided by them), so that a TP group
-    never leaves a node and every node holds whole groups."""
+    never leaves a node and every node holds whole groups. An MoE model: 1 (its blocks are
+    modelled without tensor parallelism)."""
+    if spec.moe is not None:
+        return [1]
     topo = topology_of(spec.cluster_cfg)
     node = min(size for _, size in topo.nodes)
     heads = spec.model_cfg.heads or 1
@@ -90,7 +101,7 @@ def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
     DP = N / (TP x PP) and m = global batch / (DP x b) integers, PP x v stages at most the
     model's pipeline layers (blocks + embedding + head), at most :data:`MAX_DEVICES` pipeline
     ranks and :data:`MAX_OPS` ops; ZeRO 1 to 3 only with DP > 1 (with one replica they are
-    ZeRO-0)."""
+    ZeRO-0); for an MoE model each EP size of :func:`expert_sizes` that divides DP."""
     pl = spec.plan
     layers = (spec.model_cfg.layers or 0) + 2
     out = []
@@ -111,8 +122,20 @@ def enumerate_candidates(spec: PlanSpec) -> list[Candidate]:
                 m = spec.global_batch_size // (dp * b)
                 if 3 * pp * v * m > MAX_OPS:
                     continue
-                out.append(Candidate(tp, pp, dp, b, m, v, rc, zero))
+                if spec.moe is None:
+                    out.append(Candidate(tp, pp, dp, b, m, v, rc, zero))
+                else:
+                    out.extend(Candidate(tp, pp, dp, b, m, v, rc, zero, ep)
+                               for ep in expert_sizes(spec) if dp % ep == 0)
     return sorted(set(out))
+
+
+def expert_sizes(spec: PlanSpec) -> list[int]:
+    """EP sizes to try for an MoE model: ``plan.expert_parallel`` or every divisor of
+    ``model.moe.experts`` ([] for a dense model)."""
+    if spec.moe is None:
+        return []
+    return list(spec.plan.expert_parallel or _divisors(spec.moe.experts))
 
 
 def bytes_per_param(spec: PlanSpec, cand: Candidate) -> float:
@@ -165,7 +188,14 @@ def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | No
     :class:`ConfigError` as the model form does (e.g. ranks that do not fit the cluster)."""
     data = config_of(spec, cand, stage_layers, uniform=uniform)
     cfg = ConfigFile.model_validate({k: v for k, v in data.items() if k != "solver"})
-    return make_plan(cfg, spec.source, topology=topology)
+    plan = make_plan(cfg, spec.source, topology=topology)
+    if spec.moe is None:
+        return plan
+    try:
+        return moe_plan(plan, spec.shape(cand.tp, cand.micro_batch_size, cand.recompute),
+                        replace(spec.moe, expert_parallel=cand.ep or 1))
+    except ValueError as exc:
+        raise ConfigError(f"plan.{exc}") from None
 
 
 @dataclass(frozen=True)
@@ -215,13 +245,14 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
                       for o in getattr(plan, "recompute_options", ()))]
     times = [w.layer_times(d).sum(axis=1) for w in worlds for d in kinds.values()]
     per_mb = sum(min(t[i] for t in times) for i in range(len(plan.layers)))
-    static = sum(lc.params for lc in plan.layers) * plan.static_bytes_per_param
+    static = plan.static_bytes(0, len(plan.layers))
     act = sum(min(w.layers[i].activation_bytes for w in worlds)
               for i in range(len(plan.layers)))
     extra = sum(plan.extra_static)
     floor = (static + act + extra) / plan.devices
     limits = [math.inf if x is None else x for x in plan.memory_limit]
-    flops = model_flops_per_iteration(
-        spec.shape(cand.tp, cand.micro_batch_size, "none"), cand.microbatches) * cand.dp
+    shape = spec.shape(cand.tp, cand.micro_batch_size, "none")
+    flops = (model_flops_per_iteration(shape, cand.microbatches) if spec.moe is None
+             else moe_model_flops(shape, spec.moe, cand.microbatches)) * cand.dp
     return Estimate(memory_floor_bytes=floor, memory_limit_bytes=max(limits),
                     bound_s=cand.microbatches * per_mb / cand.pp, model_flops=flops)

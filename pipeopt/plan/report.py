@@ -24,12 +24,13 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _row(r: CandidateResult, rank: str, priced: bool) -> list[str]:
+def _row(r: CandidateResult, rank: str, priced: bool, moe: bool = False) -> list[str]:
     c = r.candidate
     gap = r.gap
     # The reason's first word (memory, bound, time limit ...); --json has it whole.
     why = r.status if not r.reason else f"{r.status} ({r.reason.split(':')[0]})"
-    return [rank, str(c.gpus), str(c.tp), str(c.pp), str(c.dp), str(c.micro_batch_size),
+    return [rank, str(c.gpus), str(c.tp), str(c.pp), str(c.dp),
+            *([str(c.ep)] if moe else []), str(c.micro_batch_size),
             str(c.microbatches), str(c.virtual_stages), c.recompute, str(c.zero),
             _f(r.step_time_s, ".4g"), _f(r.tokens_per_s, ".4g"),
             _f(None if r.mfu is None else 100 * r.mfu, ".1f"),
@@ -52,19 +53,21 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _head(priced: bool) -> list[str]:
-    return ["#", "gpus", "tp", "pp", "dp", "b", "m", "v", "recompute", "zero", "step s",
+def _head(priced: bool, moe: bool = False) -> list[str]:
+    return ["#", "gpus", "tp", "pp", "dp", *(["ep"] if moe else []), "b", "m", "v",
+            "recompute", "zero", "step s",
             "tokens/s", "MFU %", "peak GiB", "bubble %", "bound s", "gap %",
             *(["$/step"] if priced else []), "status"]
 
 
 def ranked_table(result: Plan, top: int = 15) -> str:
     """The best ``top`` candidates (scheduled first, by step time), then a count of the rest
-    by status."""
+    by status; an MoE model's table has the expert-parallel size in column ``ep``."""
     priced = bool(result.spec.prices)
-    rows = [_head(priced)]
+    moe = result.spec.moe is not None
+    rows = [_head(priced, moe)]
     for i, r in enumerate(result.results[:top]):
-        rows.append(_row(r, str(i + 1), priced))
+        rows.append(_row(r, str(i + 1), priced, moe))
     text = _table(rows)
     rest = len(result.results) - min(top, len(result.results))
     if rest:

@@ -6,6 +6,13 @@ e.g. ``plan.micro_batch_size[1]: must be >= 1, got 0``. The model, cluster and t
 are those of the model form (docs/model_config.md), checked by its own parsers; the keys the
 planner chooses itself (tensor parallelism, micro-batch size, recompute, data parallelism,
 the pipeline) are refused there with a pointer to the ``plan:`` key that chooses them.
+
+A mixture-of-experts model gives ``model.moe`` with the keys of the MoE workload config
+(:class:`pipeopt.moe_config.MoESection`: ``experts``, ``top_k``, ``expert_ffn``,
+``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``, ``every``,
+``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
+(``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates have
+no tensor parallelism, recompute ``none`` or ``selective`` and ZeRO 0 or 1.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ from pipeopt.costs.config import (
     parse_model,
     parse_training,
 )
+from pipeopt.costs.moe import MoESpec
 from pipeopt.costs.transformer import TransformerShape
 from pipeopt.costs.zero import GRAD_BYTES, WEIGHT_BYTES
 from pipeopt.costs.zero import ZERO_STAGES as _ZERO_STAGES
 from pipeopt.errors import ConfigError
-from pipeopt.schema import MemoryConfig, check_unknown_keys, pydantic_message
+from pipeopt.moe_config import MoESection
+from pipeopt.schema import MemoryConfig, check_unknown_keys, pydantic_message, validate_mapping
 from pipeopt.solvers import UnknownMethod, check_method
 
 #: The recompute modes the planner enumerates: the three uniform over the model's blocks, and
@@ -51,6 +60,12 @@ DEFAULT_ZERO: tuple[int, ...] = (0, 1)
 #: ``training.bytes_per_param`` (Adam's fp32 master weights, momentum and variance, 12 bytes
 #: by default) is divided by the data-parallel size: 2 + 2 + 12 / DP (ZeRO, figure 1, P_os).
 ZERO1_KEPT_BYTES = WEIGHT_BYTES + GRAD_BYTES
+
+#: The recompute modes of an MoE model (:mod:`pipeopt.costs.moe` models none and selective).
+MOE_RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective")
+#: The ZeRO stages of an MoE model: 0 and 1 (the per-micro-batch collectives of ZeRO-2/3 are
+#: not split into the experts' DP / EP replicas and the rest's DP).
+MOE_ZERO_STAGES: tuple[int, ...] = (0, 1)
 
 #: model: keys the planner chooses, and the plan: key that lists its choices.
 _CHOSEN_MODEL_KEYS = {"tensor_parallel": "plan.tensor_parallel",
@@ -84,6 +99,9 @@ class PlanSection(_Strict):
         "that divide the heads)")
     pipeline_parallel: list[int] | None = Field(
         None, min_length=1, description="PP sizes (default: every divisor of GPUs / TP)")
+    expert_parallel: list[int] | None = Field(
+        None, min_length=1, description="EP sizes of an MoE model (default: every divisor "
+        "of model.moe.experts; each candidate's must also divide its DP)")
     micro_batch_size: list[int] = Field([1, 2, 4, 8], min_length=1)
     virtual_stages: list[int] = Field([1, 2], min_length=1)
     recompute: list[str] = Field(list(RECOMPUTE_MODES), min_length=1,
@@ -125,6 +143,9 @@ class PlanSpec:
     #: Dollars per GPU-hour by GPU model name (empty: no prices given).
     prices: tuple[tuple[str, float], ...] = ()
     source: str = "<memory>"
+    #: ``model.moe`` of a mixture-of-experts model (``expert_parallel`` 1: each candidate sets
+    #: its own); None for a dense model.
+    moe: MoESpec | None = None
 
     def shape(self, tensor_parallel: int = 1, micro_batch_size: int = 1,
               recompute: str = "none") -> TransformerShape:
@@ -188,6 +209,55 @@ def _prices(raw: Any, cluster: ClusterConfig) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out.items()))
 
 
+def _moe(model: dict[str, Any]) -> MoESpec | None:
+    """``model.moe`` taken out of ``model`` and checked (None: a dense model); other keys that
+    look like MoE keys are pointed to it."""
+    stray = [k for k in model if k != "moe" and ("expert" in str(k).lower()
+                                                 or "moe" in str(k).lower())]
+    if stray:
+        raise ConfigError(f"model.{stray[0]}: mixture-of-experts keys go under model.moe "
+                          "(experts, top_k, expert_ffn, capacity_factor, shared_experts, ...)")
+    if "moe" not in model:
+        return None
+    raw = model.pop("moe")
+    if isinstance(raw, dict) and "expert_parallel" in raw:
+        raise ConfigError("model.moe.expert_parallel: chosen by the planner; list the values to "
+                          "try under plan.expert_parallel")
+    sec = validate_mapping(MoESection, raw, "model.moe")
+    try:
+        return MoESpec(**sec.model_dump())
+    except ValueError as exc:
+        raise ConfigError(f"model.moe.{exc}") from None
+
+
+def _check_moe_plan(moe: MoESpec, section: PlanSection, raw_plan: dict[str, Any],
+                    model_cfg: ModelConfig) -> None:
+    """The plan: keys an MoE model restricts (module docstring)."""
+    if model_cfg.overrides:
+        raise ConfigError("model.overrides: not with model.moe (the planner prices every MoE "
+                          "block alike)")
+    for i, ep in enumerate(section.expert_parallel or ()):
+        if moe.experts % ep:
+            raise ConfigError(f"plan.expert_parallel[{i}]: must divide model.moe.experts "
+                              f"({moe.experts}), got {ep}")
+    for i, t in enumerate(section.tensor_parallel or ()):
+        if t != 1:
+            raise ConfigError(f"plan.tensor_parallel[{i}]: must be 1 for an MoE model (its "
+                              "blocks are modelled without tensor parallelism; experts are "
+                              f"sharded by plan.expert_parallel), got {t}")
+    if "recompute" in raw_plan:
+        for i, mode in enumerate(section.recompute):
+            if mode not in MOE_RECOMPUTE_MODES:
+                raise ConfigError(f"plan.recompute[{i}]: an MoE model's blocks recompute "
+                                  f"{' or '.join(MOE_RECOMPUTE_MODES)}, got {mode!r}")
+    for i, z in enumerate(section.zero):
+        if z not in MOE_ZERO_STAGES:
+            raise ConfigError(f"plan.zero[{i}]: an MoE model is planned with ZeRO "
+                              f"{' or '.join(map(str, MOE_ZERO_STAGES))} only (ZeRO-2/3's "
+                              f"per-micro-batch collectives of the experts are not modelled), "
+                              f"got {z}")
+
+
 def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
     """Validate a plan config mapping (parsed YAML) into a :class:`PlanSpec`."""
     if not isinstance(data, dict):
@@ -208,10 +278,7 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
         if key in model:
             raise ConfigError(f"model.{key}: chosen by the planner; list the values to try "
                               f"under {where}")
-    moe = [k for k in model if "expert" in str(k).lower() or "moe" in str(k).lower()]
-    if moe:
-        raise ConfigError(f"model.{moe[0]}: mixture-of-experts models are not planned yet "
-                          "(the planner enumerates dense models only: TP, PP, DP)")
+    moe = _moe(model)
     for key in ("layer_costs", "profile"):
         if key in model:
             raise ConfigError(f"model.{key}: the planner needs a transformer shape (a preset "
@@ -255,8 +322,8 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
         section = PlanSection.model_validate(raw_plan)
     except ValidationError as exc:
         raise ConfigError(pydantic_message(exc, "plan")) from None
-    for key in ("tensor_parallel", "pipeline_parallel", "micro_batch_size", "virtual_stages",
-                "gpus"):
+    for key in ("tensor_parallel", "pipeline_parallel", "expert_parallel", "micro_batch_size",
+                "virtual_stages", "gpus"):
         _positive_list(getattr(section, key), key)
     for i, mode in enumerate(section.recompute):
         if mode not in RECOMPUTE_MODES:
@@ -266,6 +333,13 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
         vals = getattr(section, key)
         if len(set(vals)) != len(vals):
             raise ConfigError(f"plan.{key}: a value is listed twice ({vals})")
+    if moe is not None:
+        _check_moe_plan(moe, section, raw_plan, model_cfg)
+        if "recompute" not in raw_plan:
+            section = section.model_copy(update={"recompute": list(MOE_RECOMPUTE_MODES)})
+    elif section.expert_parallel is not None:
+        raise ConfigError("plan.expert_parallel: only for a mixture-of-experts model (give "
+                          "model.moe: experts, top_k, expert_ffn, ...)")
     try:
         check_method(section.method)
     except UnknownMethod as exc:
@@ -283,7 +357,7 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
     return PlanSpec(model=model, cluster=cluster, training=training, memory=memory,
                     global_batch_size=gbs, plan=section, model_cfg=model_cfg,
                     cluster_cfg=cluster_cfg, training_cfg=training_cfg, prices=prices,
-                    source=source)
+                    source=source, moe=moe)
 
 
 def load_plan(path: str | os.PathLike[str]) -> PlanSpec:

@@ -1,0 +1,154 @@
+"""Mixture-of-experts blocks as layers of the model form's chain: what ``pipeopt plan`` prices
+for an MoE candidate (docs/plan.md, "MoE models").
+
+The dense :class:`~pipeopt.costs.build.ModelPlan` of the candidate (one GPU per pipeline
+rank: no tensor parallelism, as :mod:`pipeopt.costs.moe` models the block) has each MoE block
+(``MoESpec.is_moe``) replaced by one layer whose costs are :func:`pipeopt.costs.moe.
+block_cost`'s attention + router, routed experts and shared experts summed:
+
+* compute: the routed experts of one rank process ``c·k·T`` token copies per micro-batch
+  (``k·T`` dropless): :func:`pipeopt.costs.moe.routed_tokens`;
+* parameters: the rank stores the attention, the router, the shared experts and ``E / ep``
+  routed experts; the routed experts' share is kept apart (``ModelPlan.expert_params``)
+  because its replicas are ``dp / ep``, not ``dp``: ZeRO shards their optimizer state over
+  ``dp / ep`` ranks and their gradient all-reduce runs over ``dp / ep`` replicas;
+* communication: a dispatch and a combine all-to-all in the block's forward, and their two
+  gradients in its input-gradient backward (mirrored as :mod:`pipeopt.workloads.moe` does),
+  each :func:`pipeopt.costs.collectives.all_to_all_time` of the rank's buffer over the ``ep``
+  ranks of its expert-parallel group, added to the layer's F and B (not scheduled as tasks of
+  their own: the chain problem has no network resources, so they never overlap compute here).
+
+Expert parallelism is carved out of data parallelism, as Megatron-Core (``expert_model_
+parallel_size`` divides the data-parallel size; its expert-data-parallel group is the rest)
+and DeepSpeed-MoE (``ep_size`` divides the data-parallel world; Rajbhandari et al. 2022,
+section 5) do: ``ep`` divides DP and the experts count, and the EP group of a pipeline rank
+is ``ep`` consecutive data-parallel replicas of it. Its link: every EP group of every
+pipeline rank runs its all-to-all at once; each is timed on the slowest hop of a ring over its
+GPUs, the hops of all groups sharing the links they cross
+(:meth:`pipeopt.topology.Topology.ring_links`): within a node NVLink, across nodes a NIC's
+share. Times in seconds, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pipeopt.costs import transformer as tf
+from pipeopt.costs.build import ModelPlan
+from pipeopt.costs.collectives import all_to_all_time
+from pipeopt.costs.moe import (
+    MoESpec,
+    attention_flops,
+    block_cost,
+    expert_flops,
+    gate_flops,
+    model_params,
+    shared_flops,
+)
+from pipeopt.costs.transformer import LayerCost, TransformerShape
+
+
+def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerCost, float]:
+    """One MoE block as a chain layer on one EP rank: (the layer, the parameters of its
+    routed experts on the rank). FLOPs, parameters and activations are the sums of
+    :func:`pipeopt.costs.moe.block_cost`'s parts; the recomputing backward's transient (the
+    attention core that selective recomputation rebuilds) is the dense block's."""
+    cost = block_cost(shape, spec, name)
+    parts = [p for p in (cost.attention, cost.experts, cost.shared) if p is not None]
+    layer = LayerCost(
+        name=name,
+        forward_flops=sum(p.forward_flops for p in parts),
+        backward_input_flops=sum(p.backward_input_flops for p in parts),
+        backward_weight_flops=sum(p.backward_weight_flops for p in parts),
+        params=cost.params,
+        activation_bytes=sum(p.activation_bytes for p in parts),
+        weight_grad_bytes=sum(p.weight_grad_bytes for p in parts),
+        output_bytes=tf.message_bytes(shape),
+        backward_transient_bytes=tf.block_backward_transient_bytes(shape))
+    return layer, cost.experts.params
+
+
+def ep_groups(plan: ModelPlan, ep: int) -> list[list[list[int]]]:
+    """Per pipeline rank, its EP groups: ``ep`` consecutive data-parallel replicas each
+    (GPU indices; the rank's own GPU first in the first group)."""
+    replicas = plan.replica_gpus or [[g] for g in plan.rank_gpus]
+    return [[reps[i:i + ep] for i in range(0, len(reps), ep)] for reps in replicas]
+
+
+def ep_links(plan: ModelPlan, ep: int, nbytes: float) -> list[tuple[float, float]]:
+    """Per pipeline rank, (latency s, bandwidth bytes/s) of its slowest EP group's slowest hop
+    when every group's all-to-all runs at once (see the module docstring); ``nbytes``: a rank's
+    all-to-all buffer (a ring step carries ``nbytes / ep`` and chooses the paths)."""
+    groups = ep_groups(plan, ep)
+    rings = [(g, nbytes / ep) for mine in groups for g in mine]
+    links = plan.topology.ring_links(rings)
+    out, i = [], 0
+    for mine in groups:
+        worst = min(links[i:i + len(mine)], key=lambda x: (x.bandwidth, -x.latency))
+        out.append((worst.latency, worst.bandwidth))
+        i += len(mine)
+    return out
+
+
+def moe_plan(plan: ModelPlan, shape: TransformerShape, spec: MoESpec) -> ModelPlan:
+    """``plan`` (the dense plan of ``shape`` on the cluster, one GPU per pipeline rank) with
+    ``spec``'s MoE blocks, EP size ``spec.expert_parallel``: MoE layers, their routed experts'
+    parameters, and the all-to-all seconds of each rank (see the module docstring). Raises
+    ValueError when the EP size does not divide the data-parallel size or the plan is not of
+    a transformer's layers."""
+    ep, dp = spec.expert_parallel, plan.training.data_parallel
+    if dp % ep:
+        raise ValueError(f"expert_parallel: must divide the data-parallel size ({dp}: expert "
+                         f"parallelism is carved out of data parallelism), got {ep}")
+    if plan.group != 1 or shape.tensor_parallel != 1:
+        raise ValueError("tensor_parallel: MoE blocks are modelled without tensor parallelism "
+                         f"(experts are sharded by expert_parallel), got {plan.group}")
+    names = [lc.name for lc in plan.layers]
+    if len(names) != shape.layers + 2 or names[0] != "embedding" or names[-1] != "head":
+        raise ValueError("layers: an MoE plan needs the transformer's embedding, blocks and "
+                         "head")
+    layers = list(plan.layers)
+    experts = [0.0] * len(layers)
+    layer = routed = None
+    for i in range(shape.layers):
+        if spec.is_moe(i):
+            if layer is None:  # every MoE block has the same shape
+                layer, routed = moe_layer(shape, spec, "moe")
+            layers[i + 1] = replace(layer, name=f"block{i}")
+            experts[i + 1] = routed or 0.0
+    times: tuple[np.ndarray, ...] = ()
+    if ep > 1:
+        cost = block_cost(shape, spec)
+        links = ep_links(plan, ep, max(cost.dispatch_bytes, cost.combine_bytes))
+        rows = []
+        for lat, bw in links:
+            a2a = (all_to_all_time(ep, cost.dispatch_bytes, lat, bw)
+                   + all_to_all_time(ep, cost.combine_bytes, lat, bw))
+            t = np.zeros((len(layers), 3))
+            for i in range(shape.layers):
+                if spec.is_moe(i):
+                    t[i + 1, 0] = t[i + 1, 1] = a2a  # F: dispatch + combine; B: their gradients
+            rows.append(t)
+        times = tuple(rows)
+    total, _ = model_params(shape, spec)
+    return replace(plan, layers=layers, expert_params=tuple(experts), expert_parallel=ep,
+                   a2a_times=times, model_params=total)
+
+
+def moe_model_flops(shape: TransformerShape, spec: MoESpec, microbatches: int = 1) -> float:
+    """Forward + backward FLOPs of one replica's step (3 x the forward, no recomputation; the
+    count of :func:`pipeopt.costs.transformer.model_flops_per_iteration` for MFU) with each
+    token's ``top_k`` routed experts dropless: the useful work, not a capacity's padding."""
+    dense = replace(spec, capacity_factor=None)
+    lin, att = tf.block_flops(shape)
+    fwd = tf.head_flops(shape)
+    for i in range(shape.layers):
+        if spec.is_moe(i):
+            a_lin, a_att = attention_flops(shape)
+            fwd += (a_lin + a_att + gate_flops(shape, dense) + expert_flops(shape, dense)
+                    + shared_flops(shape, dense))
+        else:
+            fwd += lin + att
+    return 3.0 * fwd * microbatches

@@ -1,0 +1,230 @@
+"""Mixture-of-experts models in ``pipeopt plan`` (issue 16): the MoE keys of the plan's model
+form, expert-parallel candidates, one candidate's costs by hand, refusals, the CLI's table
+and JSON, and the example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeopt.cli import main
+from pipeopt.config import ConfigError
+from pipeopt.plan import Candidate, enumerate_candidates, estimate, load_plan, parse_plan, plan
+from pipeopt.plan.candidates import model_plan
+from pipeopt.plan.search import _Context, _Task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny MoE transformer (4 blocks, 4 SwiGLU experts of width 128, top-2) on 2 nodes of 2
+# GPUs, timed exactly from FLOPs at 1e12 FLOP/s. NVLink 1 GB/s and 1 us; PCIe so slow to
+# start (1 ms) that NVLink carries every hop within a node; InfiniBand 0.1 GB/s and 10 us.
+MOE = {"experts": 4, "top_k": 2, "expert_ffn": 128}
+TINY_MOE_MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 128,
+                  "ffn_hidden": 128, "activation": "swiglu", "norm": "rmsnorm", "bias": False,
+                  "position_embedding": "rotary", "dropout": False, "moe": dict(MOE)}
+TINY_CLUSTER = {"gpu": "A100-80GB", "nodes_per_datacenter": 2, "gpus_per_node": 2,
+                "peak_flops": 1e12, "compute_efficiency": 1.0,
+                "tiers": {"nvlink": {"bandwidth": 1e9, "latency": 1e-6},
+                          "pcie": {"bandwidth": 1e12, "latency": 1e-3},
+                          "infiniband": {"bandwidth": 1e8, "latency": 1e-5}}}
+
+
+def tiny_moe(**plan_keys: Any) -> dict[str, Any]:
+    model = {**TINY_MOE_MODEL, "moe": dict(MOE)}
+    return {"model": model, "cluster": {**TINY_CLUSTER},
+            "training": {"global_batch_size": 8},
+            "plan": {"time_limit": 120, "screen_time_limit": 0.5, "micro_batch_size": [1, 2],
+                     **plan_keys}}
+
+
+def test_moe_candidates_carry_ep_dividing_experts_and_dp() -> None:
+    spec = parse_plan(tiny_moe())
+    assert spec.moe is not None and spec.moe.experts == 4
+    cands = enumerate_candidates(spec)
+    assert {c.ep for c in cands} == {1, 2, 4}
+    for c in cands:
+        assert c.tp == 1 and c.tp * c.pp * c.dp == 4
+        assert c.ep is not None and 4 % c.ep == 0 and c.dp % c.ep == 0
+        assert c.recompute in ("none", "selective")  # the MoE default
+        assert c.label.endswith(f" ep{c.ep}") and c.as_dict()["ep"] == c.ep
+    # Every combination: (pp, dp) in {(1, 4), (2, 2), (4, 1)}, EP dividing DP and 4, b, v
+    # (only with PP > 1, PP x v at most the 6 pipeline layers), recompute, ZeRO (> 0 only
+    # with DP > 1).
+    expected = set()
+    for pp, dp in [(1, 4), (2, 2), (4, 1)]:
+        for ep in (1, 2, 4):
+            for b in (1, 2):
+                for v in (1, 2):
+                    for rc in ("none", "selective"):
+                        for z in (0, 1):
+                            if (dp % ep or (v == 2 and pp == 1) or (z and dp == 1)
+                                    or pp * v > 6):
+                                continue
+                            expected.add(Candidate(1, pp, dp, b, 8 // (dp * b), v, rc, z, ep))
+    assert set(cands) == expected
+    # A dense model's candidates carry no ep (its JSON is unchanged).
+    dense = {**tiny_moe(), "model": {k: v for k, v in TINY_MOE_MODEL.items() if k != "moe"}}
+    assert all(c.ep is None and "ep" not in c.as_dict()
+               for c in enumerate_candidates(parse_plan(dense)))
+
+
+def test_one_moe_candidate_by_hand() -> None:
+    """PP 1, DP 4, EP 2, b 1, m 2, ZeRO-1. Per MoE block and micro-batch (T = 32 tokens,
+    h = 64, 4 experts of 3 x 64 x 128 weights, 2 per token, 2 per rank):
+    forward 2T(h^2 + 2h^2 + h^2) = 1,048,576 (linear) + 2T^2h = 131,072 (causal attention)
+    + 2ThE = 16,384 (router) + 2T x 2 x 3 x h x 128 = 3,145,728 (experts) = 4,341,760 FLOPs;
+    B = linear + 2 x attention + router + experts = 4,472,832; W = linear + router + experts
+    = 4,210,688. Each all-to-all sends a rank's 2T copies x h x 2 bytes = 8192 bytes over 2
+    ranks of one node (NVLink): 1 us + 1/2 x 8192 / 1e9 = 5.096 us; F holds the dispatch and
+    the combine, B their gradients."""
+    spec = parse_plan(tiny_moe())
+    c = Candidate(1, 1, 4, 1, 2, 1, "none", 1, 2)
+    mp = model_plan(spec, c)
+    a2a = 2 * (1e-6 + 0.5 * 8192 / 1e9)
+    times = mp.layer_times(0)
+    for i in range(1, 5):
+        assert mp.layers[i].forward_flops == 4_341_760
+        assert times[i] == pytest.approx([4_341_760 / 1e12 + a2a, 4_472_832 / 1e12 + a2a,
+                                          4_210_688 / 1e12], rel=1e-12)
+    # Parameters on a rank per block: attention 4h^2 + 2 norms h = 16,512, router hE = 256,
+    # 2 experts 2 x 3 x 64 x 128 = 49,152; embedding and head V x h (+ the final norm h).
+    assert [lc.params for lc in mp.layers] == [8192, *[65_920] * 4, 8256]
+    assert mp.expert_params == (0, *[49_152] * 4, 0)
+    # ZeRO-1: 4 + 12 / 4 = 7 bytes per parameter, the experts' optimizer state over their
+    # DP / EP = 2 replicas: 4 + 12 / 2 = 10.
+    static = (8192 + 4 * 65_920 + 8256) * 7 + 4 * 49_152 * 3
+    assert static == 2_550_720
+    assert mp.static_bytes(0, 6) == static
+    est = estimate(spec, c, mp)
+    act = sum(lc.activation_bytes for lc in mp.layers)
+    assert est.memory_floor_bytes == pytest.approx(static + act, rel=1e-12)
+    head = 524_288 / 1e12  # 2 T h V, each of F, B, W
+    per_mb = 4 * ((4_341_760 + 4_472_832 + 4_210_688) / 1e12 + 2 * a2a) + 3 * head
+    assert est.bound_s == pytest.approx(2 * per_mb, rel=1e-12)
+    # Model FLOPs for MFU: 3 x forward (top-2, no capacity padding) x m x DP.
+    assert est.model_flops == pytest.approx(3 * (4 * 4_341_760 + 524_288) * 2 * 4, rel=1e-12)
+    # EP 4 spans both nodes: the ring's cross-node hop (PCIe 1 ms, then InfiniBand 10 us, each
+    # half a tier's latency per end, at 0.1 GB/s) paces it: 3 x 1.01 ms + 3/4 x 8192 / 1e8.
+    mp4 = model_plan(spec, Candidate(1, 1, 4, 1, 2, 1, "none", 1, 4))
+    cross = 2 * (3 * 1.01e-3 + 0.75 * 8192 / 1e8)
+    assert mp4.a2a_times[0][1] == pytest.approx([cross, cross, 0.0], rel=1e-12)
+
+
+def test_moe_schedule_and_gradient_reduction() -> None:
+    """The scheduled candidate's problem: the routed experts' gradients are all-reduced over
+    their DP / EP replicas, the rest over DP (PP 1, DP 4, EP 2, ZeRO-0, 2-byte gradients)."""
+    spec = parse_plan(tiny_moe())
+    c = Candidate(1, 1, 4, 1, 2, 1, "none", 0, 2)
+    res = _Context(spec).evaluate(_Task(0, c, "screen", 5.0, (), None, 0))
+    assert res.status == "scheduled", res.reason
+    assert res.step_time_s is not None and res.bound_s is not None
+    assert res.step_time_s >= res.bound_s * (1 - 1e-9)
+    problem = res.schedule.problem
+    rows = dict(problem.meta)["stage_costs"]
+    assert rows[0]["expert_params"] == 4 * 49_152
+    # The ring over the 4 replicas crosses the nodes (its slowest hop: 1.01 ms, 0.1 GB/s).
+    lat, bw = 1.01e-3, 1e8
+    dense = (8192 + 4 * 65_920 + 8256 - 4 * 49_152) * 2
+    experts = 4 * 49_152 * 2
+    want = (2 * 3 * (lat + dense / 4 / bw)) + (2 * 1 * (lat + experts / 2 / bw))
+    assert problem.grad_reduce[0] == pytest.approx(want, rel=1e-9)
+
+
+def test_ep_that_does_not_divide_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^plan\.expert_parallel\[1\]: must divide "
+                       r"model\.moe\.experts \(4\), got 3"):
+        parse_plan(tiny_moe(expert_parallel=[2, 3]))
+    # EP 4 divides the experts but not DP 2: no PP-2 candidate has it, and one built by hand
+    # fails with the reason.
+    spec = parse_plan(tiny_moe(expert_parallel=[4]))
+    assert all(c.dp % 4 == 0 for c in enumerate_candidates(spec))
+    res = _Context(spec).evaluate(_Task(0, Candidate(1, 2, 2, 1, 4, 1, "none", 0, 4),
+                                        "screen", 1.0, (), None, 0))
+    assert res.status == "failed"
+    assert "plan.expert_parallel: must divide the data-parallel size (2" in res.reason
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"moe": {**MOE, "expert_parallel": 2}}, "model.moe.expert_parallel: chosen by the planner"),
+    ({"moe": {**MOE, "top_k": 8}}, "model.moe.top_k: must be <= experts (4), got 8"),
+    ({"moe": {**MOE, "experts": 0}}, "model.moe.experts:"),
+    ({"moe": {**MOE, "capacity_factor": -1.0}}, "model.moe.capacity_factor:"),
+    ({"moe": {**MOE, "dispatch_dtype": "int4"}}, "model.moe.dispatch_dtype: must be one of"),
+    ({"moe": {**MOE, "routers": 2}}, "model.moe.routers:"),
+    ({"moe": 8}, "model.moe: expected a mapping"),
+    ({"num_experts": 8}, "model.num_experts: mixture-of-experts keys go under model.moe"),
+    ({"overrides": [{"layers": [0], "ffn_hidden": 64}]}, "model.overrides: not with model.moe"),
+])
+def test_bad_moe_model_keys_name_the_key(change: dict[str, Any], message: str) -> None:
+    data = tiny_moe()
+    data["model"].update(change)
+    with pytest.raises(ConfigError) as err:
+        parse_plan(data)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"tensor_parallel": [1, 2]}, "plan.tensor_parallel[1]: must be 1 for an MoE model"),
+    ({"recompute": ["none", "full"]}, "plan.recompute[1]: an MoE model's blocks recompute "
+     "none or selective"),
+    ({"zero": [1, 2]}, "plan.zero[1]: an MoE model is planned with ZeRO 0 or 1"),
+    ({"expert_parallel": [0]}, "plan.expert_parallel[0]: must be >= 1"),
+])
+def test_bad_moe_plan_keys_name_the_key(keys: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_plan(tiny_moe(**keys))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_expert_parallel_needs_an_moe_model() -> None:
+    data = tiny_moe(expert_parallel=[2])
+    del data["model"]["moe"]
+    with pytest.raises(ConfigError, match=r"^plan\.expert_parallel: only for a "
+                       "mixture-of-experts model"):
+        parse_plan(data)
+
+
+def test_cli_table_has_ep_and_json_carries_it(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    data = tiny_moe(virtual_stages=[1], recompute=["none"], micro_batch_size=[1],
+                    finalists=2)
+    cfg = tmp_path / "plan.yaml"
+    cfg.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert main(["plan", str(cfg), "-q", "--top", "50"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = out[1].split()
+    assert head[:6] == ["#", "gpus", "tp", "pp", "dp", "ep"]
+    ranked = out[:next(i for i, line in enumerate(out) if line.startswith("pareto:"))]
+    rows = [line.split() for line in ranked if line[:1].isdigit()]
+    assert rows and {r[5] for r in rows} == {"1", "2", "4"}
+    assert main(["plan", str(cfg), "-q", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert len(records) == len(enumerate_candidates(parse_plan(data)))
+    assert all(r["dp"] % r["ep"] == 0 for r in records)
+    # --config-out: the model form has no MoE keys; refused before the plan runs.
+    assert main(["plan", str(cfg), "-q", "--config-out", str(tmp_path / "best.yaml")]) == 2
+    assert "--config-out: an MoE plan has no model-form config" in capsys.readouterr().err
+    assert not (tmp_path / "best.yaml").exists()
+    sched = tmp_path / "best.json"
+    assert main(["plan", str(cfg), "-q", "--schedule-out", str(sched)]) == 0
+    from pipeopt.io import load_schedule
+
+    assert load_schedule(sched).iteration_time > 0
+
+
+@pytest.mark.slow
+def test_example_plan_uses_expert_parallelism() -> None:
+    """examples/plan_moe.yaml (Mixtral-8x7B-like on 64 H100s): the best plan shards the
+    experts (EP > 1). Without EP every GPU stores all 8 experts of its blocks: 46.7B
+    parameters' weights, gradients and optimizer state over PP ranks only."""
+    spec = load_plan(ROOT / "examples" / "plan_moe.yaml")
+    result = plan(spec, time_limit=300)
+    best = result.best
+    assert best is not None and best.candidate.ep is not None and best.candidate.ep > 1
+    assert best.step_time_s is not None and best.bound_s is not None
+    assert best.step_time_s >= best.bound_s * (1 - 1e-9)
+    assert result.count("failed") == 0
