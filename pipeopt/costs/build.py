@@ -415,7 +415,9 @@ class ModelPlan:
         reduction is a ring all-reduce: 2(d-1) steps, each sending 1/d of its bytes over
         every ring link at once, paced by the slowest of the rank's rings; with ZeRO-2 the
         all-gather of the updated weights, with ZeRO-3 nothing (its reduce-scatters are in
-        the W ops; :func:`pipeopt.costs.zero.zero_step_comm_time`)."""
+        the W ops; :func:`pipeopt.costs.zero.zero_step_comm_time`). An MoE plan's routed
+        experts (:attr:`expert_params`) are all-reduced over their DP / EP replicas, on the
+        same link."""
         dp = self.training.data_parallel
         if dp == 1:
             return [0.0] * self.stages, None

@@ -26,7 +26,8 @@ is ``ep`` consecutive data-parallel replicas of it. Its link: every EP group of 
 pipeline rank runs its all-to-all at once; each is timed on the slowest hop of a ring over its
 GPUs, the hops of all groups sharing the links they cross
 (:meth:`pipeopt.topology.Topology.ring_links`): within a node NVLink, across nodes a NIC's
-share. Times in seconds, memory in bytes.
+share, at which a group spanning nodes then sends all its bytes, though part of them stays
+on NVLink (pessimistic). Times in seconds, memory in bytes.
 """
 
 from __future__ import annotations
