@@ -156,6 +156,7 @@ def test_ep_that_does_not_divide_is_refused() -> None:
     ({"moe": {**MOE, "dispatch_dtype": "int4"}}, "model.moe.dispatch_dtype: must be one of"),
     ({"moe": {**MOE, "routers": 2}}, "model.moe.routers:"),
     ({"moe": 8}, "model.moe: expected a mapping"),
+    ({"moe": {**MOE, "first_dense": 4}}, "model.moe.first_dense: 4 leaves no MoE block"),
     ({"num_experts": 8}, "model.num_experts: mixture-of-experts keys go under model.moe"),
     ({"overrides": [{"layers": [0], "ffn_hidden": 64}]}, "model.overrides: not with model.moe"),
 ])

@@ -236,6 +236,10 @@ def _check_moe_plan(moe: MoESpec, section: PlanSection, raw_plan: dict[str, Any]
     if model_cfg.overrides:
         raise ConfigError("model.overrides: not with model.moe (the planner prices every MoE "
                           "block alike)")
+    layers = model_cfg.layers or 0
+    if not any(moe.is_moe(i) for i in range(layers)):
+        raise ConfigError(f"model.moe.first_dense: {moe.first_dense} leaves no MoE block among "
+                          f"the model's {layers} blocks (a dense model: leave out model.moe)")
     for i, ep in enumerate(section.expert_parallel or ()):
         if moe.experts % ep:
             raise ConfigError(f"plan.expert_parallel[{i}]: must divide model.moe.experts "
