@@ -940,10 +940,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from pipeopt.plan import load_plan, pareto_table, plan, ranked_table
 
     spec = load_plan(args.config)
-    if spec.moe is not None and args.config_out:
-        from pipeopt.plan.search import MOE_CONFIG_REFUSAL
-
-        raise ConfigError(MOE_CONFIG_REFUSAL)
     result = plan(spec, time_limit=args.time_limit, jobs=args.jobs,
                   on_progress=_PlanProgress(not args.quiet))
     best = result.best

@@ -278,6 +278,11 @@ def _model_form(data: dict[str, Any], source: str, overrides: dict[str, Any] | N
     if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
         raise ConfigError(f"training.data_parallel: scheduled collectives need >= 2 replicas, "
                           f"got {replicas!r}")
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("moe") is not None:
+        raise ConfigError("model.moe: not with training.collectives: scheduled (the routed "
+                          "experts' all-reduce over their DP / EP replicas is not a scheduled "
+                          "task); use training.collectives: scalar")
     zero = rest.get("zero_stage", 0)
     if zero in (2, 3):
         raise ConfigError(f"training.zero_stage: {zero} is modelled with training.collectives: "

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeopt.config import read_yaml
 from pipeopt.core.graph import TaskGraph
 from pipeopt.core.schedule import GraphSchedule
+from pipeopt.costs.config import MoESection
 from pipeopt.errors import ConfigError
 from pipeopt.schema import validate_mapping, workload_file
 from pipeopt.solvers.graph import graph_methods
@@ -61,21 +62,6 @@ class LinkSpec(_Strict):
 
     latency: float = Field(0.0, ge=0)
     bandwidth: float = Field(math.inf, gt=0, allow_inf_nan=True)
-
-
-class MoESection(_Strict):
-    """``model.moe``: see :class:`pipeopt.costs.moe.MoESpec`."""
-
-    experts: int = Field(ge=1)
-    top_k: int = Field(ge=1)
-    expert_ffn: int = Field(ge=1)
-    expert_parallel: int = Field(1, ge=1)
-    capacity_factor: float | None = Field(None, gt=0)
-    shared_experts: int = Field(0, ge=0)
-    shared_ffn: int | None = Field(None, ge=1)
-    first_dense: int = Field(0, ge=0)
-    every: int = Field(1, ge=1)
-    dispatch_dtype: str | None = None
 
 
 class WorkloadSpec(_Strict):

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from pipeopt.cli import main
-from pipeopt.config import ConfigError
+from pipeopt.config import ConfigError, load_config
+from pipeopt.config import parse_config as load_config_data
 from pipeopt.plan import Candidate, enumerate_candidates, estimate, load_plan, parse_plan, plan
 from pipeopt.plan.candidates import model_plan
 from pipeopt.plan.search import _Context, _Task
@@ -145,7 +146,8 @@ def test_ep_that_does_not_divide_is_refused() -> None:
     res = _Context(spec).evaluate(_Task(0, Candidate(1, 2, 2, 1, 4, 1, "none", 0, 4),
                                         "screen", 1.0, (), None, 0))
     assert res.status == "failed"
-    assert "plan.expert_parallel: must divide the data-parallel size (2" in res.reason
+    assert ("cost model: model.moe.expert_parallel: must divide training.data_parallel (2"
+            in res.reason)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -206,15 +208,78 @@ def test_cli_table_has_ep_and_json_carries_it(tmp_path: Path,
     records = json.loads(capsys.readouterr().out)
     assert len(records) == len(enumerate_candidates(parse_plan(data)))
     assert all(r["dp"] % r["ep"] == 0 for r in records)
-    # --config-out: the model form has no MoE keys; refused before the plan runs.
-    assert main(["plan", str(cfg), "-q", "--config-out", str(tmp_path / "best.yaml")]) == 2
-    assert "--config-out: an MoE plan has no model-form config" in capsys.readouterr().err
-    assert not (tmp_path / "best.yaml").exists()
-    sched = tmp_path / "best.json"
-    assert main(["plan", str(cfg), "-q", "--schedule-out", str(sched)]) == 0
+    # --config-out: the best as a model-form config with model.moe (its EP in
+    # expert_parallel) that solve takes; its problem is the one the plan scheduled.
+    best_cfg, sched = tmp_path / "best.yaml", tmp_path / "best.json"
+    assert main(["plan", str(cfg), "-q", "--json", "--config-out", str(best_cfg),
+                 "--schedule-out", str(sched)]) == 0
+    best = json.loads(capsys.readouterr().out)[0]
+    written = yaml.safe_load(best_cfg.read_text(encoding="utf-8"))
+    assert written["model"]["moe"] == {**MOE, "expert_parallel": best["ep"],
+                                       "capacity_factor": None, "shared_experts": 0,
+                                       "shared_ffn": None, "first_dense": 0, "every": 1,
+                                       "dispatch_dtype": None}
+    assert written["training"]["data_parallel"] == best["dp"]
     from pipeopt.io import load_schedule
 
-    assert load_schedule(sched).iteration_time > 0
+    planned = load_schedule(sched)
+    assert planned.iteration_time == pytest.approx(best["step_time_s"])
+    problem = load_config(best_cfg).problem
+    assert problem.forward == planned.problem.forward
+    assert problem.backward_input == planned.problem.backward_input
+    assert problem.static_memory == planned.problem.static_memory
+    assert problem.grad_reduce == planned.problem.grad_reduce
+    assert main(["solve", str(best_cfg), "-q", "--method", "greedy"]) == 0
+
+
+def _model_form(**training: Any) -> dict[str, Any]:
+    moe = {**MOE, "expert_parallel": 2}
+    return {"pipeline": {"devices": 1, "microbatches": 2},
+            "model": {**TINY_MOE_MODEL, "moe": moe}, "cluster": {**TINY_CLUSTER},
+            "training": {"data_parallel": 4, "zero_stage": 1, **training}}
+
+
+def test_model_form_takes_model_moe() -> None:
+    """``pipeopt solve``'s model form with ``model.moe``: the candidate of
+    test_one_moe_candidate_by_hand (PP 1, DP 4, EP 2, ZeRO-1, m 2), the same figures."""
+    problem = load_config_data(_model_form()).problem
+    a2a = 2 * (1e-6 + 0.5 * 8192 / 1e9)
+    head = 524_288 / 1e12
+    assert problem.forward[0] == pytest.approx(4 * (4_341_760 / 1e12 + a2a) + head, rel=1e-12)
+    cost = dict(problem.meta)["cost_model"]
+    assert cost["model_params"] == 8192 + 4 * (16_512 + 256 + 4 * 24_576) + 8256
+    rows = dict(problem.meta)["stage_costs"]
+    assert rows[0]["static_bytes"] == 2_550_720
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"model": {"tensor_parallel": 2}, "training": {"data_parallel": 2}},
+     "model.tensor_parallel: must be 1 with model.moe"),
+    ({"model": {"recompute": "full"}}, "model.recompute: must be none or selective with "
+     "model.moe"),
+    ({"training": {"zero_stage": 2}}, "training.zero_stage: must be 0 or 1 with model.moe"),
+    ({"model": {"moe": {**MOE, "expert_parallel": 3}}}, "model.moe.expert_parallel: must "
+     "divide experts (4), got 3"),
+    ({"training": {"data_parallel": 2}, "model": {"moe": {**MOE, "expert_parallel": 4}}},
+     "model.moe.expert_parallel: must divide training.data_parallel (2"),
+    ({"model": {"moe": {**MOE, "top_k": 0}}}, "model.moe.top_k:"),
+])
+def test_model_form_moe_errors_name_the_key(change: dict[str, Any], message: str) -> None:
+    data = _model_form()
+    for section, keys in change.items():
+        data[section] = {**data[section], **keys}
+    with pytest.raises(ConfigError) as err:
+        load_config_data(data)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_scheduled_collectives_refuse_model_moe() -> None:
+    from pipeopt.graph_config import load_dataparallel
+
+    data = _model_form(collectives="scheduled")
+    with pytest.raises(ConfigError, match=r"^model\.moe: not with training\.collectives: "
+                       "scheduled"):
+        load_dataparallel(data)
 
 
 @pytest.mark.slow

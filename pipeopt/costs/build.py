@@ -21,6 +21,7 @@ import numpy as np
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
+    MoESection,
     TrainingConfig,
     parse_cluster,
     parse_model,
@@ -35,6 +36,8 @@ from pipeopt.costs.lengths import (
     problem_scales,
     split_layers,
 )
+from pipeopt.costs.moe import MoESpec
+from pipeopt.costs.moe_chain import moe_layers
 from pipeopt.costs.transformer import (
     LayerCost,
     TransformerShape,
@@ -871,6 +874,8 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
                      recompute=mcfg.recompute if origin == "analytic" else None,
                      recompute_options=options, recompute_modes=modes,
                      fused_alternative=fused_alt, tp_links=tp_links)
+    if mcfg.moe is not None:
+        out = _with_moe(out, mcfg, mcfg.moe, tcfg, origin)
     if tcfg.zero_stage >= 2 and dp > 1:
         # The rings of every micro-batch's collectives, their paths chosen for the largest
         # layer's weight shard (one ring step of its gather).
@@ -878,6 +883,43 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
         worst = out.dp_ring_links([chunk] * pl.devices)
         out = replace(out, dp_links=tuple((x.latency, x.bandwidth) for x in worst))
     return out
+
+
+def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: TrainingConfig,
+              origin: str) -> ModelPlan:
+    """``plan`` with ``model.moe``'s MoE blocks (:func:`pipeopt.costs.moe_chain.moe_layers`:
+    their layers, the routed experts' parameters, the all-to-all in F and B); ConfigError
+    naming the key for what the MoE cost model does not cover."""
+    refused = [
+        (origin != "analytic", "model.moe", "needs a transformer shape (not layer_costs or a "
+         "profile)"),
+        (mcfg.tensor_parallel != 1, "model.tensor_parallel", "must be 1 with model.moe (MoE "
+         "blocks are modelled without tensor parallelism; experts are sharded by "
+         f"model.moe.expert_parallel), got {mcfg.tensor_parallel}"),
+        (mcfg.recompute not in ("none", "selective"), "model.recompute", "must be none or "
+         f"selective with model.moe (the MoE block's modes), got {mcfg.recompute!r}"),
+        (bool(mcfg.overrides), "model.overrides", "not with model.moe (every MoE block is "
+         "priced alike)"),
+        (tcfg.zero_stage >= 2, "training.zero_stage", "must be 0 or 1 with model.moe (ZeRO-2/3's "
+         f"per-micro-batch collectives of the experts are not modelled), got {tcfg.zero_stage}"),
+        (tcfg.sequence_lengths is not None, "training.sequence_lengths", "not with model.moe "
+         "(every micro-batch is priced at model.seq_len)"),
+    ]
+    for bad, key, why in refused:
+        if bad:
+            raise ConfigError(f"{key}: {why}")
+    try:
+        spec = MoESpec(**moe.model_dump())
+        priced = moe_layers(plan.layers, shape_of(mcfg), spec, plan.topology,
+                            plan.replica_gpus or [[g] for g in plan.rank_gpus])
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith("expert_parallel: must divide the data"):
+            text = text.replace("the data-parallel size", "training.data_parallel")
+        raise ConfigError(f"model.moe.{text}") from None
+    return replace(plan, layers=list(priced.layers), expert_params=priced.expert_params,
+                   expert_parallel=spec.expert_parallel, a2a_times=priced.a2a_times,
+                   model_params=priced.model_params)
 
 
 def tp_ring_links(topo: Topology, ranks: list[int], group: int, layers: list[LayerCost]

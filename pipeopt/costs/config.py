@@ -62,6 +62,22 @@ class LayerCostSpec(_Strict):
         return self
 
 
+class MoESection(_Strict):
+    """``model.moe``: a mixture-of-experts model's MoE blocks (counts and widths; see
+    :class:`pipeopt.costs.moe.MoESpec`): the MoE workload config's and the model form's."""
+
+    experts: int = Field(ge=1)
+    top_k: int = Field(ge=1)
+    expert_ffn: int = Field(ge=1)
+    expert_parallel: int = Field(1, ge=1)
+    capacity_factor: float | None = Field(None, gt=0)
+    shared_experts: int = Field(0, ge=0)
+    shared_ffn: int | None = Field(None, ge=1)
+    first_dense: int = Field(0, ge=0)
+    every: int = Field(1, ge=1)
+    dispatch_dtype: str | None = None
+
+
 class ModelConfig(_Strict):
     """``model:`` — a transformer shape, an explicit layer list, or a measured profile."""
 
@@ -92,6 +108,8 @@ class ModelConfig(_Strict):
     # FlashAttention: the attention core keeps fp32 softmax statistics, not the s x s scores
     flash_attention: bool = False
     overrides: list[LayerOverride] = []
+    # Mixture-of-experts blocks (docs/model_config.md, "Mixture-of-experts models").
+    moe: MoESection | None = None
 
 
 #: Published shapes; any key given next to ``preset`` wins over the preset's value.

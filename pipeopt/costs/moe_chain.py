@@ -1,9 +1,10 @@
-"""Mixture-of-experts blocks as layers of the model form's chain: what ``pipeopt plan`` prices
-for an MoE candidate (docs/plan.md, "MoE models").
+"""Mixture-of-experts blocks as layers of the model form's chain (``model.moe``,
+docs/model_config.md), what ``pipeopt plan`` prices for an MoE candidate (docs/plan.md, "MoE
+models").
 
-The dense :class:`~pipeopt.costs.build.ModelPlan` of the candidate (one GPU per pipeline
-rank: no tensor parallelism, as :mod:`pipeopt.costs.moe` models the block) has each MoE block
-(``MoESpec.is_moe``) replaced by one layer whose costs are :func:`pipeopt.costs.moe.
+The transformer's pipeline layers (one GPU per pipeline rank: no tensor parallelism, as
+:mod:`pipeopt.costs.moe` models the block) have each MoE block (``MoESpec.is_moe``)
+replaced by one layer whose costs are :func:`pipeopt.costs.moe.
 block_cost`'s attention + router, routed experts and shared experts summed:
 
 * compute: the routed experts of one rank process ``c·k·T`` token copies per micro-batch
@@ -32,12 +33,12 @@ on NVLink (pessimistic). Times in seconds, memory in bytes.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeopt.costs import transformer as tf
-from pipeopt.costs.build import ModelPlan
 from pipeopt.costs.collectives import all_to_all_time
 from pipeopt.costs.moe import (
     MoESpec,
@@ -49,6 +50,7 @@ from pipeopt.costs.moe import (
     shared_flops,
 )
 from pipeopt.costs.transformer import LayerCost, TransformerShape
+from pipeopt.topology import Topology
 
 
 def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerCost, float]:
@@ -71,20 +73,20 @@ def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerC
     return layer, cost.experts.params
 
 
-def ep_groups(plan: ModelPlan, ep: int) -> list[list[list[int]]]:
-    """Per pipeline rank, its EP groups: ``ep`` consecutive data-parallel replicas each
-    (GPU indices; the rank's own GPU first in the first group)."""
-    replicas = plan.replica_gpus or [[g] for g in plan.rank_gpus]
-    return [[reps[i:i + ep] for i in range(0, len(reps), ep)] for reps in replicas]
+def ep_groups(replicas: Sequence[Sequence[int]], ep: int) -> list[list[list[int]]]:
+    """Per pipeline rank (its data-parallel replicas' GPUs in ``replicas``, its own first),
+    its EP groups: ``ep`` consecutive replicas each."""
+    return [[list(reps[i:i + ep]) for i in range(0, len(reps), ep)] for reps in replicas]
 
 
-def ep_links(plan: ModelPlan, ep: int, nbytes: float) -> list[tuple[float, float]]:
+def ep_links(topology: Topology, replicas: Sequence[Sequence[int]], ep: int, nbytes: float
+             ) -> list[tuple[float, float]]:
     """Per pipeline rank, (latency s, bandwidth bytes/s) of its slowest EP group's slowest hop
     when every group's all-to-all runs at once (see the module docstring); ``nbytes``: a rank's
     all-to-all buffer (a ring step carries ``nbytes / ep`` and chooses the paths)."""
-    groups = ep_groups(plan, ep)
+    groups = ep_groups(replicas, ep)
     rings = [(g, nbytes / ep) for mine in groups for g in mine]
-    links = plan.topology.ring_links(rings)
+    links = topology.ring_links(rings)
     out, i = [], 0
     for mine in groups:
         worst = min(links[i:i + len(mine)], key=lambda x: (x.bandwidth, -x.latency))
@@ -93,49 +95,62 @@ def ep_links(plan: ModelPlan, ep: int, nbytes: float) -> list[tuple[float, float
     return out
 
 
-def moe_plan(plan: ModelPlan, shape: TransformerShape, spec: MoESpec) -> ModelPlan:
-    """``plan`` (the dense plan of ``shape`` on the cluster, one GPU per pipeline rank) with
-    ``spec``'s MoE blocks, EP size ``spec.expert_parallel``: MoE layers, their routed experts'
-    parameters, and the all-to-all seconds of each rank (see the module docstring). Raises
-    ValueError when the EP size does not divide the data-parallel size or the plan is not of
-    a transformer's layers."""
-    ep, dp = spec.expert_parallel, plan.training.data_parallel
+@dataclass(frozen=True)
+class MoELayers:
+    """What MoE blocks change in a transformer's pipeline layers (embedding, blocks, head):
+    the ``layers`` (MoE blocks replaced by :func:`moe_layer`), per layer the parameters of
+    the routed experts a rank stores (``expert_params``), per pipeline rank the (L, 3)
+    seconds of each layer's all-to-all in F, B, W (``a2a_times``, () with EP 1), and the
+    model's total parameters (``model_params``)."""
+
+    layers: tuple[LayerCost, ...]
+    expert_params: tuple[float, ...]
+    a2a_times: tuple[np.ndarray, ...]
+    model_params: float
+
+
+def moe_layers(layers: Sequence[LayerCost], shape: TransformerShape, spec: MoESpec,
+               topology: Topology, replicas: Sequence[Sequence[int]]) -> MoELayers:
+    """The :class:`MoELayers` of a transformer's dense pipeline ``layers`` (of ``shape``, one
+    GPU per pipeline rank) with ``spec``'s MoE blocks, EP size ``spec.expert_parallel``;
+    ``replicas``: per pipeline rank the GPUs of its data-parallel replicas. Raises
+    ValueError (its message starts with the field) when EP does not divide the replicas,
+    with tensor parallelism, or when ``layers`` are not the shape's."""
+    ep = spec.expert_parallel
+    dp = len(replicas[0]) if replicas else 1
     if dp % ep:
         raise ValueError(f"expert_parallel: must divide the data-parallel size ({dp}: expert "
                          f"parallelism is carved out of data parallelism), got {ep}")
-    if plan.group != 1 or shape.tensor_parallel != 1:
+    if shape.tensor_parallel != 1:
         raise ValueError("tensor_parallel: MoE blocks are modelled without tensor parallelism "
-                         f"(experts are sharded by expert_parallel), got {plan.group}")
-    names = [lc.name for lc in plan.layers]
+                         f"(experts are sharded by expert_parallel), got "
+                         f"{shape.tensor_parallel}")
+    names = [lc.name for lc in layers]
     if len(names) != shape.layers + 2 or names[0] != "embedding" or names[-1] != "head":
-        raise ValueError("layers: an MoE plan needs the transformer's embedding, blocks and "
-                         "head")
-    layers = list(plan.layers)
-    experts = [0.0] * len(layers)
-    layer = routed = None
+        raise ValueError("layers: MoE blocks need the transformer's embedding, blocks and head")
+    out = list(layers)
+    experts = [0.0] * len(out)
+    layer, routed = moe_layer(shape, spec, "moe")  # every MoE block has the same shape
     for i in range(shape.layers):
         if spec.is_moe(i):
-            if layer is None:  # every MoE block has the same shape
-                layer, routed = moe_layer(shape, spec, "moe")
-            layers[i + 1] = replace(layer, name=f"block{i}")
-            experts[i + 1] = routed or 0.0
+            out[i + 1] = replace(layer, name=f"block{i}")
+            experts[i + 1] = routed
     times: tuple[np.ndarray, ...] = ()
     if ep > 1:
         cost = block_cost(shape, spec)
-        links = ep_links(plan, ep, max(cost.dispatch_bytes, cost.combine_bytes))
         rows = []
-        for lat, bw in links:
+        for lat, bw in ep_links(topology, replicas, ep,
+                                max(cost.dispatch_bytes, cost.combine_bytes)):
             a2a = (all_to_all_time(ep, cost.dispatch_bytes, lat, bw)
                    + all_to_all_time(ep, cost.combine_bytes, lat, bw))
-            t = np.zeros((len(layers), 3))
+            t = np.zeros((len(out), 3))
             for i in range(shape.layers):
                 if spec.is_moe(i):
                     t[i + 1, 0] = t[i + 1, 1] = a2a  # F: dispatch + combine; B: their gradients
             rows.append(t)
         times = tuple(rows)
     total, _ = model_params(shape, spec)
-    return replace(plan, layers=layers, expert_params=tuple(experts), expert_parallel=ep,
-                   a2a_times=times, model_params=total)
+    return MoELayers(tuple(out), tuple(experts), times, total)
 
 
 def moe_model_flops(shape: TransformerShape, spec: MoESpec, microbatches: int = 1) -> float:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from pipeopt.costs.build import ModelPlan, make_plan, topology_of
-from pipeopt.costs.moe_chain import moe_model_flops, moe_plan
+from pipeopt.costs.moe_chain import moe_model_flops
 from pipeopt.costs.transformer import model_flops_per_iteration
 from pipeopt.costs.zero import zero_bytes_per_param
 from pipeopt.errors import MAX_DEVICES, MAX_OPS, ConfigError
@@ -170,7 +170,9 @@ def config_of(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | Non
         "pipeline": {"devices": cand.pp, "microbatches": cand.microbatches,
                      "virtual_stages": cand.virtual_stages, "placement": "loop"},
         "model": {**spec.model, "tensor_parallel": cand.tp,
-                  "micro_batch_size": cand.micro_batch_size, "recompute": cand.recompute},
+                  "micro_batch_size": cand.micro_batch_size, "recompute": cand.recompute,
+                  **({} if spec.moe is None else {"moe": {
+                      **asdict(spec.moe), "expert_parallel": cand.ep or 1}})},
         "cluster": dict(spec.cluster),
         "training": training,
         "solver": {"method": method, "time_limit": time_limit},
@@ -188,14 +190,7 @@ def model_plan(spec: PlanSpec, cand: Candidate, stage_layers: Sequence[int] | No
     :class:`ConfigError` as the model form does (e.g. ranks that do not fit the cluster)."""
     data = config_of(spec, cand, stage_layers, uniform=uniform)
     cfg = ConfigFile.model_validate({k: v for k, v in data.items() if k != "solver"})
-    plan = make_plan(cfg, spec.source, topology=topology)
-    if spec.moe is None:
-        return plan
-    try:
-        return moe_plan(plan, spec.shape(cand.tp, cand.micro_batch_size, cand.recompute),
-                        replace(spec.moe, expert_parallel=cand.ep or 1))
-    except ValueError as exc:
-        raise ConfigError(f"plan.{exc}") from None
+    return make_plan(cfg, spec.source, topology=topology)
 
 
 @dataclass(frozen=True)

@@ -46,10 +46,6 @@ from pipeopt.solvers import memory_floor, require_memory, solve
 
 Status = Literal["scheduled", "pruned", "failed", "skipped"]
 
-#: Why an MoE plan has no model-form config to write (``--config-out``).
-MOE_CONFIG_REFUSAL = ("--config-out: an MoE plan has no model-form config to write (the model "
-                      "form of `pipeopt solve` has no MoE keys); write the best schedule with "
-                      "--schedule-out, or its figures with --json")
 #: Name of round 0's method: the hand-made schedule when it fits, else the greedy.
 SCREEN = "screen"
 #: Name of the no-search baseline's method: Megatron-LM's defaults, the hand-made 1F1B
@@ -454,12 +450,10 @@ class Plan:
     def config(self, result: CandidateResult | None = None, time_limit: float = 60.0
                ) -> dict[str, Any]:
         """The solvable model-form config (a mapping) of ``result`` (default: the best), with
-        its partition fixed and the method that found its schedule. Raises ConfigError for
-        an MoE model: the model form has no MoE keys (:data:`MOE_CONFIG_REFUSAL`)."""
+        its partition fixed and the method that found its schedule (an MoE model's with
+        ``model.moe``, its EP size in ``expert_parallel``)."""
         from pipeopt.plan.candidates import config_of
 
-        if self.spec.moe is not None:
-            raise ConfigError(MOE_CONFIG_REFUSAL)
         r = result or self.best
         if r is None:
             raise ValueError("plan: no candidate was scheduled")
