@@ -19,10 +19,11 @@ block_cost`'s attention + router, routed experts and shared experts summed:
   ranks of its expert-parallel group, added to the layer's F and B (not scheduled as tasks of
   their own: the chain problem has no network resources, so they never overlap compute here).
 
-Expert parallelism is carved out of data parallelism, as Megatron-Core (``expert_model_
-parallel_size`` divides the data-parallel size; its expert-data-parallel group is the rest)
-and DeepSpeed-MoE (``ep_size`` divides the data-parallel world; Rajbhandari et al. 2022,
-section 5) do: ``ep`` divides DP and the experts count, and the EP group of a pipeline rank
+Expert parallelism is carved out of data parallelism, as Megatron-Core
+(``expert_model_parallel_size`` divides the data-parallel size, before its "parallel folding"
+let EP span the tensor-parallel ranks too; the rest is the expert-data-parallel group) and
+DeepSpeed-MoE (``ep_size`` divides the data-parallel world; its expert-data-parallel groups)
+do: ``ep`` divides DP and the experts count, and the EP group of a pipeline rank
 is ``ep`` consecutive data-parallel replicas of it. Its link: every EP group of every
 pipeline rank runs its all-to-all at once; each is timed on the slowest hop of a ring over its
 GPUs, the hops of all groups sharing the links they cross

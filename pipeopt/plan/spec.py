@@ -7,10 +7,10 @@ are those of the model form (docs/model_config.md), checked by its own parsers; 
 planner chooses itself (tensor parallelism, micro-batch size, recompute, data parallelism,
 the pipeline) are refused there with a pointer to the ``plan:`` key that chooses them.
 
-A mixture-of-experts model gives ``model.moe`` with the keys of the MoE workload config
-(:class:`pipeopt.moe_config.MoESection`: ``experts``, ``top_k``, ``expert_ffn``,
-``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``, ``every``,
-``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
+A mixture-of-experts model gives ``model.moe`` with the keys of the model form's and the MoE
+workload config's (:class:`pipeopt.costs.config.MoESection`: ``experts``, ``top_k``,
+``expert_ffn``, ``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``,
+``every``, ``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
 (``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates have
 no tensor parallelism, recompute ``none`` or ``selective`` and ZeRO 0 or 1.
 """
@@ -29,6 +29,7 @@ from pipeopt.costs.build import shape_of, topology_of
 from pipeopt.costs.config import (
     ClusterConfig,
     ModelConfig,
+    MoESection,
     TrainingConfig,
     parse_cluster,
     parse_model,
@@ -39,7 +40,6 @@ from pipeopt.costs.transformer import TransformerShape
 from pipeopt.costs.zero import GRAD_BYTES, WEIGHT_BYTES
 from pipeopt.costs.zero import ZERO_STAGES as _ZERO_STAGES
 from pipeopt.errors import ConfigError
-from pipeopt.moe_config import MoESection
 from pipeopt.schema import MemoryConfig, check_unknown_keys, pydantic_message, validate_mapping
 from pipeopt.solvers import UnknownMethod, check_method
 
