@@ -871,15 +871,27 @@ _MEMORY_ROUNDS = 3
 _Paths = dict[int, tuple[tuple[float, ...], list[float], float]]
 
 
+def _nested_activation(problem: Problem, device: int, stage: int) -> float:
+    """What one micro-batch holds on ``device`` from the start of its F on ``stage`` to the end
+    of its B there (bytes, identical micro-batches): the stage's activation plus those of the
+    device's earlier stages (a V's first chunk under its second), which F(stage) follows and
+    whose B's come after B(stage); the stage's own activation when micro-batches differ."""
+    if not problem.uniform_microbatches:
+        return problem.activation_memory[stage]
+    return math.fsum(problem.activation_memory[q] for q in problem.device_stages[device]
+                     if q <= stage)
+
+
 def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
                   ) -> tuple[float, float, float]:
     """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
     ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
-    act = problem.activation_memory[stage]
+    act = _nested_activation(problem, device, stage)
     wgm, _, w_unit = _backward_work(problem, stage)
-    n_full = _max_in_flight(problem, device, stage)
+    n_full = (_whole(free, act, m) if problem.uniform_microbatches
+              else _max_in_flight(problem, device, stage))
     if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
         return 0.0, 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
@@ -954,8 +966,15 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     Take a stage k on device d and number its F's 1..m by start, f_1 <= ... <= f_m. Memory (the
     simulator's model): F(k, j) allocates ``act * c_j`` at its start, B(k, j) releases all but
     ``wgm * c_j`` at its end, W(k, j) the rest at its end (a fused B releases everything); at
-    equal times releases come first. Only stage k's memory is counted (a device's other stages
-    only add to it), so at f_i, of the i - 1 micro-batches already started, x still hold a whole
+    equal times releases come first. With identical micro-batches ``act`` is the stage's
+    activation plus those of the device's earlier stages (:func:`_nested_activation`; a V's
+    first chunk under its second): for q < k on d, F(q, j) starts no later than F(k, j) and
+    B(q, j), which needs B(k, j) done, ends no earlier than B(k, j) ends, so from F(k, j)'s start
+    until B(k, j)'s end micro-batch j holds stage q's activation too; after B(k, j) it is
+    counted as holding only ``wgm`` (then nothing after W(k, j)), less than it holds, which
+    only admits more (x, y) below. With different micro-batches ``act`` is stage k's alone.
+    A device's later stages and what the rest hold only add to it, so at f_i, of the i - 1
+    micro-batches already started, x still hold a whole
     activation and y only the weight-gradient part, with ``act * (least x + 1 factors) + wgm *
     (next least y) <= limit - static`` (so x <= M - 1, M = :func:`_max_in_flight`); the other
     u = i - 1 - x have ended their B and z = u - y their W (where B's end frees everything, a
