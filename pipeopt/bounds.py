@@ -182,13 +182,16 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
     of the least-memory micro-batches fit, and their forward time is at most that of the L
     longest micro-batches (and at most ``free / activation`` times the largest time-to-memory
     ratio of a micro-batch, a fractional knapsack: it matters when memory and time differ).
+
+    A device holding several stages (identical micro-batches; 0 otherwise): see
+    :func:`_nested_warmup_idle`.
     """
     out = []
     trips = round_trips(problem)
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
-            out.append(0.0)
+            out.append(_nested_warmup_idle(problem, d, trips))
             continue
         n = _max_in_flight(problem, d, k)
         if problem.uniform_microbatches:
@@ -202,6 +205,38 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
                 busy = min(busy, problem.forward[k] * ratio * _free_memory(problem, d) / act)
         out.append(max(0.0, trips[k] - busy))
     return tuple(out)
+
+
+def _nested_warmup_idle(problem: Problem, device: int, trips: tuple[float, ...]) -> float:
+    """Idle time of a device holding several stages between its first op and its first B
+    (seconds; identical micro-batches, else 0).
+
+    Its first op is an F of its lowest stage k0 (an F of a later stage k needs F(k0) of the
+    same micro-batch, on this device), at t0 <= every F(k0, j)'s start. Its first B, B(k, j)
+    with k on the device, starts no earlier than F(k, j) + ``round_trip(k)`` >= F(k0, j) +
+    (arr_k - arr_k0) + ``round_trip(k)``: so R = min over its stages k of (arr_k - arr_k0 +
+    round_trip(k)) after t0 (arr: :func:`_arrival`, the forward chain with link delays). Until
+    then it runs only F's, and nothing is released (only a B's or W's end releases memory), so
+    every F started in the window holds its activation at once: with ``act_k > 0`` their time
+    is at most the free memory times the largest ``F_k / act_k`` (a fractional knapsack; a
+    stage's F's also number at most m), F's of stages without activation at most m each. The
+    idle time is at least R less that."""
+    stages = problem.device_stages[device]
+    if not problem.uniform_microbatches or len(stages) < 2:
+        return 0.0
+    m, fwd, acts = problem.microbatches, problem.forward, problem.activation_memory
+    arr = _arrival(problem, 0)
+    k0 = min(stages)
+    window = min(arr[k] - arr[k0] + trips[k] for k in stages)
+    free = _free_memory(problem, device)
+    held = [k for k in stages if acts[k] > 0]
+    busy = math.fsum(m * fwd[k] for k in stages if acts[k] <= 0)
+    if held:
+        cap = math.fsum(m * fwd[k] for k in held)
+        if math.isfinite(free):
+            cap = min(cap, max(fwd[k] / acts[k] for k in held) * max(0.0, free))
+        busy += cap
+    return max(0.0, window - busy)
 
 
 def cooldown_idle(problem: Problem) -> tuple[float, ...]:

@@ -295,25 +295,37 @@ def test_nested_stages_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     # whole 1.0: one at a time. Stage 2 is first reached at F0 + 2 + F1 = 4 s; its round trip
     # is F2 + 2 + F3 + B3 + 2 = 7 s, so F(2, 1) starts 7 + B2 = 8 s after F(2, 0); then the
     # round trip, B2, B1, 2 s back and B0: 12 s. 4 + 8 + 12 = 24 s. Counting stage 2's own
-    # 0.5 alone, two fit and memory bounds nothing (16 s: device 0's work and idle).
+    # 0.5 alone, two fit and memory bounds nothing (17 s: device 1's arrival at 3 s, 8 s of
+    # work and 6 s of warm-up idle, test_nested_warmup_idle_by_hand).
     prob = _nested_v(2)
     assert memory_bound(prob) == pytest.approx((0.0, 24.0))
     assert makespan_lower_bound(prob) == pytest.approx(24.0)
     with monkeypatch.context() as mp:
         mp.setattr(bounds, "_nested_activation", lambda p, d, k: p.activation_memory[k])
-        assert makespan_lower_bound(prob) == pytest.approx(16.0)
+        assert makespan_lower_bound(prob) == pytest.approx(17.0)
     # The optimum is 26 s: B(1, 0) must also end before F(2, 1) starts.
     best, _ = brute_force(prob)
     assert best == pytest.approx(26.0)
 
 
+def test_nested_warmup_idle_by_hand() -> None:
+    # Device 1 (stages 1, 2): its first B is B(2, j), at least F1 + round_trip(2) = 1 + 7 =
+    # 8 s after its first F; meanwhile the F's it runs all hold memory: 1.0 / 0.5 = two F's
+    # of 1 s, so 6 s idle. Device 0 (stages 0, 3, no limit): its first B, B(3, j), comes
+    # F0 + 2 + F1 + F2 + 2 + F3 = 8 s after F(0, j); it can run at most the 2 F's of each
+    # of its stages, 4 s: 4 s idle.
+    assert bounds.warmup_idle(_nested_v(2)) == pytest.approx((4.0, 6.0))
+    # Micro-batches of different cost: not counted (0).
+    assert bounds.warmup_idle(_nested_v(2).replace(microbatch_scale=(1.0, 2.0))) == (0.0, 0.0)
+
+
 def test_nested_bound_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
     """Random V's of two devices (split or fused backward, slow middle link, room for about
     one or two micro-batches' activations on a device): the memory bound with the device's
-    earlier stages counted never exceeds CP-SAT's proven optimum, and it is stronger than
-    stage k's activation alone on some of them."""
+    earlier stages counted and the warm-up bound with a device's several stages never exceed
+    CP-SAT's proven optimum, and each is stronger than without on some of them."""
     rng = random.Random(7)
-    checked = stronger = 0
+    checked = stronger = warmer = 0
     for _ in range(16):
         m = rng.choice([2, 3])
         t = [0.5, 1.0, 1.5]
@@ -334,8 +346,12 @@ def test_nested_bound_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> No
         checked += 1
         assert max(memory_bound(prob)) <= best * (1 + 1e-9), prob
         assert makespan_lower_bound(prob) <= best * (1 + 1e-9), prob
+        assert max(warmup_bound(prob)) <= best * (1 + 1e-9), prob
         with monkeypatch.context() as mp:
             mp.setattr(bounds, "_nested_activation", lambda p, d, k: p.activation_memory[k])
+            mp.setattr(bounds, "_nested_warmup_idle", lambda *a: 0.0)
             alone = max(memory_bound(prob))
+            idle_alone = max(warmup_bound(prob))
         stronger += max(memory_bound(prob)) > alone * (1 + 1e-9)
-    assert checked >= 12 and stronger >= 3
+        warmer += max(warmup_bound(prob)) > idle_alone * (1 + 1e-9)
+    assert checked >= 12 and stronger >= 3 and warmer >= 3
