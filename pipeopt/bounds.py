@@ -917,13 +917,15 @@ def _nested_activation(problem: Problem, device: int, stage: int) -> float:
                      if q <= stage)
 
 
-def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
+def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested: bool = True
                   ) -> tuple[float, float, float]:
     """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
-    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply."""
+    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply. ``nested``
+    False: the stage's own activation only (:func:`stage_memory_bound`)."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
-    act = _nested_activation(problem, device, stage)
+    act = (_nested_activation(problem, device, stage) if nested
+           else problem.activation_memory[stage])
     wgm, _, w_unit = _backward_work(problem, stage)
     n_full = (_whole(free, act, m) if problem.uniform_microbatches
               else _max_in_flight(problem, device, stage))
@@ -1051,11 +1053,18 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     return tuple(mk for mk, _, _ in _memory_bounds(problem))
 
 
-def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
+def stage_memory_bound(problem: Problem) -> tuple[float, ...]:
+    """Per device, :func:`memory_bound` with each stage's own activation only (seconds): what
+    one stage's memory alone forces, for a model that keeps one stage exactly (the relaxation
+    bound of :mod:`pipeopt.solvers.relaxation` picks its stage by it)."""
+    return tuple(mk for mk, _, _ in _memory_bounds(problem, nested=False))
+
+
+def _memory_bounds(problem: Problem, nested: bool = True) -> list[tuple[float, float, float]]:
     """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
     W(k, j) end, the device's own ops from its first F to its last W; its iteration form: the
     stage's last W ends no earlier than ``a + lo_m`` plus that, then its gradient reduction
-    runs), the largest over the device's stages."""
+    runs), the largest over the device's stages (``nested``: see :func:`_memory_stage`)."""
     out = []
     per: _Paths = {}
     if any(x is not None for x in problem.memory_limit):
@@ -1065,7 +1074,8 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
         if problem.memory_limit[d] is None:
             out.append((0.0, 0.0, 0.0))
             continue
-        got = [(k, *_memory_stage(problem, d, k, per)) for k in problem.device_stages[d]]
+        got = [(k, *_memory_stage(problem, d, k, per, nested))
+               for k in problem.device_stages[d]]
         out.append((max(x for _, x, _, _ in got), max(y for _, _, y, _ in got),
                     max(z + problem.grad_reduce[k] if z > 0 else 0.0 for k, _, _, z in got)))
     return out

@@ -303,6 +303,9 @@ def test_nested_stages_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as mp:
         mp.setattr(bounds, "_nested_activation", lambda p, d, k: p.activation_memory[k])
         assert makespan_lower_bound(prob) == pytest.approx(17.0)
+    # Each stage's own activation alone (what the relaxation bound's model keeps): nothing.
+    assert bounds.stage_memory_bound(prob) == (0.0, 0.0)
+    assert bounds.stage_memory_bound(_xdc(8, 24)) == memory_bound(_xdc(8, 24))  # one a device
     # The optimum is 26 s: B(1, 0) must also end before F(2, 1) starts.
     best, _ = brute_force(prob)
     assert best == pytest.approx(26.0)
