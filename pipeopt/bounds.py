@@ -182,13 +182,16 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
     of the least-memory micro-batches fit, and their forward time is at most that of the L
     longest micro-batches (and at most ``free / activation`` times the largest time-to-memory
     ratio of a micro-batch, a fractional knapsack: it matters when memory and time differ).
+
+    A device holding several stages (identical micro-batches; 0 otherwise): see
+    :func:`_nested_warmup_idle`.
     """
     out = []
     trips = round_trips(problem)
     for d in range(problem.devices):
         k = _single_stage(problem, d)
         if k is None:
-            out.append(0.0)
+            out.append(_nested_warmup_idle(problem, d, trips))
             continue
         n = _max_in_flight(problem, d, k)
         if problem.uniform_microbatches:
@@ -202,6 +205,38 @@ def warmup_idle(problem: Problem) -> tuple[float, ...]:
                 busy = min(busy, problem.forward[k] * ratio * _free_memory(problem, d) / act)
         out.append(max(0.0, trips[k] - busy))
     return tuple(out)
+
+
+def _nested_warmup_idle(problem: Problem, device: int, trips: tuple[float, ...]) -> float:
+    """Idle time of a device holding several stages between its first op and its first B
+    (seconds; identical micro-batches, else 0).
+
+    Its first op is an F of its lowest stage k0 (an F of a later stage k needs F(k0) of the
+    same micro-batch, on this device), at t0 <= every F(k0, j)'s start. Its first B, B(k, j)
+    with k on the device, starts no earlier than F(k, j) + ``round_trip(k)`` >= F(k0, j) +
+    (arr_k - arr_k0) + ``round_trip(k)``: so R = min over its stages k of (arr_k - arr_k0 +
+    round_trip(k)) after t0 (arr: :func:`_arrival`, the forward chain with link delays). Until
+    then it runs only F's, and nothing is released (only a B's or W's end releases memory), so
+    every F started in the window holds its activation at once: with ``act_k > 0`` their time
+    is at most the free memory times the largest ``F_k / act_k`` (a fractional knapsack; a
+    stage's F's also number at most m), F's of stages without activation at most m each. The
+    idle time is at least R less that."""
+    stages = problem.device_stages[device]
+    if not problem.uniform_microbatches or len(stages) < 2:
+        return 0.0
+    m, fwd, acts = problem.microbatches, problem.forward, problem.activation_memory
+    arr = _arrival(problem, 0)
+    k0 = min(stages)
+    window = min(arr[k] - arr[k0] + trips[k] for k in stages)
+    free = _free_memory(problem, device)
+    held = [k for k in stages if acts[k] > 0]
+    busy = math.fsum(m * fwd[k] for k in stages if acts[k] <= 0)
+    if held:
+        cap = math.fsum(m * fwd[k] for k in held)
+        if math.isfinite(free):
+            cap = min(cap, max(fwd[k] / acts[k] for k in held) * max(0.0, free))
+        busy += cap
+    return max(0.0, window - busy)
 
 
 def cooldown_idle(problem: Problem) -> tuple[float, ...]:
@@ -871,15 +906,29 @@ _MEMORY_ROUNDS = 3
 _Paths = dict[int, tuple[tuple[float, ...], list[float], float]]
 
 
-def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths
+def _nested_activation(problem: Problem, device: int, stage: int) -> float:
+    """What one micro-batch holds on ``device`` from the start of its F on ``stage`` to the end
+    of its B there (bytes, identical micro-batches): the stage's activation plus those of the
+    device's earlier stages (a V's first chunk under its second), which F(stage) follows and
+    whose B's come after B(stage); the stage's own activation when micro-batches differ."""
+    if not problem.uniform_microbatches:
+        return problem.activation_memory[stage]
+    return math.fsum(problem.activation_memory[q] for q in problem.device_stages[device]
+                     if q <= stage)
+
+
+def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested: bool = True
                   ) -> tuple[float, float, float]:
     """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
-    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply."""
+    ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply. ``nested``
+    False: the stage's own activation only (:func:`stage_memory_bound`)."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
-    act = problem.activation_memory[stage]
+    act = (_nested_activation(problem, device, stage) if nested
+           else problem.activation_memory[stage])
     wgm, _, w_unit = _backward_work(problem, stage)
-    n_full = _max_in_flight(problem, device, stage)
+    n_full = (_whole(free, act, m) if problem.uniform_microbatches
+              else _max_in_flight(problem, device, stage))
     if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
         return 0.0, 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
@@ -954,8 +1003,15 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     Take a stage k on device d and number its F's 1..m by start, f_1 <= ... <= f_m. Memory (the
     simulator's model): F(k, j) allocates ``act * c_j`` at its start, B(k, j) releases all but
     ``wgm * c_j`` at its end, W(k, j) the rest at its end (a fused B releases everything); at
-    equal times releases come first. Only stage k's memory is counted (a device's other stages
-    only add to it), so at f_i, of the i - 1 micro-batches already started, x still hold a whole
+    equal times releases come first. With identical micro-batches ``act`` is the stage's
+    activation plus those of the device's earlier stages (:func:`_nested_activation`; a V's
+    first chunk under its second): for q < k on d, F(q, j) starts no later than F(k, j) and
+    B(q, j), which needs B(k, j) done, ends no earlier than B(k, j) ends, so from F(k, j)'s start
+    until B(k, j)'s end micro-batch j holds stage q's activation too; after B(k, j) it is
+    counted as holding only ``wgm`` (then nothing after W(k, j)), less than it holds, which
+    only admits more (x, y) below. With different micro-batches ``act`` is stage k's alone.
+    A device's later stages and what the rest hold only add to it, so at f_i, of the i - 1
+    micro-batches already started, x still hold a whole
     activation and y only the weight-gradient part, with ``act * (least x + 1 factors) + wgm *
     (next least y) <= limit - static`` (so x <= M - 1, M = :func:`_max_in_flight`); the other
     u = i - 1 - x have ended their B and z = u - y their W (where B's end frees everything, a
@@ -997,11 +1053,18 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     return tuple(mk for mk, _, _ in _memory_bounds(problem))
 
 
-def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
+def stage_memory_bound(problem: Problem) -> tuple[float, ...]:
+    """Per device, :func:`memory_bound` with each stage's own activation only (seconds): what
+    one stage's memory alone forces, for a model that keeps one stage exactly (the relaxation
+    bound of :mod:`pipeopt.solvers.relaxation` picks its stage by it)."""
+    return tuple(mk for mk, _, _ in _memory_bounds(problem, nested=False))
+
+
+def _memory_bounds(problem: Problem, nested: bool = True) -> list[tuple[float, float, float]]:
     """Per device, (:func:`memory_bound`, its span form: ``lo_m`` plus F(k, j) start to
     W(k, j) end, the device's own ops from its first F to its last W; its iteration form: the
     stage's last W ends no earlier than ``a + lo_m`` plus that, then its gradient reduction
-    runs), the largest over the device's stages."""
+    runs), the largest over the device's stages (``nested``: see :func:`_memory_stage`)."""
     out = []
     per: _Paths = {}
     if any(x is not None for x in problem.memory_limit):
@@ -1011,7 +1074,8 @@ def _memory_bounds(problem: Problem) -> list[tuple[float, float, float]]:
         if problem.memory_limit[d] is None:
             out.append((0.0, 0.0, 0.0))
             continue
-        got = [(k, *_memory_stage(problem, d, k, per)) for k in problem.device_stages[d]]
+        got = [(k, *_memory_stage(problem, d, k, per, nested))
+               for k in problem.device_stages[d]]
         out.append((max(x for _, x, _, _ in got), max(y for _, _, y, _ in got),
                     max(z + problem.grad_reduce[k] if z > 0 else 0.0 for k, _, _, z in got)))
     return out

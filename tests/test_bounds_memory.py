@@ -279,3 +279,84 @@ def test_iteration_bound_with_reduction_by_hand() -> None:
     prob = _one_slot().replace(grad_reduce=(5.0, 0.0))
     assert iteration_lower_bound(prob) == pytest.approx(29.0)
     assert brute_force(prob)[0] == pytest.approx(29.0)
+
+
+def _nested_v(m: int, latency: float = 2.0) -> Problem:
+    """Two devices in a V (device 1 holds stages 1 and 2), F = B = 1 s per stage, fused
+    backward, 0.5 activation per stage, room on device 1 for one micro-batch's two."""
+    lat, bw = chain_links(2, [latency], [math.inf])
+    return uniform_problem(2, m, 2.0, 2.0, 0.0, split_backward=False, virtual_stages=2,
+                           placement="vshape").replace(latency=lat, bandwidth=bw,
+                                                       memory_limit=(None, 1.0))
+
+
+def test_nested_stages_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    # From F(2, j)'s start to B(2, j)'s end micro-batch j holds stages 1 and 2 on device 1, a
+    # whole 1.0: one at a time. Stage 2 is first reached at F0 + 2 + F1 = 4 s; its round trip
+    # is F2 + 2 + F3 + B3 + 2 = 7 s, so F(2, 1) starts 7 + B2 = 8 s after F(2, 0); then the
+    # round trip, B2, B1, 2 s back and B0: 12 s. 4 + 8 + 12 = 24 s. Counting stage 2's own
+    # 0.5 alone, two fit and memory bounds nothing (17 s: device 1's arrival at 3 s, 8 s of
+    # work and 6 s of warm-up idle, test_nested_warmup_idle_by_hand).
+    prob = _nested_v(2)
+    assert memory_bound(prob) == pytest.approx((0.0, 24.0))
+    assert makespan_lower_bound(prob) == pytest.approx(24.0)
+    with monkeypatch.context() as mp:
+        mp.setattr(bounds, "_nested_activation", lambda p, d, k: p.activation_memory[k])
+        assert makespan_lower_bound(prob) == pytest.approx(17.0)
+    # Each stage's own activation alone (what the relaxation bound's model keeps): nothing.
+    assert bounds.stage_memory_bound(prob) == (0.0, 0.0)
+    assert bounds.stage_memory_bound(_xdc(8, 24)) == memory_bound(_xdc(8, 24))  # one a device
+    # The optimum is 26 s: B(1, 0) must also end before F(2, 1) starts.
+    best, _ = brute_force(prob)
+    assert best == pytest.approx(26.0)
+
+
+def test_nested_warmup_idle_by_hand() -> None:
+    # Device 1 (stages 1, 2): its first B is B(2, j), at least F1 + round_trip(2) = 1 + 7 =
+    # 8 s after its first F; meanwhile the F's it runs all hold memory: 1.0 / 0.5 = two F's
+    # of 1 s, so 6 s idle. Device 0 (stages 0, 3, no limit): its first B, B(3, j), comes
+    # F0 + 2 + F1 + F2 + 2 + F3 = 8 s after F(0, j); it can run at most the 2 F's of each
+    # of its stages, 4 s: 4 s idle.
+    assert bounds.warmup_idle(_nested_v(2)) == pytest.approx((4.0, 6.0))
+    # Micro-batches of different cost: not counted (0).
+    assert bounds.warmup_idle(_nested_v(2).replace(microbatch_scale=(1.0, 2.0))) == (0.0, 0.0)
+
+
+def test_nested_bound_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random V's (and loops) of two devices (split or fused backward, slow middle link, room
+    for about one or two micro-batches' activations on a device): the memory bound with the device's
+    earlier stages counted and the warm-up bound with a device's several stages never exceed
+    CP-SAT's proven optimum, and each is stronger than without on some of them."""
+    rng = random.Random(7)
+    checked = stronger = warmer = 0
+    for _ in range(20):
+        m = rng.choice([2, 3])
+        t = [0.5, 1.0, 1.5]
+        lat, bw = chain_links(2, [rng.choice([1.0, 3.0, 6.0])], [math.inf])
+        act = [rng.choice([0.5, 1.0]) for _ in range(4)]
+        placement = rng.choice(["vshape", "vshape", "loop"])
+        on = [(0, 3), (1, 2)] if placement == "vshape" else [(0, 2), (1, 3)]
+        need = [act[a] + act[b] for a, b in on]
+        prob = Problem(devices=2, microbatches=m, virtual_stages=2, placement=placement,
+                       split_backward=rng.random() < 0.5,
+                       forward=[rng.choice(t) for _ in range(4)],
+                       backward_input=[rng.choice(t) for _ in range(4)],
+                       backward_weight=[rng.choice(t) for _ in range(4)],
+                       activation_memory=act, weight_grad_memory=[a / 2 for a in act],
+                       latency=lat, bandwidth=bw,
+                       memory_limit=[x * rng.choice([1.0, 1.0, 1.5, 2.0]) for x in need])
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if best is None:
+            continue
+        checked += 1
+        assert max(memory_bound(prob)) <= best * (1 + 1e-9), prob
+        assert makespan_lower_bound(prob) <= best * (1 + 1e-9), prob
+        assert max(warmup_bound(prob)) <= best * (1 + 1e-9), prob
+        with monkeypatch.context() as mp:
+            mp.setattr(bounds, "_nested_activation", lambda p, d, k: p.activation_memory[k])
+            mp.setattr(bounds, "_nested_warmup_idle", lambda *a: 0.0)
+            alone = max(memory_bound(prob))
+            idle_alone = max(warmup_bound(prob))
+        stronger += max(memory_bound(prob)) > alone * (1 + 1e-9)
+        warmer += max(warmup_bound(prob)) > idle_alone * (1 + 1e-9)
+    assert checked >= 15 and stronger >= 3 and warmer >= 3

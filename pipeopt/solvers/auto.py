@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pipeopt.bounds import memory_bound
+from pipeopt.bounds import stage_memory_bound
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule, SolverInfo
@@ -242,7 +242,7 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
     if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
         return None
-    if not any(x > 0 for x in memory_bound(problem)):
+    if not any(x > 0 for x in stage_memory_bound(problem)):  # what the relaxation models
         return None
     bound = _load("pipeopt.solvers.relaxation", "relaxation_bound")
     if bound is None:

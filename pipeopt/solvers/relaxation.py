@@ -51,7 +51,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from pipeopt.bounds import _arrival, _free_memory, memory_bound, round_trips
+from pipeopt.bounds import _arrival, _free_memory, round_trips, stage_memory_bound
 from pipeopt.bounds import makespan_lower_bound as _analytic
 from pipeopt.problem import Problem
 from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
@@ -80,8 +80,9 @@ class RelaxationBound:
 
 
 def _stage(problem: Problem) -> int:
-    """The stage whose memory paces the pipeline most (stage 0 when none does)."""
-    per = memory_bound(problem)
+    """The stage whose own memory paces the pipeline most (stage 0 when none does): the model
+    keeps that stage's memory alone, not the device's other stages'."""
+    per = stage_memory_bound(problem)
     d = max(range(problem.devices), key=lambda x: per[x])
     return problem.device_stages[d][0] if per[d] > 0 else 0
 
