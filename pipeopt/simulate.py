@@ -138,7 +138,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
     if graph is not None and graph.problem is not problem and graph.problem != problem:
         raise ValueError("simulate: graph: built for another problem (make it with "
                          "pipeopt.workloads.training.chain_graph(problem))")
-    tg = training.build(problem) if graph is None else graph.graph
+    tg = training.graph_of(problem) if graph is None else graph.graph
     tasks = _task_orders(problem, orders, check)
     try:
         start, end, timed = time_orders(tg, tasks, check=check, events=events)
