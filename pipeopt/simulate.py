@@ -31,13 +31,13 @@ import math
 import sys
 from collections.abc import Sequence
 from functools import partial
-from itertools import pairwise, repeat
+from itertools import pairwise
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.core.simulate import DeadlockError as CoreDeadlock
 from pipeopt.core.simulate import OrderError, time_orders
 from pipeopt.problem import Op, Problem
-from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
+from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp, TimedOps
 from pipeopt.workloads import training
 
 
@@ -131,10 +131,11 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
 
 def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False,
           graph: training.ChainGraph | None = None
-          ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
-    """Timed ops (in op id order) and messages of ``orders``, from the core simulator, with
-    its errors in the chain's terms (ops, not task ids). ``graph``: the problem's graph built
-    once (:func:`pipeopt.workloads.training.chain_graph`), else built here."""
+          ) -> tuple[TimedOps, tuple[Message, ...]]:
+    """Timed ops (in op id order, as columns) and messages of ``orders``, from the core
+    simulator, with its errors in the chain's terms (ops, not task ids). ``graph``: the
+    problem's graph built once (:func:`pipeopt.workloads.training.chain_graph`), else the
+    problem's cached one (:func:`pipeopt.workloads.training.graph_of`)."""
     if graph is not None and graph.problem is not problem and graph.problem != problem:
         raise ValueError("simulate: graph: built for another problem (make it with "
                          "pipeopt.workloads.training.chain_graph(problem))")
@@ -150,8 +151,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
         _check_orders(problem, orders)  # names the fault as the chain always has
         raise ScheduleError(str(exc)) from None
     dev, stage, mb, kind = problem.op_table
-    ops = tuple(map(tuple.__new__, repeat(TimedOp),
-                    zip(dev, stage, mb, kind, start, end, strict=True)))
+    ops = TimedOps(dev, stage, mb, kind, start, end)  # each TimedOp made when first read
     src, dst = tg.src, tg.dst
     msgs = tuple(Message(dev[a], dev[b], stage[a], stage[b], mb[a], kind[a], t0, t1, arrival)
                  for a, b, t0, t1, arrival in ((src[mm.edge], dst[mm.edge], *mm[1:])
@@ -160,7 +160,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
 
 
 def _simulate_events(problem: Problem, orders: Orders
-                     ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
+                     ) -> tuple[TimedOps, tuple[Message, ...]]:
     """The event-driven path of the core simulator, even when no message occupies a link (the
     fast path's cross-check)."""
     return _time(problem, orders, events=True)
