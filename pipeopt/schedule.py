@@ -91,7 +91,8 @@ class TimedOps(Sequence[TimedOp]):
         """The ops as a tuple of :class:`TimedOp` (made on the first call, then kept)."""
         ops = self._ops
         if ops is None:
-            ops = tuple(map(tuple.__new__, repeat(TimedOp), self.rows()))
+            with cyclic_gc_paused():  # one tuple per op, no cycles (pipeopt._gc)
+                ops = tuple(map(tuple.__new__, repeat(TimedOp), self.rows()))
             object.__setattr__(self, "_ops", ops)
         return ops
 

@@ -19,7 +19,8 @@ every workload) over the problem's task graph (:func:`pipeopt.workloads.training
 id = op id), and so is the report of a deadlock; this module speaks the chain's language around
 it: orders of ops in, a :class:`Schedule` out, errors naming ops. A caller that times several
 orders of one problem builds the graph once (:func:`pipeopt.workloads.training.chain_graph`)
-and hands it to every call.
+and hands it to every call; without one, the problem object's cached graph is used
+(:func:`pipeopt.workloads.training.graph_of`).
 
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
@@ -115,9 +116,11 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
     The timing is the core simulator's (:func:`pipeopt.core.simulate.simulate`) over the
     problem's task graph (:func:`pipeopt.workloads.training.build`). ``graph``: that graph
     built once (:func:`pipeopt.workloads.training.chain_graph`) by a caller that times several
-    orders of one problem; ``None`` builds it here (about 0.02-0.03 s of CPU at p = 64,
-    m = 1024, a sixth of the timing itself). ``check=False`` skips the order checks (for
-    orders a generator or a search made whole).
+    orders of one problem; ``None`` takes the problem object's graph from
+    :func:`pipeopt.workloads.training.graph_of` (built on the first call, about 0.02-0.03 s of
+    CPU at p = 64, m = 1024, then kept while the problem lives). ``check=False`` skips the
+    order checks (for orders a generator or a search made whole). The schedule's ops are
+    :class:`~pipeopt.schedule.TimedOps` (columns; each op made when first read).
 
     Raises :class:`ScheduleError` when an order misses or repeats an op,
     :class:`DeadlockError` when the orders wait on each other in a cycle, and
