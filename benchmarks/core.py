@@ -4,13 +4,16 @@ Run: python benchmarks/core.py [--devices 64] [--microbatches 1024] [--repeat 3]
 
 For 1F1B (fused backward) and ZB-H1 (split backward) orders at p=64, m=1024 with 50 ms latency
 links, prints, each the best of ``--repeat`` runs alternated in one process (so every row sees
-the same machine): ``simulate`` per call (it builds the problem's task graph each time), with
-its order checks, and with the graph built once outside the timed call
+the same machine): ``simulate`` per call on a problem object never simulated before (an equal
+copy each time: the call builds the task graph and the problem's cached tables), with its order
+checks (one problem object each time: from the second call on, its graph is the one
+``training.graph_of`` kept), and with the graph built once outside the timed call
 (``graph=training.chain_graph(problem)``, what a caller that times several orders of one
 problem hands it); then the parts of a call: the graph's build (``workloads.training.build``),
 the orders as task ids (``training.task_orders``), the core's timing
-(``core.simulate.time_orders``), and the rest (the chain ``Schedule`` made from the times). The
-last line times ZB-H1 on links that serialize messages (the core's event path).
+(``core.simulate.time_orders``), and the rest (the chain ``Schedule`` made from the times:
+since 2026-12-04 its ops as columns, ``schedule.TimedOps``, and freeing the previous result).
+The last line times ZB-H1 on links that serialize messages (the core's event path).
 
 ``simulate`` had a pass of its own for latency-only links until 2026-12-04; the speed of the
 core route against it is measured by ``benchmarks/simulate.py --base DIR`` with DIR a checkout
@@ -54,8 +57,9 @@ def main() -> None:
             orders = GENERATORS[name](pr)
             built = training.chain_graph(pr)
             tasks = training.task_orders(pr, orders)
+            fresh = [pr.replace() for _ in range(r)]  # equal copies, none simulated before
             sides: dict[str, Callable[[], object]] = {
-                "call": lambda pr=pr, o=orders: simulate(pr, o, check=False),
+                "call": lambda f=fresh, o=orders: simulate(f.pop(), o, check=False),
                 "checked": lambda pr=pr, o=orders: simulate(pr, o),
                 "given": lambda pr=pr, o=orders, g=built: simulate(pr, o, check=False, graph=g),
                 "build": lambda pr=pr: training.build(pr),
@@ -74,6 +78,7 @@ def main() -> None:
                   f"graph built once ({best['given'] / best['call']:.2f} of a call) | parts: "
                   f"build {best['build']:.3f} s, task ids {best['ids']:.3f} s, core timing "
                   f"{best['timing']:.3f} s, Schedule {rest:.3f} s")
+            del fresh
         orders = GENERATORS["zb-h1"](cont)
         t0 = clock()
         simulate(cont, orders, check=False)

@@ -3,11 +3,13 @@
 Run: python benchmarks/simulate.py [--devices 64] [--microbatches 1024] [--repeat 3] [--cpu]
                                    [--base DIR [--rounds 2]]
 
-Prints ops/s for 1F1B and ZB-H1 orders (fast path: latency-only links), the same with the
+Prints ops/s for 1F1B and ZB-H1 orders (fast path: latency-only links; the same problem object
+every call), the same with the
 order checks ``simulate`` runs by default, the same with the problem's task graph built once
 outside the timed calls (``graph=training.chain_graph(problem)``, what the solvers hand
 ``simulate`` when they time several orders of one problem; NaN on a checkout without it),
-the event-driven path (links that serialize
+the same on a fresh copy of the problem each call (nothing kept from an earlier call: the
+graph is built, the problem's cached tables computed), the event-driven path (links that serialize
 messages), and the greedy (``solve(problem, "greedy")``, ops / wall second) on the ``large``
 instance of ``benchmarks/schedules.py`` (memory at 1F1B's peak). The baseline, measured in the
 same run, is the cost of merely walking the same ops once in Python (a loop that reads each
@@ -49,9 +51,11 @@ ROWS = {
     "1f1b": "simulate 1f1b (fast path)",
     "1f1b checked": "simulate 1f1b (fast path, order checks)",
     "1f1b given": "simulate 1f1b (fast path, graph built once)",
+    "1f1b cold": "simulate 1f1b (fast path, a fresh problem)",
     "zb-h1": "simulate zb-h1 (fast path)",
     "zb-h1 checked": "simulate zb-h1 (fast path, order checks)",
     "zb-h1 given": "simulate zb-h1 (fast path, graph built once)",
+    "zb-h1 cold": "simulate zb-h1 (fast path, a fresh problem)",
     "serialized": "simulate zb-h1 (serialized links, events)",
     "greedy": "greedy, memory at 1F1B's peak (ops / s)",
 }
@@ -100,6 +104,13 @@ def measure(p: int, m: int, repeat: int, clock: Callable[[], float] = time.perf_
                                                                graph=g), repeat)
         else:
             out[name + " given"] = math.nan
+        # Each call on a problem object never simulated before (an equal copy made outside
+        # the timed call): nothing the problem or a cache keeps from an earlier call helps.
+        copies = [pr.replace() for _ in range(repeat)]
+        out[name + " cold"] = pr.num_ops / _best_of(
+            lambda orders=orders, copies=copies: simulate(copies.pop(), orders, check=False),
+            repeat)
+        del copies
     lat, bw = chain_links(p, [LATENCY] * (p - 1), [BANDWIDTH] * (p - 1))
     cont = prob.replace(latency=lat, bandwidth=bw, message_size=(MESSAGE,) * (p - 1))
     orders = GENERATORS["zb-h1"](cont)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Literal, NamedTuple
+from itertools import repeat
+from typing import Any, Literal, NamedTuple, overload
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.problem import Op, Problem
@@ -41,6 +42,108 @@ class TimedOp(NamedTuple):
     def op(self) -> Op:
         """The untimed op."""
         return Op(self.kind, self.stage, self.microbatch)
+
+
+class TimedOps(Sequence[TimedOp]):
+    """Timed ops held as columns, the form :func:`pipeopt.simulate.simulate` makes them in:
+    per op, ``device``, ``stage``, ``microbatch``, ``kind``, ``start`` and ``end`` (seconds),
+    tuples indexed alike. The :class:`TimedOp` tuples are made once, when first read
+    (iterating, indexing); a schedule's metrics read the columns and never make them (at
+    p = 64, m = 1024 making them is about a quarter of a ``simulate`` call). Equal to, and
+    hashed like, the tuple of the same :class:`TimedOp` s; immutable."""
+
+    __slots__ = ("_ops", "device", "end", "kind", "microbatch", "stage", "start")
+    _COLUMNS = ("device", "stage", "microbatch", "kind", "start", "end")
+
+    device: tuple[int, ...]
+    stage: tuple[int, ...]
+    microbatch: tuple[int, ...]
+    kind: tuple[str, ...]
+    start: tuple[float, ...]
+    end: tuple[float, ...]
+
+    def __init__(self, device: Iterable[int], stage: Iterable[int], microbatch: Iterable[int],
+                 kind: Iterable[str], start: Iterable[float], end: Iterable[float]) -> None:
+        cols = tuple(map(tuple, (device, stage, microbatch, kind, start, end)))
+        if len(set(map(len, cols))) > 1:
+            raise ValueError("TimedOps: the columns device, stage, microbatch, kind, start, end "
+                             f"must have one length, got {[len(c) for c in cols]}")
+        set_ = object.__setattr__
+        for name, col in zip(self._COLUMNS, cols, strict=True):
+            set_(self, name, col)
+        set_(self, "_ops", None)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"TimedOps is immutable: cannot set {name}")
+
+    @property
+    def columns(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                               tuple[str, ...], tuple[float, ...], tuple[float, ...]]:
+        """(device, stage, microbatch, kind, start, end), per op."""
+        return self.device, self.stage, self.microbatch, self.kind, self.start, self.end
+
+    def rows(self) -> Iterator[tuple[int, int, int, str, float, float]]:
+        """Each op's six fields as a plain tuple, in order, without making the TimedOps."""
+        return zip(self.device, self.stage, self.microbatch, self.kind, self.start, self.end,
+                   strict=True)
+
+    def as_tuple(self) -> tuple[TimedOp, ...]:
+        """The ops as a tuple of :class:`TimedOp` (made on the first call, then kept)."""
+        ops = self._ops
+        if ops is None:
+            with cyclic_gc_paused():  # one tuple per op, no cycles (pipeopt._gc)
+                ops = tuple(map(tuple.__new__, repeat(TimedOp), self.rows()))
+            object.__setattr__(self, "_ops", ops)
+        return ops
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @overload
+    def __getitem__(self, i: int) -> TimedOp: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[TimedOp, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> TimedOp | tuple[TimedOp, ...]:
+        return self.as_tuple()[i]
+
+    def __iter__(self) -> Iterator[TimedOp]:
+        return iter(self.as_tuple())
+
+    def __reversed__(self) -> Iterator[TimedOp]:
+        return reversed(self.as_tuple())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.as_tuple()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TimedOps):
+            return self.columns == other.columns
+        if isinstance(other, tuple):
+            return self.as_tuple() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.as_tuple())
+
+    def __add__(self, other: tuple[TimedOp, ...]) -> tuple[TimedOp, ...]:
+        return self.as_tuple() + other
+
+    def __radd__(self, other: tuple[TimedOp, ...]) -> tuple[TimedOp, ...]:
+        return other + self.as_tuple()
+
+    def __repr__(self) -> str:
+        return repr(self.as_tuple())
+
+    def __reduce__(self) -> tuple[type[TimedOps], tuple[tuple[Any, ...], ...]]:
+        return TimedOps, self.columns
+
+
+def op_rows(ops: Sequence[TimedOp]) -> Iterable[tuple[int, int, int, str, float, float]]:
+    """Each op's six fields (device, stage, microbatch, kind, start, end) to unpack: the
+    columns' rows of :class:`TimedOps` (no TimedOp made), else the ops themselves."""
+    return ops.rows() if isinstance(ops, TimedOps) else ops
 
 
 class Message(NamedTuple):
@@ -87,7 +190,7 @@ class Schedule:
 
     problem: Problem
     method: str
-    ops: tuple[TimedOp, ...]
+    ops: tuple[TimedOp, ...] | TimedOps
     messages: tuple[Message, ...] = ()
     solver: SolverInfo = field(default_factory=SolverInfo)
 
@@ -105,7 +208,10 @@ class Schedule:
     @cached_property
     def makespan(self) -> float:
         """Latest op end (seconds); every device starts at 0."""
-        return max(map(_END, self.ops), default=0.0)
+        ops = self.ops
+        if isinstance(ops, TimedOps):
+            return max(ops.end, default=0.0)
+        return max(map(_END, ops), default=0.0)
 
     @cached_property
     def iteration_time(self) -> float:
@@ -115,16 +221,16 @@ class Schedule:
             return self.makespan
         last_w: dict[int, float] = {}
         final = "W" if self.problem.split_backward else "B"
-        for o in self.ops:
-            if o.kind == final and o.end > last_w.get(o.stage, -1.0):
-                last_w[o.stage] = o.end
+        for _, k, _, kind, _, end in op_rows(self.ops):
+            if kind == final and end > last_w.get(k, -1.0):
+                last_w[k] = end
         return max([self.makespan] + [t + red[k] for k, t in last_w.items()])
 
     @cached_property
     def busy_time(self) -> tuple[float, ...]:
         """Per device, the total time spent computing (seconds)."""
         busy = [0.0] * self.problem.devices
-        for d, _, _, _, start, end in self.ops:  # unpacked: a million attribute reads less
+        for d, _, _, _, start, end in op_rows(self.ops):  # unpacked: no attribute reads
             busy[d] += end - start
         return tuple(busy)
 
@@ -141,7 +247,7 @@ class Schedule:
         """Per device, last op end minus first op start (the Zero Bubble papers' span)."""
         first = [float("inf")] * self.problem.devices
         last = [0.0] * self.problem.devices
-        for d, _, _, _, start, end in self.ops:
+        for d, _, _, _, start, end in op_rows(self.ops):
             if start < first[d]:
                 first[d] = start
             if end > last[d]:
@@ -156,7 +262,7 @@ class Schedule:
     @cached_property
     def memory_timeline(self) -> tuple[tuple[tuple[float, float], ...], ...]:
         """Per device, (time, bytes in use) after each change, static memory included."""
-        return memory_timeline(self.problem, self.ops)
+        return memory_timeline(self.problem, op_rows(self.ops))
 
     @cached_property
     def peak_memory(self) -> tuple[float, ...]:
@@ -195,8 +301,8 @@ class Schedule:
     def microbatch_order(self) -> tuple[int, ...]:
         """Micro-batches in the order their F ops start on stage 0 (ties by index): the
         micro-batch order a solver chose (FIFO methods run it on every stage)."""
-        first = sorted((o.start, o.microbatch) for o in self.ops
-                       if o.kind == "F" and o.stage == 0)
+        first = sorted((start, j) for _, k, j, kind, start, _ in op_rows(self.ops)
+                       if kind == "F" and k == 0)
         return tuple(j for _, j in first)
 
     # ----- views ---------------------------------------------------------------------------
@@ -247,7 +353,8 @@ class Schedule:
 
 
 @cyclic_gc_paused()  # one event tuple per op, no cycles (pipeopt._gc)
-def memory_timeline(problem: Problem, ops: Sequence[TimedOp]
+def memory_timeline(problem: Problem,
+                    ops: Iterable[tuple[int, int, int, str, float, float]]
                     ) -> tuple[tuple[tuple[float, float], ...], ...]:
     """Per device, the (time, bytes) steps of memory in use.
 

@@ -19,7 +19,8 @@ every workload) over the problem's task graph (:func:`pipeopt.workloads.training
 id = op id), and so is the report of a deadlock; this module speaks the chain's language around
 it: orders of ops in, a :class:`Schedule` out, errors naming ops. A caller that times several
 orders of one problem builds the graph once (:func:`pipeopt.workloads.training.chain_graph`)
-and hands it to every call.
+and hands it to every call; without one, the problem object's cached graph is used
+(:func:`pipeopt.workloads.training.graph_of`).
 
 :func:`validate` checks any timed schedule (from any solver, or a file) against the problem with
 code that shares nothing with the simulator.
@@ -31,13 +32,13 @@ import math
 import sys
 from collections.abc import Sequence
 from functools import partial
-from itertools import pairwise, repeat
+from itertools import pairwise
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.core.simulate import DeadlockError as CoreDeadlock
 from pipeopt.core.simulate import OrderError, time_orders
 from pipeopt.problem import Op, Problem
-from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
+from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp, TimedOps
 from pipeopt.workloads import training
 
 
@@ -115,9 +116,11 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
     The timing is the core simulator's (:func:`pipeopt.core.simulate.simulate`) over the
     problem's task graph (:func:`pipeopt.workloads.training.build`). ``graph``: that graph
     built once (:func:`pipeopt.workloads.training.chain_graph`) by a caller that times several
-    orders of one problem; ``None`` builds it here (about 0.02-0.03 s of CPU at p = 64,
-    m = 1024, a sixth of the timing itself). ``check=False`` skips the order checks (for
-    orders a generator or a search made whole).
+    orders of one problem; ``None`` takes the problem object's graph from
+    :func:`pipeopt.workloads.training.graph_of` (built on the first call, about 0.02-0.03 s of
+    CPU at p = 64, m = 1024, then kept while the problem lives). ``check=False`` skips the
+    order checks (for orders a generator or a search made whole). The schedule's ops are
+    :class:`~pipeopt.schedule.TimedOps` (columns; each op made when first read).
 
     Raises :class:`ScheduleError` when an order misses or repeats an op,
     :class:`DeadlockError` when the orders wait on each other in a cycle, and
@@ -131,14 +134,15 @@ def simulate(problem: Problem, orders: Orders, method: str = "custom",
 
 def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool = False,
           graph: training.ChainGraph | None = None
-          ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
-    """Timed ops (in op id order) and messages of ``orders``, from the core simulator, with
-    its errors in the chain's terms (ops, not task ids). ``graph``: the problem's graph built
-    once (:func:`pipeopt.workloads.training.chain_graph`), else built here."""
+          ) -> tuple[TimedOps, tuple[Message, ...]]:
+    """Timed ops (in op id order, as columns) and messages of ``orders``, from the core
+    simulator, with its errors in the chain's terms (ops, not task ids). ``graph``: the
+    problem's graph built once (:func:`pipeopt.workloads.training.chain_graph`), else the
+    problem's cached one (:func:`pipeopt.workloads.training.graph_of`)."""
     if graph is not None and graph.problem is not problem and graph.problem != problem:
         raise ValueError("simulate: graph: built for another problem (make it with "
                          "pipeopt.workloads.training.chain_graph(problem))")
-    tg = training.build(problem) if graph is None else graph.graph
+    tg = training.graph_of(problem) if graph is None else graph.graph
     tasks = _task_orders(problem, orders, check)
     try:
         start, end, timed = time_orders(tg, tasks, check=check, events=events)
@@ -150,8 +154,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
         _check_orders(problem, orders)  # names the fault as the chain always has
         raise ScheduleError(str(exc)) from None
     dev, stage, mb, kind = problem.op_table
-    ops = tuple(map(tuple.__new__, repeat(TimedOp),
-                    zip(dev, stage, mb, kind, start, end, strict=True)))
+    ops = TimedOps(dev, stage, mb, kind, start, end)  # each TimedOp made when first read
     src, dst = tg.src, tg.dst
     msgs = tuple(Message(dev[a], dev[b], stage[a], stage[b], mb[a], kind[a], t0, t1, arrival)
                  for a, b, t0, t1, arrival in ((src[mm.edge], dst[mm.edge], *mm[1:])
@@ -160,7 +163,7 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
 
 
 def _simulate_events(problem: Problem, orders: Orders
-                     ) -> tuple[tuple[TimedOp, ...], tuple[Message, ...]]:
+                     ) -> tuple[TimedOps, tuple[Message, ...]]:
     """The event-driven path of the core simulator, even when no message occupies a link (the
     fast path's cross-check)."""
     return _time(problem, orders, events=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeopt.problem import Op
+from pipeopt.schedule import TimedOps
 
 if TYPE_CHECKING:
     from pipeopt.schedule import Schedule
@@ -40,7 +41,9 @@ def is_valid(schedule: Schedule, *, tolerance: float = 1e-9) -> bool | None:
     tol = tolerance * max(1.0, schedule.makespan)
     kinds = problem.kinds
     s, m = problem.stages, problem.microbatches
-    device, stage, mb, kind, start, end = zip(*ops, strict=True)
+    # The simulator's columns as they are (no TimedOp made), else one column per field.
+    device, stage, mb, kind, start, end = (ops.columns if isinstance(ops, TimedOps)
+                                           else zip(*ops, strict=True))
     code = {k: i for i, k in enumerate(kinds)}
     try:
         kc = np.fromiter(map(code.__getitem__, kind), np.int64, n)

@@ -270,11 +270,14 @@ def test_random_orders_time_as_in_the_chain(prob: Problem, seed: int) -> None:
 @pytest.mark.parametrize("pname", ["serialized", "serialized-vshape", "serialized-fused-hetero",
                                    "hetero", "scaled-hetero"])
 def test_a_graph_built_once_times_as_a_graph_built_per_call(pname: str) -> None:
-    """simulate(graph=chain_graph(problem)) gives the very times (and messages) of a call that
-    builds the graph itself, for every classic schedule, on the same graph value each time."""
+    """simulate(graph=chain_graph(problem)) and a call without a graph (which takes the
+    problem's cached one) give the very times (and messages) of a graph freshly built, for
+    every classic schedule, on the same graph value each time."""
     prob = PROBLEMS[pname]
     built = training.chain_graph(prob)
-    assert built.problem is prob and built.graph == training.build(prob)
+    fresh = training.ChainGraph(prob, training.build(prob))
+    assert built.problem is prob and built.graph == fresh.graph
+    assert built.graph is not fresh.graph
     applied = []
     for method in classic_methods():
         try:
@@ -287,6 +290,7 @@ def test_a_graph_built_once_times_as_a_graph_built_per_call(pname: str) -> None:
         orders = sched.device_orders()
         ops, msgs = chain_time(prob, orders, check=True)
         assert chain_time(prob, orders, check=True, graph=built) == (ops, msgs), method
+        assert chain_time(prob, orders, check=True, graph=fresh) == (ops, msgs), method
         assert chain_simulate(prob, orders, graph=built).ops == chain_simulate(prob, orders).ops
     assert len(applied) >= 3, applied
 
@@ -299,6 +303,56 @@ def test_a_graph_of_another_problem_is_refused() -> None:
         chain_simulate(prob, orders, graph=other)
     equal = training.chain_graph(_serialized(memory_limit=4.0))  # equal, not the same object
     assert chain_simulate(prob, orders, graph=equal).ops == chain_simulate(prob, orders).ops
+
+
+def test_graph_of_builds_once_per_problem_object() -> None:
+    """graph_of keeps a problem's graph while the problem lives: the same object again hits,
+    an equal problem that is another object gets a graph of its own (equal to it), the cache
+    keeps at most GRAPH_CACHE_SIZE graphs, and a freed problem's graph leaves with it."""
+    import gc
+    import weakref
+
+    cache = training._CACHE
+    cache.clear()
+    prob = _serialized(m=5)
+    graph = training.graph_of(prob)
+    assert training.graph_of(prob) is graph and training.chain_graph(prob).graph is graph
+    twin = _serialized(m=5)
+    assert twin == prob and twin is not prob
+    assert training.graph_of(twin) is not graph and training.graph_of(twin) == graph
+    assert len(cache) == 2
+    gone = weakref.ref(graph)
+    del prob, graph
+    gc.collect()
+    assert gone() is None and len(cache) == 1  # freed with its problem, not kept by the cache
+    many = [uniform_problem(2, m) for m in range(1, training.GRAPH_CACHE_SIZE + 3)]
+    graphs = [training.graph_of(p) for p in many]
+    assert len(cache) == training.GRAPH_CACHE_SIZE
+    assert training.graph_of(many[-1]) is graphs[-1]  # the newest kept
+    assert training.graph_of(many[0]) is not graphs[0]  # the oldest pushed out, built again
+    for p, g in zip(many, graphs, strict=True):
+        assert training.graph_of(p) == g == training.build(p)
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_simulate_again_on_one_problem_takes_its_cached_graph() -> None:
+    """A second simulate of one problem object reuses the graph of the first and times as a
+    fresh build does; errors still name the op (a missing op, a deadlock) with a cached graph."""
+    prob = _serialized(m=6)
+    orders = run_classic(prob, "zb-h1").device_orders()
+    first = chain_simulate(prob, orders)
+    graph = training.graph_of(prob)
+    again = chain_simulate(prob, orders)
+    assert training.graph_of(prob) is graph
+    fresh = chain_simulate(prob, orders, graph=training.ChainGraph(prob, training.build(prob)))
+    assert again.ops == first.ops == fresh.ops and again.messages == fresh.messages
+    with pytest.raises(ChainDeadlock):
+        chain_simulate(prob, [list(reversed(o)) for o in orders])
+    from pipeopt.simulate import ScheduleError
+
+    with pytest.raises(ScheduleError, match="missing"):
+        chain_simulate(prob, [orders[0][1:], *orders[1:]])
 
 
 @pytest.mark.parametrize("pname", ["scaled-hetero", "serialized"])

@@ -21,6 +21,9 @@ through the problem's own accessors:
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -113,8 +116,80 @@ class ChainGraph:
 
 
 def chain_graph(problem: Problem) -> ChainGraph:
-    """``problem`` with :func:`build`'s graph of it, for :func:`pipeopt.simulate.simulate`."""
-    return ChainGraph(problem, build(problem))
+    """``problem`` with :func:`build`'s graph of it (:func:`graph_of`: built once per problem
+    object), for :func:`pipeopt.simulate.simulate`."""
+    return ChainGraph(problem, graph_of(problem))
+
+
+#: How many problems' graphs :func:`graph_of` keeps: the most recently used ones. A graph of
+#: p = 64, m = 1024 with split backward holds about 30 MB of columns; each also goes as soon
+#: as its problem is freed.
+GRAPH_CACHE_SIZE = 4
+
+
+class _GraphCache:
+    """The graphs of the last :data:`GRAPH_CACHE_SIZE` problem objects :func:`graph_of` was
+    asked for, keyed by identity (``id``) with a weak reference to each problem: an entry
+    leaves when its problem is freed or when newer ones push it out, and never keeps a problem
+    alive (a graph holds no reference to its problem). A problem equal to a cached one but not
+    the same object gets a graph of its own (hashing or comparing a large problem would cost
+    more than a lookup should). Correct because a :class:`Problem` is immutable."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # Reentrant: a problem freed inside a locked region runs its callback, which locks.
+        self._lock = threading.RLock()
+        self._entries: OrderedDict[int, tuple[weakref.ref[Problem], TaskGraph]] = OrderedDict()
+
+    def get(self, problem: Problem) -> TaskGraph | None:
+        """The cached graph of this very ``problem`` object, or None."""
+        key = id(problem)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None or hit[0]() is not problem:
+                return None
+            self._entries.move_to_end(key)
+            return hit[1]
+
+    def put(self, problem: Problem, graph: TaskGraph) -> None:
+        """Keep ``graph`` as ``problem``'s, pushing out the least recently used beyond the
+        size."""
+        key = id(problem)
+
+        def forget(ref: weakref.ref[Problem], key: int = key) -> None:
+            with self._lock:
+                hit = self._entries.get(key)
+                if hit is not None and hit[0] is ref:
+                    del self._entries[key]
+
+        with self._lock:
+            self._entries[key] = (weakref.ref(problem, forget), graph)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_CACHE = _GraphCache(GRAPH_CACHE_SIZE)
+
+
+def graph_of(problem: Problem) -> TaskGraph:
+    """:func:`build`'s graph of ``problem``, built once per problem object: the graphs of the
+    last :data:`GRAPH_CACHE_SIZE` problems asked for are kept while those problems live (so
+    ``simulate`` called again on one problem skips the build, about 0.02 s at p = 64,
+    m = 1024)."""
+    graph = _CACHE.get(problem)
+    if graph is None:
+        graph = build(problem)
+        _CACHE.put(problem, graph)
+    return graph
 
 
 @cyclic_gc_paused()  # one object per task and no reference cycles (pipeopt._gc)
