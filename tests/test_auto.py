@@ -1,13 +1,14 @@
 """``auto``: never worse than the best hand-made schedule; honest bounds; CP-SAT when useful."""
 
 import importlib.util
+import math
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeopt.problem import uniform_problem
+from pipeopt.problem import chain_links, uniform_problem
 from pipeopt.schedule import SolverInfo
 from pipeopt.schedules import NotApplicable
 from pipeopt.simulate import validate
@@ -280,3 +281,21 @@ def test_auto_tries_crosspipe_second_on_slow_links(no_cpsat, monkeypatch):
     s = solve_auto(prob, SolveOptions(time_limit=5.0))
     assert calls[:3] == ["zb-v", "zb-h1", "crosspipe"]
     assert s.iteration_time <= real(prob, "crosspipe").iteration_time + 1e-9
+
+
+@pytest.mark.skipif(not HAVE_CPSAT, reason="needs the cpsat extra (LNS follows the restarts)")
+def test_restarts_before_lns_on_large_instances(monkeypatch):
+    """Where the full model is skipped for LNS and the instance has RESTART_MIN_OPS ops or
+    more, the greedy's restarts run first and LNS starts from their best (here the threshold
+    is lowered so that a small cross-datacenter chain, 324 ops, takes that path)."""
+    lat = [0.0, 0.0, 8.0, 0.0, 0.0]
+    links, bw = chain_links(6, lat, [math.inf] * 5)
+    prob = uniform_problem(6, 18, 1.0, 1.2, 0.8, weight_grad=0.5, memory_limit=6.0).replace(
+        latency=links, bandwidth=bw)
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 100)
+    got = solve(prob, "auto", time_limit=3.0, workers=1)  # 324 ops > 40 x 3: LNS only
+    methods = dict(got.solver.detail("candidates"))
+    assert "greedy-restarts" in methods
+    assert methods["greedy-restarts"] <= methods["greedy"] + 1e-9
+    validate(got)
+    assert got.iteration_time <= methods["greedy-restarts"] + 1e-9

@@ -1,21 +1,23 @@
 """``auto``: the best schedule among the hand-made ones and the searches that fit the budget.
 
 Candidates, in order: every hand-made schedule that keeps the memory limits (those published
-with a fused backward also re-timed with B and W split, which is never slower; with micro-batches
-of different cost each also run longest micro-batch first; CrossPipe's latency-aware greedies
-``crosspipe`` / ``crosspipe-v`` among them, so on slow links the best of these is usually
-theirs and the searches start from it), the ``greedy``
-list scheduler, then ``cpsat`` warm-started from the best so far when the instance is small
-enough for it to help within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is
-in ``details['skipped_cpsat']``). On a problem cut into sub-blocks, before the greedy: ``auto``'s
-answer for the uncut problem run piece by piece (:func:`uncut_candidate`), so that cutting
-never loses to not cutting. The result is the candidate with the best objective, so it is
-never worse than the best hand-made schedule under the same limits, unless another candidate
-within ``time_tolerance`` of it (relative) needs less peak memory: then the one with the lowest
-peak memory (``details['tradeoff']`` says what was traded; ``details['pareto']`` lists the
-candidates no other beats on both time and peak memory, :func:`pareto_set`). Its lower bound is
-the best proven one among the analytic bound and the candidates that minimised the same
-objective.
+with a fused backward also re-timed with B and W split, which is never slower; with
+micro-batches of different cost each also run longest micro-batch first; CrossPipe's
+latency-aware greedies ``crosspipe`` / ``crosspipe-v`` among them, so on slow links the best of
+these is usually theirs and the searches start from it), the ``greedy`` list scheduler, then
+``cpsat`` warm-started from the best so far when the instance is small enough for it to help
+within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is in
+``details['skipped_cpsat']``). Where the full model is too large for the time left, CP-SAT runs
+as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops the greedy's
+seeded restarts take most of that time first (:data:`RESTART_SHARE`). On a problem cut into
+sub-blocks, before the greedy: ``auto``'s answer for the uncut problem run piece by piece
+(:func:`uncut_candidate`), so that cutting never loses to not cutting. The result is the
+candidate with the best objective, so it is never worse than the best hand-made schedule under
+the same limits, unless another candidate within ``time_tolerance`` of it (relative) needs less
+peak memory: then the one with the lowest peak memory (``details['tradeoff']`` says what was
+traded; ``details['pareto']`` lists the candidates no other beats on both time and peak memory,
+:func:`pareto_set`). Its lower bound is the best proven one among the analytic bound and the
+candidates that minimised the same objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
 never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
@@ -72,6 +74,17 @@ CPSAT_MIN_TIME_S = 1.0
 RELAX_SHARE = 0.2
 RELAX_MAX_S = 10.0
 RELAX_MAX_PAIRS = 2_000
+#: Instances where the full CP-SAT model is skipped for large-neighbourhood search and that
+#: have at least this many ops: :data:`RESTART_SHARE` of the time left goes to the greedy's
+#: seeded restarts (:func:`pipeopt.solvers.greedy.restart_search`) first, and LNS starts from
+#: their best. Measured on ``benchmarks/search.py``'s cross-datacenter chains (2 cores, load
+#: average 13): at p = 16, m = 64 (3,072 ops) LNS windows took 4-15 s each and moved the
+#: greedy's 270.4 s to 270.2 s in 56 s, where restarts reached 265.8 s in 40 s; at p = 32,
+#: m = 128 LNS found nothing in 115 s, restarts 476.0 s from 481.8 s in 60 s. At 1,536 ops
+#: and below (``--families --quick``) LNS windows take a fraction of a second and improve
+#: the greedy on most instances, so those keep all the time for it.
+RESTART_MIN_OPS = 2048
+RESTART_SHARE = 0.75
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
 CLASSIC_SHARE = 0.3
@@ -251,6 +264,25 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     return None if got is None else float(got.value)
 
 
+def _restarts(problem: Problem, options: SolveOptions, cands: list[Schedule],
+              notes: list[tuple[str, Any]], deadline: float) -> bool:
+    """The greedy's seeded restarts until ``deadline`` (a :func:`time.perf_counter` value),
+    their best added to ``cands`` (see :data:`RESTART_MIN_OPS`); whether Ctrl-C stopped them."""
+    restart = _load("pipeopt.solvers.greedy", "restart_search")
+    if restart is None:
+        return False
+    try:
+        got = restart(problem, options, deadline)
+    except KeyboardInterrupt:
+        return True
+    if got is None:
+        notes.append(("greedy_restarts", "no run ended in the time given to them"))
+        return False
+    if fits_memory(got, problem):
+        cands.append(got)
+    return bool(got.solver.detail("interrupted"))
+
+
 def uncut_candidate(problem: Problem, options: SolveOptions) -> Schedule | None:
     """For a problem cut into sub-blocks: ``auto`` on its uncut problem
     (:func:`pipeopt.subblocks.merge`) within :data:`UNCUT_SHARE` of the time limit, each op
@@ -396,6 +428,12 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     if lns_only:
         notes.append(("cpsat_full_model", reason))
         reason = None
+        if problem.num_ops >= RESTART_MIN_OPS:
+            interrupted = _restarts(problem, options, cands, notes,
+                                    time.perf_counter() + RESTART_SHARE * left())
+            report()
+            if interrupted:
+                reason = "interrupted"
     # Loaded only when it will run: importing OR-Tools takes a second of the time limit.
     cpsat = (_load("pipeopt.solvers.cpsat", "solve_lns" if lns_only else "solve_cpsat")
              if reason is None else None)
