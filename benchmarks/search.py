@@ -6,6 +6,7 @@ Run: python benchmarks/search.py [--time-limit 30] [--workers 2] [--large | --sm
                                  [--base /tmp/base-lns] [--json out.json]
      python benchmarks/search.py --families [--quick] [--latency-only] [--time-limit 60]
                                  [--workers 2]
+     python benchmarks/search.py --done-when [--workers 2]
 
 Instances (T_F = 1 s, T_B = 1.2 s, T_W = 0.8 s per device and micro-batch, activation memory 1
 per micro-batch and device, half of it held from B until W; memory limit = 1F1B's peak, p
@@ -46,6 +47,10 @@ greedy at p = 64, m = 1024 (xdc) in < 1 s, and ``auto`` proving the optimum of `
 m=16`` in <= 5 s. A published schedule that does not apply to an instance (e.g. every variant
 of ``crosspipe-v`` deadlocking under its memory) skips its row. ``--latency-only``: only the
 instances whose links have latency (the ZB and cross-datacenter families).
+
+``--done-when`` runs ``auto`` alone on the issue's cross-datacenter rows at their own time
+limits, ``xdc p=16 m=64`` (60 s, target: within 3 % of the proven lower bound) and ``xdc p=32
+m=128`` (120 s, within 5 %), and prints PASS / MISS per row.
 """
 
 from __future__ import annotations
@@ -238,6 +243,35 @@ def check_families(quick: bool, time_limit: float, workers: int,
           f"m=16: {small.solver.status} in {small_s:.1f} s (target optimal in <= 5 s)")
 
 
+#: The issue's cross-datacenter done-when rows: (p, m, auto's time limit in seconds, largest
+#: gap to the proven lower bound).
+DONE_WHEN_XDC = ((16, 64, 60.0, 0.03), (32, 128, 120.0, 0.05))
+
+
+def check_done_when(workers: int) -> None:
+    """``auto`` on the issue's two cross-datacenter rows at their own time limits: its
+    iteration time, the best proven lower bound (the analytic one or auto's), the gap and
+    PASS / MISS against the row's target."""
+    print(f"{workers} workers; gap = auto / proven lower bound - 1")
+    print(f"{'instance':<16} {'limit':>6} {'auto':>8} {'bound':>8} {'gap':>7} {'target':>7} "
+          f"{'wall s':>7}  auto's method")
+    verdicts = []
+    for p, m, limit, target in DONE_WHEN_XDC:
+        prob = xdc(p, m)
+        t = time.perf_counter()
+        a = solve(prob, "auto", time_limit=limit, workers=workers)
+        wall = time.perf_counter() - t
+        bound = max(lower_bound(prob, "makespan"), a.solver.lower_bound or 0.0)
+        gap = a.iteration_time / bound - 1
+        name = f"xdc p={p} m={m}"
+        verdicts.append((gap <= target, name, limit, gap, target))
+        print(f"{name:<16} {limit:>5g}s {a.iteration_time:>8.5g} {bound:>8.5g} {gap:>7.2%} "
+              f"{target:>7.0%} {wall:>6.1f}s  {a.method}", flush=True)
+    for ok, name, limit, gap, target in verdicts:
+        print(f"{'PASS' if ok else 'MISS'} {name} within {target:.0%} of the proven lower bound "
+              f"in {limit:g} s: {gap:.2%}")
+
+
 def instances(large: bool, small: bool = False) -> dict[str, Problem]:
     if small:  # memory paces these, and CP-SAT proves their optimum: how tight the bound is
         # The third is p = 16, m = 64's regime in small: stage 0's least hold with its W,
@@ -299,6 +333,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="with --families: p = 8 only")
     ap.add_argument("--latency-only", action="store_true",
                     help="with --families: only the instances whose links have latency")
+    ap.add_argument("--done-when", action="store_true",
+                    help="instead: auto on xdc p=16 m=64 (60 s) and p=32 m=128 (120 s) "
+                         "against the issue's 3 %% / 5 %% gaps")
     ap.add_argument("--relax-limit", type=float, default=60.0,
                     help="seconds for the relaxation bound per instance (0: skip it)")
     ap.add_argument("--bounds-only", action="store_true",
@@ -309,6 +346,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.families:
         check_families(args.quick, args.time_limit, args.workers, args.latency_only)
+        return
+    if args.done_when:
+        check_done_when(args.workers)
         return
     if args.json is not None and args.json.exists():
         sys.exit(f"--json: {args.json} exists; not overwriting it")
