@@ -34,6 +34,8 @@ Variants (:data:`POLICIES`: caps, F/B order, W lag and look-ahead, chunk order) 
 random restarts are tried within a work budget that shrinks with the instance (all on small
 instances, two passes at p=64, m=1024); the best by its own timing is timed again by
 :func:`pipeopt.simulate.simulate`, which produces the returned schedule.
+:func:`restart_search` runs such restarts for a given time instead of a budget (``auto`` on
+instances too large for its CP-SAT windows to help).
 
 Micro-batches of different cost: "micro-batch order" above is one permutation of the
 micro-batches, the same on every stage, so the deadlock-freedom argument is unchanged (the
