@@ -333,3 +333,17 @@ def test_restarts_end_by_their_deadline_or_at_the_bound():
     got = restart_search(easy, SolveOptions(), time.perf_counter() + 60)
     assert got.iteration_time == pytest.approx(lower_bound(easy, "makespan"))
     assert got.solver.detail("restart_runs") == 2 < len(policies_for(easy))
+
+
+@given(problems(max_devices=4, max_microbatches=6, contention=True),
+       st.sampled_from(["makespan", "span"]))
+def test_restarts_valid_on_random_problems(prob, objective):
+    """Valid, within memory and not below the lower bound on random problems (one or two chunks,
+    fused or split backward, queued links: there the few best are re-timed by the simulator)."""
+    opts = SolveOptions(objective=objective)
+    got = restart_search(prob, opts, time.perf_counter() + 60, max_runs=40)
+    assert got is not None
+    validate(got)
+    assert fits_memory(got, prob)
+    value = got.max_span if objective == "span" else got.iteration_time
+    assert value >= lower_bound(prob, objective) * (1 - 1e-9)
