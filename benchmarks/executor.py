@@ -152,13 +152,17 @@ def _skeleton(ranks: int, microbatches: int, partition: Any = None) -> Problem:
 
 
 def project_profile(ranks: int, microbatches: int, batch: int, workdir: str,
-                    model: str = MODEL, options: tuple[tuple[str, Any], ...] = OPTIONS
-                    ) -> tuple[Problem, Problem]:
+                    model: str = MODEL, options: tuple[tuple[str, Any], ...] = OPTIONS,
+                    overheads: dict[str, Any] | None = None) -> tuple[Problem, Problem]:
     """The project's own loop: ``pipeopt.costs.profiler`` times every layer on one micro-batch
     (as ``pipeopt profile`` does: F, and B / W through the executor's split code on each layer
     alone), then the ``model: {profile: ...}`` config form partitions the layers and builds the
     problem (partition recorded in ``problem.meta``); the same form with ``split_backward:
-    false`` gives the fused problem (B + W = the stage's summed ``backward_s``)."""
+    false`` gives the fused problem (B + W = the stage's summed ``backward_s``). With
+    ``overheads`` (what :func:`pipeopt.costs.profiler.measure_overheads` returns, as
+    ``pipeopt profile --overheads`` records it) the profile carries the executor's fixed
+    costs, which the config form prices in; without, the layers' optimizer steps are left
+    out too."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import profile_model, write_profile
 
@@ -167,6 +171,11 @@ def project_profile(ranks: int, microbatches: int, batch: int, workdir: str,
     xs, _ = batch_for(spec, batch, 0, 0, microbatches)
     doc = profile_model(torch.nn.Sequential(*spec.layers), xs[0], device="cpu", repeats=9,
                         name=model)
+    if overheads is not None:
+        doc["overheads"] = overheads
+    else:  # no fixed costs at all: nor the layers' optimizer steps (the profile as it was)
+        for rec in doc["layers"]:
+            rec.pop("step_s", None)
     path = f"{workdir}/profile.json"
     write_profile(doc, path)
     cfg = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
@@ -282,6 +291,10 @@ def main() -> None:
                     help="instead: every method of RANK_METHODS on each model of RANK_MODELS, "
                     "solved on the project profile, run in interleaved rounds; predicted vs "
                     "measured step time per method and the Kendall tau of the two orders")
+    ap.add_argument("--no-overheads", dest="overheads", action="store_false",
+                    help="--ranking without the executor's fixed costs (per action, message, "
+                    "step) in the profile: the predictions as they were before they were "
+                    "measured")
     ap.add_argument("--no-vshape", dest="vshape", action="store_false",
                     help="skip pipeopt's ZB-V against PyTorch's ScheduleZBVZeroBubble")
     ap.add_argument("--no-replan", dest="replan", action="store_false",
@@ -430,15 +443,25 @@ def load_note(ranks: int | None = None) -> str:
 
 
 def ranking(args: argparse.Namespace) -> None:
-    """Per model: the project profile (``pipeopt profile`` then the config form, split
-    backward; fused methods are priced at the profile's fused backward), every method solved
+    """Per model: the project profile (``pipeopt profile --overheads`` then the config form,
+    split backward; fused methods are priced at the profile's fused backward; the executor's
+    fixed costs measured once, unless ``--no-overheads``), every method solved
     on it, all run ``--rounds`` times interleaved; prints each method's predicted and measured
     step time (median of the steps after the first of every round), the error, and the Kendall
     tau between the predicted and the measured order."""
     p, m = args.ranks, args.microbatches
+    over = None
+    if args.overheads:
+        from pipeopt.costs.profiler import measure_overheads
+
+        t0 = time.perf_counter()
+        over = measure_overheads(ranks=p)
+        print(f"overheads ({time.perf_counter() - t0:.0f} s; {over['how']}): "
+              f"{over['action_s'] * 1e3:.3f} ms per action, {over['message_s'] * 1e3:.3f} ms "
+              f"per message, {over['step_s'] * 1e3:.3f} ms per step; {load_note()}")
     for model, options in RANK_MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
-            prob, _ = project_profile(p, m, args.batch, tmp, model, options)
+            prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)
         scheds = [solve(prob, meth, time_limit=args.time_limit, workers=1, seed=0)
                   for meth in RANK_METHODS]
         cfg = RunConfig(model=model, model_options=options, steps=args.steps,
@@ -451,7 +474,9 @@ def ranking(args: argparse.Namespace) -> None:
             t for rnd in range(args.rounds) for t in _assemble(
                 s, RunConfig(), [per_rank[r][str(i)][rnd] for r in range(p)]).step_times[1:])
             for i, s in enumerate(scheds)]
-        predicted = [s.makespan for s in scheds]
+        # The step time a schedule predicts: its makespan plus the stages' step tails (the
+        # optimizer step, priced after each stage's last backward when the profile has them).
+        predicted = [s.iteration_time for s in scheds]
         print(f"{model} ({p} gloo ranks, {m} micro-batches, {args.rounds} rounds x "
               f"{args.steps} steps, {time.perf_counter() - t0:.0f} s)")
         print(f"  before the runs: {before}\n  after the runs:  {load_note()}")

@@ -451,3 +451,98 @@ def test_partition_line_says_when_uniform_is_over_the_memory_limit():
                                                               meta=tuple(meta.items())))
     line = next(x for x in describe_partition(over).splitlines() if x.startswith("partition:"))
     assert "(over the memory limit)" in line
+
+
+def _with_overheads(path, overheads=None, step=None):
+    doc = json.loads(path.read_text())
+    if overheads is not None:
+        doc["overheads"] = overheads
+    if step is not None:
+        for rec in doc["layers"]:
+            rec["step_s"] = step
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_profile_overheads_price_actions_messages_and_the_step_tail(tmp_path):
+    """Issue 17 item 4: the runtime's fixed costs measured into a profile reach the problem:
+    ``action_s`` on every F, B and W (once on a fused backward), ``message_s`` on the link,
+    and each stage's step tail (``step_s`` + its layers' optimizer steps) after its last W.
+    One micro-batch on 2 stages, so the step time is computed by hand."""
+    from pipeopt.solvers import solve
+
+    base = {"pipeline": {"devices": 2, "microbatches": 1}, "cluster": {"gpu": "L4"},
+            "training": {"stage_layers": [2, 2]}}
+    plain = parse_config({**base, "model": {"profile": str(_profile(tmp_path))}}).problem
+    path = _with_overheads(_profile(tmp_path), {"action_s": 0.01, "message_s": 0.02,
+                                                "step_s": 0.03, "how": "by hand"}, 0.001)
+    p = parse_config({**base, "model": {"profile": str(path)}}).problem
+    assert p.forward == pytest.approx((1.11, 1.51))
+    assert p.backward_input == pytest.approx((0.01, 1.81))
+    assert p.backward_weight == pytest.approx((1.96, 1.31))
+    assert dict(p.meta)["fused_backward"] == pytest.approx([1.96, 2.61])  # one action each
+    assert p.latency[0][1] == pytest.approx(plain.latency[0][1] + 0.02)
+    assert p.latency[0][0] == 0.0
+    assert p.grad_reduce == pytest.approx((0.032, 0.032))  # 0.03 + 2 layers x 0.001
+    # F0, F1, B1, then B0 and W0 on device 0 (the critical path), W1 beside them.
+    d = p.delay(0, 1)
+    zb = solve(p, "zb-h1")
+    assert zb.makespan == pytest.approx(1.11 + d + 1.51 + 1.81 + d + 0.01 + 1.96)
+    assert zb.iteration_time == pytest.approx(zb.makespan + 0.032)
+    assert solve(plain, "zb-h1").iteration_time == pytest.approx(
+        1.1 + plain.delay(0, 1) + 1.5 + 1.8 + plain.delay(0, 1) + 0.0 + 1.95)
+    fused = parse_config({**base, "pipeline": {"devices": 2, "microbatches": 1,
+                                               "split_backward": False},
+                          "model": {"profile": str(path)}}).problem
+    assert fused.durations["B"] == pytest.approx((1.96, 2.61))
+    # model.overheads replaces the profile's; the layers' optimizer steps stay
+    given = parse_config({**base, "model": {"profile": str(path), "overheads": {
+        "action_s": 0.0, "step_s": 0.5}}}).problem
+    assert given.forward == pytest.approx(plain.forward)
+    assert given.grad_reduce == pytest.approx((0.502, 0.502))
+
+
+def test_absent_overheads_leave_the_problem_unchanged(tmp_path):
+    """A profile without overheads, or zero overheads, gives exactly the problem it gave
+    before they existed (every makespan unchanged)."""
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+    from pipeopt.solvers import solve
+
+    base = {"pipeline": {"devices": 2, "microbatches": 4}, "cluster": {"gpu": "L4"},
+            "training": {"stage_layers": [2, 2]}}
+    plain = parse_config({**base, "model": {"profile": str(_profile(tmp_path))}}).problem
+    assert "overheads" not in dict(plain.meta) and not any(plain.grad_reduce)
+    assert with_overheads(plain, Overheads(), [0.0, 0.0]) is plain
+    zero = parse_config({**base, "model": {"profile": str(_profile(tmp_path)), "overheads": {
+        "action_s": 0, "message_s": 0, "step_s": 0}}}).problem
+    assert zero == plain
+    for method in ("1f1b", "zb-h1", "greedy"):
+        assert solve(zero, method).makespan == solve(plain, method).makespan
+
+
+@pytest.mark.parametrize(("overheads", "step", "phrase"), [
+    ({"action_s": -1}, None, r"overheads\.action_s: expected a number >= 0 \(seconds\), "
+                             r"got -1"),
+    ({"message_s": "1ms"}, None, r"overheads\.message_s: expected a number >= 0"),
+    ([0.1], None, r"overheads: expected a mapping of action_s, message_s, step_s"),
+    ({"acton_s": 0.1}, None, r"overheads\.acton_s: unknown field; did you mean 'action_s'"),
+    (None, -0.5, r"layers\[0\]\.step_s: expected a number >= 0, got -0\.5"),
+])
+def test_bad_profile_overheads_are_named(tmp_path, overheads, step, phrase):
+    path = _with_overheads(_profile(tmp_path), overheads, step)
+    with pytest.raises(ConfigError, match=r"^model\.profile: .*" + phrase):
+        parse_config({"pipeline": {"devices": 2, "microbatches": 4},
+                      "model": {"profile": str(path)}, "cluster": {"gpu": "L4"}})
+
+
+@pytest.mark.parametrize(("overheads", "phrase"), [
+    ({"action_s": -0.1}, "model.overheads.action_s"),
+    ({"step": 1.0}, "model.overheads.step"),
+    ({"message_s": True}, "model.overheads.message_s"),
+])
+def test_bad_config_overheads_are_named(tmp_path, overheads, phrase):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"pipeline": {"devices": 2, "microbatches": 4}, "cluster": {"gpu": "L4"},
+                      "model": {"profile": str(_profile(tmp_path)), "overheads": overheads}})
+    assert str(err.value).startswith(phrase), str(err.value)

@@ -323,3 +323,42 @@ def test_forward_only_profile(tmp_path):
     assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "16",
                  "--repeats", "1", "--warmup", "0", "--forward-only", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["forward_only"] is True
+
+
+def test_optimizer_step_is_timed_per_layer_and_leaves_the_weights(gpt_profile):
+    """Each layer records the SGD step of its own parameters (``step_s``, seconds): positive
+    where there are parameters, 0 without; timing it moves no weight and keeps ``.grad``."""
+    for rec in gpt_profile["layers"]:
+        assert 0 < rec["step_s"] < 0.5
+    from pipeopt.costs.profiler import optimizer_step_time
+
+    lin = torch.nn.Linear(4, 4)
+    before = lin.weight.detach().clone()
+    lin.weight.grad = torch.ones_like(lin.weight)
+    assert optimizer_step_time(list(lin.parameters()), 1, 3, lambda: None) > 0
+    assert torch.equal(lin.weight, before) and torch.equal(lin.weight.grad,
+                                                           torch.ones_like(lin.weight))
+    assert lin.bias.grad is None
+    assert optimizer_step_time([], 1, 3, lambda: None) == 0.0
+
+
+def test_overheads_of_a_trivial_model_are_positive_and_small(tmp_path):
+    """``pipeopt profile --overheads``: 2 gloo ranks replay a trivial model; the fixed costs
+    per action, message and step are >= 0, some positive (a run is never free), and small
+    (under 0.2 s each even on a loaded machine; a trivial op takes well under 1 ms alone);
+    the profile file carries them and the config form reads them back."""
+    from pipeopt.cli import main
+    from pipeopt.costs.profile import load_overheads
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "8",
+                 "--repeats", "1", "--warmup", "0", "--overheads", "-o", str(out)]) == 0
+    over = json.loads(out.read_text())["overheads"]
+    assert "ZB-H1 of a trivial model" in over["how"]
+    got = load_overheads(out)
+    assert (got.action_s, got.message_s, got.step_s) == (
+        over["action_s"], over["message_s"], over["step_s"])
+    assert all(0 <= x < 0.2 for x in (got.action_s, got.message_s, got.step_s)), got
+    assert got.message_s > 0 and got.action_s + got.step_s > 0, got
+    assert main(["profile", "--model", "mlp", "--forward-only", "--overheads",
+                 "-o", str(out)]) == 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from pipeopt.costs.lengths import (
 )
 from pipeopt.costs.moe import MoESpec
 from pipeopt.costs.moe_chain import moe_layers
+from pipeopt.costs.profile import Overheads
 from pipeopt.costs.transformer import (
     LayerCost,
     TransformerShape,
@@ -135,6 +136,24 @@ def model_layers(cfg: ModelConfig, base_dir: Path | None = None) -> tuple[list[L
                                           is not None else fwd)))
         return out, "layer_costs"
     return _transformer_layers(shape_of(cfg), block_overrides(cfg)), "analytic"
+
+
+def model_overheads(cfg: ModelConfig, base_dir: Path | None = None) -> Overheads:
+    """The runtime's fixed costs of a ``model:`` section (seconds): ``model.overheads`` when
+    given, else those the profile measured, else none."""
+    if cfg.overheads is not None:
+        return Overheads(**cfg.overheads.model_dump())
+    if cfg.profile is None:
+        return Overheads()
+    from pipeopt.costs.profile import ProfileError, load_overheads
+
+    path = Path(cfg.profile)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    try:
+        return load_overheads(path)
+    except ProfileError as exc:
+        raise ConfigError(f"model.profile: {exc}") from None
 
 
 def block_overrides(cfg: ModelConfig) -> dict[int, dict[str, object]]:
@@ -247,6 +266,9 @@ class ModelPlan:
     #: Per pipeline rank, (L, 3) seconds of each MoE layer's all-to-all in its forward,
     #: backward-input and backward-weight ops over the rank's EP group; () without them.
     a2a_times: tuple[np.ndarray, ...] = ()
+    #: The runtime's fixed costs (seconds; ``model.overheads`` or the profile's), added to the
+    #: problem by :meth:`problem` (:func:`with_overheads`).
+    overheads: Overheads = field(default_factory=Overheads)
 
     @property
     def stages(self) -> int:
@@ -711,7 +733,9 @@ class ModelPlan:
         fused = self.fused_backward(partition)
         if fused is not None:
             info["fused_backward"] = fused
-        return Problem(
+        step = [self.overheads.step_s + sum(lc.step_time for lc in self.layers[a:b])
+                for a, b in partition]
+        return with_overheads(Problem(
             devices=p, microbatches=self.microbatches, virtual_stages=self.virtual_stages,
             placement=self.placement,  # type: ignore[arg-type]
             split_backward=self.split_backward,
@@ -724,7 +748,8 @@ class ModelPlan:
             latency=lat, bandwidth=bw,
             message_size=tuple(r["output_bytes"] for r in rows[:-1]),
             memory_limit=tuple(self.memory_limit), static_memory=tuple(static),
-            grad_reduce=tuple(reduce), meta=tuple(info.items()), **scales)
+            grad_reduce=tuple(reduce), meta=tuple(info.items()), **scales),
+            self.overheads, step)
 
     def microbatch_scales(self, partition: Partition) -> dict[str, Scale]:
         """The :class:`Problem`'s micro-batch factors: as given in ``pipeline:``, or from the
@@ -741,6 +766,40 @@ class ModelPlan:
             ref[a:b] = times[sd[k]][a:b]
         act = np.array([lc.activation_bytes for lc in self.layers])
         return problem_scales(self.ratios, ref, act, stages=list(partition))
+
+
+def with_overheads(problem: Problem, overheads: Overheads, step_s: Sequence[float]
+                   ) -> Problem:
+    """``problem`` with the runtime's fixed costs (seconds) priced in: ``overheads.action_s``
+    on every F, B and W (once on a fused backward, also on ``meta.fused_backward``, which
+    prices the fused schedules of a split problem), ``overheads.message_s`` on the latency of
+    every link between two devices, and ``step_s[k]`` (stage k's step tail: the optimizer
+    step of its parameters and the step's fixed end) after the stage's last backward, counted
+    in the iteration time the way a data-parallel gradient reduction is (``grad_reduce``:
+    the two add up, the optimizer stepping once the reduction is done). No overheads: the
+    problem unchanged."""
+    if not overheads and not any(step_s):
+        return problem
+    a, p = overheads.action_s, problem.devices
+    meta = dict(problem.meta)
+    if a and problem.split_backward:
+        fused = meta.get("fused_backward")
+        if fused is None:  # priced at B + W of the split: one action, not two
+            fused = [b + w for b, w in zip(problem.backward_input, problem.backward_weight,
+                                           strict=True)]
+        meta["fused_backward"] = [float(t) + a for t in fused]
+    meta["overheads"] = {"action_s": a, "message_s": overheads.message_s,
+                         "step_s": [float(x) for x in step_s]}
+    lat = tuple(tuple(x + (overheads.message_s if i != j else 0.0) for j, x in enumerate(row))
+                for i, row in enumerate(problem.latency))
+    return problem.replace(
+        forward=tuple(x + a for x in problem.forward),
+        backward_input=tuple(x + a for x in problem.backward_input),
+        backward_weight=tuple(x + a if problem.split_backward else x
+                              for x in problem.backward_weight),
+        latency=lat if overheads.message_s and p > 1 else problem.latency,
+        grad_reduce=tuple(r + t for r, t in zip(problem.grad_reduce, step_s, strict=True)),
+        meta=tuple(meta.items()))
 
 
 def backward_transient(rows: list[dict[str, Any]], devices: int, memory_scale: Scale
@@ -791,6 +850,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
     tcfg = parse_training(cfg.training or {})
     base = Path(source).parent if source and not source.startswith("<") else None
     layers, origin = model_layers(mcfg, base)
+    overheads = model_overheads(mcfg, base)
     pl = cfg.pipeline
     s = pl.devices * pl.virtual_stages
     if len(layers) < s:
@@ -873,7 +933,8 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
                      explicit_scales=explicit or None,
                      recompute=mcfg.recompute if origin == "analytic" else None,
                      recompute_options=options, recompute_modes=modes,
-                     fused_alternative=fused_alt, tp_links=tp_links)
+                     fused_alternative=fused_alt, tp_links=tp_links,
+                     overheads=overheads)
     if mcfg.moe is not None:
         out = _with_moe(out, mcfg, mcfg.moe, tcfg, origin)
     if tcfg.zero_stage >= 2 and dp > 1:

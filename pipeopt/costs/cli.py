@@ -104,6 +104,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     check_writable("--output", args.output)  # before minutes of timing, not after
     device = _device(args.device)
+    if args.overheads and (args.forward_only or device != "cpu"):
+        raise ConfigError("--overheads: measured with gloo ranks on the CPU, for the CPU "
+                          "training replay; not with "
+                          + ("--forward-only" if args.forward_only else f"--device {device}"))
     model, x, name = _build(args)
     if not isinstance(model, torch.nn.Sequential) or len(model) == 0:
         raise ConfigError(f"--model: {name} must give a non-empty torch.nn.Sequential (its "
@@ -113,7 +117,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                           f"{type(x).__name__}")
     try:
         doc = profile_model(model, x, device=device, warmup=args.warmup,
-                            repeats=args.repeats, name=name, forward_only=args.forward_only)
+                            repeats=args.repeats, name=name, forward_only=args.forward_only,
+                            overheads=args.overheads)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         # Shapes that do not fit the model, an input on the wrong device, ...: the model's own
         # error, on one line.
@@ -138,6 +143,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
               f"{rec['params']:>9.0f}")
     print("B and W: the split backward as pipeopt run computes it; fused: the whole backward "
           "in one pass (B is 0 where the input takes no gradient)")
+    if "overheads" in doc:
+        o = doc["overheads"]
+        print(f"overheads: {o['action_s'] * 1e3:.3f} ms per action, {o['message_s'] * 1e3:.3f} "
+              f"ms per message, {o['step_s'] * 1e3:.3f} ms per step (+ the optimizer step of "
+              f"each layer: {sum(r['step_s'] for r in doc['layers']) * 1e3:.3f} ms in all)")
     print(f"written {args.output} ({doc['device']}); use it with model: {{profile: "
           f"{args.output}}}")
     return 0
@@ -166,5 +176,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--forward-only", action="store_true",
                    help="time the inference forward alone (eval, torch.inference_mode): "
                         "backward fields 0, no saved activations")
+    p.add_argument("--overheads", action="store_true",
+                   help="also measure the executor's fixed costs per action, message and step "
+                        "(2 gloo ranks replaying a trivial model; CPU only, a few seconds)")
     p.add_argument("-o", "--output", default="profile.json", help="profile JSON to write")
     p.set_defaults(func=cmd_profile)

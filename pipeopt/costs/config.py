@@ -78,12 +78,21 @@ class MoESection(_Strict):
     dispatch_dtype: str | None = None
 
 
+class OverheadsSpec(_Strict):
+    """``model.overheads``: the runtime's fixed costs (seconds), in place of a profile's."""
+
+    action_s: float = Field(0.0, ge=0, description="added to every F, B and W op")
+    message_s: float = Field(0.0, ge=0, description="added to every link's latency")
+    step_s: float = Field(0.0, ge=0, description="per step, after each stage's last backward")
+
+
 class ModelConfig(_Strict):
     """``model:`` — a transformer shape, an explicit layer list, or a measured profile."""
 
     preset: str | None = None
     profile: str | None = None
     layer_costs: list[LayerCostSpec] | None = None
+    overheads: OverheadsSpec | None = None
     layers: int | None = Field(None, gt=0, le=4094)  # + embedding and head: MAX_LAYERS
     hidden: int | None = Field(None, gt=0)
     heads: int | None = Field(None, gt=0)
@@ -315,7 +324,7 @@ def parse_model(data: Any) -> ModelConfig:
                               "(give a transformer shape or explicit layers, not both)")
         # Only dtype (the GPU peak that turns FLOPs into seconds) applies to explicit layers;
         # every other key describes a transformer shape and would be silently ignored.
-        unused = [k for k in given if k not in ("profile", "layer_costs", "dtype")]
+        unused = [k for k in given if k not in ("profile", "layer_costs", "dtype", "overheads")]
         if unused:
             what = ("the profile's measured times and bytes already include it"
                     if forms[0] == "profile" else "give each layer's costs for it instead")

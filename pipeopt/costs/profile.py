@@ -35,10 +35,59 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
 #: The fields a profile may have (what :func:`~pipeopt.costs.profiler.profile_model` writes);
 #: others are refused, as a typo (``backwrd_s``) would otherwise be ignored.
 _TOP_KEYS = ("format", "model", "device", "torch", "micro_batch_size", "warmup", "repeats",
-             "backward_split", "forward_only", "input_shape", "layers")
+             "backward_split", "forward_only", "input_shape", "overheads", "layers")
 _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "backward_s",
-               "input_grad", "params", "param_bytes", "activation_bytes", "output_bytes",
-               "forward_flops", "backward_flops", "peak_memory_bytes")
+               "step_s", "input_grad", "params", "param_bytes", "activation_bytes",
+               "output_bytes", "forward_flops", "backward_flops", "peak_memory_bytes")
+#: The measured fields of a profile's ``overheads`` (seconds); ``how`` may describe the
+#: measurement, any other field is refused as a typo.
+OVERHEAD_KEYS = ("action_s", "message_s", "step_s")
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The runtime's fixed costs that no layer's compute shows (seconds, each >= 0; absent =
+    0): ``action_s`` is paid by every F, B and W action a rank runs (Python dispatch of the
+    pipelining runtime, posting its sends and receives, the op's bookkeeping), ``message_s``
+    by every message between ranks on top of the link's latency, and ``step_s`` once per step
+    after each stage's last backward (the optimizer step's fixed part and the closing
+    barrier); the optimizer step's per-parameter part is each layer's ``step_s``."""
+
+    action_s: float = 0.0
+    message_s: float = 0.0
+    step_s: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.action_s or self.message_s or self.step_s)
+
+
+def load_overheads(path: str | Path) -> Overheads:
+    """The ``overheads`` of a profile file (all 0 when it has none)."""
+    return _overheads(_read_document(path), path)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def _overheads(doc: dict[str, Any], path: str | Path) -> Overheads:
+    raw = doc.get("overheads")
+    if raw is None:
+        return Overheads()
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: overheads: expected a mapping of {', '.join(OVERHEAD_KEYS)} "
+                           f"(seconds), got {raw!r}")
+    from pipeopt.io import known_fields
+
+    known_fields(raw, (*OVERHEAD_KEYS, "how"), f"{path}: overheads.", ProfileError)
+    vals = {}
+    for key in OVERHEAD_KEYS:
+        v = raw.get(key, 0.0)
+        if not _number(v):
+            raise ProfileError(f"{path}: overheads.{key}: expected a number >= 0 (seconds), "
+                               f"got {v!r}")
+        vals[key] = float(v)
+    return Overheads(**vals)
 
 
 def load_profile(path: str | Path) -> list[LayerCost]:
@@ -123,6 +172,10 @@ def _layer_costs(doc: dict[str, Any], path: str | Path) -> list[LayerCost]:
                                   or not math.isfinite(fused) or fused < 0):
             raise ProfileError(f"{path}: layers[{i}].backward_s: expected a number >= 0, "
                                f"got {fused!r}")
+        step = rec.get("step_s", 0.0)  # optional: the optimizer step of the layer's parameters
+        if not _number(step):
+            raise ProfileError(f"{path}: layers[{i}].step_s: expected a number >= 0, got "
+                               f"{step!r}")
         input_grad = rec.get("input_grad", True)
         if not isinstance(input_grad, bool):
             raise ProfileError(f"{path}: layers[{i}].input_grad: expected true or false, "
@@ -146,5 +199,6 @@ def _layer_costs(doc: dict[str, Any], path: str | Path) -> list[LayerCost]:
             weight_grad_bytes=vals["activation_bytes"], output_bytes=vals["output_bytes"],
             forward_time=vals["forward_s"], backward_input_time=vals["backward_input_s"],
             backward_weight_time=vals["backward_weight_s"],
-            backward_time=None if fused is None else float(fused), input_grad=input_grad))
+            backward_time=None if fused is None else float(fused), input_grad=input_grad,
+            step_time=float(step)))
     return out

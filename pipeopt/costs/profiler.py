@@ -46,7 +46,8 @@ from typing import Any
 from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_profile
 
 __all__ = ["FORMAT", "ProfileError", "executor_split", "forward_only_layer", "load_profile",
-           "profile_layer", "profile_model", "write_profile"]
+           "measure_overheads", "optimizer_step_time", "profile_layer", "profile_model",
+           "write_profile"]
 
 
 def _median_time(fn: Callable[[], Any], warmup: int, repeats: int, sync: Callable[[], None]
@@ -225,6 +226,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
             p.grad = g
     if not needs_input:
         b_in = 0.0  # nothing to compute: the executor's stage 0 has no B
+    step_s = optimizer_step_time(params, warmup, repeats, sync)
     with FlopCounterMode(display=False) as fc:
         o = layer(inp)
     fwd_flops = float(fc.get_total_flops())
@@ -244,7 +246,7 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
     record = {
         "name": type(layer).__name__,
         "forward_s": forward_s, "backward_input_s": b_in, "backward_weight_s": b_w,
-        "backward_s": b_full, "input_grad": needs_input,
+        "backward_s": b_full, "step_s": step_s, "input_grad": needs_input,
         "params": float(sum(p.numel() for p in layer.parameters())),
         "param_bytes": float(sum(p.numel() * p.element_size() for p in layer.parameters())),
         "activation_bytes": activation_bytes,
@@ -255,12 +257,133 @@ def profile_layer(layer: Any, x: Any, *, warmup: int = 2, repeats: int = 5) -> t
     return record, out.detach()
 
 
+def optimizer_step_time(params: list[Any], warmup: int, repeats: int,
+                        sync: Callable[[], None]) -> float:
+    """Median seconds of one SGD step over ``params`` (the executor's default optimizer, as
+    its ranks run it once per training step; learning rate 0 and zero gradients, so the
+    weights do not move), every ``.grad`` left as it was; 0 without parameters."""
+    import torch
+
+    if not params:
+        return 0.0
+    kept = [p.grad for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(params, lr=0.0)
+    try:
+        return _median_time(opt.step, warmup, repeats, sync)
+    finally:
+        for p, g in zip(params, kept, strict=True):
+            p.grad = g
+
+
+#: Micro-batch counts of the trivial runs :func:`measure_overheads` fits the overheads on.
+OVERHEAD_MICROBATCHES = (2, 8)
+
+
+def _overhead_rank(rank: int, world: int, device: Any, jobs: list[Any], reps: int,
+                   status: Any = None) -> dict[str, Any]:
+    """One rank of :func:`measure_overheads`: the trivial runs, then a ping-pong of one
+    float between ranks 0 and 1 (one-way seconds, measured on rank 0)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt.executor.launch import run_rank
+
+    runs = [run_rank(rank, world, device, s, cfg, "gloo", status) for s, cfg in jobs]
+    x = torch.zeros(1)
+    one_way = []
+    dist.barrier()
+    for _ in range(reps):
+        if rank == 0:
+            t0 = time.perf_counter()
+            dist.send(x, dst=1)
+            dist.recv(x, src=1)
+            one_way.append((time.perf_counter() - t0) / 2)
+        elif rank == 1:
+            dist.recv(x, src=0)
+            dist.send(x, dst=0)
+    return {"step_times": [r["step_times"] for r in runs],
+            "message_s": statistics.median(one_way) if one_way else None}
+
+
+def measure_overheads(*, ranks: int = 2, steps: int = 6, rounds: int = 3, reps: int = 50,
+                      timeout: float = 300.0) -> dict[str, Any]:
+    """The executor's fixed costs on this machine, as a run pays them (seconds; the
+    ``overheads`` of a profile, see :class:`pipeopt.costs.profile.Overheads`).
+
+    ``ranks`` gloo processes replay ZB-H1 of a trivial model (one ``Linear(1, 1)`` + tanh per
+    stage, one sample per micro-batch, whose compute is timed here on one process) with
+    :data:`OVERHEAD_MICROBATCHES` micro-batches, ``steps`` steps each (the first not counted), in
+    ``rounds`` interleaved rounds (a loaded machine's noise moves both counts alike);
+    ``message_s`` is the one-way time of a one-float message (median of a ``reps``-fold
+    ping-pong). ``action_s`` is the cost per F, B or W that makes the simulator's step time
+    grow from the smaller to the larger count as the measured one does (bisection; the
+    trivial compute and ``message_s`` priced in), and ``step_s`` the rest of the measured
+    step (median over the two counts): the optimizer step of the trivial model and the step's
+    closing barrier. Both are clamped at 0 (noise on a loaded machine can push a difference
+    below it)."""
+    import torch
+
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+    from pipeopt.executor.procs import RunConfig, spawn
+    from pipeopt.problem import uniform_problem
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers import solve
+
+    layer = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Tanh())
+    recs = [profile_layer(layer, torch.zeros(1, 1), repeats=9)[0] for _ in range(ranks)]
+    f = tuple(r["forward_s"] for r in recs)
+    b = tuple(r["backward_input_s"] for r in recs)
+    w = tuple(r["backward_weight_s"] for r in recs)
+    scheds, jobs = [], []
+    for m in OVERHEAD_MICROBATCHES * rounds:
+        prob = uniform_problem(ranks, m).replace(forward=f, backward_input=b,
+                                                 backward_weight=w)
+        s = solve(prob, "zb-h1")
+        scheds.append(s)
+        jobs.append((s, RunConfig(model="mlp", model_options=(("layers", ranks), ("width", 1)),
+                                  steps=steps, batch_size=m)))
+    per_rank = spawn(_overhead_rank, ranks, (jobs, reps), timeout=timeout, backend="gloo")
+    n = len(OVERHEAD_MICROBATCHES)
+    measured = [statistics.median(max(r["step_times"][j][k] for r in per_rank)
+                                  for j in range(i, len(jobs), n) for k in range(1, steps))
+                for i in range(n)]
+    message = float(per_rank[0]["message_s"] or 0.0)
+
+    def predicted(i: int, action: float) -> float:
+        s = scheds[i]
+        prob = with_overheads(s.problem, Overheads(action_s=action, message_s=message),
+                              [0.0] * s.problem.stages)
+        return simulate(prob, s.device_orders()).iteration_time
+
+    def growth(action: float) -> float:
+        return predicted(1, action) - predicted(0, action)
+
+    target, lo, hi = measured[1] - measured[0], 0.0, max(measured)
+    if growth(lo) >= target:
+        action = 0.0
+    else:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if growth(mid) < target else (lo, mid)
+        action = (lo + hi) / 2
+    step = statistics.median(t - predicted(i, action) for i, t in enumerate(measured))
+    return {"action_s": action, "message_s": message, "step_s": max(0.0, step),
+            "how": f"{ranks} gloo ranks, {rounds} rounds of ZB-H1 of a trivial model with "
+                   f"{' and '.join(map(str, OVERHEAD_MICROBATCHES))} micro-batches: step "
+                   f"{' and '.join(f'{t * 1e3:.2f}' for t in measured)} ms",
+            }
+
+
 def profile_model(model: Any, example_input: Any, *, device: str | None = None,
                   warmup: int = 2, repeats: int = 5, name: str = "model",
-                  forward_only: bool = False) -> dict[str, Any]:
+                  forward_only: bool = False, overheads: bool = False) -> dict[str, Any]:
     """Profile every layer of an ``nn.Sequential`` on ``example_input`` (one micro-batch);
     returns the profile document (see :data:`FORMAT`). ``forward_only``: the inference
-    forward alone (module docstring)."""
+    forward alone (module docstring). ``overheads``: also measure the executor's fixed costs
+    (:func:`measure_overheads`: spawns 2 gloo ranks, a few seconds)."""
     import torch
 
     from pipeopt._malloc import steady_cpu_allocator
@@ -291,4 +414,5 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
             "backward_split": ("none: forward only" if forward_only else
                                "pipeopt.executor.runtime.StageModule (per layer)"),
             **({"forward_only": True} if forward_only else {}),
+            **({"overheads": measure_overheads()} if overheads and not forward_only else {}),
             "layers": layers}

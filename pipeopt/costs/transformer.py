@@ -102,6 +102,9 @@ class LayerCost:
     #: buffer counts 1/2: half the ring steps). Timed on the tensor-parallel group's links by
     #: :func:`tp_comm_times`; not scaled by ``time_scale``. Empty without tensor parallelism.
     tp_collectives: tuple[tuple[int, float, float], ...] = ()
+    #: Seconds of the optimizer step over this layer's parameters, once per training step
+    #: (measured by a profile; 0 otherwise): part of its stage's step tail.
+    step_time: float = 0.0
 
     @property
     def flops(self) -> float:
