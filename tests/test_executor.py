@@ -389,7 +389,9 @@ def test_closed_loop_profile_solve_run(tmp_path, capsys) -> None:
     assert res["loss"] == pytest.approx(res["reference_losses"][-1], rel=1e-5)
     assert res["step_time"] > 0
     # the profile is in seconds, so the prediction is a step time in seconds too
-    assert res["predicted_step_time"] == pytest.approx(sched.makespan)
+    # ... with the optimizer step the profile timed per layer after each stage's last W
+    assert res["predicted_step_time"] == pytest.approx(sched.iteration_time)
+    assert sched.iteration_time > sched.makespan
     assert 0 < res["predicted_step_time"] < 10
     # ... -> run --costs-out -> solve again on what the run measured
     measured = tmp_path / "measured.json"
@@ -404,6 +406,8 @@ def test_closed_loop_profile_solve_run(tmp_path, capsys) -> None:
     assert got.problem.backward_weight == pytest.approx((costs["0W"], costs["1W"]))
     assert got.problem.backward_input[0] < 0.1 * got.problem.backward_weight[0]  # token ids
     assert got.device_orders() == sched.device_orders()  # the same orders, re-timed
+    tail = got.problem.grad_reduce  # the run's step beyond its ops, after every stage
+    assert tail[0] == tail[1] >= 0 and dict(got.problem.meta)["overheads"]["step_s"] == list(tail)
     again = tmp_path / "again.json"
     assert main(["solve", str(measured), "--method", "greedy", "-o", str(again), "--quiet"]) == 0
     assert load_schedule(again).problem == got.problem
@@ -648,3 +652,37 @@ def test_split_stage_cuts_only_between_single_tensors() -> None:
     l3(prod(*pair(l0(x.detach().requires_grad_(True))))).backward(g)
     for a, p in zip(got, mod.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_costs_out_records_the_step_tail() -> None:
+    """``--costs-out`` (issue 17 item 4): what a step measured beyond its ops (optimizer step,
+    barrier, the runtime between ops) becomes every stage's step tail, so a schedule re-timed
+    or re-planned on the file predicts the measured step; a data-parallel reduction in
+    ``grad_reduce`` stays, the profile's step tail is replaced. By hand: ZB-H1, p = m = 2,
+    every op 0.1 s as measured: makespan 0.7 s (stage 0: F F, a wait for stage 1's first B,
+    then B W B W; both stages' last W end at 0.7), steps 1.0 and 1.2 s (the first not
+    counted), so the tail is 1.1 - 0.7 = 0.4 s."""
+    from pipeopt.executor.launch import RunResult, measured_problem, measured_schedule
+    from pipeopt.solvers import run_classic
+
+    prob = uniform_problem(2, 2, f=0.1, b=0.1, w=0.1)
+    sched = run_classic(prob, "zb-h1")
+    assert sched.makespan == pytest.approx(0.7)
+    ops = {(k, s): 0.1 for k in "FBW" for s in range(2)}
+    res = RunResult("zb-h1", 2, [1.0] * 3, [5.0, 1.0, 1.2], sched.makespan, op_costs=ops)
+    got = measured_problem(sched, res)
+    assert got.grad_reduce == pytest.approx((0.4, 0.4))
+    assert dict(got.meta)["overheads"]["step_s"] == pytest.approx([0.4, 0.4])
+    assert measured_schedule(sched, res).iteration_time == pytest.approx(1.1)
+    assert run_classic(got, "1f1b").iteration_time > run_classic(got, "1f1b").makespan
+    # a reduction of 0.05 s plus a profiled tail of 0.02 s: the reduction stays
+    meta = (("overheads", {"action_s": 0.0, "message_s": 0.0, "step_s": [0.02, 0.02]}),)
+    prob2 = prob.replace(grad_reduce=(0.07, 0.07), meta=meta)
+    sched2 = run_classic(prob2, "zb-h1")
+    got2 = measured_problem(sched2, res)
+    base = simulate(prob.replace(grad_reduce=(0.05, 0.05)), sched2.device_orders())
+    tail = 1.1 - base.iteration_time
+    assert got2.grad_reduce == pytest.approx((0.05 + tail, 0.05 + tail))
+    # no step time recorded (a run summarised without them): the problem's own tail stays
+    res0 = RunResult("zb-h1", 2, [1.0], [0.0], sched.makespan, op_costs=ops)
+    assert measured_problem(sched2, res0).grad_reduce == pytest.approx((0.07, 0.07))

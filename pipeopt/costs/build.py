@@ -802,6 +802,20 @@ def with_overheads(problem: Problem, overheads: Overheads, step_s: Sequence[floa
         meta=tuple(meta.items()))
 
 
+def with_step_tail(problem: Problem, step_s: Sequence[float], **note: Any) -> Problem:
+    """``problem`` with each stage's step tail (seconds after its last backward, see
+    :func:`with_overheads`) replaced by ``step_s``: ``grad_reduce`` keeps the data-parallel
+    reduction, the tail ``meta.overheads.step_s`` had added is taken back out; ``note`` is
+    recorded in ``meta.overheads`` beside it (where the new tail came from)."""
+    meta = dict(problem.meta)
+    over = dict(meta.get("overheads") or {"action_s": 0.0, "message_s": 0.0})
+    old = over.get("step_s") or [0.0] * problem.stages
+    red = tuple(max(0.0, r - o) + t
+                for r, o, t in zip(problem.grad_reduce, old, step_s, strict=True))
+    meta["overheads"] = {**over, "step_s": [float(t) for t in step_s], **note}
+    return problem.replace(grad_reduce=red, meta=tuple(meta.items()))
+
+
 def backward_transient(rows: list[dict[str, Any]], devices: int, memory_scale: Scale
                        ) -> list[float]:
     """Bytes per device to hold on top of the resident activations for the transient of a

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeopt.costs.build import with_step_tail
 from pipeopt.executor import _torch
 from pipeopt.executor.check import (
     AUTOCAST,
@@ -325,7 +326,21 @@ def measured_problem(schedule: Schedule, result: RunResult) -> Problem:
     fused schedule is priced at, see :func:`pipeopt.schedules.fused_variant`); its B and W
     stay those of the split problem the schedule was fused from (``meta
     .split_backward_costs``; else the problem's own B and W). A split run keeps the
-    ``fused_backward`` it had. Links, memory and everything else stay as they were."""
+    ``fused_backward`` it had. The step tail (:func:`pipeopt.costs.build.with_step_tail`)
+    becomes what the run measured beyond the ops: its step time less the same orders timed on
+    these costs (the optimizer step, the closing barrier, the runtime between ops; 0 when
+    the run recorded no step time). Links, memory and everything else stay as they were."""
+    out = _measured_ops(schedule, result)
+    timed = out if schedule.problem.split_backward else fused_variant(out)
+    if not any(result.step_times):
+        return out
+    span = simulate(with_step_tail(timed, [0.0] * out.stages),
+                    schedule.device_orders()).iteration_time
+    tail = max(0.0, result.step_time - span)
+    return with_step_tail(out, [tail] * out.stages, step_from="run: step time - ops")
+
+
+def _measured_ops(schedule: Schedule, result: RunResult) -> Problem:
     prob, costs = schedule.problem, result.op_costs
     split = prob if prob.split_backward else split_variant(prob)
     if not split.split_backward:  # fused from the start: B and W in their own proportion
@@ -369,7 +384,7 @@ def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, A
     losses = [sum(r["losses"][i] for r in per_rank) / dp for i in range(steps)]
     times = [max(r["step_times"][i] for r in per_rank) for i in range(steps)]
     res = RunResult(schedule.method, len(per_rank), losses, times,
-                    schedule.makespan if plan is None else plan.iteration_s)
+                    schedule.iteration_time if plan is None else plan.iteration_s)
     res.op_costs = op_costs(per_rank)
     res.peak_memory = [r.get("peak_memory", 0.0) for r in per_rank]
     res.collectives = [r.get("collectives", []) for r in per_rank]
