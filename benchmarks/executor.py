@@ -47,6 +47,7 @@ from pipeopt.executor.launch import (
 from pipeopt.executor.models import build_model, split_stages
 from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.schedule import Schedule
+from pipeopt.schedules import fused_variant
 from pipeopt.simulate import simulate
 from pipeopt.solvers import solve
 
@@ -462,6 +463,10 @@ def ranking(args: argparse.Namespace) -> None:
     for model, options in RANK_MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
             prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)
+        _show(f"{model}: project profile", prob, fused_variant(prob))
+        tails = prob.grad_reduce
+        print(f"  step tails (optimizer step + overheads.step_s): "
+              f"{', '.join(f'{t * 1e3:.2f}' for t in tails)} ms")
         scheds = [solve(prob, meth, time_limit=args.time_limit, workers=1, seed=0)
                   for meth in RANK_METHODS]
         cfg = RunConfig(model=model, model_options=options, steps=args.steps,

@@ -307,7 +307,7 @@ def _overhead_rank(rank: int, world: int, device: Any, jobs: list[Any], reps: in
             "message_s": statistics.median(one_way) if one_way else None}
 
 
-def measure_overheads(*, ranks: int = 2, steps: int = 6, rounds: int = 3, reps: int = 50,
+def measure_overheads(*, ranks: int = 2, steps: int = 6, rounds: int = 5, reps: int = 50,
                       timeout: float = 300.0) -> dict[str, Any]:
     """The executor's fixed costs on this machine, as a run pays them (seconds; the
     ``overheads`` of a profile, see :class:`pipeopt.costs.profile.Overheads`).
