@@ -347,3 +347,20 @@ def test_restarts_valid_on_random_problems(prob, objective):
     assert fits_memory(got, prob)
     value = got.max_span if objective == "span" else got.iteration_time
     assert value >= lower_bound(prob, objective) * (1 - 1e-9)
+
+
+def test_order_search_keeps_only_orders_better_than_every_start():
+    """A chain's order that beats its own start but not an earlier, better start is no
+    answer: the caller keeps that start (here the first start's value is out of reach)."""
+    import time
+
+    from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
+
+    start = tuple(range(8))
+    _, value, _ = _run(_Context(_SCALED), POLICIES[0])
+    far = time.perf_counter() + 600
+    alone = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
+    assert alone is not None and alone[0] < value - 1e-9  # from this start it improves
+    out = _order_search(_SCALED, [(POLICIES[0], start, 1.0), (POLICIES[0], start, value)], 3,
+                        far)
+    assert out is None

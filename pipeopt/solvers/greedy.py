@@ -957,13 +957,14 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     iters = min(_ORDER_SEARCH_ITERS,
                 _ORDER_SEARCH_OPS // max(1, problem.num_ops) // max(1, len(starts)))
     best: tuple[float, list[list[Op]], tuple[int, ...], Policy] | None = None
+    # Only an order better than every start counts (the caller keeps the best start).
+    top = min(value for _, _, value in starts)
     now = time.perf_counter()
     chains_end = now + (1 - _POLISH_SHARE) * max(0.0, deadline - now)
     for c, (policy, order, value) in enumerate(starts):
         rand = random.Random(seed * 7919 + c)
         left = (chains_end - time.perf_counter()) / (len(starts) - c)
         stop = min(chains_end, time.perf_counter() + left)
-        top = value if best is None else min(value, best[0])
         cur_val, cur = value, list(order)
         chain_best, chain_val = list(order), value
         stall = kicks = 0
