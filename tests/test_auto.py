@@ -15,6 +15,7 @@ from pipeopt.simulate import validate
 from pipeopt.solvers import SolveOptions, fits_memory, lower_bound, run_classic, solve
 from pipeopt.solvers import auto as auto_mod
 from pipeopt.solvers.auto import best_classic, cpsat_skip_reason, solve_auto
+from pipeopt.solvers.base import OutOfTime
 from pipeopt.solvers.greedy import min_memory
 from tests.strategies import problems
 
@@ -299,3 +300,25 @@ def test_restarts_before_lns_on_large_instances(monkeypatch):
     assert methods["greedy-restarts"] <= methods["greedy"] + 1e-9
     validate(got)
     assert got.iteration_time <= methods["greedy-restarts"] + 1e-9
+
+
+def test_auto_gives_the_order_search_long_time_only_without_cpsat_after(no_cpsat, monkeypatch):
+    """auto asks the greedy for its long order search exactly when CP-SAT's full model would
+    not run in the half of the time the greedy leaves: at 20 s, 192 ops would run it (40 ops
+    per second of about 10 s), 768 would not. (The greedy here only records its arguments.)"""
+    seen = []
+    real = auto_mod._load
+
+    def spy(problem, options, **kw):
+        seen.append((problem.num_ops, kw["long_search"],
+                     cpsat_skip_reason(problem, 0.5 * options.time_limit) is not None))
+        raise OutOfTime("spy")
+
+    monkeypatch.setattr(auto_mod, "_load", lambda module, func: spy
+                        if func == "solve_greedy" else real(module, func))
+    for m in (16, 64):
+        prob = uniform_problem(4, m, 1.0, 1.2, 0.8).replace(
+            microbatch_scale=tuple(2.0 if j % 3 == 0 else 0.5 for j in range(m)))
+        s = solve_auto(prob, SolveOptions(time_limit=20.0))
+        assert s.solver.detail("greedy") == "spy"
+    assert seen == [(192, False, False), (768, True, True)]

@@ -349,6 +349,35 @@ def test_restarts_valid_on_random_problems(prob, objective):
     assert value >= lower_bound(prob, objective) * (1 - 1e-9)
 
 
+def test_long_order_search_extends_the_chains(monkeypatch):
+    """``long``: the same seeded chains run further (more kicks, larger caps), so they time
+    more orders and end no worse; each mode gives one answer per seed."""
+    import time
+
+    from pipeopt.solvers import greedy
+    from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
+
+    start = tuple(range(8))
+    _, value, _ = _run(_Context(_SCALED), POLICIES[0])
+    far = time.perf_counter() + 600
+    calls = [0]
+
+    def counted(ctx, policy, deadline=math.inf):
+        calls[0] += 1
+        return _run(ctx, policy, deadline)
+
+    monkeypatch.setattr(greedy, "_run", counted)
+    runs = {}
+    for long in (False, True):
+        calls[0] = 0
+        a = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far, long=long)
+        b = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far, long=long)
+        assert a is not None and b is not None and (a[0], a[2]) == (b[0], b[2])
+        runs[long] = (a[0], calls[0] // 2)
+    assert runs[True][1] > runs[False][1]
+    assert runs[True][0] <= runs[False][0] + 1e-9
+
+
 def test_order_search_keeps_only_orders_better_than_every_start():
     """A chain's order that beats its own start but not an earlier, better start is no
     answer: the caller keeps that start (here the first start's value is out of reach)."""

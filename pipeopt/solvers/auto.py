@@ -394,8 +394,13 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     if greedy is not None:
         try:
             # With a hand-made schedule in hand the greedy may give up at the time limit.
-            cands.append(greedy(problem, replace(options, time_limit=max(0.1, left())),
-                                optional=bool(cands)))
+            # When CP-SAT's full model would not run in the half of the time the greedy
+            # leaves, only its neighbourhood search would follow: the greedy's search over
+            # micro-batch orders gets most of the time instead (see greedy._LONG_SHARE).
+            limit = max(0.1, left())
+            long_search = cpsat_skip_reason(problem, 0.5 * limit) is not None
+            cands.append(greedy(problem, replace(options, time_limit=limit),
+                                optional=bool(cands), long_search=long_search))
             interrupted = bool(cands[-1].solver.detail("interrupted"))
         except (NotApplicable, OutOfTime) as exc:
             notes.append(("greedy", str(exc)))

@@ -49,7 +49,8 @@ micro-batches of different cost or move one, keep a change that is no worse unde
 variant's policy, restart from the best order with a few random moves when stuck; the best
 order found is timed again with every variant (:func:`_order_search`). It runs until its
 chains stop improving, within the time the variants leave of half the time limit (``auto``
-gives CP-SAT the rest).
+gives CP-SAT the rest), or of most of it with ``long_search`` (``auto`` asks for it when
+CP-SAT's full model would not run after the greedy: only its neighbourhood search would).
 """
 
 from __future__ import annotations
@@ -118,6 +119,18 @@ _KICK = 3
 #: without a better order, so a chain ends after 3 x 150 = 450 of them. Chosen by hand; the
 #: effect on ``benchmarks/variable_microbatches.py`` is in benchmarks/README.md.
 _STALL_KICKS = 3
+#: ``long_search`` (``auto`` passes it when CP-SAT's full model would not run after the
+#: greedy, so only its neighbourhood search would, which on the p >= 8 instances of
+#: ``benchmarks/variable_microbatches.py`` never improved the greedy's answer): the order
+#: search may run until this share of the time limit instead of half, its chains end after
+#: this many fruitless kicks instead of :data:`_STALL_KICKS`, and its iteration and op caps
+#: are this many times larger. Chosen by hand; ``auto`` at 30 s against the defaults, on a
+#: loaded machine (2026-12-04, load 7-14, share 0.85 and 8 kicks with the default caps):
+#: p8 m32 text/image 75.98 -> 75.62 s, p16 m64 text/image 169.92 -> 168.98, p8 m64 zipf
+#: 135.56 -> 135.22, p12 m48 lognormal 78.21 both; the suite: benchmarks/README.md.
+_LONG_SHARE = 0.85
+_LONG_STALL_KICKS = 8
+_LONG_CAPS = 2
 #: Share of the order search's time left for timing its best order with every variant and
 #: with noisy restarts.
 _POLISH_SHARE = 0.2
@@ -748,7 +761,7 @@ def sequential_orders(problem: Problem) -> list[list[Op]]:
 
 @cyclic_gc_paused()  # list scheduling builds tuples per op and no cycles (pipeopt._gc)
 def solve_greedy(problem: Problem, options: SolveOptions, *,
-                 optional: bool = False) -> Schedule:
+                 optional: bool = False, long_search: bool = False) -> Schedule:
     """Schedule ``problem`` with the memory-aware list scheduler (see the module docstring).
 
     Tries priority variants while the total work stays within a small budget (all of them on
@@ -761,7 +774,9 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     (:func:`_hand_made`, its method ``greedy:NAME``, a ``fallback`` detail saying why), or with
     ``optional`` (the caller has another schedule) raises :class:`~pipeopt.solvers.OutOfTime`.
     Raises :class:`NotApplicable` when some device's memory limit is below what any schedule
-    needs.
+    needs. With micro-batches of different cost, the order search (:func:`_order_search`) runs
+    until half the time limit, or with ``long_search`` (nothing but a neighbourhood search will
+    run after it) until :data:`_LONG_SHARE` of it, with longer chains.
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -841,9 +856,11 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
                 starts.append((by_name[pname], mb_orders[c], val))
         # Until half the time limit from the start, like the variants: auto's CP-SAT runs after
         # (with micro-batches of different cost it moves the greedy's answer little; the order
-        # does: see the module docstring).
+        # does: see the module docstring). With long_search, most of the limit.
+        share = _LONG_SHARE if long_search else 0.5
         better = _order_search(problem, starts, options.seed,
-                               t0 + max(0.05, 0.5 * options.time_limit), span_obj)
+                               t0 + max(0.05, share * options.time_limit), span_obj,
+                               long=long_search)
         if better is not None:
             mb_orders.append(better[2])
             found.insert(0, (better[0], -1, better[1], better[3].name, len(mb_orders) - 1))
@@ -937,7 +954,7 @@ def _neighbour(problem: Problem, cur: list[int], rand: random.Random) -> list[in
 
 
 def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], float]],
-                  seed: int, deadline: float, span: bool = False
+                  seed: int, deadline: float, span: bool = False, long: bool = False
                   ) -> tuple[float, list[list[Op]], tuple[int, ...], Policy] | None:
     """Iterated local search over the micro-batch order, one chain per start
     ``(policy, order, objective)`` (the best variants so far), each with an equal share of
@@ -951,11 +968,14 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     :data:`_ORDER_SEARCH_OPS` ops in all (none on larger instances) and until ``deadline``
     (perf_counter seconds), less :data:`_POLISH_SHARE` of the time left, in which the best
     order is timed with every variant of :data:`POLICIES` and with seeded noisy restarts.
+    ``long``: :data:`_LONG_STALL_KICKS` kicks and :data:`_LONG_CAPS` times the caps.
     Returns (objective, orders of ``problem``, order, policy) of the best order found, None if
     none beat its start."""
     m = problem.microbatches
-    iters = min(_ORDER_SEARCH_ITERS,
-                _ORDER_SEARCH_OPS // max(1, problem.num_ops) // max(1, len(starts)))
+    caps = _LONG_CAPS if long else 1
+    stall_kicks = _LONG_STALL_KICKS if long else _STALL_KICKS
+    iters = min(caps * _ORDER_SEARCH_ITERS,
+                caps * _ORDER_SEARCH_OPS // max(1, problem.num_ops) // max(1, len(starts)))
     best: tuple[float, list[list[Op]], tuple[int, ...], Policy] | None = None
     # Only an order better than every start counts (the caller keeps the best start).
     top = min(value for _, _, value in starts)
@@ -972,7 +992,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
             if time.perf_counter() > stop:
                 break
             if stall >= _STALL:  # kick: a few random moves away from the chain's best
-                if kicks >= _STALL_KICKS:
+                if kicks >= stall_kicks:
                     break  # converged: no better order since the last kicks
                 kicks += 1
                 cur = list(chain_best)
