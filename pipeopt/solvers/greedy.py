@@ -962,7 +962,8 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
 
     A chain draws a neighbour (:func:`_neighbour`: swap, move, near move; seeded) and times it
     with its ``policy``; it moves to a neighbour that is no worse (sideways moves cross the
-    plateaus that many orders of equal makespan form) and, after :data:`_STALL` draws without
+    plateaus that many orders of equal makespan form, when the devices' spans add up to no more
+    than before) and, after :data:`_STALL` draws without
     improvement, restarts from its best order with :data:`_KICK` random moves; after
     :data:`_STALL_KICKS` such restarts in a row without a better order the chain ends. Within
     :data:`_ORDER_SEARCH_OPS` ops in all (none on larger instances) and until ``deadline``
@@ -985,7 +986,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
         rand = random.Random(seed * 7919 + c)
         left = (chains_end - time.perf_counter()) / (len(starts) - c)
         stop = min(chains_end, time.perf_counter() + left)
-        cur_val, cur = value, list(order)
+        cur_val, cur, cur_tie = value, list(order), _INF
         chain_best, chain_val = list(order), value
         stall = kicks = 0
         for _ in range(iters):
@@ -999,7 +1000,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                 for _ in range(_KICK):
                     a, b = rand.randrange(m), rand.randrange(m)
                     cur.insert(b, cur.pop(a))
-                cur_val, stall = _INF, 0
+                cur_val, stall, cur_tie = _INF, 0, _INF
             new = _neighbour(problem, cur, rand)
             if new is None:
                 continue
@@ -1010,8 +1011,11 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                 break
             val = max(spans) if span else makespan
             stall = 0 if val < chain_val - 1e-9 else stall + 1
-            if val <= cur_val + 1e-9:
-                cur_val, cur = val, new
+            # A sideways move (the same objective) only when the devices' spans add up to no
+            # more: a plateau of equal makespans is crossed towards less idle time.
+            tie = sum(spans)
+            if val < cur_val - 1e-9 or (val <= cur_val + 1e-9 and tie <= cur_tie + 1e-9):
+                cur_val, cur, cur_tie = val, new, tie
             if val < chain_val - 1e-9:
                 chain_val, chain_best, kicks = val, new, 0
             if val < top - 1e-9:
