@@ -14,7 +14,7 @@ import torch
 
 from pipeopt.executor.models import model_stages
 from pipeopt.executor.procs import ATOL, AUTOCAST_NAMES, RTOL, RunConfig
-from pipeopt.executor.runtime import StageModule
+from pipeopt.executor.runtime import StageModule, call
 from pipeopt.problem import Problem
 
 Grads = dict[int, dict[str, np.ndarray]]
@@ -121,7 +121,7 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
         for x, y in zip(xs, ys, strict=True):
             h: Any = x
             for run in runs:
-                h = run(*h) if isinstance(h, tuple) else run(h)
+                h = call(run, h)
             loss = spec.loss_fn(h, y) / m
             loss.backward()
             total += loss.item()

@@ -47,7 +47,7 @@ from pipeopt.executor.procs import (
     start,
     under_torchrun,
 )
-from pipeopt.executor.runtime import OpClock, Reducer, StageModule, TimedStage
+from pipeopt.executor.runtime import OpClock, Reducer, StageModule, TimedStage, call
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import fused_variant, split_variant
@@ -108,8 +108,7 @@ def stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     out: list[Any] = [sample]
     with torch.no_grad():
         for k, mod in enumerate(stages):
-            h = out[-1]
-            h = mod(*h) if isinstance(h, tuple) else mod(h)
+            h = call(mod, out[-1])
             if k < len(stages) - 1:
                 for t in h if isinstance(h, tuple) else (h,):
                     if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
