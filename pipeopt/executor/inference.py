@@ -2,33 +2,17 @@
 
 A schedule JSON v2 whose graph records a serving plan (:func:`pipeopt.workloads.inference.
 serving_plan`: requests, iterations of prefill chunks and decodes) runs here as the plan says,
-on one process per stage, with the tiny causal GPT of :func:`pipeopt.executor.models.tiny_gpt`
-in float64 standing in for the planned model (a Llama-70B plan cannot run on a CPU; what is
-replayed is the plan's structure: stages, requests, iterations, their groups and each device's
-order). Per rank:
-
-* the stage's layers (embedding, blocks, head cut evenly into the plan's stages);
-* every iteration of the device's order (the schedule's start times), its tokens batched:
-  prefill chunks attend to the request's cached keys and causally to themselves, a decode to its
-  context; the linear layers run over all of the iteration's tokens at once;
-* a KV cache per request per block: created by the request's first chunk, extended by every
-  further chunk and decode, freed at the end of the iteration in which the request ends;
-* hidden states go to the next stage, the last stage samples greedily (argmax) and sends the
-  tokens back to the first stage (the ring), which feeds each to the request's next decode.
-
-Every rank posts its sends and receives in one global order of the messages (by the
-schedule's end time of the task that sends each), receives non-blocking and as early as that
-order allows, so each pair of ranks issues its messages in the same order on both sides (what
-nccl needs, matching point-to-point messages by order, not by tag), and a rank waits only for
-a message the graph has an edge for, sent before the task that needs it starts: a valid
-schedule cannot deadlock. :func:`reference_decode` is the check: each request decoded alone in
-one process by the model's own uncached forward; the tokens must be equal.
-
-``max_prompt`` / ``max_output`` cap the lengths (:func:`cap_plan`): the iterations keep their
-places and groups, a prompt's chunks are cut so that its first token still comes out of the
-same iteration, decodes past the cap are dropped (the request ends earlier), and an iteration
-left empty is skipped. This module imports torch only in the functions that run the model, so
-``pipeopt run`` checks its flags first.
+one process per stage, with the tiny causal GPT of :func:`pipeopt.executor.models.tiny_gpt`
+in float64 standing in for the planned model (what is replayed is the plan's structure:
+stages, requests, iterations, their groups and each device's order). Each rank runs its
+iterations in the schedule's order, an iteration's tokens batched, with a KV cache per request
+and block (freed at the end of the iteration in which the request ends); hidden states go to
+the next stage and the last stage's greedy tokens back to the first (the ring), through a
+:class:`~pipeopt.executor.procs.Mailbox` in the one order of :attr:`Replay.messages`, so a
+valid schedule cannot deadlock. :func:`reference_decode` is the check (each request decoded
+alone, uncached: the tokens must be equal); :func:`cap_plan` caps the lengths. Details:
+docs/executor.md, "pipeopt run of a served inference plan". Torch is imported only in the
+functions that run the model, so ``pipeopt run`` checks its flags first.
 """
 
 from __future__ import annotations

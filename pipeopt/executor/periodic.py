@@ -33,15 +33,12 @@ applies the update. :func:`version_plan` derives from the sequence which version
 forward and backward uses; every rank reports the versions it used and the most it held, and
 :func:`reference_async` recomputes every micro-batch's gradient in one process with the planned
 versions and the same updates in the same order, which the run's gradients are compared with.
-Backend: gloo (CPU). Every rank walks the same sequence of all ops in their unrolled start
-order and posts its messages in the order of their producers in it
-(:class:`~pipeopt.executor.procs.Mailbox`: receives non-blocking, as early as that order
-allows), so the two ranks of a pair post their messages in the same order, and a rank blocks
-only when a consumer waits for its input, whose producer comes earlier in the sequence (a valid
-timed schedule orders producers first), or when an update waits for its round's all-reduce,
-which every replica joined at its own backward, earlier too: no rank waits on a later one.
-NCCL (whose send may wait for its receive, in order per pair) is what this order is made for,
-but it is untested (one GPU per rank: no machine here has two), so the replay refuses it.
+Backend: gloo (CPU). Every rank walks the same sequence of all ops and posts its messages in
+the order of their producers in it (a :class:`~pipeopt.executor.procs.Mailbox`), so a rank
+blocks only for an input whose producer comes earlier in the sequence, or for its round's
+all-reduce, which every replica joined at its own backward, earlier too: no rank waits on a
+later one. That order is made for NCCL too, but untested there (no machine here has two GPUs),
+so the replay refuses it.
 """
 
 from __future__ import annotations
