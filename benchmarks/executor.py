@@ -42,9 +42,9 @@ from pipeopt.executor.launch import (
     measured_problem,
     op_costs,
     run_rank,
-    spawn,
 )
 from pipeopt.executor.models import build_model, split_stages
+from pipeopt.executor.procs import spawn
 from pipeopt.problem import Op, Problem, chain_links, uniform_problem
 from pipeopt.schedule import Schedule
 from pipeopt.schedules import fused_variant
@@ -219,7 +219,7 @@ def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, R
         for i, (kind, obj, cfg) in enumerate(jobs):
             if kind.startswith("torch:"):  # PyTorch's own schedule class on the same stages
                 cfg = replace(cfg, torch_schedule=kind.removeprefix("torch:"))
-            res = run_rank(rank, world, device, obj, cfg, "gloo", status)
+            res = run_rank(rank, world, device, obj, cfg, "gloo", status=status)
             out.setdefault(str(i), []).append(res)
     return out
 

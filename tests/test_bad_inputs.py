@@ -823,12 +823,12 @@ RUN_FLAG_CASES = [
 def test_run_flags_checked_before_any_process(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         schedule_doc: dict[str, Any], flags: list[str], phrase: str) -> None:
-    import pipeopt.executor.launch as launch
+    import pipeopt.executor.procs as procs
 
     def no_spawn(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("processes were about to be started despite a bad flag")
 
-    monkeypatch.setattr(launch, "spawn", no_spawn)
+    monkeypatch.setattr(procs, "spawn", no_spawn)  # every replay starts its ranks through it
     monkeypatch.chdir(tmp_path)
     src = tmp_path / "s.json"
     src.write_text(json.dumps(schedule_doc), encoding="utf-8")

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 from pipeopt.cli import main
-from pipeopt.executor.periodic import replay_orders, replay_sequence, version_plan
+from pipeopt.executor.periodic import (
+    replay_messages,
+    replay_orders,
+    replay_sequence,
+    version_plan,
+)
 from pipeopt.executor.procs import ExecutorError
 from pipeopt.problem import Op, uniform_problem
 from pipeopt.schedules.periodic import async_pattern
@@ -35,6 +40,27 @@ def test_device_orders_are_1f1b_async_by_hand() -> None:
                                                   "0F4", "0B1", "0W1", "0F5"]
     assert [str(op) for op in orders[3][:6]] == ["3F0", "3B0", "3W0", "3F1", "3B1", "3W1"]
     assert all(len(o) == 3 * 8 for o in orders)
+
+
+def test_messages_follow_their_producers_in_the_sequence() -> None:
+    """Each forward's output goes down the chain and each backward's input gradient up it,
+    keyed by the op that sends it, in the sequence's order, between the ranks of
+    ``rank_of`` (a replicated middle stage: micro-batch j on its replica j mod 2)."""
+    from pipeopt.executor.periodic import rank_of
+
+    s = async_pattern(uniform_problem(3, 4, f=1.0, b=2.0, w=0.5), "pipedream", (1.0,) * 3,
+                      replicas=(1, 2, 1))
+    seq = replay_sequence(s, 4)
+    msgs = replay_messages(s, seq)
+    # per micro-batch: 0F, 1F down, 2B, 1B up (no W, no last-stage F, no first-stage B)
+    assert len(msgs) == 4 * 4
+    assert [op for op, _, _ in msgs] == [op for op in seq if (op.kind, op.stage) in (
+        ("F", 0), ("F", 1), ("B", 2), ("B", 1))]
+    for op, src, dst in msgs:
+        to = op.stage + 1 if op.kind == "F" else op.stage - 1
+        assert (src, dst) == (rank_of(s, op.stage, op.microbatch),
+                              rank_of(s, to, op.microbatch))
+    assert {dst for op, _, dst in msgs if op == Op("F", 0, 1)} == {2}  # replica 1 of stage 1
 
 
 def test_weight_versions_of_each_policy() -> None:

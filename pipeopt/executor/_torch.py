@@ -44,10 +44,9 @@ from torch.distributed.pipelining.schedules import (
     _validate_schedule,
 )
 
-__all__ = ["SUPPORTED", "TorchVersionError", "get_schedule_ops", "group_options",
-           "load_actions", "lower", "parse_action",
- "rows_to_actions", "runtime", "stage_backward_input",
-           "stage_backward_weight"]
+__all__ = ["SUPPORTED", "TorchVersionError", "action", "get_schedule_ops", "group_options",
+           "load_actions", "lower", "parse_action", "rows_to_actions", "runtime",
+           "stage_backward_input", "stage_backward_weight"]
 
 #: pipeopt op kind -> torch computation type (B is our split input gradient when split).
 _KIND = {"F": _ComputationType.FORWARD, "I": _ComputationType.BACKWARD_INPUT,
@@ -75,7 +74,7 @@ def runtime(stages: list[Any], microbatches: int, loss_fn: Any,
     compute-only ``actions`` of every rank loaded (it lowers them itself); gradients scaled by
     the number of micro-batches, as for a mean loss."""
     rt = _PipelineScheduleRuntime(stages, microbatches, loss_fn=loss_fn, scale_grads=True)
-    rt._prepare_schedule_with_comms(actions)
+    load_actions(rt, actions)
     return rt
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeopt.executor.models import build_model, split_stages
+from pipeopt.executor.models import model_stages
 from pipeopt.executor.procs import ATOL, AUTOCAST_NAMES, RTOL, RunConfig
-from pipeopt.executor.runtime import StageModule
+from pipeopt.executor.runtime import StageModule, call
 from pipeopt.problem import Problem
 
 Grads = dict[int, dict[str, np.ndarray]]
@@ -52,19 +52,17 @@ def cast(x: Any, dtype: str) -> Any:
     return x
 
 
-def stage_weights(modules: dict[int, torch.nn.Module]) -> Grads:
-    """Every parameter's value, per stage, as numpy arrays."""
-    return {k: {name: p.detach().cpu().numpy().copy() for name, p in mod.named_parameters()}
-            for k, mod in modules.items()}
+def stage_weights(modules: dict[int, torch.nn.Module], grads: bool = False) -> Grads:
+    """Every parameter's value (with ``grads``: its ``.grad``, zeros when unset), per stage,
+    as numpy arrays."""
+    return {k: {name: (p if not grads else p.grad if p.grad is not None
+                       else torch.zeros_like(p)).detach().cpu().numpy().copy()
+                for name, p in mod.named_parameters()} for k, mod in modules.items()}
 
 
 def stage_grads(modules: dict[int, torch.nn.Module]) -> Grads:
     """The ``.grad`` of every parameter, per stage, as numpy arrays (zeros when unset)."""
-    out: Grads = {}
-    for k, mod in modules.items():
-        out[k] = {name: (p.grad if p.grad is not None else torch.zeros_like(p))
-                  .detach().cpu().numpy().copy() for name, p in mod.named_parameters()}
-    return out
+    return stage_weights(modules, grads=True)
 
 
 AUTOCAST = dict(zip(AUTOCAST_NAMES, (torch.bfloat16, torch.float16), strict=True))
@@ -99,8 +97,8 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
     gradients go through the optimizer after step t + D - 1 (D = 2: one step late), the last
     ones after the last step (:mod:`pipeopt.executor.collectives`); None: right after step
     t."""
-    spec = build_model(cfg.model, problem, seed=cfg.seed, **dict(cfg.model_options))
-    stages = [cast(mod, cfg.dtype) for mod in split_stages(spec, problem)]
+    spec, stages = model_stages(cfg, problem)
+    stages = [cast(mod, cfg.dtype) for mod in stages]
     runs = [StageModule(mod, AUTOCAST[cfg.autocast] if cfg.autocast else None)
             for mod in stages]
     params = [p for mod in stages for p in mod.parameters()]
@@ -115,7 +113,6 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
         opt.step()
 
     for step in range(cfg.steps):
-
         xs, ys = batch_for(spec, cfg.batch(problem.microbatches) * replicas, cfg.seed, step, m,
                            cfg.dtype)
         opt.zero_grad(set_to_none=True)
@@ -124,7 +121,7 @@ def reference_run(problem: Problem, cfg: RunConfig, replicas: int = 1,
         for x, y in zip(xs, ys, strict=True):
             h: Any = x
             for run in runs:
-                h = run(*h) if isinstance(h, tuple) else run(h)
+                h = call(run, h)
             loss = spec.loss_fn(h, y) / m
             loss.backward()
             total += loss.item()
@@ -164,7 +161,6 @@ def compare_replicas(got: list[Grads], ref: Grads, rtol: float = RTOL, atol: flo
     if worst is None:
         return Comparison(float("inf"), False, "no replica", 0)
     return Comparison(worst.max_abs_grad_diff, ok, worst.worst, n)
-
 
 
 def compare_grads(got: Grads, ref: Grads, rtol: float = RTOL, atol: float = ATOL

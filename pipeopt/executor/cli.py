@@ -7,8 +7,15 @@ import json
 import sys
 
 from pipeopt.config import ConfigError
-from pipeopt.executor.collectives import GraphRun, load_graph_run, plan_schedule
-from pipeopt.executor.procs import ExecutorError, RunConfig, check_nccl, check_run_flags
+from pipeopt.executor.collectives import GraphRun, load_graph_run, plan_schedule, read_v2
+from pipeopt.executor.procs import (
+    ExecutorError,
+    ModelError,
+    RunConfig,
+    check_nccl,
+    check_run_flags,
+    refuse,
+)
 from pipeopt.io import (
     check_writable,
     load_schedule,
@@ -45,11 +52,22 @@ def _check_model(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails.
+    """Replay a schedule; exit 1 when the gradients differ from the reference or a rank fails,
+    2 for bad input (a model that cannot be built or cut as the schedule needs, too).
     Every flag and the schedule are checked before torch is imported (which takes seconds).
     A periodic (async) document goes to :mod:`pipeopt.executor.periodic`, a schedule JSON v2
     of a served inference plan to :mod:`pipeopt.executor.inference`."""
-    from pipeopt.executor.inference import cmd_run_serving, is_served_plan
+    try:
+        return _run(args)
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
+    except ExecutorError as exc:
+        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeopt.executor.inference import cmd_run_serving
     from pipeopt.views_cli import load_periodic
 
     periodic = load_periodic(args.schedule)  # pipeline.mode: async's own document
@@ -57,8 +75,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from pipeopt.executor.periodic import cmd_run_async
 
         return cmd_run_async(args, periodic)
-    plan = load_graph_run(args.schedule)  # data parallelism with scheduled collectives
-    if plan is None and is_served_plan(args.schedule):
+    doc = read_v2(args.schedule)  # schedule JSON v2: scheduled collectives or a served plan
+    plan = load_graph_run(args.schedule, doc)
+    if plan is None and doc is not None:
         return cmd_run_serving(args)
     if getattr(args, "max_prompt", None) is not None or getattr(args, "max_output",
                                                                  None) is not None:
@@ -67,18 +86,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     sched = check_run_args(args) if plan is None else check_graph_args(args, plan)
     check_nccl(args.backend)  # the one check that needs torch, so the last one
     from pipeopt.executor.launch import run_graph, run_pipeline
-    from pipeopt.executor.models import ModelError, recompute_plan
+    from pipeopt.executor.models import recompute_plan
 
     cfg = RunConfig.from_args(args)
-    try:
-        for note in recompute_plan(sched.problem, args.recompute)[1]:
-            print(f"pipeopt: note: {note}", file=sys.stderr)
-        res = run_pipeline(sched, cfg) if plan is None else run_graph(plan, cfg)
-    except ModelError as exc:
-        raise ConfigError(str(exc)) from None
-    except ExecutorError as exc:
-        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
-        return 1
+    for note in recompute_plan(sched.problem, args.recompute)[1]:
+        print(f"pipeopt: note: {note}", file=sys.stderr)
+    res = run_pipeline(sched, cfg) if plan is None else run_graph(plan, cfg)
     if res is None:  # a torchrun rank other than 0
         return 0
     bad = args.check and not res.grads_match
@@ -139,14 +152,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def check_graph_args(args: argparse.Namespace, plan: GraphRun) -> Schedule:
     """The ``run`` flags' checks for a data-parallel graph schedule (ConfigError naming the
     flag); returns replica 0's first iteration as a chain schedule."""
-    for flag, given, why in (
-            ("--clip-grad-norm", args.clip_grad_norm is not None, "is not supported"),
-            ("--costs-out", args.costs_out is not None, "is for chain schedules (v1)"),
-            ("--data-parallel", args.data_parallel not in (1, plan.replicas),
-             f"the schedule has {plan.replicas} replicas")):
-        if given:
-            raise ConfigError(f"{flag}: {why} with a data-parallel schedule of scheduled "
-                              "collectives (docs/executor.md)")
+    refuse((flag, given, f"{why} with a data-parallel schedule of scheduled collectives "
+            "(docs/executor.md)") for flag, given, why in (
+        ("--clip-grad-norm", args.clip_grad_norm is not None, "is not supported"),
+        ("--costs-out", args.costs_out is not None, "is for chain schedules (v1)"),
+        ("--data-parallel", args.data_parallel not in (1, plan.replicas),
+         f"the schedule has {plan.replicas} replicas")))
     if args.steps > plan.iterations:
         raise ConfigError(f"--steps: the schedule holds {plan.iterations} iteration(s), one per "
                           f"step, got {args.steps}")
@@ -156,7 +167,6 @@ def check_graph_args(args: argparse.Namespace, plan: GraphRun) -> Schedule:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-
     """Write the schedule in another tool's format."""
     from pipeopt.executor.export import (
         export_torch,

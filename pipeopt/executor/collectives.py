@@ -179,17 +179,23 @@ def plan_schedule(plan: GraphRun, replica: int, iteration: int) -> Schedule:
                     method=plan.method)
 
 
-def load_graph_run(path: str) -> GraphRun | None:
-    """:func:`graph_run` of the schedule JSON v2 at ``path`` when it schedules a data-parallel
-    graph (read with every check of :mod:`pipeopt.graphio`), else None (standard input, another
-    document, or a file the chain reader will report on); ConfigError when the replay cannot
-    run it (:func:`graph_run`'s reason)."""
+def read_v2(path: str) -> Any:
+    """The schedule JSON v2 document at ``path`` (parsed, not yet checked), else None:
+    standard input, another document, or a file the chain reader will report on."""
     if path == "-":
         return None
     try:
         doc = read_schedule_doc(path)
     except ScheduleError:
         return None
+    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT_V2 else None
+
+
+def load_graph_run(path: str, doc: Any) -> GraphRun | None:
+    """:func:`graph_run` of ``doc`` (:func:`read_v2` of ``path``) when it schedules a
+    data-parallel graph (read with every check of :mod:`pipeopt.graphio`), else None;
+    ConfigError for an MoE schedule, or when the replay cannot run it (:func:`graph_run`'s
+    reason)."""
     kind = workload_of(doc)
     if kind == "moe":
         raise ConfigError(f"{path}: an MoE schedule (graph.meta.workload: moe); pipeopt run "

@@ -2,33 +2,17 @@
 
 A schedule JSON v2 whose graph records a serving plan (:func:`pipeopt.workloads.inference.
 serving_plan`: requests, iterations of prefill chunks and decodes) runs here as the plan says,
-on one process per stage, with the tiny causal GPT of :func:`pipeopt.executor.models.tiny_gpt`
-in float64 standing in for the planned model (a Llama-70B plan cannot run on a CPU; what is
-replayed is the plan's structure: stages, requests, iterations, their groups and each device's
-order). Per rank:
-
-* the stage's layers (embedding, blocks, head cut evenly into the plan's stages);
-* every iteration of the device's order (the schedule's start times), its tokens batched:
-  prefill chunks attend to the request's cached keys and causally to themselves, a decode to its
-  context; the linear layers run over all of the iteration's tokens at once;
-* a KV cache per request per block: created by the request's first chunk, extended by every
-  further chunk and decode, freed at the end of the iteration in which the request ends;
-* hidden states go to the next stage, the last stage samples greedily (argmax) and sends the
-  tokens back to the first stage (the ring), which feeds each to the request's next decode.
-
-Every rank posts its sends and receives in one global order of the messages (by the
-schedule's end time of the task that sends each), receives non-blocking and as early as that
-order allows, so each pair of ranks issues its messages in the same order on both sides (what
-nccl needs, matching point-to-point messages by order, not by tag), and a rank waits only for
-a message the graph has an edge for, sent before the task that needs it starts: a valid
-schedule cannot deadlock. :func:`reference_decode` is the check: each request decoded alone in
-one process by the model's own uncached forward; the tokens must be equal.
-
-``max_prompt`` / ``max_output`` cap the lengths (:func:`cap_plan`): the iterations keep their
-places and groups, a prompt's chunks are cut so that its first token still comes out of the
-same iteration, decodes past the cap are dropped (the request ends earlier), and an iteration
-left empty is skipped. This module imports torch only in the functions that run the model, so
-``pipeopt run`` checks its flags first.
+one process per stage, with the tiny causal GPT of :func:`pipeopt.executor.models.tiny_gpt`
+in float64 standing in for the planned model (what is replayed is the plan's structure:
+stages, requests, iterations, their groups and each device's order). Each rank runs its
+iterations in the schedule's order, an iteration's tokens batched, with a KV cache per request
+and block (freed at the end of the iteration in which the request ends); hidden states go to
+the next stage and the last stage's greedy tokens back to the first (the ring), through a
+:class:`~pipeopt.executor.procs.Mailbox` in the one order of :attr:`Replay.messages`, so a
+valid schedule cannot deadlock. :func:`reference_decode` is the check (each request decoded
+alone, uncached: the tokens must be equal); :func:`cap_plan` caps the lengths. Details:
+docs/executor.md, "pipeopt run of a served inference plan". Torch is imported only in the
+functions that run the model, so ``pipeopt run`` checks its flags first.
 """
 
 from __future__ import annotations
@@ -38,7 +22,6 @@ import itertools
 import json
 import math
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -48,11 +31,13 @@ from pipeopt.core.schedule import GraphSchedule
 from pipeopt.errors import ConfigError
 from pipeopt.executor.procs import (
     ExecutorError,
+    Mailbox,
     RankStatus,
     RunConfig,
     check_nccl,
     check_run_flags,
-    under_torchrun,
+    refuse,
+    start,
 )
 from pipeopt.workloads.inference import (
     Chunk,
@@ -318,62 +303,6 @@ def stage_forward(layers: Sequence[nn.Module], x: torch.Tensor, positions: torch
 
 
 # ----- one rank ------------------------------------------------------------------------------
-class _Mailbox:
-    """One rank's messages in :attr:`Replay.messages`' order: every rank posts its sends and
-    receives in that one order, receives as early as the order allows (non-blocking), so each
-    pair of ranks issues its messages in the same order on both sides (what nccl needs; gloo
-    is content with it) and a rank waits only for a message sent before the task that needs
-    it starts."""
-
-    def __init__(self, rank: int, messages: Sequence[Message], make: Any,
-                 status: RankStatus) -> None:
-        self.rank, self.make, self.status = rank, make, status
-        self.queue = [m for m in messages if rank in (m.src, m.dst)]
-        self.next = 0
-        self.posted: dict[tuple[str, int], tuple[Any, Any, int]] = {}  # work, buffer, src
-        self.sends: list[Any] = []
-        self._post_receives()
-
-    def _post_receives(self) -> None:
-        import torch.distributed as dist
-
-        while self.next < len(self.queue) and self.queue[self.next].dst == self.rank:
-            m = self.queue[self.next]
-            buf = self.make(m)
-            self.posted[(m.kind, m.iteration)] = (dist.irecv(buf, src=m.src), buf, m.src)
-            self.next += 1
-
-    def send(self, kind: str, b: int, tensor: Any) -> None:
-        import torch.distributed as dist
-
-        m = self.queue[self.next] if self.next < len(self.queue) else None
-        if m is None or (m.kind, m.iteration, m.src) != (kind, b, self.rank):
-            raise ExecutorError(f"rank {self.rank}: sends the {kind} of iteration {b}, the "
-                                f"message order expects {m}")
-        self.sends.append(dist.isend(tensor.contiguous(), dst=m.dst))
-        self.next += 1
-        self._post_receives()
-
-    def take(self, kind: str, b: int) -> Any:
-        if (kind, b) not in self.posted:
-            raise ExecutorError(f"rank {self.rank}: needs the {kind} of iteration {b} before "
-                                "the message order lets it arrive (a schedule whose times do "
-                                "not follow its data flow)")
-        work, buf, src = self.posted.pop((kind, b))
-        self.status.text = (f"{self.status.text.split(';')[0]}; waiting for the {kind} of "
-                            f"iteration {b} from rank {src}")
-        work.wait()
-        return buf
-
-    def finish(self) -> None:
-        """Wait for every send (each has its receive posted by then)."""
-        if self.next != len(self.queue) or self.posted:
-            raise ExecutorError(f"rank {self.rank}: {len(self.queue) - self.next} messages "
-                                f"not sent, {len(self.posted)} not used")
-        for work in self.sends:
-            work.wait()
-
-
 def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConfig,
                status: RankStatus | None = None) -> dict[str, Any]:
     """Run stage ``rank``'s iterations in its order (process group joined). Returns the
@@ -398,13 +327,20 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConf
     first, last = rank == 0, rank == s - 1
     f64 = torch.float64
 
-    def buffer(m: Message) -> torch.Tensor:
-        if m.kind == "hidden":
-            return torch.empty(plan.iterations[m.iteration].tokens, hidden, dtype=f64,
-                               device=device)
-        return torch.empty(len(replay.yielding(m.iteration)), dtype=torch.int64, device=device)
+    def buffer(key: tuple[str, int]) -> torch.Tensor:
+        kind, b = key
+        if kind == "hidden":
+            return torch.empty(plan.iterations[b].tokens, hidden, dtype=f64, device=device)
+        return torch.empty(len(replay.yielding(b)), dtype=torch.int64, device=device)
 
-    mail = _Mailbox(rank, replay.messages, buffer, status)
+    mail = Mailbox(rank, [((m.kind, m.iteration), m.src, m.dst) for m in replay.messages],
+                   buffer)
+
+    def take(kind: str, b: int, src: int) -> torch.Tensor:
+        status.text = (f"{status.text.split(';')[0]}; waiting for the {kind} of iteration {b} "
+                       f"from rank {src}")
+        return mail.take((kind, b))
+
     latest: dict[int, int] = {}  # first stage: each request's newest token
     applied: set[int] = set()
     previous: dict[tuple[int, int], int] = {}  # (request, iteration) -> its iteration before
@@ -428,7 +364,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConf
                         continue
                     p = previous[(seg.request, b)]  # a decode: the ring brings p's tokens
                     if p not in applied:
-                        got = mail.take("tokens", p).tolist()
+                        got = take("tokens", p, s - 1).tolist()
                         latest.update(zip(replay.yielding(p), got, strict=True))
                         applied.add(p)
                 ids = [t for seg in segs for t in (
@@ -437,7 +373,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConf
                     else (latest[seg.request],))]
                 x = torch.tensor(ids, dtype=torch.int64, device=device)
             else:
-                x = mail.take("hidden", b)
+                x = take("hidden", b, rank - 1)
             positions = torch.tensor([seg.position + i for seg in segs
                                       for i in range(seg.tokens)], device=device)
             out = stage_forward(layers, x, positions, segs, caches)
@@ -445,7 +381,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConf
                 held[seg.request] = held.get(seg.request, 0) + seg.tokens
             peak = max(peak, sum(held.values()))
             if not last:
-                mail.send("hidden", b, out)
+                mail.send(("hidden", b), out)
             elif out.shape[0]:
                 picked = out.argmax(dim=-1)
                 for r, tok, row in zip(replay.yielding(b), picked.tolist(), out, strict=True):
@@ -454,7 +390,7 @@ def serve_rank(rank: int, world: int, device: Any, replay: Replay, opts: RunConf
                 if first:
                     latest.update(zip(replay.yielding(b), picked.tolist(), strict=True))
                 elif replay.feeds_back(b):
-                    mail.send("tokens", b, picked)
+                    mail.send(("tokens", b), picked)
             for r in it.finished:  # the request ends: its KV cache goes
                 for cache in caches:
                     cache.pop(r, None)
@@ -487,31 +423,17 @@ def reference_decode(replay: Replay, opts: RunConfig
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: more threads only contend (with the ranks, too)
     try:
-        rows_of = _decode_alone(model, replay, prompts)
-    finally:
-        torch.set_num_threads(threads)
-    for rows in rows_of:
-        tokens.append([int(row.argmax()) for row in rows])
-        logits.append(torch.stack(rows))
-    return tokens, logits
-
-
-def _decode_alone(model: nn.Module, replay: Replay, prompts: Sequence[Sequence[int]]
-                  ) -> list[list[torch.Tensor]]:
-    """Per request, the logits of each generated token, greedily, the whole sequence run
-    through ``model`` at every step."""
-    import torch
-
-    out = []
-    with torch.no_grad():
         for r, req in enumerate(replay.plan.requests):
             seq, rows = list(prompts[r]), []
-            for _ in range(req.output):
-                row = model(torch.tensor([seq]))[0, -1]
-                rows.append(row)
-                seq.append(int(row.argmax()))
-            out.append(rows)
-    return out
+            for _ in range(req.output):  # the whole sequence through the model every step
+                with torch.no_grad():
+                    rows.append(model(torch.tensor([seq]))[0, -1])
+                seq.append(int(rows[-1].argmax()))
+            tokens.append(seq[len(prompts[r]):])
+            logits.append(torch.stack(rows))
+    finally:
+        torch.set_num_threads(threads)
+    return tokens, logits
 
 
 @dataclass
@@ -546,19 +468,10 @@ def run_serving(replay: Replay, opts: RunConfig | None = None) -> ServeResult | 
     """Replay ``replay`` on spawned gloo (or nccl) ranks, one per stage, or as this rank
     under torchrun (the result then on rank 0 only, None elsewhere); with ``opts.check``
     compare every request's tokens with :func:`reference_decode`."""
-    from pipeopt.executor.procs import spawn, torchrun
-
     opts = opts or RunConfig(model="tiny-gpt", check=True)
     build_layers(replay, opts)  # a model that cannot be built fails here, before any rank
-    if under_torchrun():
-        reports = torchrun(serve_rank, (replay, opts), backend=opts.backend,
-                           timeout=opts.timeout, threads=opts.threads)
-        if reports is None:
-            return None
-    else:
-        reports = spawn(serve_rank, replay.stages, (replay, opts), timeout=opts.timeout,
-                        backend=opts.backend, threads=opts.threads, op_timeout=opts.op_timeout)
-    return _result(replay, opts, reports)
+    reports = start(serve_rank, replay.stages, (replay, opts), opts, opts.backend)
+    return None if reports is None else _result(replay, opts, reports)
 
 
 def _result(replay: Replay, opts: RunConfig, reports: Sequence[dict[str, Any]]
@@ -585,22 +498,6 @@ def _result(replay: Replay, opts: RunConfig, reports: Sequence[dict[str, Any]]
 
 
 # ----- pipeopt run ---------------------------------------------------------------------------
-def is_served_plan(path: str) -> bool:
-    """True when ``path`` (not standard input) is a schedule JSON v2; ``pipeopt run`` then
-    replays it here. Unreadable files are left to the chain reader's messages."""
-    from pipeopt.graphio import FORMAT_V2
-    from pipeopt.io import read_schedule_doc
-    from pipeopt.simulate import ScheduleError
-
-    if path == "-":
-        return False
-    try:
-        doc = read_schedule_doc(path)
-    except ScheduleError:
-        return False
-    return isinstance(doc, dict) and doc.get("format") == FORMAT_V2
-
-
 #: ``pipeopt run`` flags of training replays, refused for a served plan (flag, attribute).
 TRAINING_FLAGS = (("--batch-size", "batch_size"), ("--clip-grad-norm", "clip_grad_norm"),
                   ("--autocast", "autocast"), ("--recompute", "recompute"),
@@ -612,16 +509,13 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Replay, RunConfig]:
     ConfigError naming the flag."""
     from pipeopt.graphio import load_graph_schedule
 
-    for flag, attr in TRAINING_FLAGS:
-        if getattr(args, attr, None):
-            raise ConfigError(f"{flag}: applies to training schedules; {args.schedule} is a "
-                              "served inference plan (forward only)")
-    if getattr(args, "data_parallel", 1) != 1:
-        raise ConfigError("--data-parallel: applies to training schedules; a served plan runs "
-                          "one pipeline")
-    if args.model != "tiny-gpt":
-        raise ConfigError(f"--model: a served plan replays on tiny-gpt (its KV-cached forward "
-                          f"is written for it), got {args.model!r}")
+    refuse([(flag, getattr(args, attr, None), f"applies to training schedules; "
+             f"{args.schedule} is a served inference plan (forward only)")
+            for flag, attr in TRAINING_FLAGS]
+           + [("--data-parallel", getattr(args, "data_parallel", 1) != 1, "applies to training "
+               "schedules; a served plan runs one pipeline"),
+              ("--model", args.model != "tiny-gpt", "a served plan replays on tiny-gpt (its "
+               f"KV-cached forward is written for it), got {args.model!r}")])
     sched = load_graph_schedule(args.schedule)
     try:
         replay = replay_of(sched, getattr(args, "max_prompt", None),
@@ -636,23 +530,19 @@ def check_serve_args(args: argparse.Namespace) -> tuple[Replay, RunConfig]:
 
 def cmd_run_serving(args: argparse.Namespace) -> int:
     """``pipeopt run`` of a served plan: replay it, print what came out; exit 1 when a
-    request's tokens differ from the one-process decode (``--check``) or a rank fails."""
+    request's tokens differ from the one-process decode (``--check``; a failed rank:
+    :func:`~pipeopt.executor.cli.cmd_run`)."""
     replay, opts = check_serve_args(args)
     check_nccl(opts.backend)
-    try:
-        res = run_serving(replay, opts)
-    except ExecutorError as exc:
-        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
-        return 1
+    res = run_serving(replay, opts)
     if res is None:  # a torchrun rank other than 0
         return 0
     bad = bool(opts.check and not res.tokens_match)
+    plan, kw = replay.plan, model_kwargs(opts, replay.plan, replay.stages)
     if args.json:
         print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": "tiny-gpt",
-                          "model_args": model_kwargs(opts, replay.plan, replay.stages)}))
+                          "model_args": kw}))
         return 1 if bad else 0
-    plan = replay.plan
-    kw = model_kwargs(opts, plan, replay.stages)
     capped = getattr(args, "max_prompt", None) or getattr(args, "max_output", None)
     print(f"schedule      {args.schedule} ({res.method}, served plan, {res.ranks} ranks)")
     print(f"model         tiny-gpt {', '.join(f'{k}={v}' for k, v in kw.items())} (float64), "

@@ -33,7 +33,7 @@ from pipeopt.executor.check import (
 )
 from pipeopt.executor.collectives import GraphRun, plan_schedule
 from pipeopt.executor.export import schedule_rows
-from pipeopt.executor.models import ModelSpec, build_model, recompute_plan, split_stages
+from pipeopt.executor.models import ModelSpec, model_stages, recompute_plan
 from pipeopt.executor.procs import (
     ATOL,
     ATOL64,
@@ -44,11 +44,11 @@ from pipeopt.executor.procs import (
     RunConfig,
     first_line,
     resolve_backend,
-    spawn,
-    torchrun,
+    spawn_jobs,
+    start,
     under_torchrun,
 )
-from pipeopt.executor.runtime import OpClock, Reducer, StageModule, TimedStage
+from pipeopt.executor.runtime import OpClock, Reducer, StageModule, TimedStage, call
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import fused_variant, split_variant
@@ -109,8 +109,7 @@ def stage_io(stages: list[nn.Module], sample: torch.Tensor) -> list[Any]:
     out: list[Any] = [sample]
     with torch.no_grad():
         for k, mod in enumerate(stages):
-            h = out[-1]
-            h = mod(*h) if isinstance(h, tuple) else mod(h)
+            h = call(mod, out[-1])
             if k < len(stages) - 1:
                 for t in h if isinstance(h, tuple) else (h,):
                     if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
@@ -126,8 +125,8 @@ def _build(schedule: Schedule, cfg: RunConfig
            ) -> tuple[ModelSpec, list[nn.Module], list[StageModule], list[Any]]:
     """The model, its stages, their stage modules and a micro-batch's way through them."""
     prob = schedule.problem
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = [cast(mod, cfg.dtype) for mod in split_stages(spec, prob)]
+    spec, stages = model_stages(cfg, prob)
+    stages = [cast(mod, cfg.dtype) for mod in stages]
     amp = AUTOCAST[cfg.autocast] if cfg.autocast else None
     checkpointed, _ = recompute_plan(prob, cfg.recompute)
     mods = [StageModule(mod, amp, prob.split_backward and k > 0 and cfg.per_layer_split,
@@ -173,8 +172,8 @@ def _waits_for(schedule: Schedule, rank: int) -> dict[Op, str]:
 
 
 def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
-             cfg: RunConfig, backend: str = "gloo", status: RankStatus | None = None,
-             plan: GraphRun | None = None) -> dict[str, Any]:
+             cfg: RunConfig, backend: str = "gloo", plan: GraphRun | None = None,
+             status: RankStatus | None = None) -> dict[str, Any]:
     """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
     (process group already joined); returns per-step losses and times (seconds), the last
     step's gradients, its op trace ((op, start, end) seconds from the step's start, ops named
@@ -293,10 +292,6 @@ def _iteration(plan: GraphRun, replica: int, rank: int, step: int, runtime: Any,
     return order
 
 
-
-
-
-
 def peak_memory(device: torch.device) -> float:
     """Peak memory of this rank (bytes): the CUDA allocator's peak on GPU, else the process's
     peak resident set (what the process can see on CPU)."""
@@ -370,12 +365,6 @@ def measured_schedule(schedule: Schedule, result: RunResult) -> Schedule:
                     solver=SolverInfo(status="heuristic"))
 
 
-def _jobs_rank(rank: int, world: int, device: torch.device,
-               jobs: Sequence[tuple[Schedule, RunConfig]], backend: str,
-               status: RankStatus | None = None) -> list[dict[str, Any]]:
-    return [run_rank(rank, world, device, s, c, backend, status) for s, c in jobs]
-
-
 def _assemble(schedule: Schedule, cfg: RunConfig, per_rank: Sequence[dict[str, Any]],
               plan: GraphRun | None = None) -> RunResult:
     """Merge the ranks' reports (and compare with the reference when asked); with ``plan``,
@@ -419,14 +408,9 @@ def run_pipelines(jobs: Sequence[tuple[Schedule, RunConfig]]) -> list[RunResult]
                                 "x replicas)")
     for s, c in jobs:  # fail here, once and clearly, not in every worker
         _preflight(s, c)
-    cfg0 = jobs[0][1]
-    backend = resolve_backend(cfg0.backend)
-    timeout = sum(c.timeout for _, c in jobs)
-    per_rank = spawn(_jobs_rank, world, (list(jobs), backend), timeout=timeout,
-                     backend=backend, threads=cfg0.threads,
-                     op_timeout=max(c.op_timeout for _, c in jobs))
-    return [_assemble(s, c, [per_rank[r][i] for r in range(world)])
-            for i, (s, c) in enumerate(jobs)]
+    backend = resolve_backend(jobs[0][1].backend)
+    reports = spawn_jobs(run_rank, world, jobs, backend, backend)
+    return [_assemble(s, c, r) for (s, c), r in zip(jobs, reports, strict=True)]
 
 
 def _preflight(schedule: Schedule, cfg: RunConfig) -> None:
@@ -459,14 +443,8 @@ def run_graph(plan: GraphRun, cfg: RunConfig) -> RunResult:
     sched = plan_schedule(plan, 0, 0)
     _preflight(sched, cfg)
     backend = resolve_backend(cfg.backend)
-    args = (sched, cfg, backend, plan)
-    if under_torchrun():
-        per_rank = torchrun(_graph_rank, args, backend=backend, timeout=cfg.timeout,
-                            threads=cfg.threads)
-    else:
-        per_rank = spawn(_graph_rank, sched.problem.devices * plan.replicas, args,
-                         timeout=cfg.timeout, backend=backend, threads=cfg.threads,
-                         op_timeout=cfg.op_timeout)
+    per_rank = start(run_rank, sched.problem.devices * plan.replicas,
+                     (sched, cfg, backend, plan), cfg, backend)
     return None if per_rank is None else _assemble(sched, cfg, per_rank, plan)  # type: ignore
 
 
@@ -481,26 +459,14 @@ def check_dtype(cfg: RunConfig) -> str:
     return "float64" if cfg.check and cfg.autocast is None else cfg.dtype
 
 
-def _graph_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
-                cfg: RunConfig, backend: str, plan: GraphRun,
-                status: RankStatus | None = None) -> dict[str, Any]:
-    return run_rank(rank, world, device, schedule, cfg, backend, status, plan)
-
-
 def run_pipeline(schedule: Schedule, cfg: RunConfig | None = None) -> RunResult:
-
     """Replay ``schedule`` on spawned local workers, or as this rank under torchrun (when
     ``RANK`` and ``WORLD_SIZE`` are set; the result then exists on rank 0 only, others get
     None)."""
     cfg = cfg or RunConfig()
-    if under_torchrun():
-        return run_torchrun(schedule, cfg)  # type: ignore[return-value]
-    return run_pipelines([(schedule, cfg)])[0]
-
-
-def run_torchrun(schedule: Schedule, cfg: RunConfig) -> RunResult | None:
-    """This process is one rank started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, ...)."""
+    if not under_torchrun():
+        return run_pipelines([(schedule, cfg)])[0]
     backend = resolve_backend(cfg.backend)
-    per_rank = torchrun(run_rank, (schedule, cfg, backend), backend=backend,
-                        timeout=cfg.timeout, threads=cfg.threads)
-    return None if per_rank is None else _assemble(schedule, cfg, per_rank)
+    per_rank = start(run_rank, schedule.problem.devices * cfg.data_parallel,
+                     (schedule, cfg, backend), cfg, backend)
+    return None if per_rank is None else _assemble(schedule, cfg, per_rank)  # type: ignore

@@ -20,14 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pipeopt.executor.procs import first_line
+from pipeopt.executor.procs import ModelError, RunConfig, first_line
 from pipeopt.problem import Problem
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-class ModelError(ValueError):
-    """A model that cannot be built or split for a schedule (the message says why)."""
 
 
 @contextmanager
@@ -291,6 +287,13 @@ def split_stages(spec: ModelSpec, problem: Problem) -> list[nn.Module]:
         raise ModelError(f"problem.meta.partition: covers {part[-1][1]} layers, model "
                          f"{spec.name} has {n}")
     return [nn.Sequential(*spec.layers[a:b]) for a, b in part]
+
+
+def model_stages(cfg: RunConfig, problem: Problem) -> tuple[ModelSpec, list[nn.Module]]:
+    """The model ``cfg`` names, built with its options and seed, cut into ``problem``'s
+    stages (:func:`build_model`, :func:`split_stages`)."""
+    spec = build_model(cfg.model, problem, seed=cfg.seed, **dict(cfg.model_options))
+    return spec, split_stages(spec, problem)
 
 
 #: Recompute modes of the model form (``model.recompute``; per stage in ``meta.stage_costs``).

@@ -4,9 +4,8 @@
 the pattern is unrolled for ``--steps`` x ``problem.microbatches`` micro-batches, each device
 runs its tasks in the order of their unrolled start times (:func:`replay_orders`; warm-up and
 drain included, never a flush), and activations and gradients cross ranks as point-to-point
-messages, one tag per micro-batch and direction, posted in one global order
-(:func:`replay_sequence`). PyTorch's pipelining runtime flushes every step and keeps one weight
-version, so this is a small loop of its own.
+messages posted in one global order (:func:`replay_messages`). PyTorch's pipelining runtime
+flushes every step and keeps one weight version, so this is a small loop of its own.
 
 Weights, per the schedule's policy (the module docstring of :mod:`pipeopt.workloads.periodic`):
 
@@ -34,15 +33,12 @@ applies the update. :func:`version_plan` derives from the sequence which version
 forward and backward uses; every rank reports the versions it used and the most it held, and
 :func:`reference_async` recomputes every micro-batch's gradient in one process with the planned
 versions and the same updates in the same order, which the run's gradients are compared with.
-Backend: gloo (CPU). Every rank walks the same sequence of all ops in their unrolled start
-order; a message's send (after its producer) and its receive are both posted, non-blocking, at
-the producer's place, so the two ranks of a pair post their messages in the same order, and a
-rank blocks only when a consumer waits for its input, whose producer comes earlier in the
-sequence (a valid timed schedule orders producers first), or when an update waits for its
-round's all-reduce, which every replica joined at its own backward, earlier too: no rank waits
-on a later one. NCCL
-(whose send may wait for its receive, in order per pair) is what this order is made for, but it
-is untested (one GPU per rank: no machine here has two), so the replay refuses it.
+Backend: gloo (CPU). Every rank walks the same sequence of all ops and posts its messages in
+the order of their producers in it (a :class:`~pipeopt.executor.procs.Mailbox`), so a rank
+blocks only for an input whose producer comes earlier in the sequence, or for its round's
+all-reduce, which every replica joined at its own backward, earlier too: no rank waits on a
+later one. That order is made for NCCL too, but untested there (no machine here has two GPUs),
+so the replay refuses it.
 """
 
 from __future__ import annotations
@@ -51,14 +47,21 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeopt.errors import ConfigError
-from pipeopt.executor.procs import ExecutorError, RunConfig, check_run_flags, under_torchrun
+from pipeopt.executor.procs import (
+    ExecutorError,
+    Mailbox,
+    RunConfig,
+    check_run_flags,
+    refuse,
+    spawn_jobs,
+    under_torchrun,
+)
 from pipeopt.problem import Op
 from pipeopt.workloads.periodic import PeriodicSchedule
 
@@ -82,10 +85,10 @@ def replay_sequence(schedule: PeriodicSchedule, microbatches: int) -> tuple[Op, 
     """Every op of micro-batches ``0 .. microbatches - 1`` on every device, in the order of
     their start in the unrolled pattern (micro-batch j's copy starts ``j * period`` after 0's;
     ties by micro-batch, kind, then down the chain for F and up it for B and W, so that a
-    producer comes before its consumer). Every rank walks this one sequence: a message's send
-    and receive are posted at its producer's place in it, so each pair of ranks posts its
-    messages in the same order. Raises :class:`ExecutorError` for what the replay does not run
-    (several stages on a device)."""
+    producer comes before its consumer). Every rank walks this one sequence and posts its
+    messages in the order of their producers in it (:func:`replay_messages`), so each pair of
+    ranks posts its messages in the same order. Raises :class:`ExecutorError` for what the
+    replay does not run (several stages on a device)."""
     p = schedule.problem
     if p.virtual_stages != 1 or sorted(p.stage_device) != list(range(p.devices)):
         raise ExecutorError("pipeline.virtual_stages: the async replay runs one stage per "
@@ -130,6 +133,21 @@ def replay_orders(schedule: PeriodicSchedule, microbatches: int) -> Orders:
                                     "order; the replay needs each kind in micro-batch order")
             seen[op.kind] = op.microbatch
     return orders
+
+
+def replay_messages(schedule: PeriodicSchedule, sequence: Sequence[Op]
+                    ) -> list[tuple[Op, int, int]]:
+    """The replay's point-to-point messages in the order of ``sequence``
+    (:func:`replay_sequence`), each keyed by the op that sends it: a forward's output to the
+    next stage, a backward's input gradient to the stage before; with the source and the
+    destination rank (:func:`rank_of`)."""
+    out = []
+    for op in sequence:
+        to = op.stage + 1 if op.kind == "F" else op.stage - 1 if op.kind == "B" else -1
+        if 0 <= to < schedule.problem.stages:
+            out.append((op, rank_of(schedule, op.stage, op.microbatch),
+                        rank_of(schedule, to, op.microbatch)))
+    return out
 
 
 def update_group(schedule: PeriodicSchedule, stage: int) -> int:
@@ -241,7 +259,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     import torch.distributed as dist
 
     from pipeopt.executor.check import batch_for, optimizer
-    from pipeopt.executor.models import build_model, split_stages
+    from pipeopt.executor.models import model_stages
 
     prob = schedule.problem
     reps = schedule.replicas
@@ -256,8 +274,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     # Every rank creates every replicated stage's group, in stage order (torch requires it).
     groups = {i: dist.new_group(list(range(firsts[i], firsts[i] + reps[i])), backend="gloo")
               for i in range(prob.stages) if reps[i] > 1}
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    spec, stages = model_stages(cfg, prob)
     bs = cfg.batch(m)
     batches: dict[int, tuple[list[Any], list[Any]]] = {}
 
@@ -285,8 +302,6 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     wgrads: dict[int, tuple[Any, ...]] = {}
     acc: list[Any] | None = None
     reducing: dict[int, tuple[Any, Any]] = {}  # group -> (work, flat gradients) all-reducing
-    pending: list[tuple[Any, Any]] = []
-    posted: dict[int, tuple[Any, Any]] = {}  # tag -> (work, buffer) of a posted receive
     losses: dict[int, float] = {}
     fwd_v: dict[int, int] = {}
     bwd_v: dict[int, int] = {}
@@ -294,19 +309,11 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     held = 1
     durations: dict[str, list[float]] = {}
 
-    def send(t: Any, dst: int, tag: int) -> None:
-        t = t.detach().contiguous()
-        pending.append((dist.isend(t, dst, tag=tag), t))
-        pending[:] = [(w, x) for w, x in pending if not w.is_completed()]
+    def buffer(src: Op) -> Any:  # stage k's input, or the gradient of its output
+        shape, dtype = io[k] if src.kind == "F" else io[k + 1]
+        return torch.empty(shape, dtype=dtype, device=device)
 
-    def post_recv(shape_dtype: tuple[Any, Any], src: int, tag: int) -> None:
-        buf = torch.empty(shape_dtype[0], dtype=shape_dtype[1], device=device)
-        posted[tag] = (dist.irecv(buf, src, tag=tag), buf)
-
-    def recv(tag: int) -> Any:
-        work, buf = posted.pop(tag)
-        work.wait()
-        return buf
+    mail = Mailbox(rank, replay_messages(schedule, sequence), buffer)
 
     def weights(v: int) -> dict[str, Any]:
         if v not in copies:
@@ -332,18 +339,12 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     for op in sequence:
         j, it = op.microbatch, op.microbatch // m
         a = time.perf_counter()
-        # A message to this rank: its receive is posted where its producer stands in the
-        # sequence, as its sender posts the send (the same order on both ranks of a pair).
-        if op.kind == "F" and op.stage == k - 1 and j % r == c:
-            post_recv(io[k], rank_of(schedule, k - 1, j), 2 * j)
-        elif op.kind == "B" and op.stage == k + 1 and j % r == c:
-            post_recv(io[k + 1], rank_of(schedule, k + 1, j), 2 * j + 1)
         mine = op.stage == k and j % r == c
         if mine and op.kind == "F":
             x, y = data(j)
             if k:
                 status.text = f"step {it}: {op} waits for the output of {op.stage - 1}F{j}"
-                x = recv(2 * j).requires_grad_(True)
+                x = mail.take(Op("F", k - 1, j)).requires_grad_(True)
             status.text = f"step {it}: running {op}"
             a = time.perf_counter()
             fwd_v[j] = version
@@ -358,13 +359,13 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
                 out = spec.loss_fn(out, y)
                 losses[j] = float(out.detach())
             else:
-                send(out, rank_of(schedule, k + 1, j), 2 * j)
+                mail.send(op, out)
             saved[j] = (x, out) if stash else (x.detach(), y)
         elif mine and op.kind == "B":
             g = None
             if not last_stage:
                 status.text = f"step {it}: {op} waits for the gradient of {op.stage + 1}B{j}"
-                g = recv(2 * j + 1)
+                g = mail.take(Op("B", k + 1, j))
             status.text = f"step {it}: running {op}"
             a = time.perf_counter()
             if stash:
@@ -382,7 +383,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
             inputs = ([x] if k else []) + list(params.values())
             grads = torch.autograd.grad(out, inputs, grad_outputs=g)
             if k:
-                send(grads[0], rank_of(schedule, k - 1, j), 2 * j + 1)
+                mail.send(op, grads[0])
             wgrads[j] = grads[1:] if k else grads
         if mine and op.kind == last_kind:
             status.text = f"step {it}: running {op}"
@@ -416,8 +417,7 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
         if mine:
             durations.setdefault(f"{op.kind}{op.stage}", []).append(time.perf_counter() - a)
     status.text = f"step {cfg.steps - 1}: waiting for its sends to complete"
-    for w, _ in pending:
-        w.wait()
+    mail.finish()
     wall = time.perf_counter() - t0
     dist.barrier()
     final = {name: q.detach().cpu().numpy().copy() for name, q in live.items()} \
@@ -439,13 +439,12 @@ def reference_async(schedule: PeriodicSchedule, cfg: RunConfig, plan: VersionPla
     import torch
 
     from pipeopt.executor.check import batch_for, optimizer
-    from pipeopt.executor.models import build_model, split_stages
+    from pipeopt.executor.models import model_stages
 
     prob = schedule.problem
     m = prob.microbatches
     n = cfg.steps * m
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    spec, stages = model_stages(cfg, prob)
     live = [dict(mod.named_parameters()) for mod in stages]
     opts = [optimizer(cfg.optimizer, list(w.values()), cfg.lr) for w in live]
     versions: list[list[dict[str, Any]]] = [[{name: q.detach().clone() for name, q in w.items()}]
@@ -507,22 +506,16 @@ def reference_async(schedule: PeriodicSchedule, cfg: RunConfig, plan: VersionPla
     return {"losses": losses, "grads": grads, "final": final}
 
 
-def _jobs(rank: int, world: int, device: Any, jobs: Sequence[tuple[PeriodicSchedule, RunConfig]],
-          backend: str, status: Any = None) -> list[dict[str, Any]]:
-    return [_run_rank(rank, world, device, s, c, status) for s, c in jobs]
-
-
 def _preflight(schedule: PeriodicSchedule, cfg: RunConfig) -> None:
     """Build the model, cut it into the schedule's stages and run one micro-batch forward in
     this process, as every rank will: ModelError / ExecutorError here, before any rank
     starts."""
     from pipeopt.executor.check import batch_for
-    from pipeopt.executor.models import build_model, feeding, split_stages
+    from pipeopt.executor.models import feeding, model_stages
 
     prob = schedule.problem
     bs = cfg.batch(prob.microbatches)
-    spec = build_model(cfg.model, prob, seed=cfg.seed, **dict(cfg.model_options))
-    stages = split_stages(spec, prob)
+    spec, stages = model_stages(cfg, prob)
     with feeding(cfg.model, bs // prob.microbatches):
         _boundaries(spec, stages, batch_for(spec, bs, cfg.seed, 0, prob.microbatches)[0][0])
 
@@ -534,7 +527,6 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, RunConfig]]) -> list[AsyncR
     with :func:`reference_async` (``rtol``, ``atol`` of the config)."""
     from pipeopt.executor.check import compare_grads
     from pipeopt.executor.launch import op_costs
-    from pipeopt.executor.procs import spawn
 
     if not jobs:
         return []
@@ -549,12 +541,9 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, RunConfig]]) -> list[AsyncR
                                 "NCCL, which needs a GPU per rank)")
         plans.append(version_plan(s, replay_sequence(s, c.steps * s.problem.microbatches)))
         _preflight(s, c)
-    per_rank = spawn(_jobs, world, (list(jobs), "gloo"), backend="gloo",
-                     timeout=sum(c.timeout for _, c in jobs), threads=jobs[0][1].threads,
-                     op_timeout=max(c.op_timeout for _, c in jobs))
-    out = []
-    for i, ((s, c), plan) in enumerate(zip(jobs, plans, strict=True)):
-        reports = [r[i] for r in per_rank]  # rank order: stage by stage, replicas in order
+    out = []  # each job's reports in rank order: stage by stage, replicas in order
+    for (s, c), plan, reports in zip(jobs, plans, spawn_jobs(_run_rank, world, jobs, "gloo"),
+                                     strict=True):
         stages = s.problem.stages
         n = c.steps * s.problem.microbatches
         owner = {(k, j): reports[rank_of(s, k, j)] for k in range(stages) for j in range(n)}
@@ -596,7 +585,7 @@ def run_async(jobs: Sequence[tuple[PeriodicSchedule, RunConfig]]) -> list[AsyncR
 def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> None:
     """Refuse the ``run`` flags the async replay does not take, naming the flag; check its
     own (no torch imported)."""
-    refusals = (("--data-parallel", args.data_parallel != 1, "replicate stages in the "
+    refuse((("--data-parallel", args.data_parallel != 1, "replicate stages in the "
                  "schedule instead (pipeline.replicas)"),
                 ("--recompute", args.recompute, "not in the async replay"),
                 ("--autocast", args.autocast is not None, "not in the async replay"),
@@ -607,10 +596,7 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
                 ("--backend nccl", args.backend == "nccl", "the async replay runs on gloo "
                  "(not yet tested on NCCL)"),
                 ("run", under_torchrun(), "the async replay starts its own ranks; not under "
-                 "torchrun"))
-    for flag, bad, why in refusals:
-        if bad:
-            raise ConfigError(f"{flag}: {why}")
+                 "torchrun")))
     check_run_flags(args, sum(schedule.replicas), schedule.problem.microbatches)
     try:
         replay_orders(schedule, args.steps * schedule.problem.microbatches)
@@ -619,19 +605,11 @@ def check_async_args(args: argparse.Namespace, schedule: PeriodicSchedule) -> No
 
 
 def cmd_run_async(args: argparse.Namespace, schedule: PeriodicSchedule) -> int:
-    """``pipeopt run`` of a periodic schedule: replay, print, exit 1 on a mismatch or a failed
-    rank."""
+    """``pipeopt run`` of a periodic schedule: replay, print, exit 1 on a mismatch (a failed
+    rank: :func:`~pipeopt.executor.cli.cmd_run`)."""
     check_async_args(args, schedule)
-    from pipeopt.executor.models import ModelError
-
     cfg = RunConfig.from_args(args, backend="gloo")
-    try:
-        (res,) = run_async([(schedule, cfg)])
-    except ModelError as exc:
-        raise ConfigError(str(exc)) from None
-    except ExecutorError as exc:
-        print(f"pipeopt: run failed: {exc}", file=sys.stderr)
-        return 1
+    (res,) = run_async([(schedule, cfg)])
     bad = not res.versions_match or (args.check and not res.grads_match)
     if args.json:
         print(json.dumps({**res.to_dict(), "schedule": args.schedule, "model": args.model,

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +32,11 @@ from pipeopt.errors import ConfigError
 
 class ExecutorError(RuntimeError):
     """A pipelined run that failed (the message names the rank and the reason)."""
+
+
+class ModelError(ValueError):
+    """A model that cannot be built or split for a schedule (the message says why; raised by
+    :mod:`pipeopt.executor.models`, here so that the command line catches it without torch)."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -206,6 +211,13 @@ def check_run_flags(args: argparse.Namespace, ranks: int, microbatches: int | No
             raise ConfigError(f"run: {exc}") from None
 
 
+def refuse(refusals: Iterable[tuple[str, object, str]]) -> None:
+    """ConfigError ``FLAG: WHY`` for the first (flag, given, why) whose ``given`` is true."""
+    for flag, given, why in refusals:
+        if given:
+            raise ConfigError(f"{flag}: {why}")
+
+
 def check_nccl(backend: str) -> None:
     """ConfigError for ``--backend nccl`` where torch sees no CUDA GPU (imports torch)."""
     if backend == "nccl":
@@ -338,21 +350,12 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
 
     threading.Thread(target=report, daemon=True).start()
     try:
-        import torch
-        import torch.distributed as dist
-
-        from pipeopt._malloc import steady_cpu_allocator
-
         fn, args = pickle.loads(job)
-        torch.set_num_threads(threads)
-        if backend == "gloo":
-            steady_cpu_allocator()  # see pipeopt._malloc: steady CPU op times
         status.text = "joining the process group"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout))
-        device = rank_device(backend, rank)
+        dist = _join(backend, threads, timeout, init_method=f"tcp://127.0.0.1:{port}",
+                     rank=rank, world_size=world)
         status.text = "setting up"
-        result = fn(rank, world, device, *args, status=status)
+        result = fn(rank, world, rank_device(backend, rank), *args, status=status)
         done.set()
         out.put(("ok", rank, result))
         dist.destroy_process_group()
@@ -377,8 +380,7 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     (:func:`die_with_parent`)."""
     import multiprocessing as mp
 
-    if backend == "auto":
-        backend = resolve_backend(backend)
+    backend = resolve_backend(backend)
     threads = threads or max(1, (os.cpu_count() or 1) // world)
     ctx = mp.get_context("spawn")
     job = pickle.dumps((fn, args))
@@ -451,6 +453,62 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     return [results[r] for r in range(world)]
 
 
+class Mailbox:
+    """One rank's point-to-point messages in one global order, the same on every rank
+    (``messages``: (key, source rank, destination rank)): receives are posted, non-blocking,
+    as early as that order allows and sends as the rank reaches them, so each pair of ranks
+    issues its messages in the same order on both sides (what nccl needs, pairing messages by
+    order, not by tag; gloo is content with it) and a rank waits only for a message sent
+    before the task that needs it starts. ``make(key)``: a receive buffer."""
+
+    def __init__(self, rank: int, messages: Sequence[tuple[Hashable, int, int]],
+                 make: Callable[[Any], Any]) -> None:
+        self.rank, self.make = rank, make
+        self.queue = [m for m in messages if rank in m[1:]]
+        self.next = 0
+        self.posted: dict[Hashable, tuple[Any, Any]] = {}  # key -> (work, buffer)
+        self.sends: list[tuple[Any, Any]] = []  # (work, tensor) of sends not seen complete
+        self._post_receives()
+
+    def _post_receives(self) -> None:
+        import torch.distributed as dist
+
+        while self.next < len(self.queue) and self.queue[self.next][2] == self.rank:
+            key, src, _ = self.queue[self.next]
+            buf = self.make(key)
+            self.posted[key] = (dist.irecv(buf, src=src), buf)
+            self.next += 1
+
+    def send(self, key: Hashable, tensor: Any) -> None:
+        """Send message ``key`` (it must be this rank's next in the order)."""
+        import torch.distributed as dist
+
+        m = self.queue[self.next] if self.next < len(self.queue) else None
+        if m is None or m[:2] != (key, self.rank):
+            raise ExecutorError(f"rank {self.rank}: sends {key}, the message order expects "
+                                f"{m and m[0]}")
+        t = tensor.detach().contiguous()
+        self.sends = [(w, x) for w, x in self.sends if not w.is_completed()]
+        self.sends.append((dist.isend(t, dst=m[2]), t))
+        self.next += 1
+        self._post_receives()
+
+    def take(self, key: Hashable) -> Any:
+        """Message ``key``'s tensor, once it has arrived."""
+        if key not in self.posted:
+            raise ExecutorError(f"rank {self.rank}: needs {key} before the message order lets "
+                                "it arrive (a schedule whose times do not follow its data flow)")
+        work, buf = self.posted.pop(key)
+        work.wait()
+        return buf
+
+    def finish(self) -> None:
+        """Wait for every send (each has its receive posted by then)."""
+        if self.next != len(self.queue) or self.posted:
+            raise ExecutorError(f"rank {self.rank}: {len(self.queue) - self.next} messages "
+                                f"not sent, {len(self.posted)} not used")
+        for work, _ in self.sends:
+            work.wait()
 
 
 def torchrun(fn: RankFn, args: tuple[Any, ...], *, backend: str, timeout: float,
@@ -458,18 +516,9 @@ def torchrun(fn: RankFn, args: tuple[Any, ...], *, backend: str, timeout: float,
     """Run ``fn(rank, world, device, *args)`` as this rank started by torchrun (RANK,
     WORLD_SIZE, MASTER_ADDR, ...; process group joined here, timing out after ``timeout``
     seconds): rank 0 gets every rank's result, the others None."""
-    import torch
-    import torch.distributed as dist
-
-    from pipeopt._malloc import steady_cpu_allocator
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = resolve_backend(backend)
-    if threads:
-        torch.set_num_threads(threads)
-    if backend == "gloo":
-        steady_cpu_allocator()
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    dist = _join(backend, threads, timeout)
     try:
         payload = fn(rank, world, rank_device(backend, int(os.environ.get("LOCAL_RANK", rank))),
                      *args)
@@ -478,3 +527,51 @@ def torchrun(fn: RankFn, args: tuple[Any, ...], *, backend: str, timeout: float,
     finally:
         dist.destroy_process_group()
     return gathered
+
+
+def _join(backend: str, threads: int | None, timeout: float, **where: Any) -> Any:
+    """Load torch, set ``threads`` intra-op threads (None: torch's default), pin the CPU
+    allocator on gloo (see :mod:`pipeopt._malloc`: steady CPU op times) and join the process
+    group (``where``: ``init_method``, ``rank``, ``world_size``; default: torchrun's
+    environment), its operations timing out after ``timeout`` seconds; returns
+    ``torch.distributed``."""
+    import torch
+    import torch.distributed as dist
+
+    from pipeopt._malloc import steady_cpu_allocator
+
+    if threads:
+        torch.set_num_threads(threads)
+    if backend == "gloo":
+        steady_cpu_allocator()
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **where)
+    return dist
+
+
+def start(fn: RankFn, world: int, args: tuple[Any, ...], cfg: RunConfig,
+          backend: str) -> list[Any] | None:
+    """``fn`` as this rank under torchrun (:func:`torchrun`: the results on rank 0, None
+    elsewhere), else on ``world`` spawned ranks (:func:`spawn`); ``cfg``'s timeouts and
+    threads."""
+    if under_torchrun():
+        return torchrun(fn, args, backend=backend, timeout=cfg.timeout, threads=cfg.threads)
+    return spawn(fn, world, args, timeout=cfg.timeout, backend=backend, threads=cfg.threads,
+                 op_timeout=cfg.op_timeout)
+
+
+def spawn_jobs(fn: RankFn, world: int, jobs: Sequence[tuple[Any, RunConfig]], backend: str,
+               *extra: Any) -> list[list[Any]]:
+    """Every (schedule, config) job, one after the other, as ``fn(rank, world, device,
+    schedule, cfg, *extra, status=...)`` on one set of ``world`` spawned ranks on ``backend``
+    (the first job's threads; timeout: the sum of the jobs', op timeout: the longest); per
+    job, every rank's report."""
+    per_rank = spawn(_each_job, world, (fn, list(jobs), extra), backend=backend,
+                     timeout=sum(c.timeout for _, c in jobs), threads=jobs[0][1].threads,
+                     op_timeout=max(c.op_timeout for _, c in jobs))
+    return [[per_rank[r][i] for r in range(world)] for i in range(len(jobs))]
+
+
+def _each_job(rank: int, world: int, device: Any, fn: RankFn,
+              jobs: Sequence[tuple[Any, RunConfig]], extra: tuple[Any, ...],
+              status: RankStatus | None = None) -> list[Any]:
+    return [fn(rank, world, device, s, c, *extra, status=status) for s, c in jobs]

@@ -37,7 +37,8 @@ class Segment:
     params: list[nn.Parameter]
 
 
-def _call(layer: nn.Module, h: Any) -> Any:
+def call(layer: nn.Module, h: Any) -> Any:
+    """``layer`` on ``h``, a tuple being its arguments (how stages hand on tuples)."""
     return layer(*h) if isinstance(h, tuple) else layer(h)
 
 
@@ -98,8 +99,8 @@ class StageModule(nn.Module):
 
     def _layer(self, layer: nn.Module, h: Any) -> Any:
         if self.recompute and torch.is_grad_enabled():  # keep the input, redo it in backward
-            return checkpoint(_call, layer, h, use_reentrant=False)
-        return _call(layer, h)
+            return checkpoint(call, layer, h, use_reentrant=False)
+        return call(layer, h)
 
 
 @dataclass
