@@ -917,11 +917,14 @@ def _nested_activation(problem: Problem, device: int, stage: int) -> float:
                      if q <= stage)
 
 
-def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested: bool = True
-                  ) -> tuple[float, float, float]:
+def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested: bool = True,
+                  starts: list[float] | None = None) -> tuple[float, float, float]:
     """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
     ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply. ``nested``
-    False: the stage's own activation only (:func:`stage_memory_bound`)."""
+    False: the stage's own activation only (:func:`stage_memory_bound`). ``starts`` (a list,
+    filled here): the recursion's ``lo_1 .. lo_m`` computed in full, without the shortcut that
+    skips a stage whose device time sets the pace (left empty where memory admits every
+    micro-batch at once)."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
     act = (_nested_activation(problem, device, stage) if nested
@@ -937,7 +940,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested
     trips = {j: per[j][0][stage] for j in js}
     hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
     hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
-    if hold_w <= n_full * (f + b + w):
+    if hold_w <= n_full * (f + b + w) and starts is None:
         return 0.0, 0.0, 0.0  # device time, not memory, sets the pace (see memory_bound)
     arrivals = {j: per[j][1][stage] for j in js}
     a = min(arrivals.values())
@@ -968,7 +971,7 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested
     # lo_i >= lo_{i-M} + step for every i > M: the least term of each option (x = M - 1 with
     # no weight-gradient part beside: the W-chain; smaller x: one more F started since).
     step = min(hold_w if split and half[0] == 0 else hold, hold + f)
-    last = min(m, _MEMORY_ROUNDS * n_full)  # computed in full up to here, then by step
+    last = m if starts is not None else min(m, _MEMORY_ROUNDS * n_full)  # then by step
     lo = [0.0] * (last + 1)  # lo[i] <= f_i - f_1: the i-th F start after the first (1-based)
     for i in range(2, last + 1):
         best = lo[i - 1] + f
@@ -987,12 +990,34 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested
             if opt > best:
                 best = opt
         lo[i] = best
+    if starts is not None:
+        starts.extend(lo[1:])
     end = max(lo[i] + (m - i) // n_full * step for i in range(last - n_full + 1, last + 1)
               if (m - i) % n_full == 0) if last < m else lo[m]
     paths = {j: per[j][2] - arrivals[j] for j in js}
     own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
     tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
     return a + end + tail, end + own, a + end + own
+
+
+def memory_starts(problem: Problem, stage: int) -> tuple[float, ...]:
+    """Per F number i = 1 .. m of ``stage`` (numbered by start), a lower bound on the time from
+    the stage's first F start to its i-th (seconds): :func:`memory_bound`'s ``lo_i`` (its
+    recursion computed in full, every round), at least ``(i - 1)`` times the stage's least F
+    (its F's run one at a time on its device). Every schedule's F starts meet it, so a model
+    of the problem may take it as a constraint (:mod:`pipeopt.solvers.relaxation` does).
+    O(m) per call after the round trips."""
+    m, d = problem.microbatches, problem.stage_device[stage]
+    f = problem.forward[stage] * min(problem.time_table[stage])
+    out = [i * f for i in range(m)]
+    if problem.memory_limit[d] is not None:
+        per = {j: (round_trips(problem, j), _arrival(problem, j), _path(problem, j))
+               for j in problem.distinct_microbatches}
+        lo: list[float] = []
+        _memory_stage(problem, d, stage, per, starts=lo)
+        for i, x in enumerate(lo):
+            out[i] = max(out[i], x)
+    return tuple(out)
 
 
 def memory_bound(problem: Problem) -> tuple[float, ...]:

@@ -4,6 +4,7 @@ bound where the later stages force waits, and the values of small cases."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -170,3 +171,107 @@ def test_pair_count_by_formula() -> None:
                 assert _pairs_within(m, gap, step) == want, (m, gap, step)
     # benchmarks/search.py's p = 32, m = 128: 128,889 pair choices, over the cap (no model).
     assert relaxation_bound(_xdc(32, 128, 8.0), time_limit=1) is None
+
+
+def test_memory_starts_by_hand_and_against_schedules() -> None:
+    """bounds.memory_starts at benchmarks/search.py's xdc p = 16, m = 64: F number 17 starts no
+    earlier than 52 s after the first (micro-batch 1 held 52 s with its W), F number 64 no
+    earlier than 201 s (memory_bound's hand computation, tests/test_bounds_memory.py); and on
+    smaller instances every greedy schedule's stage-0 F starts meet it."""
+    from pipeopt.bounds import memory_starts
+    from pipeopt.solvers import SolveOptions, solve
+
+    lo = memory_starts(_xdc(16, 64, 8.0), 0)
+    assert len(lo) == 64 and lo[0] == 0.0
+    assert lo[16] == pytest.approx(52.0) and lo[63] == pytest.approx(201.0)
+    assert all(b >= a + 1.0 - 1e-9 for a, b in itertools.pairwise(lo))
+    for prob in (_xdc(4, 12, 8.0), _xdc(4, 16, 1.7), _xdc(6, 18, 2.75)):
+        sched = solve(prob, "greedy", options=SolveOptions(time_limit=10, workers=1))
+        starts = sorted(t.start for t in sched.ops if t.op.kind == "F" and t.op.stage == 0)
+        bound = memory_starts(prob, 0)
+        assert any(x > (i * 1.0) + 1e-9 for i, x in enumerate(bound))  # memory counts here
+        for i, x in enumerate(starts):
+            assert x - starts[0] >= bound[i] - 1e-9, (prob, i)
+
+
+def test_window_values_of_small_cases() -> None:
+    """The last K micro-batches alone with their F starts from memory_starts: at xdc p = 4,
+    m = 16, latency 1.7 s the last 8 prove 62.0 s (the analytic bound: 61.0, the optimum 63.4)
+    and all 16 the full model's 62.8; at xdc p = 4, m = 12 the last 6 already prove the
+    optimum, 86.6 s."""
+    prob = _xdc(4, 16, 1.7)
+    got = relaxation_bound(prob, time_limit=30, window=8)
+    assert got is not None and got.optimal and got.window == 8
+    assert got.value == pytest.approx(62.0)
+    assert relaxation_bound(prob, time_limit=30).window == 16  # type: ignore[union-attr]
+    six = relaxation_bound(_xdc(4, 12, 8.0), time_limit=30, window=6)
+    assert six is not None and six.optimal and six.value == pytest.approx(86.6)
+    for bad in (0, 17, 2.5, True):
+        with pytest.raises(ValueError, match="window"):
+            relaxation_bound(prob, window=bad)  # type: ignore[arg-type]
+
+
+def test_windows_below_optima() -> None:
+    """Every window of every stage kept, on tests/test_brute_force.py's cases and on random
+    tiny instances: never above the exhaustive optimum; and above the analytic bound on some
+    (so the windowed model is exercised, not only the full one)."""
+    rng = random.Random(11)
+    probs = list(CASES.values()) + [_random_tiny(rng) for _ in range(16)]
+    checked = stronger = 0
+    for prob in probs:
+        best, _ = brute_force(prob)
+        if not math.isfinite(best):
+            continue
+        analytic = makespan_lower_bound(prob)
+        for stage in range(prob.stages):
+            for window in range(1, prob.microbatches + 1):
+                got = relaxation_bound(prob, time_limit=10, stage=stage, window=window)
+                if got is None:
+                    continue
+                checked += 1
+                assert got.value <= best * (1 + 1e-9), (prob, stage, window, got, best)
+                stronger += window < prob.microbatches and got.value > analytic * (1 + 1e-9)
+    assert checked >= 40
+    assert stronger >= 1
+
+
+def test_windows_below_proven_optima_in_the_memory_regime(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """p = 3..4, m = 6..8 with a slow link and 1F1B's memory or less, where the last rounds
+    are paced by memory: every window never above CP-SAT's proven optimum (its analytic
+    bounds taken out), and above the analytic bound on some."""
+    rng = random.Random(3)
+    checked = stronger = 0
+    for _ in range(6):
+        p = rng.choice([3, 4])
+        m = rng.choice([6, 8])
+        lat = [0.0] * (p - 1)
+        lat[p // 2 - 1] = rng.choice([1.0, 1.7, 3.0])
+        links, bw = chain_links(p, lat, [math.inf] * (p - 1))
+        prob = uniform_problem(p, m, 1.0, 1.2, 0.8, weight_grad=0.5,
+                               memory_limit=float(rng.choice([2, p]))).replace(
+            latency=links, bandwidth=bw)
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if best is None:
+            continue
+        analytic = makespan_lower_bound(prob)
+        checked += 1
+        for window in range(2, m + 1, 2):
+            got = relaxation_bound(prob, time_limit=20, window=window)
+            assert got is not None
+            assert got.value <= best * (1 + 1e-9), (prob, window, got, best)
+            stronger += got.value > analytic * (1 + 1e-9)
+    assert checked >= 4
+    assert stronger >= 1
+
+
+@pytest.mark.slow
+def test_window_at_p16() -> None:
+    """benchmarks/search.py's xdc p = 16, m = 64: the last 24 micro-batches prove 253.8 s
+    (CP-SAT's optimum of that model), where the analytic bound and the full model (nothing
+    proven in 60 s) give 253 s."""
+    prob = _xdc(16, 64, 8.0)
+    assert makespan_lower_bound(prob) == pytest.approx(253.0)
+    got = relaxation_bound(prob, time_limit=120, window=24)
+    assert got is not None and got.optimal
+    assert got.value == pytest.approx(253.8)

@@ -40,6 +40,23 @@ proven bound on it, is at most the optimum of the problem. Times are rounded dow
 grid and memory demands down; the free memory becomes the whole grid units it holds (integer
 demands fit in that exactly when their sum fits in the real amount). Both only ease the model.
 
+Rounds. Two more facts hold for every schedule, so the model may take them as well. (1) The
+i-th F start on stage s is at least the stage's arrival plus ``lo_i``
+(:func:`pipeopt.bounds.memory_starts`, the analytic memory bound's recursion: memory, not this
+model, proves it). (2) Dropping micro-batches only drops constraints: the ops of the others
+leave the kept ones' conditions (one at a time on the device, the memory they hold, the lemma
+between two kept micro-batches, the makespan after their B's and W's) as they are. So the model
+may keep only the last K micro-batches by F start (``window``), numbered within the window,
+each with its F start at least ``arrival + lo_i`` for its F number i among all m. This carries
+what the first rounds of in-flight micro-batches cost (the analytic recursion) into a small
+model of the last rounds, where the waits of the lemma add up: from the third round of M
+micro-batches on, each round's F's going out and the previous round's B's coming back cross on
+every later device. At p = 16, m = 64 (``benchmarks/search.py``'s xdc) the full model proves
+nothing above the analytic 253 s, while the last 24 micro-batches prove 253.8 s (CP-SAT's
+optimum of that model, 26 s on a loaded 2-core machine) and the last 32 prove more (see
+benchmarks/README.md). Every window is a valid bound; a larger one is never weaker at its
+optimum (it keeps a superset of constraints) but harder to prove.
+
 Cost: a model of 3m intervals and up to ``m * stages`` pair choices per distance; CP-SAT proves
 its optimum in 1-2 s at p = 4, m = 12 and in 40-65 s at p = 8, m = 24 on a loaded 2-core
 machine, and not in 60-240 s at p = 16, m = 64 (there its bound stays the analytic one).
@@ -51,7 +68,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from pipeopt.bounds import _arrival, _free_memory, round_trips, stage_memory_bound
+from pipeopt.bounds import _arrival, _free_memory, memory_starts, round_trips, stage_memory_bound
 from pipeopt.bounds import makespan_lower_bound as _analytic
 from pipeopt.problem import Problem
 from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
@@ -77,6 +94,8 @@ class RelaxationBound:
     stage: int
     pairs: int
     wall_s: float
+    #: How many micro-batches the model kept (the last ones by F start; m: all of them).
+    window: int = 0
 
 
 def _stage(problem: Problem) -> int:
@@ -88,12 +107,14 @@ def _stage(problem: Problem) -> int:
 
 
 def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int | None = 2,
-                     stage: int | None = None, max_pairs: int = MAX_PAIRS
-                     ) -> RelaxationBound | None:
+                     stage: int | None = None, max_pairs: int = MAX_PAIRS,
+                     window: int | None = None) -> RelaxationBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring, given
     to CP-SAT for ``time_limit`` seconds with ``workers`` threads (None: CP-SAT's default).
     ``stage``: the stage kept
-    exactly (default: the one whose memory bound is the largest, else 0).
+    exactly (default: the one whose memory bound is the largest, else 0). ``window``: keep only
+    the last ``window`` micro-batches by F start on that stage (default: all of them); see the
+    module docstring, "Rounds".
 
     None where it does not apply: micro-batches of different cost (they cannot be renamed by
     start) or a model of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a
@@ -107,7 +128,14 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     s = _stage(problem) if stage is None else stage
     if not 0 <= s < problem.stages:
         raise ValueError(f"stage: must be in 0..{problem.stages - 1}, got {stage}")
-    m, n = problem.microbatches, problem.stages
+    total = problem.microbatches
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or not 1 <= window <= total):
+        raise ValueError(f"window: must be an integer in 1..{total}, got {window!r}")
+    m, n = (total if window is None else window), problem.stages
+    # lo[i]: the least time from the stage's first F start to the start of F number
+    # total - m + 1 + i (the i-th kept one), proven for every schedule (bounds.memory_starts).
+    lo = memory_starts(problem, s)[total - m:]
     fwd, bwd = problem.forward, problem.durations["B"]
     w_s = problem.backward_weight[s] if problem.split_backward else 0.0
     trip = round_trips(problem, 0)[s]
@@ -137,9 +165,9 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     # so a horizon there cuts off no solution at most as long as an optimal one.
     one = sum(fwd) + sum(bwd) + (sum(problem.backward_weight) if problem.split_backward else 0)
     one += sum(problem.delay(k, k + 1, 0) + problem.delay(k + 1, k, 0) for k in range(n - 1))
-    horizon = math.ceil(m * one / unit) + 1
+    horizon = math.ceil(total * one / unit) + 1
     model = cp_model.CpModel()
-    x = [model.new_int_var(down(arr[s]), horizon, f"x{i}") for i in range(m)]
+    x = [model.new_int_var(down(arr[s] + lo[i]), horizon, f"x{i}") for i in range(m)]
     b = [model.new_int_var(0, horizon, f"b{i}") for i in range(m)]
     intervals = []
     for i in range(m):
@@ -178,10 +206,10 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
         solver.parameters.num_workers = workers
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0)
+        return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0, m)
     value = max(analytic, solver.best_objective_bound * unit)
     return RelaxationBound(value, status == cp_model.OPTIMAL, s, pairs,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, m)
 
 
 def _pairs_within(m: int, gap: float, step: float) -> int:
