@@ -53,13 +53,15 @@ model of the last rounds, where the waits of the lemma add up: from the third ro
 micro-batches on, each round's F's going out and the previous round's B's coming back cross on
 every later device. At p = 16, m = 64 (``benchmarks/search.py``'s xdc) the full model proves
 nothing above the analytic 253 s, while the last 24 micro-batches prove 253.8 s (CP-SAT's
-optimum of that model, 26 s on a loaded 2-core machine) and the last 32 prove more (see
-benchmarks/README.md). Every window is a valid bound; a larger one is never weaker at its
-optimum (it keeps a superset of constraints) but harder to prove.
+optimum of that model, 26 s on a loaded 2-core machine) and the last 32 254.0 s (its optimum,
+2-2.5 minutes; 40 are not proven in 5 minutes; benchmarks/README.md). Every window is a valid
+bound; a larger one is never weaker at its optimum (it keeps a superset of the constraints)
+but harder to prove.
 
 Cost: a model of 3m intervals and up to ``m * stages`` pair choices per distance; CP-SAT proves
 its optimum in 1-2 s at p = 4, m = 12 and in 40-65 s at p = 8, m = 24 on a loaded 2-core
-machine, and not in 60-240 s at p = 16, m = 64 (there its bound stays the analytic one).
+machine, and the full model not in 60-240 s at p = 16, m = 64 (there its bound stays the
+analytic one).
 """
 
 from __future__ import annotations
