@@ -148,8 +148,9 @@ def test_spec_errors_name_the_field() -> None:
         moe.MoESpec(experts=8, top_k=2, expert_ffn=1, dispatch_dtype="int4")
     from dataclasses import replace
 
-    with pytest.raises(ValueError, match="tensor_parallel"):
-        moe.block_cost(replace(mixtral(), tensor_parallel=2), MIXTRAL)
+    with pytest.raises(ValueError, match="tensor_parallel: the MoE pipeline workload"):
+        moe.pipeline_of(replace(mixtral(), tensor_parallel=2), MIXTRAL, 2, 4,
+                        moe.Cluster(flop_rate=1e15, ep_latency=0.0, ep_bandwidth=1e11))
     with pytest.raises(ValueError, match="recompute"):
         moe.block_cost(replace(mixtral(), recompute="full"), MIXTRAL)
 
@@ -177,3 +178,33 @@ def test_pipeline_of_prices_every_stage() -> None:
         moe.pipeline_of(sh, MIXTRAL, 2, 3, cl, stage_layers=[1, 2])
     with pytest.raises(ValueError, match="stages: 5 stages need"):
         moe.pipeline_of(sh, MIXTRAL, 5, 3, cl)
+
+
+def test_tensor_parallel_splits_attention_and_experts() -> None:
+    """t = 2 (expert tensor-parallel size = TP): every FLOP count and weight of the block is
+    halved but the replicated router's (2ThE FLOPs, hE weights) and the norms' (2h);
+    the shared expert is a dense MLP split in two whose output is all-reduced; the
+    collectives by hand (sequence parallelism: the attention's all-reduce of T·h·e, half an
+    all-reduce each of the dispatched copies' all-gather and the outputs' reduce-scatter)."""
+    from dataclasses import replace
+
+    shape = replace(mixtral(layers=1), micro_batch_size=1)
+    spec = moe.MoESpec(experts=8, top_k=2, expert_ffn=14336, expert_parallel=8,
+                       shared_experts=1)
+    one, two = moe.block_cost(shape, spec), moe.block_cost(replace(shape, tensor_parallel=2),
+                                                           spec)
+    gate = moe.gate_flops(shape, spec)
+    assert two.attention.forward_flops == pytest.approx(
+        (one.attention.forward_flops - gate) / 2 + gate, rel=1e-12)
+    assert two.attention.params == (one.attention.params - 8 * 4096 - 2 * 4096) / 2 + (
+        8 * 4096 + 2 * 4096)
+    for part in ("experts", "shared"):
+        a, b = getattr(one, part), getattr(two, part)
+        assert (b.forward_flops, b.params) == (a.forward_flops / 2, a.params / 2)
+    t, h = 4096, 4096
+    assert two.shared.activation_bytes == one.shared.activation_bytes / 2 == 2 * t * 3 * 14336 / 2
+    assert moe.tp_collectives(shape, spec) == ()
+    msg, routed = 2.0 * t * h, 2.0 * 2 * t * h
+    assert moe.tp_collectives(replace(shape, tensor_parallel=2), spec) == (
+        (0, 2.0, msg), (0, 0.5, routed), (0, 0.5, routed), (1, 2.0, msg), (1, 1.0, routed))
+

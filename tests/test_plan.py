@@ -170,9 +170,10 @@ TINY_MOE = {**TINY_MODEL, "ffn_hidden": 128, "activation": "swiglu", "norm": "rm
 
 @pytest.mark.slow
 def test_pruning_never_discards_the_best_moe() -> None:
-    """The pruning property on an MoE model enumerated in full (EP 1, 2, 4; the all-to-all
-    inside F and B; routed experts' ZeRO-1 shards over DP / EP), PP 1 or 2, under a memory
-    limit that EP 1 never meets: every candidate pruned by bound has schedules (enumerated
+    """The pruning property on an MoE model enumerated in full (EP 1, 2, 4; TP 1 and 2, the
+    experts split over TP too; the all-to-all and TP collectives inside F and B; routed
+    experts' ZeRO-1 shards over DP / EP), PP 1 or 2, under a memory limit that only sharded
+    experts meet (EP > 1 or TP 2): every candidate pruned by bound has schedules (enumerated
     in full) no faster than its bound and than the plan's best, and the plan's best is the
     best of every candidate scheduled without pruning (within 1 %: the time-limited searches
     of one candidate may end on schedules that differ slightly, with the machine's load)."""
@@ -199,7 +200,14 @@ def test_pruning_never_discards_the_best_moe() -> None:
         if r.status == "scheduled":
             assert r.step_time_s >= r.bound_s * (1 - 1e-9)
     assert {r.candidate.ep for r in result.results if r.status == "pruned"} == {1, 2, 4}
-    assert result.best.candidate.ep is not None and result.best.candidate.ep > 1
+    tp2 = [r for r in result.results if r.candidate.tp == 2]
+    assert any(r.status == "scheduled" for r in tp2)
+    assert any(r.reason.startswith("bound") for r in tp2)
+    # The limit is met only with the experts sharded (over EP, or split over TP 2).
+    assert not any(r.status == "scheduled" for r in result.results
+                   if r.candidate.tp == 1 and r.candidate.ep == 1)
+    best = result.best.candidate
+    assert best.ep is not None and best.tp * best.ep > 1
 
 
 def test_zero3_is_the_only_configuration_that_fits() -> None:

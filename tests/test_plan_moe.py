@@ -47,16 +47,17 @@ def test_moe_candidates_carry_ep_dividing_experts_and_dp() -> None:
     assert spec.moe is not None and spec.moe.experts == 4
     cands = enumerate_candidates(spec)
     assert {c.ep for c in cands} == {1, 2, 4}
+    assert {c.tp for c in cands} == {1, 2}  # TP within a 2-GPU node, experts split too
     for c in cands:
-        assert c.tp == 1 and c.tp * c.pp * c.dp == 4
+        assert c.tp * c.pp * c.dp == 4
         assert c.ep is not None and 4 % c.ep == 0 and c.dp % c.ep == 0
         assert c.recompute in ("none", "selective")  # the MoE default
         assert c.label.endswith(f" ep{c.ep}") and c.as_dict()["ep"] == c.ep
-    # Every combination: (pp, dp) in {(1, 4), (2, 2), (4, 1)}, EP dividing DP and 4, b, v
-    # (only with PP > 1, PP x v at most the 6 pipeline layers), recompute, ZeRO (> 0 only
-    # with DP > 1).
+    # Every combination: (tp, pp, dp) in {(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2),
+    # (2, 2, 1)}, EP dividing DP and 4, b, v (only with PP > 1, PP x v at most the 6 pipeline
+    # layers), recompute, ZeRO (> 0 only with DP > 1).
     expected = set()
-    for pp, dp in [(1, 4), (2, 2), (4, 1)]:
+    for tp, pp, dp in [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1)]:
         for ep in (1, 2, 4):
             for b in (1, 2):
                 for v in (1, 2):
@@ -65,7 +66,8 @@ def test_moe_candidates_carry_ep_dividing_experts_and_dp() -> None:
                             if (dp % ep or (v == 2 and pp == 1) or (z and dp == 1)
                                     or pp * v > 6):
                                 continue
-                            expected.add(Candidate(1, pp, dp, b, 8 // (dp * b), v, rc, z, ep))
+                            expected.add(Candidate(tp, pp, dp, b, 8 // (dp * b), v, rc, z,
+                                                   ep))
     assert set(cands) == expected
     # A dense model's candidates carry no ep (its JSON is unchanged).
     dense = {**tiny_moe(), "model": {k: v for k, v in TINY_MOE_MODEL.items() if k != "moe"}}
@@ -113,6 +115,64 @@ def test_one_moe_candidate_by_hand() -> None:
     mp4 = model_plan(spec, Candidate(1, 1, 4, 1, 2, 1, "none", 1, 4))
     cross = 2 * (3 * 1.01e-3 + 0.75 * 8192 / 1e8)
     assert mp4.a2a_times[0][1] == pytest.approx([cross, cross, 0.0], rel=1e-12)
+
+
+def _one_node(**plan_keys: Any) -> dict[str, Any]:
+    """tiny_moe on one node of 4 GPUs (every TP and EP ring on NVLink: 1 us, 1 GB/s)."""
+    data = tiny_moe(**plan_keys)
+    data["cluster"] = {**TINY_CLUSTER, "nodes_per_datacenter": 1, "gpus_per_node": 4}
+    return data
+
+
+def test_tensor_parallel_moe_candidate_by_hand() -> None:
+    """TP 2, PP 1, DP 2, EP 2, b 1, m 4 on one node (expert tensor-parallel size = TP). Per
+    GPU and MoE block (T = 32, h = 64, E = 4, top-2): the attention's 1,048,576 linear and
+    131,072 causal-attention FLOPs / 2 + the replicated router's 16,384 + the experts'
+    3,145,728 / 2 = 2,179,072 forward; B = (1,048,576 + 2 x 131,072) / 2 + 16,384 +
+    1,572,864 = 2,244,608; W = 1,048,576 / 2 + 16,384 + 1,572,864 = 2,113,536. Tensor-parallel
+    collectives (sequence parallelism, the default) on the NVLink pair, an all-reduce of n
+    bytes over 2 GPUs = 2 us + n / 1 GB/s: the attention's b·s·h all-reduce (4096 bytes,
+    6.096 us) and half an all-reduce each of the dispatched copies' all-gather and the
+    outputs' reduce-scatter (2T·h·2 = 8192 bytes, 10.192 us for both), in F and again in B.
+    All-to-all: each GPU sends half the rank's 8192-byte buffers, 1 us + 1/2 x 4096 / 1e9 =
+    3.048 us each, dispatch + combine in F and in B."""
+    spec = parse_plan(_one_node())
+    c = Candidate(2, 1, 2, 1, 4, 1, "none", 0, 2)
+    mp = model_plan(spec, c)
+    tp = 6.096e-6 + 10.192e-6
+    a2a = 2 * 3.048e-6
+    times = mp.layer_times(0)
+    for i in range(1, 5):
+        assert (mp.layers[i].forward_flops, mp.layers[i].backward_input_flops,
+                mp.layers[i].backward_weight_flops) == (2_179_072, 2_244_608, 2_113_536)
+        assert times[i] == pytest.approx([2_179_072e-12 + tp + a2a, 2_244_608e-12 + tp + a2a,
+                                          2_113_536e-12], rel=1e-12)
+    # Parameters per GPU and block: attention (16,512 - 2 norms of h) / 2 + 128 + router
+    # hE = 8576; 2 experts of 24,576 split in halves: 24,576; embedding and head halved
+    # (the head's final norm whole).
+    assert [lc.params for lc in mp.layers] == [4096, *[33_152] * 4, 4160]
+    assert mp.expert_params == (0, *[24_576] * 4, 0)
+    # Activations per GPU and block: the dense block's with t = 2 and sequence parallelism,
+    # 4 x 2 x T h / 2 + (2T(h + 2 kv) + 2Th + 3 x 2 T f + 2 a T^2) / 2 = 32,768, less its MLP
+    # inner values 3 x 2 x T f / 2 = 12,288, plus the router's fp32 probabilities 4TE = 512;
+    # each of the 2T routed copies' input (whole) and inner values (halved): 2 x 64 x (64 +
+    # 3 x 128 / 2) = 32,768.
+    assert [lc.activation_bytes for lc in mp.layers][1:5] == [53_760] * 4
+    # Without sequence parallelism the combined outputs' halves are all-gathered back: half
+    # an all-reduce of 4096 bytes more in F and in B (3.048 us).
+    data = _one_node()
+    data["model"]["sequence_parallel"] = False
+    no_sp = model_plan(parse_plan(data), c).layer_times(0)
+    assert no_sp[1, :2] - times[1, :2] == pytest.approx([3.048e-6, 3.048e-6], rel=1e-9)
+    # The model form builds the same problem from tensor_parallel: 2 (what --config-out
+    # writes and pipeopt solve takes).
+    form = {**_model_form(data_parallel=2, zero_stage=0),
+            "cluster": {**TINY_CLUSTER, "nodes_per_datacenter": 1, "gpus_per_node": 4}}
+    form["model"] = {**form["model"], "tensor_parallel": 2}
+    form["pipeline"] = {"devices": 1, "microbatches": 4}
+    problem = load_config_data(form).problem
+    head_f, emb_f = times[5, 0], times[0, 0]
+    assert problem.forward[0] == pytest.approx(emb_f + 4 * times[1, 0] + head_f, rel=1e-12)
 
 
 def test_moe_schedule_and_gradient_reduction() -> None:
@@ -171,7 +231,6 @@ def test_bad_moe_model_keys_name_the_key(change: dict[str, Any], message: str) -
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"tensor_parallel": [1, 2]}, "plan.tensor_parallel[1]: must be 1 for an MoE model"),
     ({"recompute": ["none", "full"]}, "plan.recompute[1]: an MoE model's blocks recompute "
      "none or selective"),
     ({"zero": [1, 2]}, "plan.zero[1]: an MoE model is planned with ZeRO 0 or 1"),
@@ -253,8 +312,6 @@ def test_model_form_takes_model_moe() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model": {"tensor_parallel": 2}, "training": {"data_parallel": 2}},
-     "model.tensor_parallel: must be 1 with model.moe"),
     ({"model": {"recompute": "full"}}, "model.recompute: must be none or selective with "
      "model.moe"),
     ({"training": {"zero_stage": 2}}, "training.zero_stage: must be 0 or 1 with model.moe"),

@@ -968,9 +968,6 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
     refused = [
         (origin != "analytic", "model.moe", "needs a transformer shape (not layer_costs or a "
          "profile)"),
-        (mcfg.tensor_parallel != 1, "model.tensor_parallel", "must be 1 with model.moe (MoE "
-         "blocks are modelled without tensor parallelism; experts are sharded by "
-         f"model.moe.expert_parallel), got {mcfg.tensor_parallel}"),
         (mcfg.recompute not in ("none", "selective"), "model.recompute", "must be none or "
          f"selective with model.moe (the MoE block's modes), got {mcfg.recompute!r}"),
         (bool(mcfg.overrides), "model.overrides", "not with model.moe (every MoE block is "
@@ -992,9 +989,13 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
         if text.startswith("expert_parallel: must divide the data"):
             text = text.replace("the data-parallel size", "training.data_parallel")
         raise ConfigError(f"model.moe.{text}") from None
+    # The tensor-parallel rings' paths are chosen for the largest buffer, now the MoE
+    # blocks' all-gather of the dispatched copies.
     return replace(plan, layers=list(priced.layers), expert_params=priced.expert_params,
                    expert_parallel=spec.expert_parallel, a2a_times=priced.a2a_times,
-                   model_params=priced.model_params)
+                   model_params=priced.model_params,
+                   tp_links=tp_ring_links(plan.topology, plan.rank_gpus, plan.group,
+                                          list(priced.layers)))
 
 
 def tp_ring_links(topo: Topology, ranks: list[int], group: int, layers: list[LayerCost]

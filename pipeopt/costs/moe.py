@@ -40,9 +40,24 @@ for GeLU; f_e = the expert's inner width; h = hidden):
   inner values ``e · routed · (h + n · f_e)``, each shared expert's inner values
   ``e · T · n · f_s``.
 
+Tensor parallelism t > 1, with the experts split over the same t GPUs (expert tensor-parallel
+size = TP, Megatron-Core's default before its "parallel folding"; EP groups carved out of data
+parallelism, one per tensor-parallel index): the attention is split over the t GPUs of a rank
+as the dense block's (FLOPs, weights and split activations / t; the router is replicated). The
+t GPUs split each all-to-all buffer (Megatron-Core's all-to-all dispatcher splits the tokens'
+hidden dimension over the TP group and all-gathers it after the all-to-all; here the split is
+counted in bytes only), so a GPU's all-to-all buffers are ``dispatch_bytes / t`` and
+``combine_bytes / t``; the t GPUs all-gather what they received, run their 1/t share of every
+local expert's width (column- then row-parallel, as a dense MLP: FLOPs, weights and inner
+values / t; each copy's input h kept whole) and reduce-scatter the outputs before the
+combine; without sequence parallelism the combined outputs' t slices are all-gathered back.
+Shared experts are a dense MLP split over t (FLOPs, weights, inner values / t and an
+all-reduce of their output). :func:`tp_collectives` lists the collectives; biases are divided
+by t with their matrices.
+
 Not modelled: load imbalance between experts (a balanced router is assumed), tokens dropped by a
-capacity factor < 1 are still counted as routed, tensor parallelism inside the block (the spec
-refuses t > 1), DeepSeek's node-limited routing and MLA attention (the GQA formulas stand in).
+capacity factor < 1 are still counted as routed, full recomputation, DeepSeek's node-limited
+routing and MLA attention (the GQA formulas stand in).
 """
 
 from __future__ import annotations
@@ -122,9 +137,6 @@ class MoESpec:
 
 
 def _check_shape(shape: TransformerShape) -> None:
-    if shape.tensor_parallel != 1:
-        raise ValueError(f"tensor_parallel: MoE blocks are modelled without tensor parallelism "
-                         f"(experts are sharded by expert_parallel), got {shape.tensor_parallel}")
     if shape.recompute not in ("none", "selective"):
         raise ValueError(f"recompute: MoE blocks support 'none' or 'selective', got "
                          f"{shape.recompute!r}")
@@ -229,10 +241,11 @@ def bytes_leaving(nbytes: float, spec: MoESpec) -> float:
 
 @dataclass(frozen=True)
 class MoEBlockCost:
-    """One MoE block on one EP rank for one micro-batch: ``attention`` (attention, norms and
-    router), ``experts`` (routed) and ``shared`` (None without shared experts) as
+    """One MoE block on one GPU of an EP rank for one micro-batch: ``attention`` (attention,
+    norms and router), ``experts`` (routed) and ``shared`` (None without shared experts) as
     :class:`~pipeopt.costs.transformer.LayerCost` (FLOPs, bytes), and the all-to-all buffers
-    ``dispatch_bytes`` / ``combine_bytes`` (bytes per rank, the whole buffer)."""
+    ``dispatch_bytes`` / ``combine_bytes`` (bytes per EP rank, the whole buffer; with tensor
+    parallelism t each of its GPUs sends 1/t of it)."""
 
     attention: LayerCost
     experts: LayerCost
@@ -248,43 +261,70 @@ class MoEBlockCost:
 
 
 def block_cost(shape: TransformerShape, spec: MoESpec, name: str = "moe") -> MoEBlockCost:
-    """The :class:`MoEBlockCost` of one MoE block (see the module docstring for every term).
-    Raises ValueError for tensor parallelism or full recomputation (not modelled)."""
+    """The :class:`MoEBlockCost` of one MoE block on one GPU (see the module docstring for
+    every term; with tensor parallelism t the GPU's share, the experts split over t as a
+    dense MLP). Raises ValueError for full recomputation (not modelled)."""
     _check_shape(shape)
     t, h, e, n = tokens(shape), shape.hidden, shape.dtype_bytes, _matrices(shape)
+    tp = shape.tensor_parallel
     lin, att = attention_flops(shape)
-    gate = gate_flops(shape, spec)
-    extra = att if shape.recompute == "selective" else 0.0
-    dense_inner = n * e * t * shape.ffn
+    gate = gate_flops(shape, spec)  # the router is replicated on every tensor-parallel rank
+    extra = att / tp if shape.recompute == "selective" else 0.0
+    dense_inner = n * e * t * shape.ffn / tp
     att_act = tf.block_activation_bytes(shape) - dense_inner + 4.0 * t * spec.experts
-    att_wg = e * t * (4 * h + 2 * shape.kv_dim + spec.experts)
+    att_wg = e * t * ((4 * h + 2 * shape.kv_dim) / tp + spec.experts)
+    norms = 2 * (2 * h if shape.norm == "layernorm" else h)
     attention = LayerCost(
-        name=f"{name}.attention", forward_flops=lin + att + gate,
-        backward_input_flops=lin + tf.attention_backward_flops(shape, att) + gate + extra,
-        backward_weight_flops=lin + gate,
-        params=attention_params(shape) + h * spec.experts, activation_bytes=att_act,
-        weight_grad_bytes=min(att_act, att_wg), output_bytes=float(t * h * e))
+        name=f"{name}.attention", forward_flops=(lin + att) / tp + gate,
+        backward_input_flops=(lin + tf.attention_backward_flops(shape, att)) / tp + gate
+        + extra,
+        backward_weight_flops=lin / tp + gate,
+        params=(attention_params(shape) - norms) / tp + norms + h * spec.experts,
+        activation_bytes=att_act, weight_grad_bytes=min(att_act, att_wg),
+        output_bytes=float(t * h * e))
     r = routed_tokens(shape, spec)
-    ef = expert_flops(shape, spec)
-    e_act = e * r * (h + n * spec.expert_ffn)
+    ef = expert_flops(shape, spec) / tp
+    e_act = e * r * (h + n * spec.expert_ffn / tp)
     experts = LayerCost(
         name=f"{name}.experts", forward_flops=ef, backward_input_flops=ef,
         backward_weight_flops=ef,
-        params=spec.experts_per_rank * expert_params(shape, spec.expert_ffn),
-        activation_bytes=e_act, weight_grad_bytes=min(e_act, e * r * (2 * h + n
-                                                                      * spec.expert_ffn)))
+        params=spec.experts_per_rank * expert_params(shape, spec.expert_ffn) / tp,
+        activation_bytes=e_act,
+        weight_grad_bytes=min(e_act, e * r * (2 * h + n * spec.expert_ffn / tp)))
     shared = None
     if spec.shared_experts:
-        sf = shared_flops(shape, spec)
-        s_act = e * t * spec.shared_experts * n * spec.shared_width
+        sf = shared_flops(shape, spec) / tp
+        s_act = e * t * spec.shared_experts * n * spec.shared_width / tp
         shared = LayerCost(
             name=f"{name}.shared", forward_flops=sf, backward_input_flops=sf,
             backward_weight_flops=sf,
-            params=spec.shared_experts * expert_params(shape, spec.shared_width),
+            params=spec.shared_experts * expert_params(shape, spec.shared_width) / tp,
             activation_bytes=s_act, weight_grad_bytes=s_act)
     return MoEBlockCost(attention, experts, shared, dispatch_bytes(shape, spec),
                         combine_bytes(shape, spec))
 
+
+def tp_collectives(shape: TransformerShape, spec: MoESpec
+                   ) -> tuple[tuple[int, float, float], ...]:
+    """An MoE block's tensor-parallel collectives with t > 1 (the format of
+    :attr:`pipeopt.costs.transformer.LayerCost.tp_collectives`: op, all-reduces, bytes; a
+    reduce-scatter or an all-gather counts 1/2), in the forward and mirrored in the
+    backward-input op (see the module docstring, "Tensor parallelism"): the attention's two
+    halves of the dense block's (one all-reduce of the b·s·h activations, T·h·e bytes);
+    without sequence parallelism the all-gather of the t slices of the combined outputs
+    (T·h·e, 1/2); the expert-TP group's all-gather of the dispatched copies before the
+    experts (``dispatch_bytes``, 1/2; its gradient in the model dtype) and reduce-scatter
+    of their outputs (``combine_bytes``, 1/2); the shared experts' output all-reduce (T·h·e,
+    as a dense MLP's). () with t = 1."""
+    if shape.tensor_parallel == 1:
+        return ()
+    msg = tf.message_bytes(shape)
+    tokens_ar = 1.0 + (0.0 if shape.sequence_parallel else 0.5) + (
+        1.0 if spec.shared_experts else 0.0)
+    fwd = ((0, tokens_ar, msg), (0, 0.5, dispatch_bytes(shape, spec)),
+           (0, 0.5, combine_bytes(shape, spec)))
+    bwd = ((1, tokens_ar, msg), (1, 1.0, combine_bytes(shape, spec)))
+    return fwd + bwd
 
 
 def _work(cost: LayerCost, rate: float) -> Work:
@@ -353,6 +393,11 @@ def pipeline_of(shape: TransformerShape, spec: MoESpec, stages: int, microbatche
             first += n
     else:
         parts = stage_blocks(shape.layers, stages)
+    if shape.tensor_parallel != 1:
+        raise ValueError("tensor_parallel: the MoE pipeline workload is modelled without "
+                         "tensor parallelism (experts are sharded by expert_parallel; "
+                         f"pipeopt plan and the model form take it), got "
+                         f"{shape.tensor_parallel}")
     rate = cluster.flop_rate
     ep = spec.expert_parallel
     moe_cost = block_cost(shape, spec)

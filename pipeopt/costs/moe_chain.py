@@ -2,10 +2,12 @@
 docs/model_config.md), what ``pipeopt plan`` prices for an MoE candidate (docs/plan.md, "MoE
 models").
 
-The transformer's pipeline layers (one GPU per pipeline rank: no tensor parallelism, as
-:mod:`pipeopt.costs.moe` models the block) have each MoE block (``MoESpec.is_moe``)
-replaced by one layer whose costs are :func:`pipeopt.costs.moe.
-block_cost`'s attention + router, routed experts and shared experts summed:
+The transformer's pipeline layers (per GPU of a pipeline rank; with tensor parallelism t the
+experts are split over the same t GPUs, :mod:`pipeopt.costs.moe`, "Tensor parallelism") have
+each MoE block (``MoESpec.is_moe``) replaced by one layer whose costs are
+:func:`pipeopt.costs.moe.block_cost`'s attention + router, routed experts and shared experts
+summed, its tensor-parallel collectives :func:`pipeopt.costs.moe.tp_collectives` (timed on the
+rank's tensor-parallel ring as a dense block's):
 
 * compute: the routed experts of one rank process ``c·k·T`` token copies per micro-batch
   (``k·T`` dropless): :func:`pipeopt.costs.moe.routed_tokens`;
@@ -15,16 +17,18 @@ block_cost`'s attention + router, routed experts and shared experts summed:
   ``dp / ep`` ranks and their gradient all-reduce runs over ``dp / ep`` replicas;
 * communication: a dispatch and a combine all-to-all in the block's forward, and their two
   gradients in its input-gradient backward (mirrored as :mod:`pipeopt.workloads.moe` does),
-  each :func:`pipeopt.costs.collectives.all_to_all_time` of the rank's buffer over the ``ep``
-  ranks of its expert-parallel group, added to the layer's F and B (not scheduled as tasks of
-  their own: the chain problem has no network resources, so they never overlap compute here).
+  each :func:`pipeopt.costs.collectives.all_to_all_time` of a GPU's buffer (the rank's / t)
+  over the ``ep`` GPUs of its expert-parallel group, added to the layer's F and B (not
+  scheduled as tasks of their own: the chain problem has no network resources, so they never
+  overlap compute here).
 
 Expert parallelism is carved out of data parallelism, as Megatron-Core
 (``expert_model_parallel_size`` divides the data-parallel size, before its "parallel folding"
 let EP span the tensor-parallel ranks too; the rest is the expert-data-parallel group) and
 DeepSpeed-MoE (``ep_size`` divides the data-parallel world; its expert-data-parallel groups)
-do: ``ep`` divides DP and the experts count, and the EP group of a pipeline rank
-is ``ep`` consecutive data-parallel replicas of it. Its link: every EP group of every
+do: ``ep`` divides DP and the experts count, and an EP group of a pipeline rank's GPU
+is that GPU in ``ep`` consecutive data-parallel replicas of the rank (with t > 1 a rank has t
+such groups side by side, one per tensor-parallel index). Its link: every EP group of every
 pipeline rank runs its all-to-all at once; each is timed on the slowest hop of a ring over its
 GPUs, the hops of all groups sharing the links they cross
 (:meth:`pipeopt.topology.Topology.ring_links`): within a node NVLink, across nodes a NIC's
@@ -49,15 +53,17 @@ from pipeopt.costs.moe import (
     gate_flops,
     model_params,
     shared_flops,
+    tp_collectives,
 )
 from pipeopt.costs.transformer import LayerCost, TransformerShape
 from pipeopt.topology import Topology
 
 
 def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerCost, float]:
-    """One MoE block as a chain layer on one EP rank: (the layer, the parameters of its
-    routed experts on the rank). FLOPs, parameters and activations are the sums of
-    :func:`pipeopt.costs.moe.block_cost`'s parts; the recomputing backward's transient (the
+    """One MoE block as a chain layer on one GPU of an EP rank: (the layer, the parameters of
+    its routed experts on the GPU). FLOPs, parameters and activations are the sums of
+    :func:`pipeopt.costs.moe.block_cost`'s parts, its tensor-parallel collectives
+    :func:`pipeopt.costs.moe.tp_collectives`; the recomputing backward's transient (the
     attention core that selective recomputation rebuilds) is the dense block's."""
     cost = block_cost(shape, spec, name)
     parts = [p for p in (cost.attention, cost.experts, cost.shared) if p is not None]
@@ -70,22 +76,27 @@ def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerC
         activation_bytes=sum(p.activation_bytes for p in parts),
         weight_grad_bytes=sum(p.weight_grad_bytes for p in parts),
         output_bytes=tf.message_bytes(shape),
-        backward_transient_bytes=tf.block_backward_transient_bytes(shape))
+        backward_transient_bytes=tf.block_backward_transient_bytes(shape),
+        tp_collectives=tp_collectives(shape, spec))
     return layer, cost.experts.params
 
 
-def ep_groups(replicas: Sequence[Sequence[int]], ep: int) -> list[list[list[int]]]:
-    """Per pipeline rank (its data-parallel replicas' GPUs in ``replicas``, its own first),
-    its EP groups: ``ep`` consecutive replicas each."""
-    return [[list(reps[i:i + ep]) for i in range(0, len(reps), ep)] for reps in replicas]
+def ep_groups(replicas: Sequence[Sequence[int]], ep: int, group: int = 1
+              ) -> list[list[list[int]]]:
+    """Per pipeline rank (its data-parallel replicas' first GPUs in ``replicas``, its own
+    first), its EP groups: for each of its ``group`` tensor-parallel GPUs (GPU ``g + j`` of a
+    replica starting at ``g``), ``ep`` consecutive replicas' each."""
+    return [[[g + j for g in reps[i:i + ep]] for j in range(group)
+             for i in range(0, len(reps), ep)] for reps in replicas]
 
 
-def ep_links(topology: Topology, replicas: Sequence[Sequence[int]], ep: int, nbytes: float
-             ) -> list[tuple[float, float]]:
+def ep_links(topology: Topology, replicas: Sequence[Sequence[int]], ep: int, nbytes: float,
+             group: int = 1) -> list[tuple[float, float]]:
     """Per pipeline rank, (latency s, bandwidth bytes/s) of its slowest EP group's slowest hop
-    when every group's all-to-all runs at once (see the module docstring); ``nbytes``: a rank's
-    all-to-all buffer (a ring step carries ``nbytes / ep`` and chooses the paths)."""
-    groups = ep_groups(replicas, ep)
+    when every group's all-to-all runs at once (see the module docstring); ``nbytes``: a
+    GPU's all-to-all buffer (a ring step carries ``nbytes / ep`` and chooses the paths);
+    ``group``: GPUs per pipeline rank (tensor parallelism), each in an EP group of its own."""
+    groups = ep_groups(replicas, ep, group)
     rings = [(g, nbytes / ep) for mine in groups for g in mine]
     links = topology.ring_links(rings)
     out, i = [], 0
@@ -112,20 +123,16 @@ class MoELayers:
 
 def moe_layers(layers: Sequence[LayerCost], shape: TransformerShape, spec: MoESpec,
                topology: Topology, replicas: Sequence[Sequence[int]]) -> MoELayers:
-    """The :class:`MoELayers` of a transformer's dense pipeline ``layers`` (of ``shape``, one
-    GPU per pipeline rank) with ``spec``'s MoE blocks, EP size ``spec.expert_parallel``;
-    ``replicas``: per pipeline rank the GPUs of its data-parallel replicas. Raises
-    ValueError (its message starts with the field) when EP does not divide the replicas,
-    with tensor parallelism, or when ``layers`` are not the shape's."""
+    """The :class:`MoELayers` of a transformer's dense pipeline ``layers`` (of ``shape``, its
+    ``tensor_parallel`` GPUs per pipeline rank) with ``spec``'s MoE blocks, EP size
+    ``spec.expert_parallel``; ``replicas``: per pipeline rank the first GPUs of its
+    data-parallel replicas. Raises ValueError (its message starts with the field) when EP
+    does not divide the replicas or when ``layers`` are not the shape's."""
     ep = spec.expert_parallel
     dp = len(replicas[0]) if replicas else 1
     if dp % ep:
         raise ValueError(f"expert_parallel: must divide the data-parallel size ({dp}: expert "
                          f"parallelism is carved out of data parallelism), got {ep}")
-    if shape.tensor_parallel != 1:
-        raise ValueError("tensor_parallel: MoE blocks are modelled without tensor parallelism "
-                         f"(experts are sharded by expert_parallel), got "
-                         f"{shape.tensor_parallel}")
     names = [lc.name for lc in layers]
     if len(names) != shape.layers + 2 or names[0] != "embedding" or names[-1] != "head":
         raise ValueError("layers: MoE blocks need the transformer's embedding, blocks and head")
@@ -139,11 +146,11 @@ def moe_layers(layers: Sequence[LayerCost], shape: TransformerShape, spec: MoESp
     times: tuple[np.ndarray, ...] = ()
     if ep > 1:
         cost = block_cost(shape, spec)
+        tp = shape.tensor_parallel  # each GPU of a rank sends 1/tp of the rank's buffers
+        d_b, c_b = cost.dispatch_bytes / tp, cost.combine_bytes / tp
         rows = []
-        for lat, bw in ep_links(topology, replicas, ep,
-                                max(cost.dispatch_bytes, cost.combine_bytes)):
-            a2a = (all_to_all_time(ep, cost.dispatch_bytes, lat, bw)
-                   + all_to_all_time(ep, cost.combine_bytes, lat, bw))
+        for lat, bw in ep_links(topology, replicas, ep, max(d_b, c_b), tp):
+            a2a = all_to_all_time(ep, d_b, lat, bw) + all_to_all_time(ep, c_b, lat, bw)
             t = np.zeros((len(out), 3))
             for i in range(shape.layers):
                 if spec.is_moe(i):

@@ -76,10 +76,8 @@ def gpu_counts(spec: PlanSpec) -> list[int]:
 def tensor_sizes(spec: PlanSpec) -> list[int]:
     """TP sizes to try: ``plan.tensor_parallel`` or every divisor of the smallest node's GPU
     count that divides the heads (and the kv heads, or is divided by them), so that a TP group
-    never leaves a node and every node holds whole groups. An MoE model: 1 (its blocks are
-    modelled without tensor parallelism)."""
-    if spec.moe is not None:
-        return [1]
+    never leaves a node and every node holds whole groups (an MoE model's experts are split
+    over the same GPUs: :mod:`pipeopt.costs.moe`, "Tensor parallelism")."""
     topo = topology_of(spec.cluster_cfg)
     node = min(size for _, size in topo.nodes)
     heads = spec.model_cfg.heads or 1
@@ -232,7 +230,8 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
     kinds: dict[tuple[Any, ...], int] = {}
     for d in gpus:  # ranks that time every layer alike: one GPU model, the same rings
         kinds.setdefault((plan.gpu(d).name, plan.tp_links[d] if plan.tp_links else None,
-                          plan.dp_links[d] if plan.dp_links else None), d)
+                          plan.dp_links[d] if plan.dp_links else None,
+                          plan.a2a_times[d].tobytes() if plan.a2a_times else None), d)
     # With a recompute mode chosen per stage (model.recompute: per_stage) each layer may run
     # in any of the modes: take, per layer, the least time and the least activation bytes
     # over them, which bounds every choice from below.

@@ -11,8 +11,9 @@ A mixture-of-experts model gives ``model.moe`` with the keys of the model form's
 workload config's (:class:`pipeopt.costs.config.MoESection`: ``experts``, ``top_k``,
 ``expert_ffn``, ``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``,
 ``every``, ``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
-(``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates have
-no tensor parallelism, recompute ``none`` or ``selective`` and ZeRO 0 or 1.
+(``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates
+recompute ``none`` or ``selective`` and have ZeRO 0 or 1; tensor parallelism splits the
+experts too (expert tensor-parallel size = TP).
 """
 
 from __future__ import annotations
@@ -244,11 +245,6 @@ def _check_moe_plan(moe: MoESpec, section: PlanSection, raw_plan: dict[str, Any]
         if moe.experts % ep:
             raise ConfigError(f"plan.expert_parallel[{i}]: must divide model.moe.experts "
                               f"({moe.experts}), got {ep}")
-    for i, t in enumerate(section.tensor_parallel or ()):
-        if t != 1:
-            raise ConfigError(f"plan.tensor_parallel[{i}]: must be 1 for an MoE model (its "
-                              "blocks are modelled without tensor parallelism; experts are "
-                              f"sharded by plan.expert_parallel), got {t}")
     if "recompute" in raw_plan:
         for i, mode in enumerate(section.recompute):
             if mode not in MOE_RECOMPUTE_MODES:
