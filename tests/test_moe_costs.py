@@ -151,8 +151,11 @@ def test_spec_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="tensor_parallel: the MoE pipeline workload"):
         moe.pipeline_of(replace(mixtral(), tensor_parallel=2), MIXTRAL, 2, 4,
                         moe.Cluster(flop_rate=1e15, ep_latency=0.0, ep_bandwidth=1e11))
-    with pytest.raises(ValueError, match="recompute"):
-        moe.block_cost(replace(mixtral(), recompute="full"), MIXTRAL)
+    with pytest.raises(ValueError, match="recompute: MoE blocks support none, selective, full"):
+        moe.block_cost(replace(mixtral(), recompute="per_stage"), MIXTRAL)
+    with pytest.raises(ValueError, match="recompute: the MoE pipeline workload"):
+        moe.pipeline_of(replace(mixtral(), recompute="full"), MIXTRAL, 2, 4,
+                        moe.Cluster(flop_rate=1e15, ep_latency=0.0, ep_bandwidth=1e11))
 
 
 def test_pipeline_of_prices_every_stage() -> None:

@@ -51,7 +51,6 @@ def test_moe_candidates_carry_ep_dividing_experts_and_dp() -> None:
     for c in cands:
         assert c.tp * c.pp * c.dp == 4
         assert c.ep is not None and 4 % c.ep == 0 and c.dp % c.ep == 0
-        assert c.recompute in ("none", "selective")  # the MoE default
         assert c.label.endswith(f" ep{c.ep}") and c.as_dict()["ep"] == c.ep
     # Every combination: (tp, pp, dp) in {(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2),
     # (2, 2, 1)}, EP dividing DP and 4, b, v (only with PP > 1, PP x v at most the 6 pipeline
@@ -61,7 +60,7 @@ def test_moe_candidates_carry_ep_dividing_experts_and_dp() -> None:
         for ep in (1, 2, 4):
             for b in (1, 2):
                 for v in (1, 2):
-                    for rc in ("none", "selective"):
+                    for rc in ("none", "selective", "full", "per_stage"):
                         for z in (0, 1):
                             if (dp % ep or (v == 2 and pp == 1) or (z and dp == 1)
                                     or pp * v > 6):
@@ -175,6 +174,55 @@ def test_tensor_parallel_moe_candidate_by_hand() -> None:
     assert problem.forward[0] == pytest.approx(emb_f + 4 * times[1, 0] + head_f, rel=1e-12)
 
 
+def test_full_and_per_stage_recompute_of_moe_blocks_by_hand() -> None:
+    """The TP-2 candidate of test_tensor_parallel_moe_candidate_by_hand with full
+    recomputation: each MoE block keeps only its input (2 bytes x T h / 2 with sequence
+    parallelism = 2048 bytes) and its B runs the forward again: 2,244,608 + 2,179,072 =
+    4,423,680 FLOPs, the forward's tensor-parallel collectives (16.288 us) and all-to-all
+    (6.096 us) again; the backward is fused (full recomputation) and the recomputing backward
+    holds the block's other activations, 53,760 - 2048 bytes, while it runs. With per_stage
+    every stage picks its mode among the three MoE worlds and the problem is built."""
+    spec = parse_plan(_one_node())
+    mp = model_plan(spec, Candidate(2, 1, 2, 1, 4, 1, "full", 0, 2))
+    assert not mp.split_backward and "block0: 4.531e+04 bytes" in mp.notes[0]
+    tp, a2a = 6.096e-6 + 10.192e-6, 2 * 3.048e-6
+    for i in range(1, 5):
+        lc = mp.layers[i]
+        assert (lc.forward_flops, lc.backward_input_flops, lc.backward_weight_flops) == (
+            2_179_072, 4_423_680, 2_113_536)
+        assert (lc.activation_bytes, lc.backward_transient_bytes) == (2048, 53_760 - 2048)
+        assert mp.layer_times(0)[i] == pytest.approx(
+            [2_179_072e-12 + tp + a2a, 4_423_680e-12 + 2 * (tp + a2a), 2_113_536e-12],
+            rel=1e-12)
+    # TP 1 (the first by-hand candidate): the input 2 x T h = 4096 bytes, B + F FLOPs and
+    # both all-to-all pairs (the whole 8192-byte buffers: 5.096 us each) in B.
+    tp1 = model_plan(spec, Candidate(1, 1, 4, 1, 2, 1, "full", 1, 2))
+    assert tp1.layers[1].activation_bytes == 4096
+    assert tp1.layers[1].backward_input_flops == 4_472_832 + 4_341_760
+    whole = 2 * (1e-6 + 0.5 * 8192 / 1e9)
+    assert tp1.a2a_times[0][1] == pytest.approx([whole, 2 * whole, 0.0], rel=1e-12)
+    ctx = _Context(spec)
+    per = Candidate(2, 1, 2, 1, 4, 1, "per_stage", 0, 2)
+    est = estimate(spec, per, model_plan(spec, per))
+    lows = [estimate(spec, c, model_plan(spec, c))
+            for c in (Candidate(2, 1, 2, 1, 4, 1, m, 0, 2) for m in ("none", "full"))]
+    # Its bound takes each layer's least time over the modes, its floor the least bytes.
+    assert est.bound_s == pytest.approx(lows[0].bound_s, rel=1e-12)
+    assert est.memory_floor_bytes == pytest.approx(lows[1].memory_floor_bytes, rel=1e-12)
+    res = ctx.evaluate(_Task(0, per, "screen", 2.0, (), None, 0))
+    assert res.status == "scheduled", res.reason
+    assert res.step_time_s >= res.bound_s * (1 - 1e-9)
+    # Under a limit that only full recomputation meets, per_stage picks it.
+    tight = _one_node()
+    tight["memory"] = {"limit": lows[1].memory_floor_bytes + 60_000}
+    spec2 = parse_plan(tight)
+    res = _Context(spec2).evaluate(_Task(0, per, "screen", 2.0, (), None, 0))
+    assert res.status == "scheduled", res.reason
+    assert dict(res.schedule.problem.meta)["partition_search"]["recompute"] == ["full"]
+    assert _Context(spec2).evaluate(_Task(0, Candidate(2, 1, 2, 1, 4, 1, "none", 0, 2),
+                                          "screen", 2.0, (), None, 0)).status == "pruned"
+
+
 def test_moe_schedule_and_gradient_reduction() -> None:
     """The scheduled candidate's problem: the routed experts' gradients are all-reduced over
     their DP / EP replicas, the rest over DP (PP 1, DP 4, EP 2, ZeRO-0, 2-byte gradients)."""
@@ -231,8 +279,6 @@ def test_bad_moe_model_keys_name_the_key(change: dict[str, Any], message: str) -
 
 
 @pytest.mark.parametrize(("keys", "message"), [
-    ({"recompute": ["none", "full"]}, "plan.recompute[1]: an MoE model's blocks recompute "
-     "none or selective"),
     ({"zero": [1, 2]}, "plan.zero[1]: an MoE model is planned with ZeRO 0 or 1"),
     ({"expert_parallel": [0]}, "plan.expert_parallel[0]: must be >= 1"),
 ])
@@ -312,8 +358,6 @@ def test_model_form_takes_model_moe() -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model": {"recompute": "full"}}, "model.recompute: must be none or selective with "
-     "model.moe"),
     ({"training": {"zero_stage": 2}}, "training.zero_stage: must be 0 or 1 with model.moe"),
     ({"model": {"moe": {**MOE, "expert_parallel": 3}}}, "model.moe.expert_parallel: must "
      "divide experts (4), got 3"),

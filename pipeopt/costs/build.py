@@ -37,7 +37,7 @@ from pipeopt.costs.lengths import (
     split_layers,
 )
 from pipeopt.costs.moe import MoESpec
-from pipeopt.costs.moe_chain import moe_layers
+from pipeopt.costs.moe_chain import moe_layer, moe_layers
 from pipeopt.costs.profile import Overheads
 from pipeopt.costs.transformer import (
     LayerCost,
@@ -205,6 +205,9 @@ class RecomputeOption:
     mode: str
     layers: tuple[LayerCost, ...]
     ratios: MicrobatchRatios | None = None
+    #: An MoE model's all-to-all seconds in this mode (:attr:`ModelPlan.a2a_times`: full
+    #: recomputation runs the forward's again in B); () without them.
+    a2a_times: tuple[np.ndarray, ...] = ()
 
 
 @dataclass
@@ -484,7 +487,8 @@ class ModelPlan:
         """This plan with every stage in recomputation ``mode`` (``recompute: per_stage``)."""
         opt = next(o for o in self.recompute_options if o.mode == mode)
         return replace(self, layers=list(opt.layers), ratios=opt.ratios, recompute=mode,
-                       recompute_options=(), recompute_modes=(), fused_alternative=None)
+                       recompute_options=(), recompute_modes=(), fused_alternative=None,
+                       a2a_times=opt.a2a_times or self.a2a_times)
 
     def fused_world(self) -> ModelPlan | None:
         """With ``recompute: per_stage`` on a split backward that leaves ``full`` out: the
@@ -529,8 +533,15 @@ class ModelPlan:
             first = self.recompute_options[0].ratios
             ratios = replace(first, flops=cat("flops"), activation=cat("activation"),
                              weight_grad=cat("weight_grad"))
+        a2a = self.a2a_times
+        if a2a and any(o.a2a_times for o in self.recompute_options):
+            # An MoE model: each layer's all-to-all seconds in its stage's mode.
+            a2a = tuple(np.concatenate([opts[m].a2a_times[d][a:b]
+                                        for (a, b), m in zip(partition, modes, strict=True)])
+                        for d in range(self.devices))
         return replace(self, layers=layers, ratios=ratios, recompute_options=(),
-                       recompute_modes=(), fused_alternative=None, stage_recompute=modes)
+                       recompute_modes=(), fused_alternative=None, stage_recompute=modes,
+                       a2a_times=a2a)
 
     def transient_reserve(self) -> float:
         """Bytes the partition search keeps free on every device for a recomputing
@@ -968,8 +979,6 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
     refused = [
         (origin != "analytic", "model.moe", "needs a transformer shape (not layer_costs or a "
          "profile)"),
-        (mcfg.recompute not in ("none", "selective"), "model.recompute", "must be none or "
-         f"selective with model.moe (the MoE block's modes), got {mcfg.recompute!r}"),
         (bool(mcfg.overrides), "model.overrides", "not with model.moe (every MoE block is "
          "priced alike)"),
         (tcfg.zero_stage >= 2, "training.zero_stage", "must be 0 or 1 with model.moe (ZeRO-2/3's "
@@ -980,10 +989,17 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
     for bad, key, why in refused:
         if bad:
             raise ConfigError(f"{key}: {why}")
+    replicas = plan.replica_gpus or [[g] for g in plan.rank_gpus]
     try:
         spec = MoESpec(**moe.model_dump())
-        priced = moe_layers(plan.layers, shape_of(mcfg), spec, plan.topology,
-                            plan.replica_gpus or [[g] for g in plan.rank_gpus])
+        priced = moe_layers(plan.layers, shape_of(mcfg), spec, plan.topology, replicas)
+        # recompute: per_stage: every mode's layers with its MoE blocks (full recomputation
+        # replays the forward's all-to-all in B).
+        options = []
+        for o in plan.recompute_options:
+            mode = moe_layers(o.layers, replace(shape_of(mcfg), recompute=o.mode), spec,
+                              plan.topology, replicas)
+            options.append(replace(o, layers=mode.layers, a2a_times=mode.a2a_times))
     except ValueError as exc:
         text = str(exc)
         if text.startswith("expert_parallel: must divide the data"):
@@ -993,7 +1009,7 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
     # blocks' all-gather of the dispatched copies.
     return replace(plan, layers=list(priced.layers), expert_params=priced.expert_params,
                    expert_parallel=spec.expert_parallel, a2a_times=priced.a2a_times,
-                   model_params=priced.model_params,
+                   model_params=priced.model_params, recompute_options=tuple(options),
                    tp_links=tp_ring_links(plan.topology, plan.rank_gpus, plan.group,
                                           list(priced.layers)))
 
@@ -1042,14 +1058,21 @@ def full_recompute_shortfall(mcfg: ModelConfig) -> tuple[int, float, float] | No
     """The first block with full recomputation whose deferred W would hold more than its
     forward kept: (block index, bytes W needs, bytes F kept), per micro-batch on one
     tensor-parallel rank; None when no block has it (the problem's memory model, where W keeps
-    part of F's allocation, is then exact)."""
+    part of F's allocation, is then exact). An MoE block (``model.moe``) holds its parts'
+    weight-gradient factors without recomputation (:func:`pipeopt.costs.moe_chain.moe_layer`)."""
     shape, overrides = shape_of(mcfg), block_overrides(mcfg)
+    try:  # an invalid model.moe is reported by _with_moe, naming its key
+        spec = None if mcfg.moe is None else MoESpec(**mcfg.moe.model_dump())
+    except ValueError:
+        spec = None
     for i in range(shape.layers):
         change = {k: v for k, v in overrides.get(i, {}).items() if k != "time_scale"}
         sh = replace(shape, **change) if change else shape
         if sh.recompute != "full":
             continue
         held, kept = block_weight_grad_held_bytes(sh), block_activation_bytes(sh)
+        if spec is not None and spec.is_moe(i):
+            held = moe_layer(replace(sh, recompute="none"), spec, "moe")[0].weight_grad_bytes
         if held > kept:
             return i, held, kept
     return None

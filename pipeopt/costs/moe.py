@@ -55,9 +55,15 @@ Shared experts are a dense MLP split over t (FLOPs, weights, inner values / t an
 all-reduce of their output). :func:`tp_collectives` lists the collectives; biases are divided
 by t with their matrices.
 
+Full recomputation (Korthikanti et al. 2022, as the dense block): the block keeps only its
+input (e·T·h, / t with sequence parallelism) and its backward-input op runs the whole forward
+again (attention, router, experts, shared experts) before the gradients, including its
+tensor-parallel collectives (:func:`tp_collectives`) and, in the chain of
+:mod:`pipeopt.costs.moe_chain`, its dispatch and combine all-to-all.
+
 Not modelled: load imbalance between experts (a balanced router is assumed), tokens dropped by a
-capacity factor < 1 are still counted as routed, full recomputation, DeepSeek's node-limited
-routing and MLA attention (the GQA formulas stand in).
+capacity factor < 1 are still counted as routed, DeepSeek's node-limited routing and MLA
+attention (the GQA formulas stand in).
 """
 
 from __future__ import annotations
@@ -136,9 +142,13 @@ class MoESpec:
         return block >= self.first_dense and (block - self.first_dense) % self.every == 0
 
 
+#: Recomputation modes of an MoE block (:func:`block_cost`).
+MOE_RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+
+
 def _check_shape(shape: TransformerShape) -> None:
-    if shape.recompute not in ("none", "selective"):
-        raise ValueError(f"recompute: MoE blocks support 'none' or 'selective', got "
+    if shape.recompute not in MOE_RECOMPUTE:
+        raise ValueError(f"recompute: MoE blocks support {', '.join(MOE_RECOMPUTE)}, got "
                          f"{shape.recompute!r}")
 
 
@@ -263,8 +273,22 @@ class MoEBlockCost:
 def block_cost(shape: TransformerShape, spec: MoESpec, name: str = "moe") -> MoEBlockCost:
     """The :class:`MoEBlockCost` of one MoE block on one GPU (see the module docstring for
     every term; with tensor parallelism t the GPU's share, the experts split over t as a
-    dense MLP). Raises ValueError for full recomputation (not modelled)."""
+    dense MLP). With full recomputation the block keeps only its input (the attention part
+    holds it) and each part's backward-input op runs its forward again. Raises ValueError
+    for another recompute mode."""
     _check_shape(shape)
+    if shape.recompute == "full":
+        kept = tf.block_activation_bytes(shape)  # the block input: e·T·h (/ t with SP)
+        none = block_cost(replace(shape, recompute="none"), spec, name)
+
+        def replay(part: LayerCost, act: float) -> LayerCost:
+            return replace(part, backward_input_flops=part.backward_input_flops
+                           + part.forward_flops, activation_bytes=act,
+                           weight_grad_bytes=min(act, part.weight_grad_bytes))
+
+        return replace(none, attention=replay(none.attention, kept),
+                       experts=replay(none.experts, 0.0),
+                       shared=None if none.shared is None else replay(none.shared, 0.0))
     t, h, e, n = tokens(shape), shape.hidden, shape.dtype_bytes, _matrices(shape)
     tp = shape.tensor_parallel
     lin, att = attention_flops(shape)
@@ -315,7 +339,8 @@ def tp_collectives(shape: TransformerShape, spec: MoESpec
     (T·h·e, 1/2); the expert-TP group's all-gather of the dispatched copies before the
     experts (``dispatch_bytes``, 1/2; its gradient in the model dtype) and reduce-scatter
     of their outputs (``combine_bytes``, 1/2); the shared experts' output all-reduce (T·h·e,
-    as a dense MLP's). () with t = 1."""
+    as a dense MLP's); full recomputation replays the forward's in the backward-input op.
+    () with t = 1."""
     if shape.tensor_parallel == 1:
         return ()
     msg = tf.message_bytes(shape)
@@ -324,7 +349,8 @@ def tp_collectives(shape: TransformerShape, spec: MoESpec
     fwd = ((0, tokens_ar, msg), (0, 0.5, dispatch_bytes(shape, spec)),
            (0, 0.5, combine_bytes(shape, spec)))
     bwd = ((1, tokens_ar, msg), (1, 1.0, combine_bytes(shape, spec)))
-    return fwd + bwd
+    replay = tuple((1, n, b) for _, n, b in fwd) if shape.recompute == "full" else ()
+    return fwd + bwd + replay
 
 
 def _work(cost: LayerCost, rate: float) -> Work:
@@ -393,6 +419,9 @@ def pipeline_of(shape: TransformerShape, spec: MoESpec, stages: int, microbatche
             first += n
     else:
         parts = stage_blocks(shape.layers, stages)
+    if shape.recompute not in ("none", "selective"):
+        raise ValueError("recompute: the MoE pipeline workload supports 'none' or "
+                         f"'selective', got {shape.recompute!r}")
     if shape.tensor_parallel != 1:
         raise ValueError("tensor_parallel: the MoE pipeline workload is modelled without "
                          "tensor parallelism (experts are sharded by expert_parallel; "

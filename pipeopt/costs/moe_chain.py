@@ -16,7 +16,8 @@ rank's tensor-parallel ring as a dense block's):
   because its replicas are ``dp / ep``, not ``dp``: ZeRO shards their optimizer state over
   ``dp / ep`` ranks and their gradient all-reduce runs over ``dp / ep`` replicas;
 * communication: a dispatch and a combine all-to-all in the block's forward, and their two
-  gradients in its input-gradient backward (mirrored as :mod:`pipeopt.workloads.moe` does),
+  gradients in its input-gradient backward (mirrored as :mod:`pipeopt.workloads.moe` does;
+  under full recomputation the backward runs the forward's two again first),
   each :func:`pipeopt.costs.collectives.all_to_all_time` of a GPU's buffer (the rank's / t)
   over the ``ep`` GPUs of its expert-parallel group, added to the layer's F and B (not
   scheduled as tasks of their own: the chain problem has no network resources, so they never
@@ -63,10 +64,14 @@ def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerC
     """One MoE block as a chain layer on one GPU of an EP rank: (the layer, the parameters of
     its routed experts on the GPU). FLOPs, parameters and activations are the sums of
     :func:`pipeopt.costs.moe.block_cost`'s parts, its tensor-parallel collectives
-    :func:`pipeopt.costs.moe.tp_collectives`; the recomputing backward's transient (the
-    attention core that selective recomputation rebuilds) is the dense block's."""
+    :func:`pipeopt.costs.moe.tp_collectives`; the recomputing backward's transient is what
+    its recomputation rebuilds: the block's activations without recomputation less those
+    kept (selective: the attention core; full: all but the block input)."""
     cost = block_cost(shape, spec, name)
     parts = [p for p in (cost.attention, cost.experts, cost.shared) if p is not None]
+    whole = block_cost(replace(shape, recompute="none"), spec, name)
+    kept_none = sum(p.activation_bytes for p in (whole.attention, whole.experts, whole.shared)
+                    if p is not None)
     layer = LayerCost(
         name=name,
         forward_flops=sum(p.forward_flops for p in parts),
@@ -76,7 +81,7 @@ def moe_layer(shape: TransformerShape, spec: MoESpec, name: str) -> tuple[LayerC
         activation_bytes=sum(p.activation_bytes for p in parts),
         weight_grad_bytes=sum(p.weight_grad_bytes for p in parts),
         output_bytes=tf.message_bytes(shape),
-        backward_transient_bytes=tf.block_backward_transient_bytes(shape),
+        backward_transient_bytes=kept_none - sum(p.activation_bytes for p in parts),
         tp_collectives=tp_collectives(shape, spec))
     return layer, cost.experts.params
 
@@ -151,10 +156,13 @@ def moe_layers(layers: Sequence[LayerCost], shape: TransformerShape, spec: MoESp
         rows = []
         for lat, bw in ep_links(topology, replicas, ep, max(d_b, c_b), tp):
             a2a = all_to_all_time(ep, d_b, lat, bw) + all_to_all_time(ep, c_b, lat, bw)
+            replay = 2.0 if shape.recompute == "full" else 1.0  # B runs F's again
             t = np.zeros((len(out), 3))
             for i in range(shape.layers):
                 if spec.is_moe(i):
-                    t[i + 1, 0] = t[i + 1, 1] = a2a  # F: dispatch + combine; B: their gradients
+                    # F: dispatch + combine; B: their gradients (and F's again under full
+                    # recomputation)
+                    t[i + 1, 0], t[i + 1, 1] = a2a, replay * a2a
             rows.append(t)
         times = tuple(rows)
     total, _ = model_params(shape, spec)

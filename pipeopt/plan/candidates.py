@@ -235,7 +235,8 @@ def estimate(spec: PlanSpec, cand: Candidate, plan: ModelPlan | None = None) -> 
     # With a recompute mode chosen per stage (model.recompute: per_stage) each layer may run
     # in any of the modes: take, per layer, the least time and the least activation bytes
     # over them, which bounds every choice from below.
-    worlds = [plan, *(replace(plan, layers=list(o.layers), recompute_options=())
+    worlds = [plan, *(replace(plan, layers=list(o.layers), recompute_options=(),
+                              a2a_times=o.a2a_times or plan.a2a_times)
                       for o in getattr(plan, "recompute_options", ()))]
     times = [w.layer_times(d).sum(axis=1) for w in worlds for d in kinds.values()]
     per_mb = sum(min(t[i] for t in times) for i in range(len(plan.layers)))

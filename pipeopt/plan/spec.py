@@ -12,8 +12,8 @@ workload config's (:class:`pipeopt.costs.config.MoESection`: ``experts``, ``top_
 ``expert_ffn``, ``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``,
 ``every``, ``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
 (``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates
-recompute ``none`` or ``selective`` and have ZeRO 0 or 1; tensor parallelism splits the
-experts too (expert tensor-parallel size = TP).
+have ZeRO 0 or 1; tensor parallelism splits the experts too (expert tensor-parallel size =
+TP) and every recompute mode applies to MoE blocks as to dense ones.
 """
 
 from __future__ import annotations
@@ -62,8 +62,6 @@ DEFAULT_ZERO: tuple[int, ...] = (0, 1)
 #: by default) is divided by the data-parallel size: 2 + 2 + 12 / DP (ZeRO, figure 1, P_os).
 ZERO1_KEPT_BYTES = WEIGHT_BYTES + GRAD_BYTES
 
-#: The recompute modes of an MoE model (:mod:`pipeopt.costs.moe` models none and selective).
-MOE_RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective")
 #: The ZeRO stages of an MoE model: 0 and 1 (the per-micro-batch collectives of ZeRO-2/3 are
 #: not split into the experts' DP / EP replicas and the rest's DP).
 MOE_ZERO_STAGES: tuple[int, ...] = (0, 1)
@@ -231,8 +229,7 @@ def _moe(model: dict[str, Any]) -> MoESpec | None:
         raise ConfigError(f"model.moe.{exc}") from None
 
 
-def _check_moe_plan(moe: MoESpec, section: PlanSection, raw_plan: dict[str, Any],
-                    model_cfg: ModelConfig) -> None:
+def _check_moe_plan(moe: MoESpec, section: PlanSection, model_cfg: ModelConfig) -> None:
     """The plan: keys an MoE model restricts (module docstring)."""
     if model_cfg.overrides:
         raise ConfigError("model.overrides: not with model.moe (the planner prices every MoE "
@@ -245,11 +242,6 @@ def _check_moe_plan(moe: MoESpec, section: PlanSection, raw_plan: dict[str, Any]
         if moe.experts % ep:
             raise ConfigError(f"plan.expert_parallel[{i}]: must divide model.moe.experts "
                               f"({moe.experts}), got {ep}")
-    if "recompute" in raw_plan:
-        for i, mode in enumerate(section.recompute):
-            if mode not in MOE_RECOMPUTE_MODES:
-                raise ConfigError(f"plan.recompute[{i}]: an MoE model's blocks recompute "
-                                  f"{' or '.join(MOE_RECOMPUTE_MODES)}, got {mode!r}")
     for i, z in enumerate(section.zero):
         if z not in MOE_ZERO_STAGES:
             raise ConfigError(f"plan.zero[{i}]: an MoE model is planned with ZeRO "
@@ -334,9 +326,7 @@ def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
         if len(set(vals)) != len(vals):
             raise ConfigError(f"plan.{key}: a value is listed twice ({vals})")
     if moe is not None:
-        _check_moe_plan(moe, section, raw_plan, model_cfg)
-        if "recompute" not in raw_plan:
-            section = section.model_copy(update={"recompute": list(MOE_RECOMPUTE_MODES)})
+        _check_moe_plan(moe, section, model_cfg)
     elif section.expert_parallel is not None:
         raise ConfigError("plan.expert_parallel: only for a mixture-of-experts model (give "
                           "model.moe: experts, top_k, expert_ffn, ...)")
