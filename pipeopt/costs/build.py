@@ -307,13 +307,18 @@ class ModelPlan:
                                                    - self.static_bytes_per_param)
         return out
 
-    def zero_transient(self, layers: list[LayerCost] | tuple[LayerCost, ...]) -> float:
+    def zero_transient(self, layers: list[LayerCost] | tuple[LayerCost, ...],
+                       experts: Sequence[float] = ()) -> float:
         """Bytes the largest of ``layers`` holds on top of its ZeRO-2/3 shards while it runs
-        (:func:`pipeopt.costs.zero.zero_transient_bytes`); 0 otherwise."""
-        return max((zero_transient_bytes(self.zero_stage, lc.params,
-                                         self.training.data_parallel,
-                                         self.training.grad_bytes_per_param)
-                    for lc in layers), default=0.0)
+        (:func:`pipeopt.costs.zero.zero_transient_bytes`); 0 otherwise. ``experts``: per
+        layer, the parameters of its routed experts (an MoE plan's :attr:`expert_params`),
+        sharded over their DP / EP replicas, the rest over DP."""
+        dp, gb = self.training.data_parallel, self.training.grad_bytes_per_param
+        dpe = dp // self.expert_parallel
+        ex = list(experts) or [0.0] * len(layers)
+        return max((zero_transient_bytes(self.zero_stage, lc.params - e, dp, gb)
+                    + (zero_transient_bytes(self.zero_stage, e, dpe, gb) if e else 0.0)
+                    for lc, e in zip(layers, ex, strict=True)), default=0.0)
 
     @property
     def stage_device(self) -> tuple[int, ...]:
@@ -358,15 +363,20 @@ class ModelPlan:
         """(L, 3) seconds of each layer's per-micro-batch ZeRO collectives in its forward,
         backward-input and backward-weight ops over pipeline rank ``device``'s replicas
         (:func:`pipeopt.costs.zero.zero_op_comm_times`: stage 3 gathers the weights in F and
-        B, stages 2 and 3 reduce-scatter the gradients in W); zeros otherwise."""
+        B, stages 2 and 3 reduce-scatter the gradients in W); zeros otherwise. An MoE plan's
+        routed experts (:attr:`expert_params`) over their DP / EP replicas, on the same link
+        (as :meth:`grad_reduce`), the rest over DP."""
         out = np.zeros((len(self.layers), 3))
         if self.zero_stage < 2 or not self.dp_links:
             return out
         lat, bw = self.dp_links[device]
+        dp, gb = self.training.data_parallel, self.training.grad_bytes_per_param
+        dpe = dp // self.expert_parallel
         for i, lc in enumerate(self.layers):
-            out[i] = zero_op_comm_times(self.zero_stage, lc.params,
-                                        self.training.data_parallel, lat, bw,
-                                        self.training.grad_bytes_per_param)
+            ex = self.expert_params[i] if self.expert_params else 0.0
+            out[i] = zero_op_comm_times(self.zero_stage, lc.params - ex, dp, lat, bw, gb)
+            if ex:
+                out[i] += zero_op_comm_times(self.zero_stage, ex, dpe, lat, bw, gb)
         return out
 
     def tp_comm_times(self, device: int) -> np.ndarray:
@@ -472,11 +482,18 @@ class ModelPlan:
             reduce = [2 * (dp - 1) * (worst[sd[k]].latency
                                       + (nbytes / dp) / worst[sd[k]].bandwidth)
                       for k, nbytes in enumerate(grads)]
-        else:
-            reduce = [zero_step_comm_time(self.zero_stage, r["params"], dp,
-                                          worst[sd[k]].latency, worst[sd[k]].bandwidth,
-                                          self.training.grad_bytes_per_param)
-                      for k, r in enumerate(rows)]
+        else:  # ZeRO-2/3 (an MoE plan's routed experts over their DP / EP replicas)
+            dpe = dp // self.expert_parallel
+            gb = self.training.grad_bytes_per_param
+            reduce = []
+            for k, r in enumerate(rows):
+                link, ex = worst[sd[k]], r.get("expert_params", 0.0)
+                t = zero_step_comm_time(self.zero_stage, r["params"] - ex, dp, link.latency,
+                                        link.bandwidth, gb)
+                if ex:
+                    t += zero_step_comm_time(self.zero_stage, ex, dpe, link.latency,
+                                             link.bandwidth, gb)
+                reduce.append(t)
         info = [{"device": d, "rings": self.group, "latency_s": x.latency,
                  "bandwidth": None if math.isinf(x.bandwidth) else x.bandwidth,
                  "shared_by": x.shared_by, "link": x.link}
@@ -555,7 +572,7 @@ class ModelPlan:
         out = max((lc.backward_transient_bytes for lc in self.layers), default=0.0)
         if self.ratios is not None and out > 0:
             out *= float(self.ratios.activation.max())
-        return out + self.zero_transient(self.layers)
+        return out + self.zero_transient(self.layers, self.expert_params)
 
     def chain_costs(self, reserve: float | None = None) -> ChainCosts:
         """Inputs of the partition search (with ``recompute: per_stage``, one mode per
@@ -657,7 +674,7 @@ class ModelPlan:
                               else self.recompute)}
             # One block's backward at a time holds its recomputed activations on top.
             transient = max(lc.backward_transient_bytes for lc in seg)
-            zero_held = self.zero_transient(seg)
+            zero_held = self.zero_transient(seg, self.expert_params[a:b])
             out.append({
                 "stage": k, "device": sd[k], "layers": [a, b],
                 "first": seg[0].name, "last": seg[-1].name, **mode,
@@ -965,7 +982,7 @@ def make_plan(cfg: ConfigFile, source: str = "<memory>", *,
     if tcfg.zero_stage >= 2 and dp > 1:
         # The rings of every micro-batch's collectives, their paths chosen for the largest
         # layer's weight shard (one ring step of its gather).
-        chunk = max((lc.params for lc in layers), default=0.0) * WEIGHT_BYTES / dp
+        chunk = max((lc.params for lc in out.layers), default=0.0) * WEIGHT_BYTES / dp
         worst = out.dp_ring_links([chunk] * pl.devices)
         out = replace(out, dp_links=tuple((x.latency, x.bandwidth) for x in worst))
     return out
@@ -981,8 +998,6 @@ def _with_moe(plan: ModelPlan, mcfg: ModelConfig, moe: MoESection, tcfg: Trainin
          "profile)"),
         (bool(mcfg.overrides), "model.overrides", "not with model.moe (every MoE block is "
          "priced alike)"),
-        (tcfg.zero_stage >= 2, "training.zero_stage", "must be 0 or 1 with model.moe (ZeRO-2/3's "
-         f"per-micro-batch collectives of the experts are not modelled), got {tcfg.zero_stage}"),
         (tcfg.sequence_lengths is not None, "training.sequence_lengths", "not with model.moe "
          "(every micro-batch is priced at model.seq_len)"),
     ]

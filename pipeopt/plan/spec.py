@@ -11,9 +11,9 @@ A mixture-of-experts model gives ``model.moe`` with the keys of the model form's
 workload config's (:class:`pipeopt.costs.config.MoESection`: ``experts``, ``top_k``,
 ``expert_ffn``, ``capacity_factor``, ``shared_experts``, ``shared_ffn``, ``first_dense``,
 ``every``, ``dispatch_dtype``) except ``expert_parallel``, which the planner chooses
-(``plan.expert_parallel``). As :mod:`pipeopt.costs.moe` models the block, its candidates
-have ZeRO 0 or 1; tensor parallelism splits the experts too (expert tensor-parallel size =
-TP) and every recompute mode applies to MoE blocks as to dense ones.
+(``plan.expert_parallel``). Tensor parallelism splits the experts too (expert
+tensor-parallel size = TP); every recompute mode and ZeRO stage applies to an MoE model as to
+a dense one (ZeRO shards the routed experts over their DP / EP replicas, the rest over DP).
 """
 
 from __future__ import annotations
@@ -62,9 +62,6 @@ DEFAULT_ZERO: tuple[int, ...] = (0, 1)
 #: by default) is divided by the data-parallel size: 2 + 2 + 12 / DP (ZeRO, figure 1, P_os).
 ZERO1_KEPT_BYTES = WEIGHT_BYTES + GRAD_BYTES
 
-#: The ZeRO stages of an MoE model: 0 and 1 (the per-micro-batch collectives of ZeRO-2/3 are
-#: not split into the experts' DP / EP replicas and the rest's DP).
-MOE_ZERO_STAGES: tuple[int, ...] = (0, 1)
 
 #: model: keys the planner chooses, and the plan: key that lists its choices.
 _CHOSEN_MODEL_KEYS = {"tensor_parallel": "plan.tensor_parallel",
@@ -242,12 +239,6 @@ def _check_moe_plan(moe: MoESpec, section: PlanSection, model_cfg: ModelConfig) 
         if moe.experts % ep:
             raise ConfigError(f"plan.expert_parallel[{i}]: must divide model.moe.experts "
                               f"({moe.experts}), got {ep}")
-    for i, z in enumerate(section.zero):
-        if z not in MOE_ZERO_STAGES:
-            raise ConfigError(f"plan.zero[{i}]: an MoE model is planned with ZeRO "
-                              f"{' or '.join(map(str, MOE_ZERO_STAGES))} only (ZeRO-2/3's "
-                              f"per-micro-batch collectives of the experts are not modelled), "
-                              f"got {z}")
 
 
 def parse_plan(data: Any, source: str = "<memory>") -> PlanSpec:
