@@ -168,19 +168,9 @@ TINY_MOE = {**TINY_MODEL, "ffn_hidden": 128, "activation": "swiglu", "norm": "rm
             "moe": {"experts": 4, "top_k": 2, "expert_ffn": 128}}
 
 
-@pytest.mark.slow
-def test_pruning_never_discards_the_best_moe() -> None:
-    """The pruning property on an MoE model enumerated in full (EP 1, 2, 4; TP 1 and 2, the
-    experts split over TP too; the all-to-all and TP collectives inside F and B; routed
-    experts' ZeRO-1 shards over DP / EP), PP 1 or 2, under a memory limit that only sharded
-    experts meet (EP > 1 or TP 2): every candidate pruned by bound has schedules (enumerated
-    in full) no faster than its bound and than the plan's best, and the plan's best is the
-    best of every candidate scheduled without pruning (within 1 %: the time-limited searches
-    of one candidate may end on schedules that differ slightly, with the machine's load)."""
-    data = {**tiny(finalists=100, virtual_stages=[1, 2], pipeline_parallel=[1, 2]),
-            "memory": {"limit": 2.5e6}}
-    data["model"] = {**TINY_MOE, "moe": dict(TINY_MOE["moe"])}
-    spec = parse_plan(data)
+def _check_pruning_moe(spec: Any) -> Any:
+    """The pruning property of one MoE case (see test_pruning_never_discards_the_best_moe);
+    returns the plan."""
     result = plan(spec)
     assert result.count("pruned", "bound") > 0 and result.count("pruned", "memory") > 0
     brute = _brute_force(spec)
@@ -199,7 +189,26 @@ def test_pruning_never_discards_the_best_moe() -> None:
             assert full.status != "scheduled", r.candidate
         if r.status == "scheduled":
             assert r.step_time_s >= r.bound_s * (1 - 1e-9)
+    return result
+
+
+@pytest.mark.slow
+def test_pruning_never_discards_the_best_moe() -> None:
+    """The pruning property on MoE models enumerated in full (EP 1, 2, 4; TP 1 and 2, the
+    experts split over TP too; the all-to-all and TP collectives inside F and B; routed
+    experts' ZeRO shards over DP / EP; every recompute mode), PP 1 or 2, under a memory limit
+    that only sharded experts meet (EP > 1 or TP 2), then with ZeRO-2/3 beside 0/1: every
+    candidate pruned by bound has schedules (enumerated in full) no faster than its bound
+    and than the plan's best, and the plan's best is the best of every candidate scheduled
+    without pruning (within 1 %: the time-limited searches of one candidate may end on
+    schedules that differ slightly, with the machine's load)."""
+    data = {**tiny(finalists=100, virtual_stages=[1, 2], pipeline_parallel=[1, 2]),
+            "memory": {"limit": 2.5e6}}
+    data["model"] = {**TINY_MOE, "moe": dict(TINY_MOE["moe"])}
+    result = _check_pruning_moe(parse_plan(data))
     assert {r.candidate.ep for r in result.results if r.status == "pruned"} == {1, 2, 4}
+    assert {r.candidate.recompute for r in result.results} == {"none", "selective", "full",
+                                                               "per_stage"}
     tp2 = [r for r in result.results if r.candidate.tp == 2]
     assert any(r.status == "scheduled" for r in tp2)
     assert any(r.reason.startswith("bound") for r in tp2)
@@ -208,6 +217,13 @@ def test_pruning_never_discards_the_best_moe() -> None:
                    if r.candidate.tp == 1 and r.candidate.ep == 1)
     best = result.best.candidate
     assert best.ep is not None and best.tp * best.ep > 1
+    # ZeRO-2/3 (their collectives in every micro-batch's ops, the experts' over DP / EP).
+    data = {**tiny(finalists=100, virtual_stages=[1], pipeline_parallel=[1, 2],
+                   recompute=["none", "full"], zero=[0, 1, 2, 3]), "memory": {"limit": 2.0e6}}
+    data["model"] = {**TINY_MOE, "moe": dict(TINY_MOE["moe"])}
+    result = _check_pruning_moe(parse_plan(data))
+    assert any(r.candidate.zero >= 2 and r.candidate.ep > 1 and r.status == "scheduled"
+               for r in result.results)
 
 
 def test_zero3_is_the_only_configuration_that_fits() -> None:
