@@ -69,7 +69,8 @@ def test_the_example_is_priced_by_the_cost_model() -> None:
     (lambda d: d["workload"].pop("expert_network"), "workload.expert_network"),
     (lambda d: d["workload"].update(memory_fraction=0.001),
      "workload.stages: stage 0's parameters need"),
-    (lambda d: d["model"].update(tensor_parallel=2), "model.tensor_parallel: MoE blocks"),
+    (lambda d: d["model"].update(tensor_parallel=2),
+     "model.tensor_parallel: the MoE pipeline workload is modelled without"),
 ])
 def test_config_errors_name_the_key(change: Any, message: str) -> None:
     data = copy.deepcopy(small())
