@@ -43,17 +43,17 @@ for GeLU; f_e = the expert's inner width; h = hidden):
 Tensor parallelism t > 1, with the experts split over the same t GPUs (expert tensor-parallel
 size = TP, Megatron-Core's default before its "parallel folding"; EP groups carved out of data
 parallelism, one per tensor-parallel index): the attention is split over the t GPUs of a rank
-as the dense block's (FLOPs, weights and split activations / t; the router is replicated). The
-t GPUs split each all-to-all buffer (Megatron-Core's all-to-all dispatcher splits the tokens'
-hidden dimension over the TP group and all-gathers it after the all-to-all; here the split is
-counted in bytes only), so a GPU's all-to-all buffers are ``dispatch_bytes / t`` and
-``combine_bytes / t``; the t GPUs all-gather what they received, run their 1/t share of every
-local expert's width (column- then row-parallel, as a dense MLP: FLOPs, weights and inner
-values / t; each copy's input h kept whole) and reduce-scatter the outputs before the
-combine; without sequence parallelism the combined outputs' t slices are all-gathered back.
-Shared experts are a dense MLP split over t (FLOPs, weights, inner values / t and an
-all-reduce of their output). :func:`tp_collectives` lists the collectives; biases are divided
-by t with their matrices.
+as the dense block's (FLOPs, weights and split activations / t; the router is replicated).
+The t GPUs split each all-to-all buffer (Megatron-Core's all-to-all dispatcher of those
+versions splits the tokens' hidden dimension over the TP group and all-gathers it after the
+all-to-all; here the split is counted in bytes only), so a GPU's all-to-all buffers are
+``dispatch_bytes / t`` and ``combine_bytes / t``; the t GPUs all-gather what they received,
+run their 1/t share of every local expert's width (column- then row-parallel, as a dense
+MLP: FLOPs, weights and inner values / t; each copy's input h kept whole) and reduce-scatter
+the outputs before the combine; without sequence parallelism the combined outputs' t slices
+are all-gathered back. Shared experts are a dense MLP split over t (FLOPs, weights, inner
+values / t and an all-reduce of their output). :func:`tp_collectives` lists the
+collectives; biases are divided by t with their matrices.
 
 Full recomputation (Korthikanti et al. 2022, as the dense block): the block keeps only its
 input (e·T·h, / t with sequence parallelism) and its backward-input op runs the whole forward
