@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from pipeopt.costs.profiler import executor_split
+from pipeopt.costs.profiler import executor_split, ping_pong_s
 from pipeopt.executor.check import batch_for
 from pipeopt.executor.launch import (
     RunConfig,
@@ -132,18 +132,7 @@ def _profile_rank(rank: int, world: int, device: Any, microbatches: int, batch: 
     xs, _ = batch_for(spec, batch, 0, 0, microbatches)
     with torch.no_grad():
         act = stages[0](xs[0])
-    one_way = []
-    dist.barrier()
-    for _ in range(reps * 3):
-        if rank == 0:
-            t0 = time.perf_counter()
-            dist.send(act, dst=1)
-            dist.recv(act, src=1)
-            one_way.append((time.perf_counter() - t0) / 2)
-        elif rank == 1:
-            dist.recv(act, src=0)
-            dist.send(act, dst=0)
-    return {"costs": costs, "latency": statistics.median(one_way) if one_way else None}
+    return {"costs": costs, "latency": ping_pong_s(rank, act, reps * 3)}
 
 
 def _skeleton(ranks: int, microbatches: int, partition: Any = None) -> Problem:

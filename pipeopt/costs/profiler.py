@@ -286,12 +286,20 @@ def _overhead_rank(rank: int, world: int, device: Any, jobs: list[Any], reps: in
     """One rank of :func:`measure_overheads`: the trivial runs, then a ping-pong of one
     float between ranks 0 and 1 (one-way seconds, measured on rank 0)."""
     import torch
-    import torch.distributed as dist
 
     from pipeopt.executor.launch import run_rank
 
-    runs = [run_rank(rank, world, device, s, cfg, "gloo", status) for s, cfg in jobs]
-    x = torch.zeros(1)
+    runs = [run_rank(rank, world, device, s, cfg, "gloo", status=status) for s, cfg in jobs]
+    return {"step_times": [r["step_times"] for r in runs],
+            "message_s": ping_pong_s(rank, torch.zeros(1), reps)}
+
+
+def ping_pong_s(rank: int, x: Any, reps: int) -> float | None:
+    """The median one-way time (seconds) of ``x`` sent between ranks 0 and 1 and back, ``reps``
+    times after a barrier (half of each round trip); None on the other ranks, which only wait at
+    the barrier. Every rank of the default process group must call it."""
+    import torch.distributed as dist
+
     one_way = []
     dist.barrier()
     for _ in range(reps):
@@ -303,8 +311,7 @@ def _overhead_rank(rank: int, world: int, device: Any, jobs: list[Any], reps: in
         elif rank == 1:
             dist.recv(x, src=0)
             dist.send(x, dst=0)
-    return {"step_times": [r["step_times"] for r in runs],
-            "message_s": statistics.median(one_way) if one_way else None}
+    return statistics.median(one_way) if one_way else None
 
 
 def measure_overheads(*, ranks: int = 2, steps: int = 6, rounds: int = 5, reps: int = 50,
