@@ -130,3 +130,34 @@ def test_validate_uses_it_and_still_names_violations():
                               *sched.ops[:5], *sched.ops[6:]))
     with pytest.raises(ScheduleError, match="invalid schedule: "):
         validate(bad)
+
+
+@pytest.mark.parametrize(("name", "sched"), CASES, ids=[c[0] for c in CASES])
+def test_memory_peaks_match_the_schedules(name, sched):
+    """The vectorised peaks are the schedule's own: a limit at a device's peak passes, one a
+    little below it fails (on each device in turn; the other devices unlimited)."""
+    pr = sched.problem
+    peaks = sched.peak_memory
+    for d in range(pr.devices):
+        if peaks[d] <= 0:
+            continue
+        for lim, want in ((peaks[d], True), (peaks[d] * (1 - 1e-6), False)):
+            limits = tuple(lim if x == d else None for x in range(pr.devices))
+            got = replace(sched, problem=pr.replace(memory_limit=limits))
+            assert is_valid(got) is want, (name, d, lim)
+            assert (check(got) == []) is want
+
+
+def test_memory_peaks_count_static_memory_and_zero_length_ops():
+    """Static memory is added to the peak; with zero-length W ops (a release and the next
+    allocation at one time) the peaks are still the schedule's."""
+    for w in (1.0, 0.0):
+        pr = uniform_problem(2, 4, 1.0, 1.0, w).replace(static_memory=(2.5, 2.5))
+        for method in ("1f1b", "zb-h1", "greedy"):
+            sched = pipeopt.solve(pr, method)
+            peak = max(sched.peak_memory)
+            assert peak > 2.5
+            own = sched.problem  # 1f1b is timed with a fused backward
+            at = replace(sched, problem=own.replace(memory_limit=(peak,) * 2))
+            below = replace(sched, problem=own.replace(memory_limit=(peak - 0.5,) * 2))
+            assert is_valid(at) is True and is_valid(below) is False, (w, method)
