@@ -46,10 +46,11 @@ schedule, the geomean of published / auto >= 1.05 where links have latency (raw;
 against what is possible: an instance with published / bound < 1.05 is capped, no schedule is
 5 % faster there, and the aim is auto at the bound, as ``benchmarks/schedules.py`` does for
 its 1.25 x; the geomean over the uncapped ones is printed beside), greedy within 5 % of auto,
-greedy at p = 64, m = 1024 (xdc) in < 1 s, and ``auto`` proving the optimum of ``xdc p=8
-m=16`` in <= 5 s. A published schedule that does not apply to an instance (e.g. every variant
-of ``crosspipe-v`` deadlocking under its memory) skips its row. ``--latency-only``: only the
-instances whose links have latency (the ZB and cross-datacenter families).
+greedy at p = 64, m = 1024 (xdc) in < 1 s (the median of three calls, the load average
+beside it), and ``auto`` proving the optimum of ``xdc p=8 m=16`` in <= 5 s. A published
+schedule that does not apply to an instance (e.g. every variant of ``crosspipe-v`` deadlocking
+under its memory) skips its row. ``--latency-only``: only the instances whose links have
+latency (the ZB and cross-datacenter families).
 
 ``--done-when`` runs ``auto`` alone on the issue's cross-datacenter rows at their own time
 limits, ``xdc p=16 m=64`` (60 s, target: within 3 % of the proven lower bound) and ``xdc p=32
@@ -142,6 +143,19 @@ def families(quick: bool) -> list[tuple[str, str, Problem, str, bool]]:
     return out
 
 
+#: Calls of the greedy at p = 64, m = 1024 whose median wall time is judged: one call on a
+#: shared machine is as much the other jobs' figure as the code's.
+BIG_REPEATS = 3
+
+
+def _load() -> str:
+    """The 1-minute load average, or '?' where the OS does not tell."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "?"
+
+
 def _geomean(xs: list[float]) -> float:
     return math.exp(math.fsum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
 
@@ -221,10 +235,13 @@ def check_families(quick: bool, time_limit: float, workers: int,
     slower = [r for r in rows if r[4] > r[2] * (1 + 1e-9)]
     speed = [r[2] / r[4] for r in rows if r[1]]
     worst_g = max(r[3] / r[4] for r in rows)
-    prob = xdc(64, 1024)
-    t, cpu = time.perf_counter(), time.process_time()
-    solve(prob, "greedy", time_limit=time_limit, workers=workers)
-    big_s, big_cpu = time.perf_counter() - t, time.process_time() - cpu
+    big = []  # (wall s, CPU s) of each call, on a fresh problem (its cached columns unbuilt)
+    for _ in range(BIG_REPEATS):
+        prob = xdc(64, 1024)
+        t, cpu = time.perf_counter(), time.process_time()
+        solve(prob, "greedy", time_limit=time_limit, workers=workers)
+        big.append((time.perf_counter() - t, time.process_time() - cpu))
+    big_s, big_cpu = sorted(big)[len(big) // 2]  # the median call by wall time
     t = time.perf_counter()
     small = solve(xdc(8, 16), "auto", time_limit=time_limit, workers=workers)
     small_s = time.perf_counter() - t
@@ -241,7 +258,9 @@ def check_families(quick: bool, time_limit: float, workers: int,
     print(f"{verdict(worst_g <= 1 + GREEDY_SLACK)} greedy within {GREEDY_SLACK:.0%} of auto: "
           f"worst greedy / auto {worst_g:.4f}")
     print(f"{verdict(big_s < 1.0)} greedy at p=64 m=1024 (xdc): {big_s:.2f} s wall, "
-          f"{big_cpu:.2f} s CPU (target < 1 s; the call includes the validator)")
+          f"{big_cpu:.2f} s CPU, the median of {len(big)} calls (wall "
+          f"{', '.join(f'{w:.2f}' for w, _ in big)} s; load {_load()}; target < 1 s; the call "
+          "includes the validator)")
     print(f"{verdict(small.solver.status == 'optimal' and small_s <= 5.0)} auto on xdc p=8 "
           f"m=16: {small.solver.status} in {small_s:.1f} s (target optimal in <= 5 s)")
 

@@ -5,7 +5,10 @@ ops that is seconds that a time limit has to pay. :func:`is_valid` answers only 
 not" for the same rules with numpy over whole columns, in a third to a fifth of the CPU time
 (0.75 s against 2.7 s at 921,600 ops on the 2-core development machine), so
 :func:`pipeopt.simulate.validate` can afford to validate every large schedule and falls back to
-the full check (for the messages) only when this pass finds something wrong.
+the full check (for the messages) only when this pass finds something wrong. The memory peaks
+are computed here from the same columns (:attr:`Schedule.peak_memory` walks every op in
+Python): at p = 64, m = 1024 (196,608 ops) that and reading the columns field by field cut
+the pass from 0.50 s to 0.13 s of CPU (same process, loaded 2-core machine, 2026-12-04).
 
 It applies when no message occupies a link (no ``messages`` in the schedule and no link
 contention in the problem: every input is then ready ``latency`` after its producer ends, the

@@ -393,3 +393,28 @@ def test_order_search_keeps_only_orders_better_than_every_start():
     out = _order_search(_SCALED, [(POLICIES[0], start, 1.0), (POLICIES[0], start, value)], 3,
                         far)
     assert out is None
+
+
+def test_reserve_slowdown_probes_only_when_the_limit_is_near():
+    """The slowdown that scales the final simulation's reserve: measured once the run has
+    used enough CPU; before that MAX_SLOWDOWN without the 50 ms probe when the deadline is far
+    off, a probe when it is near and the reserve is worth one, else 1."""
+    import time
+
+    from pipeopt.clock import MAX_SLOWDOWN, MIN_CPU_SAMPLE_S, Stopwatch
+    from pipeopt.solvers.greedy import _CALIBRATE_CPU_S, _reserve_slowdown
+
+    now = time.perf_counter()
+    cpu = time.process_time()
+    assert _reserve_slowdown(Stopwatch.start(), 0.5, now + 1000.0, 200_000) == MAX_SLOWDOWN
+    assert time.process_time() - cpu < MIN_CPU_SAMPLE_S / 2  # no busy loop
+    # Near: a probe (a busy loop of MIN_CPU_SAMPLE_S of CPU) for a large reserve only.
+    cpu = time.process_time()
+    probed = _reserve_slowdown(Stopwatch.start(), 2 * _CALIBRATE_CPU_S, now, 200_000)
+    assert 1.0 <= probed <= MAX_SLOWDOWN
+    assert time.process_time() - cpu >= MIN_CPU_SAMPLE_S
+    assert _reserve_slowdown(Stopwatch.start(), _CALIBRATE_CPU_S / 2, now, 200_000) == 1.0
+    # Enough CPU used: this run's own ratio (2 s of wall per 1 s of CPU here), whatever the
+    # deadline.
+    watch = Stopwatch(time.perf_counter() - 2.0, time.process_time() - 1.0)
+    assert _reserve_slowdown(watch, 0.5, now + 1000.0, 200_000) == pytest.approx(2.0, rel=0.05)

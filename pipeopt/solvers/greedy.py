@@ -64,7 +64,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeopt._gc import cyclic_gc_paused
-from pipeopt.clock import Stopwatch
+from pipeopt.clock import MAX_SLOWDOWN, MIN_CPU_SAMPLE_S, Stopwatch
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import NotApplicable
@@ -442,12 +442,35 @@ class _OutOfTime(Exception):
 #: per op; latency-only links, order checks included), rounded up.
 _RETIME_S_PER_OP = 2e-6
 
+#: CPU seconds per op of one variant (:func:`_run`), an upper estimate: 0.45 s for each of
+#: the two variants at p = 64, m = 1024 (196,608 ops) on the 2-core development machine,
+#: 2026-12-04, before the loop was trimmed; only used to tell whether a time limit is so far
+#: off that the slowdown need not be probed (:func:`_reserve_slowdown`).
+_RUN_S_PER_OP = 3e-6
+
 #: Reserved CPU seconds above which the slowdown is probed (50 ms) when too little CPU has
 #: been used to measure it: below, a misjudged reserve costs less than the probe.
 _CALIBRATE_CPU_S = 0.2
 
-#: Scheduling steps between two looks at the clock (each look costs about 50 ns).
+#: Ops scheduled between two looks at the clock (each look costs about 50 ns).
 _CLOCK_EVERY = 4096
+
+
+def _reserve_slowdown(watch: Stopwatch, reserve_cpu: float, deadline: float, ops: int
+                      ) -> float:
+    """The slowdown (wall per CPU second) by which ``reserve_cpu`` is scaled before the next
+    variant: this run's own once it has used enough CPU to tell; before that, when the time
+    left to ``deadline`` (perf_counter seconds) holds the reserve and the variant's expected
+    CPU time (:data:`_RUN_S_PER_OP` per op) even at :data:`~pipeopt.clock.MAX_SLOWDOWN`, that
+    bound, without a probe (its 50 ms of busy loop buy nothing there: only a variant eight
+    times slower than expected would be cut earlier); otherwise a probe when the reserve is
+    worth one (:data:`_CALIBRATE_CPU_S`)."""
+    if time.process_time() - watch.cpu >= MIN_CPU_SAMPLE_S:
+        return watch.slowdown()
+    expect = _RUN_S_PER_OP * ops
+    if deadline - time.perf_counter() > MAX_SLOWDOWN * (reserve_cpu + expect):
+        return MAX_SLOWDOWN
+    return watch.slowdown(calibrate=reserve_cpu > _CALIBRATE_CPU_S)
 
 
 def _run(ctx: _Context, policy: Policy, deadline: float = _INF
@@ -510,7 +533,6 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     g_ready = [_INF] * n  # arrival of B's input gradient (0 on the last stage)
     for j in range(m):
         g_ready[last * m + j] = 0.0
-    b_end = [_INF] * n
     nf = [0] * s
     nb = [0] * s
     nw = [0] * s
@@ -524,6 +546,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     heapq.heapify(heap)
     remaining = pr.num_ops
     push, pop = heapq.heappush, heapq.heappop
+    new_op = tuple.__new__
+    choose = fb != "b" or bool(noise)  # may an F go before a ready B?
 
     def arrive(src_dev: int, dst_dev: int, end: float, tx: tuple[float, float]) -> float:
         if not contention or tx[0] <= 0:
@@ -533,38 +557,35 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         link_free[key] = t0 + tx[0]
         return t0 + tx[0] + tx[1]
 
-    steps = 0
+    b_r = f_r = 0.0  # the chosen B's and F's ready times (parts of their keys)
     while heap:
         t, d = pop(heap)
         if t != wake[d]:
             continue  # stale event
-        steps += 1
-        if not steps % _CLOCK_EVERY and time.perf_counter() > deadline:
-            raise _OutOfTime
-        # Ready candidates: best B, best F, best W; and the earliest future ready time.
+        # Ready candidates: best B, best F, best W; the earliest future ready time of a B
+        # (next_b) and of an F (next_f).
         bk = fk = wk = -1
-        b_key = f_key = None
-        next_t = next_b = _INF
+        next_f = next_b = _INF
         lim = limit[d]
         cur = mem[d]
         cur_h = cur - rec[d] if reclaim else cur  # what the headroom check counts
         for k in dstages[d]:
             base = k * m
-            j = nb[k]
-            if j < nf[k]:
-                i = base + j
+            jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
+            if jb < j:
+                i = base + jb
                 r = f_end[i]
                 g = g_ready[i]
                 if g > r:
                     r = g
                 if r <= t:
-                    key = (not b_cross[k], r, -k)
-                    if b_key is None or key < b_key:
-                        b_key, bk = key, k
+                    # Prefer a B whose output leaves the device, then the earliest ready, then
+                    # the later stage (the key tuple is only built to compare two).
+                    if bk < 0 or (not b_cross[k], r, -k) < (not b_cross[bk], b_r, -bk):
+                        bk, b_r = k, r
                 elif r < next_b:
                     next_b = r
-            j = nf[k]
-            if (j < m and nf[k] - nb[k] < caps[k]
+            if (j < m and j - jb < caps[k]
                     and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
                     and (not reclaim or cur + a_ <= lim)):
                 r = f_ready[base + j]
@@ -575,16 +596,13 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                     if q > r:
                         r = q
                 if r <= t:
-                    key = (-k if deep else k, r)
-                    if f_key is None or key < f_key:
-                        f_key, fk = key, k
-                elif r < next_t:
-                    next_t = r
-            if split and nw[k] < nb[k] and (wk < 0 or nw[k] < nw[wk]):
+                    if fk < 0 or ((-k, r) < (-fk, f_r) if deep else (k, r) < (fk, f_r)):
+                        fk, f_r = k, r
+                elif r < next_f:
+                    next_f = r
+            if split and nw[k] < jb and (wk < 0 or nw[k] < nw[wk]):
                 wk = k
-        if next_b < next_t:
-            next_t = next_b
-        if bk >= 0 and fk >= 0 and (fb != "b" or noise):
+        if choose and bk >= 0 and fk >= 0:
             # Both ready: "alt" alternates like 1F1B; "starve" feeds an idle neighbour first.
             if fb == "b":
                 use_f = False
@@ -601,31 +619,31 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         if bk >= 0:
             k, kind = bk, "B"
         elif fk >= 0 or wk >= 0:
-            xf = fk * m + nf[fk] if sc and fk >= 0 else fk  # index of the F's duration
-            xw = wk * m + nw[wk] if sc and wk >= 0 else wk
             if fk >= 0 and (wk < 0 or pend_w[d] <= w_lag[d]) and not (
                     noise and wk >= 0 and rand() < noise):
-                k, kind, dur = fk, "F", d_f[xf]
+                k, kind, dur = fk, "F", d_f[fk * m + nf[fk] if sc else fk]
             else:
-                k, kind, dur = wk, "W", d_w[xw]
+                k, kind, dur = wk, "W", d_w[wk * m + nw[wk] if sc else wk]
             if lookahead and t + dur > next_b:
                 # A B arrives while this op would run: prefer an op that ends by then, else
                 # wait for the B when that idles the device less than the B would wait.
-                if kind == "F" and wk >= 0 and t + d_w[xw] <= next_b:
+                if kind == "F" and wk >= 0 and t + d_w[wk * m + nw[wk] if sc else wk] <= next_b:
                     k, kind = wk, "W"
-                elif kind == "W" and fk >= 0 and t + d_f[xf] <= next_b:
+                elif kind == "W" and fk >= 0 and t + d_f[fk * m + nf[fk] if sc else fk] <= next_b:
                     k, kind = fk, "F"
                 elif next_b - t < t + dur - next_b:
                     wake[d] = next_b
                     push(heap, (next_b, d))
                     continue
-            if (wait_w and kind == "W" and t + dur > next_t
-                    and next_t - t < t + dur - next_t):
-                # An F or B arrives soon: keep the device free for it, the W can wait.
-                wake[d] = next_t
-                push(heap, (next_t, d))
-                continue
+            if wait_w and kind == "W":
+                next_t = next_b if next_b < next_f else next_f
+                if t + dur > next_t and next_t - t < t + dur - next_t:
+                    # An F or B arrives soon: keep the device free for it, the W can wait.
+                    wake[d] = next_t
+                    push(heap, (next_t, d))
+                    continue
         else:
+            next_t = next_b if next_b < next_f else next_f
             wake[d] = next_t
             if next_t < _INF:
                 push(heap, (next_t, d))
@@ -639,12 +657,15 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             end = t + d_f[x]
             f_end[i] = end
             mem[d] = cur + act[x]
+            if t < first[d]:  # a device's first op is an F
+                first[d] = t
             last_b[d] = False
             if reclaim and k == top_stage[d]:
                 rec[d] += held[x]
             if k < last:
                 dd = sd[k + 1]
-                a = arrive(d, dd, end, tx_f[i + m if sc else k + 1])
+                tx = tx_f[i + m if sc else k + 1]
+                a = arrive(d, dd, end, tx) if contention else end + tx[1]
                 f_ready[i + m] = a
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
@@ -657,7 +678,6 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             i = k * m + j
             x = i if sc else k
             end = t + d_b[x]
-            b_end[i] = end
             mem[d] = cur - b_free[x]
             last_b[d] = True
             if reclaim:
@@ -666,7 +686,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                 pend_w[d] += 1
             if k > 0:
                 dd = sd[k - 1]
-                a = arrive(d, dd, end, tx_b[i - m if sc else k - 1])
+                tx = tx_b[i - m if sc else k - 1]
+                a = arrive(d, dd, end, tx) if contention else end + tx[1]
                 g_ready[(k - 1) * m + j] = a
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
@@ -682,15 +703,16 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             pend_w[d] -= 1
             if reclaim:
                 rec[d] -= w_free[x]
-        orders[d].append(Op(kind, k, j))
-        if t < first[d]:
-            first[d] = t
+        orders[d].append(new_op(Op, (kind, k, j)))  # Op(kind, k, j) without a Python call
         free[d] = end
         wake[d] = end
         push(heap, (end, d))
         remaining -= 1
-        if remaining == 0:
-            break
+        if not remaining % _CLOCK_EVERY:
+            if not remaining:
+                break
+            if time.perf_counter() > deadline:
+                raise _OutOfTime
     if remaining:
         raise _Stuck(f"greedy variant {policy.name} stopped with {remaining} ops left")
     makespan = max(free)
@@ -820,7 +842,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         try:
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
-            retime = retime_cpu * watch.slowdown(calibrate=retime_cpu > _CALIBRATE_CPU_S)
+            retime = retime_cpu * _reserve_slowdown(watch, retime_cpu, deadline, n)
             orders, makespan, spans = _run(contexts[c], policy, deadline - retime)
         except _Stuck:
             continue
