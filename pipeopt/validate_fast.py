@@ -52,13 +52,22 @@ def is_valid(schedule: Schedule, *, tolerance: float = 1e-9) -> bool | None:
         device, stage, mb, kind, start, end = (tuple(map(itemgetter(f), ops))
                                                for f in range(6))
     code = {k: i for i, k in enumerate(kinds)}
-    try:
-        kc = np.fromiter(map(code.__getitem__, kind), np.int64, n)
-    except KeyError:
-        return False  # not a kind of this problem
-    dev = np.fromiter(device, np.int64, n)
-    st = np.fromiter(stage, np.int64, n)
-    j = np.fromiter(mb, np.int64, n)
+    if (device, stage, mb, kind) == problem.op_table:
+        # Every op in op-id order, as the simulator lists them (its columns are the problem's
+        # own, so the compare is mostly by identity): kind, stage, micro-batch and device
+        # follow from the position.
+        op_pos = np.arange(n, dtype=np.int64)
+        j, group = op_pos % m, op_pos // m
+        st, kc = group % s, group // s
+        dev = np.asarray(problem.stage_device, np.int64)[st]
+    else:
+        try:
+            kc = np.fromiter(map(code.__getitem__, kind), np.int64, n)
+        except KeyError:
+            return False  # not a kind of this problem
+        dev = np.fromiter(device, np.int64, n)
+        st = np.fromiter(stage, np.int64, n)
+        j = np.fromiter(mb, np.int64, n)
     t0 = np.fromiter(start, np.float64, n)
     t1 = np.fromiter(end, np.float64, n)
     if (st.min() < 0 or st.max() >= s or j.min() < 0 or j.max() >= m
