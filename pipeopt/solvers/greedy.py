@@ -545,7 +545,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     heap = [(0.0, d) for d in range(p)]
     heapq.heapify(heap)
     remaining = pr.num_ops
-    push, pop = heapq.heappush, heapq.heappop
+    push, pop, pushpop = heapq.heappush, heapq.heappop, heapq.heappushpop
     new_op = tuple.__new__
     choose = fb != "b" or bool(noise)  # may an F go before a ready B?
 
@@ -558,8 +558,17 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         return t0 + tx[0] + tx[1]
 
     b_r = f_r = 0.0  # the chosen B's and F's ready times (parts of their keys)
-    while heap:
-        t, d = pop(heap)
+    # The device's own next wake is pushed with the next pop (heappushpop: one sift for both,
+    # and none when it is the earliest); the heap holds the same events either way.
+    pend: tuple[float, int] | None = None
+    while True:
+        if pend is None:
+            if not heap:
+                break
+            t, d = pop(heap)
+        else:
+            t, d = pushpop(heap, pend)
+            pend = None
         if t != wake[d]:
             continue  # stale event
         # Ready candidates: best B, best F, best W; the earliest future ready time of a B
@@ -633,20 +642,20 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                     k, kind = fk, "F"
                 elif next_b - t < t + dur - next_b:
                     wake[d] = next_b
-                    push(heap, (next_b, d))
+                    pend = (next_b, d)
                     continue
             if wait_w and kind == "W":
                 next_t = next_b if next_b < next_f else next_f
                 if t + dur > next_t and next_t - t < t + dur - next_t:
                     # An F or B arrives soon: keep the device free for it, the W can wait.
                     wake[d] = next_t
-                    push(heap, (next_t, d))
+                    pend = (next_t, d)
                     continue
         else:
             next_t = next_b if next_b < next_f else next_f
             wake[d] = next_t
             if next_t < _INF:
-                push(heap, (next_t, d))
+                pend = (next_t, d)
             continue
         # Run op (kind, k, j) from t.
         if kind == "F":
@@ -706,7 +715,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         orders[d].append(new_op(Op, (kind, k, j)))  # Op(kind, k, j) without a Python call
         free[d] = end
         wake[d] = end
-        push(heap, (end, d))
+        pend = (end, d)
         remaining -= 1
         if not remaining % _CLOCK_EVERY:
             if not remaining:
