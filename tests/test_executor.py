@@ -686,3 +686,24 @@ def test_costs_out_records_the_step_tail() -> None:
     # no step time recorded (a run summarised without them): the problem's own tail stays
     res0 = RunResult("zb-h1", 2, [1.0], [0.0], sched.makespan, op_costs=ops)
     assert measured_problem(sched2, res0).grad_reduce == pytest.approx((0.07, 0.07))
+
+
+@pytest.mark.torch
+def test_every_step_trace_follows_the_rank_order() -> None:
+    """``run_rank``'s ``step_traces`` (issue 17: where a step's time goes): one trace per step,
+    the rank's ops in its device order, each ending after it starts and within the step."""
+    from pipeopt.executor.launch import run_rank
+    from pipeopt.executor.procs import spawn
+
+    sched = solve(uniform_problem(2, 2), "zb-h1")
+    cfg = RunConfig(model="mlp", model_options=(("layers", 2), ("width", 4)), steps=2,
+                    batch_size=2)
+    reports = spawn(run_rank, 2, (sched, cfg), timeout=120, backend="gloo")
+    for rank, rep in enumerate(reports):
+        assert len(rep["step_traces"]) == 2
+        for trace, step_s in zip(rep["step_traces"], rep["step_times"], strict=True):
+            assert [name for name, _, _ in trace] == [
+                str(op) for op in sched.device_orders()[rank]]
+            ends = [b for _, _, b in trace]
+            assert all(0.0 <= a <= b for _, a, b in trace)
+            assert ends == sorted(ends) and ends[-1] <= step_s

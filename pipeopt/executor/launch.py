@@ -177,10 +177,11 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
     """Train ``cfg.steps`` steps of ``schedule`` as ``rank`` on PyTorch's pipelining runtime
     (process group already joined); returns per-step losses and times (seconds), the last
     step's gradients, its op trace ((op, start, end) seconds from the step's start, ops named
-    as pipeopt does, e.g. ``1B0``), the op durations of the steps after the first and the
-    peak memory (bytes). With ``plan`` (a data-parallel graph schedule), step s replays its
-    iteration s with its collectives in its order (:class:`Reducer`), and the report adds the
-    final weights (``weights``) and the rank's ``collectives`` log."""
+    as pipeopt does, e.g. ``1B0``), every step's trace of ops (``step_traces``, same form), the
+    op durations of the steps after the first and the peak memory (bytes). With ``plan`` (a
+    data-parallel graph schedule), step s replays its iteration s with its collectives in its
+    order (:class:`Reducer`), and the report adds the final weights (``weights``) and the
+    rank's ``collectives`` log."""
     prob = schedule.problem
     status = status or RankStatus()
     p, dp = prob.devices, cfg.data_parallel
@@ -221,6 +222,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         for st in pstages:
             st.grads_ready = reducer.grads_ready
     losses, times, grads = [], [], None
+    step_traces: list[list[tuple[str, float, float]]] = []
     durations: dict[str, list[float]] = {}  # "F3" -> seconds of each stage-3 forward run
     last = prob.stages - 1
     for step in range(cfg.steps):
@@ -266,6 +268,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         dist.barrier()
         times.append(time.perf_counter() - t0)
         clock.resolve()
+        step_traces.append([(str(op), a, b) for op, a, b in clock.trace if op is not None])
         losses.append(sum(float(v.detach()) for v in mb_losses) / m if mb_losses else 0.0)
         if step > 0 or cfg.steps == 1:  # the first step pays warm-up costs
             for op, a, b in clock.trace:
@@ -278,6 +281,7 @@ def run_rank(rank: int, world: int, device: torch.device, schedule: Schedule,
         extra = {"weights": stage_weights({k: stages[k] for k in mine}),
                  "collectives": reducer.log}
     return {"losses": losses, "step_times": times, "grads": grads, "trace": trace,
+            "step_traces": step_traces,
             "op_durations": durations, "peak_memory": peak_memory(device), **extra}
 
 

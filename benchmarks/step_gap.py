@@ -1,0 +1,149 @@
+"""Where the executor's measured step goes beyond the prediction (issue 17): per method of
+``executor.py --ranking``, the step rebuilt from the runs' own traces, one part at a time.
+
+For each model of ``RANK_MODELS`` (project profile, as ``--ranking`` builds it) and each method
+given, the schedule runs ``--rounds`` x ``--steps`` steps (the first of each round not counted)
+and every step's op trace is read back (``run_rank``'s ``step_traces``). The device orders are
+then replayed (``executor._replay``, the dependencies of the chain) on, cumulatively:
+
+1. the profile's op times without overheads (what the prediction starts from);
+2. the median duration of each kind of op (F / B / W per stage) measured in the run;
+3. plus the median gap before an op whose inputs are all local (the runtime's time between
+   two ops of a rank: the per-action overhead);
+4. plus, on every cross-rank dependency, the median delay from the producer's end to the
+   consumer's start where that message held the consumer up;
+5. plus the median step tail: from the last op's end to the step's end (optimizer step,
+   zero-grad, closing barrier).
+
+The last column is what these parts leave unexplained (waits that a median hides).
+
+    python benchmarks/step_gap.py [--methods 1f1b zb-h1 greedy] [--rounds 3] [--steps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from executor import RANK_MODELS, _bench_rank, _replay, load_note, producer_of, project_profile
+
+from pipeopt.costs.profiler import measure_overheads
+from pipeopt.executor.launch import RunConfig
+from pipeopt.executor.procs import spawn
+from pipeopt.problem import Op, Problem
+from pipeopt.schedule import Schedule
+from pipeopt.solvers import solve
+
+
+def _op(name: str) -> Op:
+    """``"1F0"`` -> Op("F", 1, 0) (stage, kind, micro-batch)."""
+    i = next(k for k, c in enumerate(name) if c.isalpha())
+    return Op(name[i], int(name[:i]), int(name[i + 1:]))
+
+
+def _profile_cost(raw: Problem, s: Schedule, op: Op) -> float:
+    """Seconds of ``op`` in the profile without overheads (fused B = B + W)."""
+    if op.kind == "B" and not s.problem.split_backward:
+        return raw.backward_input[op.stage] + raw.backward_weight[op.stage]
+    return raw.durations[op.kind][op.stage]
+
+
+def decompose(s: Schedule, raw: Problem, runs: list[list[dict[str, Any]]]
+              ) -> dict[str, float]:
+    """The parts of the measured step (seconds); ``runs[rank][round]`` is ``run_rank``'s
+    report."""
+    durs: dict[str, list[float]] = {}
+    local: list[float] = []
+    msg: list[float] = []
+    tails: list[float] = []
+    steps: list[float] = []
+    for rnd in range(len(runs[0])):
+        for st in range(1, len(runs[0][rnd]["step_traces"])):
+            end: dict[Op, float] = {}
+            start: dict[Op, float] = {}
+            prev: dict[Op, float | None] = {}
+            t_step = last_end = 0.0
+            for rank_runs in runs:
+                rep = rank_runs[rnd]
+                trace = rep["step_traces"][st]
+                t_step = max(t_step, rep["step_times"][st])
+                last_end = max(last_end, trace[-1][2])
+                before = None
+                for name, a, b in trace:
+                    op = _op(name)
+                    start[op], end[op], prev[op] = a, b, before
+                    before = b
+                    durs.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
+            steps.append(t_step)
+            tails.append(t_step - last_end)
+            for op, a in start.items():
+                far = producer_of(op, s.problem.stages)
+                near = [Op("F", op.stage, op.microbatch) if op.kind == "B" else None,
+                        Op("B", op.stage, op.microbatch) if op.kind == "W" else None]
+                ready = max([prev[op] or 0.0] + [end[x] for x in near if x in end])
+                if far is not None and far in end and end[far] > ready:
+                    msg.append(a - end[far])
+                elif prev[op] is not None:
+                    local.append(a - ready)
+    med = {k: statistics.median(v) for k, v in durs.items()}
+    ops = [o for order in s.device_orders() for o in order]
+    gap = statistics.median(local) if local else 0.0
+    delay = statistics.median(msg) if msg else 0.0
+    measured_ops = {str(o): med[f"{o.kind}{o.stage}"] for o in ops}
+    with_gap = {k: v + gap for k, v in measured_ops.items()}
+    parts = {
+        "profile": _replay(s, {str(o): _profile_cost(raw, s, o) for o in ops}, 0.0),
+        "ops": _replay(s, measured_ops, 0.0),
+        "gap": _replay(s, with_gap, 0.0),
+        "messages": _replay(s, with_gap, delay),
+    }
+    tail = statistics.median(tails)
+    return {**parts, "tail": parts["messages"] + tail, "measured": statistics.median(steps),
+            "gap_s": gap, "delay_s": delay, "tail_s": tail,
+            **{f"op:{k}": v for k, v in med.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", nargs="+", default=["1f1b", "zb-h1", "greedy"])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    p, m = args.ranks, args.microbatches
+    t0 = time.perf_counter()
+    over = measure_overheads(ranks=p)
+    print(f"overheads ({time.perf_counter() - t0:.0f} s): {over['action_s'] * 1e3:.3f} ms per "
+          f"action, {over['message_s'] * 1e3:.3f} ms per message, {over['step_s'] * 1e3:.3f} ms "
+          f"per step; {load_note()}")
+    for model, options in RANK_MODELS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)
+        with tempfile.TemporaryDirectory() as tmp:
+            raw, _ = project_profile(p, m, args.batch, tmp, model, options, None)
+        scheds = [solve(prob, meth, time_limit=5, workers=1, seed=0) for meth in args.methods]
+        cfg = RunConfig(model=model, model_options=options, steps=args.steps,
+                        batch_size=args.batch)
+        per_rank = spawn(_bench_rank, p, ([("ours", s, cfg) for s in scheds], args.rounds),
+                         timeout=3600, backend="gloo")
+        print(f"{model}: ms per step (cumulative replays; {load_note()})")
+        for i, s in enumerate(scheds):
+            d = decompose(s, raw, [per_rank[r][str(i)] for r in range(p)])
+            print(f"  {s.method:<8} predicted {s.iteration_time * 1e3:6.1f}  measured "
+                  f"{d['measured'] * 1e3:6.1f} | profile ops {d['profile'] * 1e3:6.1f}  run's ops "
+                  f"{d['ops'] * 1e3:6.1f}  +gap {d['gap_s'] * 1e3:.2f}/op {d['gap'] * 1e3:6.1f}  "
+                  f"+msg {d['delay_s'] * 1e3:.2f} {d['messages'] * 1e3:6.1f}  +tail "
+                  f"{d['tail_s'] * 1e3:.2f} {d['tail'] * 1e3:6.1f}  unexplained "
+                  f"{(d['measured'] - d['tail']) * 1e3:+5.1f}")
+            print("           op ms, run / profile: " + "  ".join(
+                f"{k[3:]} {v * 1e3:.2f}/{_profile_cost(raw, s, _op(f'{k[4:]}{k[3]}0')) * 1e3:.2f}"
+                for k, v in sorted(d.items()) if k.startswith("op:")))
+
+
+if __name__ == "__main__":
+    main()
