@@ -45,9 +45,13 @@ def _op(name: str) -> Op:
 
 
 def _profile_cost(raw: Problem, s: Schedule, op: Op) -> float:
-    """Seconds of ``op`` in the profile without overheads (fused B = B + W)."""
+    """Seconds of ``op`` in the profile without overheads, as the executor runs it: fused
+    B = B + W; on stage 0 (no input gradient to send) B is free and W the whole backward."""
+    whole = raw.backward_input[op.stage] + raw.backward_weight[op.stage]
     if op.kind == "B" and not s.problem.split_backward:
-        return raw.backward_input[op.stage] + raw.backward_weight[op.stage]
+        return whole
+    if op.stage == 0 and op.kind in "BW":
+        return whole if op.kind == "W" else 0.0
     return raw.durations[op.kind][op.stage]
 
 
