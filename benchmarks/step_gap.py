@@ -18,6 +18,7 @@ then replayed (``executor._replay``, the dependencies of the chain) on, cumulati
 The last column is what these parts leave unexplained (waits that a median hides).
 
     python benchmarks/step_gap.py [--methods 1f1b zb-h1 greedy] [--rounds 3] [--steps 4]
+    python benchmarks/step_gap.py --cold   # one stage's forward: warm loop against in a step
 """
 
 from __future__ import annotations
@@ -110,6 +111,53 @@ def decompose(s: Schedule, raw: Problem, runs: list[list[dict[str, Any]]]
             **{f"op:{k}": v for k, v in med.items()}}
 
 
+def _median_ms(fn: Any, before: Any = None, n: int = 30) -> float:
+    """Median milliseconds of ``fn()`` over ``n`` calls, each after ``before()`` (untimed)."""
+    times = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def cold() -> None:
+    """One MLP stage of ``--ranking`` (4 x Linear(512, 512) + tanh, a micro-batch of 4 rows,
+    Adam) on one process and one thread: its forward timed in a warm loop (as the profile
+    times a layer), right after another forward and backward, and right after the backwards
+    of 8 micro-batches and an optimizer step (as a step's first forward runs)."""
+    import torch
+
+    from pipeopt._malloc import steady_cpu_allocator
+
+    steady_cpu_allocator()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    stage = torch.nn.Sequential(*[m for _ in range(4)
+                                  for m in (torch.nn.Linear(512, 512), torch.nn.Tanh())])
+    opt = torch.optim.Adam(stage.parameters(), 1e-3)
+    x = torch.randn(4, 512)
+
+    def fwd() -> Any:
+        return stage(x)
+
+    def backward() -> None:
+        fwd().sum().backward()
+
+    def step() -> None:
+        for out in [fwd() for _ in range(8)]:
+            out.sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    _median_ms(fwd, n=10)
+    print(f"MLP stage forward, one process ({load_note()}): warm loop {_median_ms(fwd):.3f} ms; "
+          f"after a forward + backward {_median_ms(fwd, backward):.3f} ms; after 8 backwards "
+          f"and an optimizer step {_median_ms(fwd, step):.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=["1f1b", "zb-h1", "greedy"])
@@ -118,7 +166,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--cold", action="store_true",
+                    help="instead: one stage's forward in a warm loop against in a step")
     args = ap.parse_args()
+    if args.cold:
+        cold()
+        return
     p, m = args.ranks, args.microbatches
     t0 = time.perf_counter()
     over = measure_overheads(ranks=p)
