@@ -432,6 +432,19 @@ def load_note(ranks: int | None = None) -> str:
     return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {cores} cores{busy}"
 
 
+def timed_overheads(ranks: int) -> dict[str, Any]:
+    """:func:`pipeopt.costs.profiler.measure_overheads` on ``ranks`` gloo ranks, printed with
+    its wall time (seconds), how it was measured and the load average."""
+    from pipeopt.costs.profiler import measure_overheads
+
+    t0 = time.perf_counter()
+    over = measure_overheads(ranks=ranks)
+    print(f"overheads ({time.perf_counter() - t0:.0f} s; {over['how']}): "
+          f"{over['action_s'] * 1e3:.3f} ms per action, {over['message_s'] * 1e3:.3f} ms "
+          f"per message, {over['step_s'] * 1e3:.3f} ms per step; {load_note()}")
+    return over
+
+
 def ranking(args: argparse.Namespace) -> None:
     """Per model: the project profile (``pipeopt profile --overheads`` then the config form,
     split backward; fused methods are priced at the profile's fused backward; the executor's
@@ -440,15 +453,7 @@ def ranking(args: argparse.Namespace) -> None:
     step time (median of the steps after the first of every round), the error, and the Kendall
     tau between the predicted and the measured order."""
     p, m = args.ranks, args.microbatches
-    over = None
-    if args.overheads:
-        from pipeopt.costs.profiler import measure_overheads
-
-        t0 = time.perf_counter()
-        over = measure_overheads(ranks=p)
-        print(f"overheads ({time.perf_counter() - t0:.0f} s; {over['how']}): "
-              f"{over['action_s'] * 1e3:.3f} ms per action, {over['message_s'] * 1e3:.3f} ms "
-              f"per message, {over['step_s'] * 1e3:.3f} ms per step; {load_note()}")
+    over = timed_overheads(p) if args.overheads else None
     for model, options in RANK_MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
             prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)

@@ -29,9 +29,16 @@ import tempfile
 import time
 from typing import Any
 
-from executor import RANK_MODELS, _bench_rank, _replay, load_note, producer_of, project_profile
+from executor import (
+    RANK_MODELS,
+    _bench_rank,
+    _replay,
+    load_note,
+    producer_of,
+    project_profile,
+    timed_overheads,
+)
 
-from pipeopt.costs.profiler import measure_overheads
 from pipeopt.executor.launch import RunConfig
 from pipeopt.executor.procs import spawn
 from pipeopt.problem import Op, Problem
@@ -173,11 +180,7 @@ def main() -> None:
         cold()
         return
     p, m = args.ranks, args.microbatches
-    t0 = time.perf_counter()
-    over = measure_overheads(ranks=p)
-    print(f"overheads ({time.perf_counter() - t0:.0f} s): {over['action_s'] * 1e3:.3f} ms per "
-          f"action, {over['message_s'] * 1e3:.3f} ms per message, {over['step_s'] * 1e3:.3f} ms "
-          f"per step; {load_note()}")
+    over = timed_overheads(p)
     for model, options in RANK_MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
             prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)
