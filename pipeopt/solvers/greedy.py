@@ -60,6 +60,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -901,14 +902,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     # a link it is an estimate, so the simulator re-times the few best.
     shortlist = found[:_RETIME_BEST] if problem.has_link_contention else found[:1]
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
-    best: Schedule | None = None
-    name, chosen = "", 0
-    graph = training.chain_graph(problem) if len(shortlist) > 1 else None  # built once
-    for _, _, orders, pname, c in shortlist:
-        sched = simulate(problem, orders, method="greedy", solver=info, graph=graph)
-        if best is None or _objective(sched, span_obj) < _objective(best, span_obj) - 1e-12:
-            best, name, chosen = sched, pname, c
-    assert best is not None
+    best, k = _best_timed(problem, [f[2] for f in shortlist], "greedy", info, span_obj)
+    name, chosen = shortlist[k][3], shortlist[k][4]
     logger.info("greedy: %d priority variant(s) tried in %.2f s; best %s: %s %.6g s (lower "
                 "bound %.6g s)%s", tried, time.perf_counter() - t0, name,
                 "span" if span_obj else "iteration time", _objective(best, span_obj), bound,
@@ -1075,6 +1070,21 @@ def _objective(schedule: Schedule, span: bool) -> float:
     return schedule.max_span if span else schedule.iteration_time
 
 
+def _best_timed(problem: Problem, candidates: Sequence[list[list[Op]]], method: str,
+                info: SolverInfo, span: bool) -> tuple[Schedule, int]:
+    """Each of the (non-empty) ``candidates`` orders timed by the simulator, the problem's
+    graph built once; the best by the objective (the first among equals) and its index."""
+    graph = training.chain_graph(problem) if len(candidates) > 1 else None
+    best: Schedule | None = None
+    chosen = 0
+    for k, orders in enumerate(candidates):
+        sched = simulate(problem, orders, method=method, solver=info, graph=graph)
+        if best is None or _objective(sched, span) < _objective(best, span) - 1e-12:
+            best, chosen = sched, k
+    assert best is not None
+    return best, chosen
+
+
 #: :func:`restart_search`: the noise levels of its restarts and how many of the best noiseless
 #: variants they perturb. Measured on ``benchmarks/search.py``'s cross-datacenter chains
 #: (latency 8 x T_F, 1F1B's memory; load average 13 on 2 cores), restarts cycling over the four
@@ -1156,14 +1166,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     if not found:
         return None
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
-    graph = training.chain_graph(problem) if len(found) > 1 else None  # built once
-    best: Schedule | None = None
-    name = ""
-    for _, _, orders, pname in found:
-        sched = simulate(problem, orders, method="greedy-restarts", solver=info, graph=graph)
-        if best is None or _objective(sched, span_obj) < _objective(best, span_obj) - 1e-12:
-            best, name = sched, pname
-    assert best is not None
+    best, k = _best_timed(problem, [f[2] for f in found], "greedy-restarts", info, span_obj)
+    name = found[k][3]
     logger.info("greedy: %d restart run(s) in %.2f s; best %s: %.6g s", runs,
                 time.perf_counter() - t0, name, _objective(best, span_obj))
     details: tuple[tuple[str, Any], ...] = (("policy", name), ("restart_runs", runs))
