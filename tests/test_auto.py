@@ -302,6 +302,30 @@ def test_restarts_before_lns_on_large_instances(monkeypatch):
     assert got.iteration_time <= methods["greedy-restarts"] + 1e-9
 
 
+@pytest.mark.skipif(not HAVE_CPSAT, reason="needs the cpsat extra (the full model follows)")
+def test_restarts_before_the_full_model_on_large_instances(monkeypatch):
+    """Where the full model would run, an instance of RESTART_MIN_OPS ops or more also gets the
+    greedy's restarts first, and the full model (not LNS: it still fits the time left) starts
+    from their best (here the threshold is lowered and CP-SAT's size cap raised, so that a
+    small cross-datacenter chain, 192 ops, takes that path)."""
+    lat = [0.0, 1.7, 0.0]
+    links, bw = chain_links(4, lat, [math.inf] * 3)
+    prob = uniform_problem(4, 16, 1.0, 1.2, 0.8, weight_grad=0.5, memory_limit=4.0).replace(
+        latency=links, bandwidth=bw)
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 100)
+    monkeypatch.setattr(auto_mod, "CPSAT_OPS_PER_SECOND", 1e6)
+    monkeypatch.setattr(auto_mod, "RESTART_SHARE", 0.3)  # the full model keeps some time
+    monkeypatch.setattr(auto_mod, "RELAX_MAX_PAIRS", 0)  # no relaxation bound: keep it short
+    got = solve(prob, "auto", time_limit=6.0, workers=1)
+    methods = dict(got.solver.detail("candidates"))
+    assert "greedy-restarts" in methods
+    assert methods["greedy-restarts"] <= methods["greedy"] + 1e-9
+    assert "cpsat" in methods  # the full model ran after them ...
+    assert got.solver.detail("cpsat_full_model") is None  # ... not LNS
+    validate(got)
+    assert got.iteration_time <= methods["greedy-restarts"] + 1e-9
+
+
 def test_auto_gives_the_order_search_long_time_only_without_cpsat_after(no_cpsat, monkeypatch):
     """auto asks the greedy for its long order search exactly when CP-SAT's full model would
     not run in the half of the time the greedy leaves: at 20 s, 192 ops would run it (40 ops

@@ -9,7 +9,8 @@ these is usually theirs and the searches start from it), the ``greedy`` list sch
 within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is in
 ``details['skipped_cpsat']``). Where the full model is too large for the time left, CP-SAT runs
 as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops the greedy's
-seeded restarts take most of that time first (:data:`RESTART_SHARE`). On a problem cut into
+seeded restarts take most of the time left first (:data:`RESTART_SHARE`), before either. On a
+problem cut into
 sub-blocks, before the greedy: ``auto``'s answer for the uncut problem run piece by piece
 (:func:`uncut_candidate`), so that cutting never loses to not cutting. The result is the
 candidate with the best objective, so it is never worse than the best hand-made schedule under
@@ -74,16 +75,21 @@ CPSAT_MIN_TIME_S = 1.0
 RELAX_SHARE = 0.2
 RELAX_MAX_S = 10.0
 RELAX_MAX_PAIRS = 2_000
-#: Instances where the full CP-SAT model is skipped for large-neighbourhood search and that
-#: have at least this many ops: :data:`RESTART_SHARE` of the time left goes to the greedy's
-#: seeded restarts (:func:`pipeopt.solvers.greedy.restart_search`) first, and LNS starts from
-#: their best. Measured on ``benchmarks/search.py``'s cross-datacenter chains (2 cores, load
-#: average 13): at p = 16, m = 64 (3,072 ops) LNS windows took 4-15 s each and moved the
-#: greedy's 270.4 s to 270.2 s in 56 s, where restarts reached 265.8 s in 40 s; at p = 32,
-#: m = 128 LNS found nothing in 115 s, restarts 476.0 s from 481.8 s in 60 s. At 1,536 ops
-#: and below (``--families --quick``) LNS windows take a fraction of a second and improve
-#: the greedy on most instances, so those keep all the time for it.
-RESTART_MIN_OPS = 2048
+#: Instances of at least this many ops where CP-SAT would run (its full model, or
+#: large-neighbourhood search where the full model is too large for the time left):
+#: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
+#: (:func:`pipeopt.solvers.greedy.restart_search`) first, and CP-SAT starts from their best
+#: (the full model if it still fits the time left, else LNS). Measured on
+#: ``benchmarks/search.py``'s cross-datacenter chains (2 cores, load average 10-14): at p = 16,
+#: m = 64 (3,072 ops) LNS windows took 4-15 s each and moved the greedy's 270.4 s to 270.2 s in
+#: 56 s, where restarts reached 265.8 s in 40 s; at p = 32, m = 128 LNS found nothing in 115 s,
+#: restarts 476.0 s from 481.8 s in 60 s. At p = 12, m = 48 (1,728 ops; latency 8 or 5.9 T_F)
+#: the full model ran for the whole 60 s and found nothing better than ``crosspipe``'s 215.6 /
+#: 200.8 s, restarts alone reached 214.6 / 198.4 s in 45 s. At 1,536 ops and below
+#: (``--families --quick``) LNS windows take a fraction of a second and improve the greedy on
+#: most instances, and at 768 ops (p = 8, m = 32) CP-SAT and restarts end level (163.4 / 163.6 s
+#: at latency 8 T_F, 130.6 / 130.4 s at 3.8 T_F), so those keep all the time for CP-SAT.
+RESTART_MIN_OPS = 1600
 RESTART_SHARE = 0.75
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
@@ -425,20 +431,29 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     reason = ("interrupted" if interrupted else
               "the relaxation bound proves the best so far optimal" if proved else
               cpsat_skip_reason(problem, left()))
+
+    def model_fits() -> bool:  # CP-SAT is installed and takes a model this size (imports it)
+        return problem.num_ops <= (_load("pipeopt.solvers.cpsat", "MAX_MODEL_OPS") or 0)
+
     # Too large for the full model in the time left but not for a model at all: the remaining
     # time goes to large-neighbourhood search around the best so far (cpsat, full model skipped).
     lns_only = (reason is not None and not interrupted and not proved
-                and left() >= CPSAT_MIN_TIME_S
-                and problem.num_ops <= (_load("pipeopt.solvers.cpsat", "MAX_MODEL_OPS") or 0))
+                and left() >= CPSAT_MIN_TIME_S and model_fits())
     if lns_only:
         notes.append(("cpsat_full_model", reason))
         reason = None
-        if problem.num_ops >= RESTART_MIN_OPS:
-            interrupted = _restarts(problem, options, cands, notes,
-                                    time.perf_counter() + RESTART_SHARE * left())
-            report()
-            if interrupted:
-                reason = "interrupted"
+    # On large instances the greedy's seeded restarts come first, whichever CP-SAT stage (full
+    # model or LNS) follows: neither improves the greedy much there in the time a limit gives.
+    if reason is None and problem.num_ops >= RESTART_MIN_OPS and (lns_only or model_fits()):
+        interrupted = _restarts(problem, options, cands, notes,
+                                time.perf_counter() + RESTART_SHARE * left())
+        report()
+        full = None if lns_only or interrupted else cpsat_skip_reason(problem, left())
+        if interrupted:
+            reason = "interrupted"
+        elif full is not None:  # the full model no longer fits the time left: LNS instead
+            notes.append(("cpsat_full_model", full))
+            lns_only = True
     # Loaded only when it will run: importing OR-Tools takes a second of the time limit.
     cpsat = (_load("pipeopt.solvers.cpsat", "solve_lns" if lns_only else "solve_cpsat")
              if reason is None else None)
