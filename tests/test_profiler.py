@@ -136,16 +136,74 @@ def test_profile_round_trip_and_solve(gpt_profile, tmp_path):
 
 
 def test_mlp_and_cli(tmp_path):
+    """``pipeopt profile`` of the MLP on the CPU: timed in step by default (2 gloo ranks run
+    1F1B and ZB-H1 of it). Its layers add up, stage by stage, to the op times the runs
+    measured; the overheads are the runs' own; the config form prices exactly that."""
     from pipeopt.cli import main
+    from pipeopt.config import parse_config
 
     m = mlp(layers=3, width=16)
     assert len(m) == 3
     out = tmp_path / "mlp.json"
     assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "16",
-                 "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
+                 "--repeats", "1", "--warmup", "0", "--step-microbatches", "4",
+                 "-o", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert len(doc["layers"]) == 2
     assert doc["layers"][0]["forward_flops"] == 2 * 2 * 16 * 16
+    assert doc["timing"] == "step"
+    st = doc["in_step"]
+    assert st["partition"] == [[0, 1], [1, 2]] and st["methods"] == ["1f1b", "zb-h1"]
+    assert st["microbatches"] == 4 and st["ranks"] == 2
+    # stage 0 takes no input gradient in a pipeline: its whole backward is one op
+    assert doc["layers"][0]["input_grad"] is False and doc["layers"][1]["input_grad"] is True
+    for row, rec in zip(st["stages"], doc["layers"], strict=True):  # one layer per stage
+        assert rec["forward_s"] == pytest.approx(row["forward_ms"] / 1e3)
+        assert rec["backward_s"] == pytest.approx(row["backward_ms"] / 1e3)
+    assert doc["layers"][1]["backward_input_s"] == pytest.approx(
+        st["stages"][1]["backward_input_ms"] / 1e3)
+    over = doc["overheads"]
+    assert all(0 <= over[k] < 0.5 for k in ("action_s", "message_s", "step_s"))
+    assert over["action_s"] > 0 and "1f1b and zb-h1" in over["how"]
+    prob = parse_config({"pipeline": {"devices": 2, "microbatches": 4},
+                         "model": {"profile": str(out)}}).problem
+    a = over["action_s"]
+    assert prob.forward == pytest.approx(tuple(r["forward_s"] + a for r in doc["layers"]))
+    assert prob.backward_input[0] == pytest.approx(a)  # B of stage 0: nothing to compute
+    assert prob.backward_weight[0] == pytest.approx(doc["layers"][0]["backward_s"] + a)
+    warm = tmp_path / "warm.json"
+    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "16",
+                 "--repeats", "1", "--warmup", "0", "--timing", "warm", "-o", str(warm)]) == 0
+    wdoc = json.loads(warm.read_text())
+    assert wdoc["timing"] == "warm" and "in_step" not in wdoc and "overheads" not in wdoc
+
+
+def test_step_trace_costs_by_hand():
+    """A 1F1B step of 2 stages and 2 micro-batches traced by hand (seconds): every op's
+    duration, the runtime's gap before an op whose inputs are local (0.1), the delay of a
+    message that held an op up (0.3) and the tail after the last op (0.7, on rank 0); the
+    first step of a round is warm-up and not counted."""
+    from pipeopt.costs.profiler import step_trace_costs, trimmed_mean
+    from pipeopt.problem import uniform_problem
+    from pipeopt.solvers import solve
+
+    s = solve(uniform_problem(2, 2).replace(split_backward=False), "1f1b")
+    assert [[str(o) for o in order] for order in s.device_orders()] == [
+        ["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]]
+    r0 = [("0F0", 0.0, 1.0), ("0F1", 1.1, 2.1), ("0B0", 4.3, 5.3), ("0B1", 7.3, 8.3)]
+    r1 = [("1F0", 1.3, 2.3), ("1B0", 2.4, 4.0), ("1F1", 4.1, 5.1), ("1B1", 5.2, 7.0)]
+    junk = [("0F0", 0.0, 50.0)]  # a slow first step: never counted
+    runs = [[{"step_traces": [junk, r0], "step_times": [60.0, 9.0]}],
+            [{"step_traces": [junk, r1], "step_times": [60.0, 8.5]}]]
+    got = step_trace_costs(s, runs)
+    assert got["ops"]["F0"] == pytest.approx([1.0, 1.0])
+    assert got["ops"]["B1"] == pytest.approx([1.6, 1.8])
+    assert got["gaps"] == pytest.approx([0.1] * 4)
+    assert got["delays"] == pytest.approx([0.3] * 3)
+    assert len(got["tails"]) == 1 and got["tails"][0][1] == 0
+    assert got["tails"][0][0] == pytest.approx(0.7)
+    assert trimmed_mean([float(x) for x in range(1, 11)] + [100.0]) == pytest.approx(6.0)
+    assert trimmed_mean([]) == 0.0 and trimmed_mean([2.0]) == 2.0
 
 
 def test_factory_model_needs_an_input_shape(tmp_path):
@@ -351,8 +409,8 @@ def test_overheads_of_a_trivial_model_are_positive_and_small(tmp_path):
     from pipeopt.costs.profile import load_overheads
 
     out = tmp_path / "p.json"
-    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "8",
-                 "--repeats", "1", "--warmup", "0", "--overheads", "-o", str(out)]) == 0
+    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "8", "--timing",
+                 "warm", "--repeats", "1", "--warmup", "0", "--overheads", "-o", str(out)]) == 0
     over = json.loads(out.read_text())["overheads"]
     assert "ZB-H1 of a trivial model" in over["how"]
     got = load_overheads(out)

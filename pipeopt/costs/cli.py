@@ -94,6 +94,41 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return made, torch.randn(*shape), args.model
 
 
+def _timing(args: argparse.Namespace, device: str) -> str:
+    """``--timing`` resolved: ``auto`` is ``step`` for a training profile of a built-in model
+    on the CPU (what the executor's CPU ranks run), else ``warm``; ``step`` where it cannot
+    run is refused."""
+    if args.timing == "auto":
+        builtin = args.model in ("tiny-gpt", "mlp")
+        return "step" if builtin and device == "cpu" and not args.forward_only else "warm"
+    if args.timing == "step" and (args.forward_only or device != "cpu"):
+        raise ConfigError("--timing step: times a training step on gloo ranks on the CPU; not "
+                          "with " + ("--forward-only" if args.forward_only
+                                     else f"--device {device}") + " (use --timing warm)")
+    return str(args.timing)
+
+
+def _step_timed(args: argparse.Namespace, doc: dict[str, Any]) -> dict[str, Any]:
+    """The warm profile ``doc`` re-timed in real steps of the executor
+    (:func:`pipeopt.costs.profiler.step_profile`)."""
+    from pipeopt.costs.profiler import step_profile
+    from pipeopt.executor.procs import ExecutorError, ModelError
+
+    options: tuple[tuple[str, Any], ...] = ()
+    if args.model == "tiny-gpt":
+        options = (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
+                   ("vocab", args.vocab), ("seq_len", args.seq_len))
+    elif args.model == "mlp":
+        options = (("layers", args.layers), ("width", args.hidden))
+    try:
+        return step_profile(doc, args.model, options, ranks=args.step_ranks,
+                            microbatches=args.step_microbatches)
+    except (ExecutorError, ModelError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ConfigError(f"--timing step: running {args.model} on {args.step_ranks} gloo "
+                          f"ranks failed: {first} (or use --timing warm)") from None
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile a model and write the JSON."""
     try:
@@ -104,6 +139,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     check_writable("--output", args.output)  # before minutes of timing, not after
     device = _device(args.device)
+    timing = _timing(args, device)
+    if args.overheads and timing == "step":
+        raise ConfigError("--overheads: --timing step measures the overheads in its own runs "
+                          "of the model; --overheads is for --timing warm")
     if args.overheads and (args.forward_only or device != "cpu"):
         raise ConfigError("--overheads: measured with gloo ranks on the CPU, for the CPU "
                           "training replay; not with "
@@ -125,6 +164,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ConfigError(f"--model: running {name} on its example input failed: "
                           f"{type(exc).__name__}: {first}") from None
+    if timing == "step":
+        doc = _step_timed(args, doc)
     write_output("--output", args.output, lambda path: write_profile(doc, path))
     if args.forward_only:
         print(f"{'layer':<18} {'F ms':>8} {'GFLOP':>9} {'params':>9}")
@@ -143,6 +184,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
               f"{rec['params']:>9.0f}")
     print("B and W: the split backward as pipeopt run computes it; fused: the whole backward "
           "in one pass (B is 0 where the input takes no gradient)")
+    if doc.get("timing") == "step":
+        st = doc["in_step"]
+        print(f"timed in step: {st['ranks']} gloo ranks ran {' and '.join(st['methods'])} with "
+              f"{st['microbatches']} micro-batches on partition {st['partition']} "
+              f"({st['wall_s']:.0f} s); each layer scaled so that every stage's ops add up to "
+              "what the runs measured")
+    else:
+        print("timed in a warm loop, one layer alone (--timing warm): ops inside a pipelined "
+              "step run slower than this")
     if "overheads" in doc:
         o = doc["overheads"]
         print(f"overheads: {o['action_s'] * 1e3:.3f} ms per action, {o['message_s'] * 1e3:.3f} "
@@ -176,8 +226,19 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--forward-only", action="store_true",
                    help="time the inference forward alone (eval, torch.inference_mode): "
                         "backward fields 0, no saved activations")
+    p.add_argument("--timing", choices=("auto", "step", "warm"), default="auto",
+                   help="step: re-time the ops in real steps of the executor (gloo ranks on "
+                        "the CPU run 1F1B and ZB-H1: each stage's F/B/W as a step runs them, the "
+                        "runtime's gap per op, message delay and step tail as overheads; tens "
+                        "of seconds); warm: each layer alone in a warm loop; auto (default): "
+                        "step for tiny-gpt and mlp training on the CPU, else warm")
+    p.add_argument("--step-ranks", type=_int_at_least(2), default=2,
+                   help="--timing step: gloo ranks (stages) of the runs")
+    p.add_argument("--step-microbatches", type=pos, default=8,
+                   help="--timing step: micro-batches of --batch-size samples per step")
     p.add_argument("--overheads", action="store_true",
-                   help="also measure the executor's fixed costs per action, message and step "
-                        "(2 gloo ranks replaying a trivial model; CPU only, a few seconds)")
+                   help="--timing warm: also measure the executor's fixed costs per action, "
+                        "message and step (2 gloo ranks replaying a trivial model; CPU only, a "
+                        "few seconds)")
     p.add_argument("-o", "--output", default="profile.json", help="profile JSON to write")
     p.set_defaults(func=cmd_profile)

@@ -35,7 +35,8 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> None:
 #: The fields a profile may have (what :func:`~pipeopt.costs.profiler.profile_model` writes);
 #: others are refused, as a typo (``backwrd_s``) would otherwise be ignored.
 _TOP_KEYS = ("format", "model", "device", "torch", "micro_batch_size", "warmup", "repeats",
-             "backward_split", "forward_only", "input_shape", "overheads", "layers")
+             "backward_split", "forward_only", "input_shape", "overheads", "timing", "in_step",
+             "layers")
 _LAYER_KEYS = ("name", "forward_s", "backward_input_s", "backward_weight_s", "backward_s",
                "step_s", "input_grad", "params", "param_bytes", "activation_bytes",
                "output_bytes", "forward_flops", "backward_flops", "peak_memory_bytes")

@@ -29,9 +29,15 @@ mode under ``torch.inference_mode()`` (no autograd graph, nothing saved): ``forw
 forward ran (:func:`pipeopt.costs.inference.profiled_stage_models`).
 
 Times are medians of ``repeats`` runs after ``warmup`` runs; every backward is timed on its own,
-after an untimed forward that builds its graph. The profile runs on one process: ranks that
-share cores in a real run see slower ops than these. The file it writes is read by
-:mod:`pipeopt.costs.profile`, which the planner uses without torch.
+after an untimed forward that builds its graph (``"timing": "warm"``). That warm loop runs
+one layer alone on one process, its weights in cache: inside a pipelined step the same ops
+run 1.5-3.5x slower on a CPU (the stage's other layers, its backward and optimizer step and
+the other rank evict them). :func:`step_profile` (``pipeopt profile``'s default on the CPU,
+``"timing": "step"``) re-times a warm profile from a real short run of the executor: ranks
+replay 1F1B and ZB-H1 and every stage's F, B, W and fused backward, the runtime's gap between
+two ops, the delay of the activation messages and the step tail are read from the op traces
+(:func:`step_trace_costs`). The file it writes is read by :mod:`pipeopt.costs.profile`, which
+the planner uses without torch.
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from typing import Any
 # reads without torch; its names stay importable from here.
 from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_profile
 
-__all__ = ["FORMAT", "ProfileError", "executor_split", "forward_only_layer", "load_profile",
-           "measure_overheads", "optimizer_step_time", "profile_layer", "profile_model",
+__all__ = ["FORMAT", "STEP_METHODS", "ProfileError", "executor_split", "forward_only_layer",
+           "load_profile", "measure_overheads", "optimizer_step_time", "profile_layer",
+           "profile_model", "step_profile", "step_trace_costs", "trimmed_mean",
            "write_profile"]
 
 
@@ -420,6 +427,228 @@ def profile_model(model: Any, example_input: Any, *, device: str | None = None,
             "repeats": repeats,
             "backward_split": ("none: forward only" if forward_only else
                                "pipeopt.executor.runtime.StageModule (per layer)"),
+            "timing": "warm",
             **({"forward_only": True} if forward_only else {}),
             **({"overheads": measure_overheads()} if overheads and not forward_only else {}),
             "layers": layers}
+
+
+#: The schedules whose runs time a profile's ops in a step (:func:`step_profile`): 1F1B runs
+#: the fused backward, ZB-H1 the split one (B and W).
+STEP_METHODS = ("1f1b", "zb-h1")
+
+
+def trimmed_mean(xs: list[float], cut: float = 0.1) -> float:
+    """The mean of ``xs`` without its lowest and highest ``cut`` share (0 when empty). A step's
+    critical path is a sum of ops, which adds up to their mean, not their median (on a CPU an
+    op's time is skewed to the right); trimming keeps a rare pre-emption of a shared machine
+    from weighing on the mean."""
+    if not xs:
+        return 0.0
+    ys = sorted(xs)
+    k = int(len(ys) * cut)
+    mid = ys[k:len(ys) - k] or ys
+    return sum(mid) / len(mid)
+
+
+def _op_of(name: str) -> Any:
+    """``"1F0"`` -> Op("F", 1, 0) (stage, kind, micro-batch: :class:`pipeopt.problem.Op`'s
+    string form)."""
+    from pipeopt.problem import Op
+
+    i = next(k for k, c in enumerate(name) if c.isalpha())
+    return Op(name[i], int(name[:i]), int(name[i + 1:]))
+
+
+def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """What runs of ``schedule`` measured, op by op (seconds); ``runs[rank][round]`` is
+    :func:`pipeopt.executor.launch.run_rank`'s report (its ``step_traces`` and
+    ``step_times``); the first step of every round (warm-up) is left out when there are more.
+
+    Returns ``ops`` (``"F1"`` -> every duration of stage 1's forwards), ``gaps`` (an op whose
+    inputs are all on its rank: its start less the end of what it waited for, the runtime's
+    time between two ops), ``delays`` (an op held up by a message from another rank: its start
+    less the producer's end) and ``tails`` ((seconds, rank) per step: the step's end less the
+    last op's end, on the rank that ran it: the optimizer step, zero-grad and the closing
+    barrier)."""
+    from pipeopt.problem import Op
+
+    stages = schedule.problem.stages
+    ops: dict[str, list[float]] = {}
+    gaps: list[float] = []
+    delays: list[float] = []
+    tails: list[tuple[float, int]] = []
+    for rnd in range(len(runs[0])):
+        n = len(runs[0][rnd]["step_traces"])
+        for st in range(1 if n > 1 else 0, n):
+            start: dict[Any, float] = {}
+            end: dict[Any, float] = {}
+            prev: dict[Any, float | None] = {}
+            step_s, last = 0.0, (-1.0, 0)
+            for r, rank_runs in enumerate(runs):
+                rep = rank_runs[rnd]
+                trace = rep["step_traces"][st]
+                step_s = max(step_s, rep["step_times"][st])
+                before = None
+                for name, a, b in trace:
+                    op = _op_of(name)
+                    start[op], end[op], prev[op] = a, b, before
+                    before = b
+                    ops.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
+                if trace:
+                    last = max(last, (trace[-1][2], r))
+            if last[0] >= 0:
+                tails.append((step_s - last[0], last[1]))
+            for op, a in start.items():
+                near = [x for x in (Op("F", op.stage, op.microbatch) if op.kind == "B" else None,
+                                    Op("B", op.stage, op.microbatch) if op.kind == "W" else None)
+                        if x is not None and x in end]
+                ready = max([prev[op] or 0.0] + [end[x] for x in near])
+                far = (Op("F", op.stage - 1, op.microbatch) if op.kind == "F" and op.stage > 0
+                       else Op("B", op.stage + 1, op.microbatch)
+                       if op.kind == "B" and op.stage + 1 < stages else None)
+                if far is not None and far in end and end[far] > ready:
+                    delays.append(a - end[far])
+                elif prev[op] is not None:
+                    gaps.append(a - ready)
+    return {"ops": ops, "gaps": gaps, "delays": delays, "tails": tails}
+
+
+def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
+               status: Any = None) -> list[list[dict[str, Any]]]:
+    """One rank of :func:`step_profile`: every (schedule, config) job ``rounds`` times,
+    interleaved; per job, this rank's report of every round (traces and step times)."""
+    from pipeopt.executor.launch import run_rank
+
+    out: list[list[dict[str, Any]]] = [[] for _ in jobs]
+    for _ in range(rounds):
+        for i, (sched, cfg) in enumerate(jobs):
+            rep = run_rank(rank, world, device, sched, cfg, "gloo", status=status)
+            out[i].append({"step_traces": rep["step_traces"], "step_times": rep["step_times"]})
+    return out
+
+
+def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
+             measured: float | None) -> float | None:
+    """Scale ``keys`` of ``layers`` by ``measured`` / their summed ``basis`` (what the run
+    measured for these layers together against the warm loop); returns that factor, None
+    (nothing changed) when nothing was measured or the warm loop timed nothing."""
+    total = sum(rec[basis] for rec in layers)
+    if measured is None or total <= 0:
+        return None
+    factor = measured / total
+    for rec in layers:
+        for key in keys:
+            rec[key] = rec[key] * factor
+    return factor
+
+
+def step_profile(doc: dict[str, Any], model: str,
+                 options: tuple[tuple[str, Any], ...] = (), *, ranks: int = 2,
+                 microbatches: int = 8, rounds: int = 2, steps: int = 4,
+                 timeout: float = 600.0) -> dict[str, Any]:
+    """``doc`` (a warm training profile of :func:`profile_model`, on the CPU) re-timed as a
+    pipelined step runs its ops; returns the new document (``"timing": "step"``).
+
+    The config form (``model: {profile: ...}``) partitions the warm profile's layers over
+    ``ranks`` stages; ``ranks`` gloo processes then run the executor on ``model`` (an executor
+    model name: ``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``, with ``options``), ``microbatches``
+    micro-batches of the profile's ``micro_batch_size``, replaying each schedule of
+    :data:`STEP_METHODS` ``steps`` steps a round (the first not counted) for ``rounds``
+    interleaved rounds. From the op traces (:func:`step_trace_costs`, trimmed means):
+
+    - each stage's F (both runs), B and W (ZB-H1) and fused backward (1F1B): every layer's
+      time scaled by the stage's measured time over its layers' warm sum, so that the stages
+      of this partition add up to what the run measured (on the first stage, which takes no
+      input gradient in a pipeline, the whole backward: every backward field of its layers
+      scaled alike, and the first layer's ``input_grad`` false);
+    - ``overheads``: ``action_s`` the runtime's gap before an op, ``message_s`` the delay of
+      an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
+      step of the layers (``step_s`` per layer, warm) of the rank that ran the last op.
+
+    ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
+    its wall time. Another partition of the same layers (more ranks, another balance) keeps
+    these per-layer factors, measured on this one."""
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    from pipeopt.config import parse_config
+    from pipeopt.executor.procs import RunConfig, spawn
+    from pipeopt.solvers import solve
+
+    if doc.get("forward_only"):
+        raise ValueError("step timing: a forward-only profile has no training step to run")
+    if len(doc["layers"]) < ranks:
+        raise ValueError(f"step timing: {len(doc['layers'])} layer(s) cannot fill {ranks} "
+                         "stages; use fewer ranks")
+    t0 = time.perf_counter()
+    layers = copy.deepcopy(doc["layers"])
+    layers[0]["input_grad"] = False  # a pipeline's first input (the data) takes no gradient
+    warm = {**doc, "layers": layers}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "warm.json"
+        write_profile(warm, path)
+        prob = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
+                             "model": {"profile": str(path)}}).problem
+    part = [tuple(x) for x in dict(prob.meta)["partition"]]
+    scheds = [solve(prob, meth) for meth in STEP_METHODS]
+    cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
+                    batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
+    per_rank = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds),
+                     timeout=timeout, backend="gloo")
+    fused, split = (step_trace_costs(s, [per_rank[r][i] for r in range(ranks)])
+                    for i, s in enumerate(scheds))
+
+    def measured(*runs_keys: tuple[dict[str, Any], str]) -> float | None:
+        pooled = [x for run, key in runs_keys for x in run["ops"].get(key, [])]
+        return trimmed_mean(pooled) if pooled else None
+
+    rows = []
+    for k, (a, b) in enumerate(part):
+        seg = layers[a:b]
+        f = measured((fused, f"F{k}"), (split, f"F{k}"))
+        row: dict[str, Any] = {"stage": k, "layers": [a, b], "forward_ms": f and f * 1e3,
+                               "forward_factor": _rescale(seg, ("forward_s",), "forward_s", f)}
+        if k == 0:  # the whole backward: 1F1B's B, ZB-H1's W
+            whole = measured((fused, "B0"), (split, "W0"))
+            row["backward_ms"] = whole and whole * 1e3
+            row["backward_factor"] = _rescale(
+                seg, ("backward_s", "backward_input_s", "backward_weight_s"), "backward_s",
+                whole)
+        else:
+            bi, bw, fb = (measured((split, f"B{k}")), measured((split, f"W{k}")),
+                          measured((fused, f"B{k}")))
+            row.update({"backward_input_ms": bi and bi * 1e3,
+                        "backward_weight_ms": bw and bw * 1e3,
+                        "backward_ms": fb and fb * 1e3})
+            row["backward_input_factor"] = _rescale(seg, ("backward_input_s",),
+                                                    "backward_input_s", bi)
+            row["backward_weight_factor"] = _rescale(seg, ("backward_weight_s",),
+                                                     "backward_weight_s", bw)
+            row["backward_factor"] = _rescale(seg, ("backward_s",), "backward_s", fb)
+        rows.append(row)
+    gaps = fused["gaps"] + split["gaps"]
+    action = max(0.0, trimmed_mean(gaps))
+    delays = fused["delays"] + split["delays"]
+    message = max(0.0, trimmed_mean(delays) - action) if delays else 0.0
+    opt = [sum(rec.get("step_s", 0.0) for a, b in (part[k] for k in prob.device_stages[d])
+               for rec in layers[a:b]) for d in range(ranks)]
+    tails = fused["tails"] + split["tails"]
+    step = max(0.0, trimmed_mean([t - opt[r] for t, r in tails]))
+    wall = time.perf_counter() - t0
+    how = (f"{ranks} gloo ranks running {' and '.join(STEP_METHODS)} of this model, "
+           f"{microbatches} micro-batches, {rounds} rounds x {steps} steps (the first not "
+           f"counted): trimmed means of the runtime's gap before an op ({len(gaps)}), of the "
+           f"delay of an activation message beyond it ({len(delays)}) and of the step tail "
+           f"beyond the layers' optimizer step ({len(tails)})")
+    return {**doc, "timing": "step", "layers": layers,
+            "overheads": {"action_s": action, "message_s": message, "step_s": step,
+                          "how": how},
+            "in_step": {"model": model, "ranks": ranks, "microbatches": microbatches,
+                        "rounds": rounds, "steps": steps, "methods": list(STEP_METHODS),
+                        "partition": [list(x) for x in part], "stages": rows,
+                        "gap_ms": action * 1e3,
+                        "message_delay_ms": trimmed_mean(delays) * 1e3,
+                        "tail_ms": trimmed_mean([t for t, _ in tails]) * 1e3,
+                        "wall_s": wall}}
