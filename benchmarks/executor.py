@@ -501,7 +501,8 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
     st = timed["in_step"]
     print(f"{model}, {m} micro-batches: step-timed profile ({st['wall_s']:.0f} s; gap "
           f"{st['gap_ms']:.2f} ms per op, message delay {st['message_delay_ms']:.2f} ms, tail "
-          f"{st['tail_ms']:.2f} ms); in-step / warm per stage: " + "; ".join(
+          f"{st['tail_ms']:.2f} ms, lead {st['lead_ms']:.2f} ms); in-step / warm per stage: "
+          + "; ".join(
               f"{r['stage']}: F x{r['forward_factor'] or 1:.2f}, fused B x"
               f"{r['backward_factor'] or 1:.2f}" for r in st["stages"]))
     return prob, other
@@ -582,19 +583,17 @@ def ranking(args: argparse.Namespace) -> None:
         close = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
                  if abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j])
                  <= spread[i] + spread[j]]
-        for i, j in close:
-            print(f"  within noise: {names[i]} and {names[j]} predicted "
-                  f"{(predicted[j] - predicted[i]) * 1e3:+.2f} ms apart "
-                  f"({abs(predicted[j] / predicted[i] - 1):.1%}), measured rounds spread "
-                  f"+-{spread[i]:.1%} / +-{spread[j]:.1%}: their order is noise "
-                  f"(measured {(measured[j] - measured[i]) * 1e3:+.2f} ms)")
+        if close:
+            print("  predicted closer than the measured spread of the two (their order is "
+                  "noise): " + ", ".join(
+                      f"{names[i]} / {names[j]} "
+                      f"({abs(predicted[j] / predicted[i] - 1):.1%} apart)" for i, j in close))
         sep = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
                if (i, j) not in close]
         agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
         print(f"  Kendall tau {tau:+.2f} over all {len(scheds) * (len(scheds) - 1) // 2} pairs "
-              f"(aim >= 0.8); pairs predicted apart by more than the spread: {agree}/{len(sep)} "
-              f"in the measured order; worst error {worst:.1%} (aim <= 10%)"
-              )
+              f"(aim >= 0.8); of the {len(sep)} pairs predicted further apart, {agree} in the "
+              f"measured order; worst error {worst:.1%} (aim <= 10%)")
 
 
 def vshape(args: argparse.Namespace) -> None:

@@ -201,7 +201,7 @@ def test_step_trace_costs_by_hand():
     assert got["gaps"] == pytest.approx([0.1] * 4)
     assert got["delays"] == pytest.approx([0.3] * 3)
     assert len(got["tails"]) == 1 and got["tails"][0][1] == 0
-    assert got["tails"][0][0] == pytest.approx(0.7)
+    assert got["tails"][0][0] == pytest.approx(0.7) and got["leads"] == [0.0]
     assert trimmed_mean([float(x) for x in range(1, 11)] + [100.0]) == pytest.approx(6.0)
     assert trimmed_mean([]) == 0.0 and trimmed_mean([2.0]) == 2.0
 

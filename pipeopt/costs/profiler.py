@@ -468,9 +468,9 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
     Returns ``ops`` (``"F1"`` -> every duration of stage 1's forwards), ``gaps`` (an op whose
     inputs are all on its rank: its start less the end of what it waited for, the runtime's
     time between two ops), ``delays`` (an op held up by a message from another rank: its start
-    less the producer's end) and ``tails`` ((seconds, rank) per step: the step's end less the
-    last op's end, on the rank that ran it: the optimizer step, zero-grad and the closing
-    barrier)."""
+    less the producer's end), ``leads`` (per step, the first op's start: the runtime's work
+    before it) and ``tails`` ((seconds, rank) per step: the step's end less the last op's
+    end, on the rank that ran it: the optimizer step, zero-grad and the closing barrier)."""
     from pipeopt.problem import Op
 
     stages = schedule.problem.stages
@@ -478,6 +478,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
     gaps: list[float] = []
     delays: list[float] = []
     tails: list[tuple[float, int]] = []
+    leads: list[float] = []
     for rnd in range(len(runs[0])):
         n = len(runs[0][rnd]["step_traces"])
         for st in range(1 if n > 1 else 0, n):
@@ -499,6 +500,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                     last = max(last, (trace[-1][2], r))
             if last[0] >= 0:
                 tails.append((step_s - last[0], last[1]))
+                leads.append(min(start.values()))
             for op, a in start.items():
                 near = [x for x in (Op("F", op.stage, op.microbatch) if op.kind == "B" else None,
                                     Op("B", op.stage, op.microbatch) if op.kind == "W" else None)
@@ -511,7 +513,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                     delays.append(a - end[far])
                 elif prev[op] is not None:
                     gaps.append(a - ready)
-    return {"ops": ops, "gaps": gaps, "delays": delays, "tails": tails}
+    return {"ops": ops, "gaps": gaps, "delays": delays, "leads": leads, "tails": tails}
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
@@ -564,7 +566,8 @@ def step_profile(doc: dict[str, Any], model: str,
       scaled alike, and the first layer's ``input_grad`` false);
     - ``overheads``: ``action_s`` the runtime's gap before an op, ``message_s`` the delay of
       an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
-      step of the layers (``step_s`` per layer, warm) of the rank that ran the last op.
+      step of the layers (``step_s`` per layer, warm) of the rank that ran the last op, plus
+      the wait before a step's first op beyond the gap.
 
     ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
     its wall time. Another partition of the same layers (more ranks, another balance) keeps
@@ -635,13 +638,17 @@ def step_profile(doc: dict[str, Any], model: str,
     opt = [sum(rec.get("step_s", 0.0) for a, b in (part[k] for k in prob.device_stages[d])
                for rec in layers[a:b]) for d in range(ranks)]
     tails = fused["tails"] + split["tails"]
-    step = max(0.0, trimmed_mean([t - opt[r] for t, r in tails]))
+    # The simulator starts the first op at 0 and pays action_s in it: the runtime's work
+    # before the first op beyond that is paid once a step, as the tail is.
+    lead = max(0.0, trimmed_mean(fused["leads"] + split["leads"]) - action)
+    step = max(0.0, trimmed_mean([t - opt[r] for t, r in tails]) + lead)
     wall = time.perf_counter() - t0
     how = (f"{ranks} gloo ranks running {' and '.join(STEP_METHODS)} of this model, "
            f"{microbatches} micro-batches, {rounds} rounds x {steps} steps (the first not "
            f"counted): trimmed means of the runtime's gap before an op ({len(gaps)}), of the "
-           f"delay of an activation message beyond it ({len(delays)}) and of the step tail "
-           f"beyond the layers' optimizer step ({len(tails)})")
+           f"delay of an activation message beyond it ({len(delays)}), of the step tail beyond "
+           f"the layers' optimizer step and of the wait before the first op beyond the gap "
+           f"({len(tails)} steps)")
     return {**doc, "timing": "step", "layers": layers,
             "overheads": {"action_s": action, "message_s": message, "step_s": step,
                           "how": how},
@@ -651,4 +658,5 @@ def step_profile(doc: dict[str, Any], model: str,
                         "gap_ms": action * 1e3,
                         "message_delay_ms": trimmed_mean(delays) * 1e3,
                         "tail_ms": trimmed_mean([t for t, _ in tails]) * 1e3,
+                        "lead_ms": lead * 1e3,
                         "wall_s": wall}}
