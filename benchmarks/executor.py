@@ -17,7 +17,8 @@ than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project] [--no-replan] [--no-vshape]
-    python benchmarks/executor.py --ranking   # 5 methods x 2 models: errors, Kendall tau
+    python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau
+        [--timing step|warm]
 """
 
 from __future__ import annotations
@@ -484,16 +485,20 @@ def _case_name(method: str, m: int, limit: float | None) -> str:
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
                 p: int, m: int, tmp: str) -> tuple[Problem, Problem]:
     """The warm profile ``doc`` re-timed in step (``pipeopt profile --timing step``), as the
-    config form's problem, and the warm profile (with the same overheads) on the same
-    partition: what the warm loop would have predicted for the same orders."""
+    config form's problem on the partition the runs measured, and the warm profile (with the
+    same overheads) on the same partition: what the warm loop would have predicted for the
+    same orders."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import step_profile
 
     timed = step_profile(doc, model, options, ranks=p, microbatches=m)
     write_profile(timed, f"{tmp}/step.json")
+    # The partition the runs measured (the factors hold for it; another partition would
+    # reuse them per layer).
+    counts = [hi - lo for lo, hi in timed["in_step"]["partition"]]
     prob = parse_config({"pipeline": {"devices": p, "microbatches": m},
-                         "model": {"profile": f"{tmp}/step.json"}}).problem
-    counts = [hi - lo for lo, hi in dict(prob.meta)["partition"]]
+                         "model": {"profile": f"{tmp}/step.json"},
+                         "training": {"stage_layers": counts}}).problem
     write_profile({**doc, "overheads": timed["overheads"]}, f"{tmp}/warm.json")
     other = parse_config({"pipeline": {"devices": p, "microbatches": m},
                           "model": {"profile": f"{tmp}/warm.json"},
