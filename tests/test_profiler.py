@@ -155,6 +155,8 @@ def test_mlp_and_cli(tmp_path):
     st = doc["in_step"]
     assert st["partition"] == [[0, 1], [1, 2]] and st["methods"] == ["1f1b", "zb-h1"]
     assert st["microbatches"] == 4 and st["ranks"] == 2
+    assert [r["method"] for r in st["replayed"]] == ["1f1b", "zb-h1"]
+    assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in st["replayed"])
     # stage 0 takes no input gradient in a pipeline: its whole backward is one op
     assert doc["layers"][0]["input_grad"] is False and doc["layers"][1]["input_grad"] is True
     for row, rec in zip(st["stages"], doc["layers"], strict=True):  # one layer per stage

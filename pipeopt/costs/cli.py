@@ -189,7 +189,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"timed in step: {st['ranks']} gloo ranks ran {' and '.join(st['methods'])} with "
               f"{st['microbatches']} micro-batches on partition {st['partition']} "
               f"({st['wall_s']:.0f} s); each layer scaled so that every stage's ops add up to "
-              "what the runs measured")
+              "what the runs measured; the runs' median step against this profile's "
+              "prediction of the same orders: " + ", ".join(
+                  f"{r['method']} {r['measured_ms']:.2f} / {r['predicted_ms']:.2f} ms"
+                  for r in st["replayed"]) + f" (per action {st['gap_ms']:.3f} ms measured "
+              f"between ops, {st['action_fit_ms']:.3f} ms priced)")
     else:
         print("timed in a warm loop, one layer alone (--timing warm): ops inside a pipelined "
               "step run slower than this")

@@ -545,6 +545,57 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
     return factor
 
 
+def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
+                part: list[tuple[int, int]], microbatches: int
+                ) -> tuple[float, list[dict[str, Any]]]:
+    """The cost per action (seconds, >= the measured gap ``doc.overheads.action_s``) with which
+    ``doc`` predicts the runs of :func:`step_profile` (their summed median step, the slowest
+    rank's, steps after the first of each round), and per schedule its measured step against
+    the predictions with the measured gap and with that cost (ms)."""
+    import tempfile
+    from pathlib import Path
+
+    from pipeopt.config import parse_config
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+    from pipeopt.schedules import fused_variant
+    from pipeopt.simulate import simulate
+
+    gap = doc["overheads"]["action_s"]
+    zero = {**doc, "overheads": {**doc["overheads"], "action_s": 0.0}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.json"
+        write_profile(zero, path)
+        prob = parse_config({"pipeline": {"devices": len(part), "microbatches": microbatches},
+                             "model": {"profile": str(path)},
+                             "training": {"stage_layers": [b - a for a, b in part]}}).problem
+    measured = []
+    for i in range(len(scheds)):
+        steps = [max(rep[i][rnd]["step_times"][st] for rep in per_rank)
+                 for rnd in range(len(per_rank[0][i]))
+                 for st in range(1, len(per_rank[0][i][rnd]["step_times"]))]
+        measured.append(statistics.median(steps))
+
+    def predicted(action: float) -> list[float]:
+        with_a = with_overheads(prob, Overheads(action_s=action), [0.0] * prob.stages)
+        return [simulate(with_a if s.problem.split_backward else fused_variant(with_a),
+                         s.device_orders()).iteration_time for s in scheds]
+
+    target = sum(measured)
+    lo, hi = gap, gap + max(measured)
+    if sum(predicted(lo)) >= target:
+        fit = gap
+    else:
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sum(predicted(mid)) < target else (lo, mid)
+        fit = (lo + hi) / 2
+    rows = [{"method": s.method, "measured_ms": t * 1e3, "predicted_gap_ms": g * 1e3,
+             "predicted_ms": f * 1e3}
+            for s, t, g, f in zip(scheds, measured, predicted(gap), predicted(fit), strict=True)]
+    return fit, rows
+
+
 def step_profile(doc: dict[str, Any], model: str,
                  options: tuple[tuple[str, Any], ...] = (), *, ranks: int = 2,
                  microbatches: int = 8, rounds: int = 2, steps: int = 4,
@@ -564,14 +615,18 @@ def step_profile(doc: dict[str, Any], model: str,
       of this partition add up to what the run measured (on the first stage, which takes no
       input gradient in a pipeline, the whole backward: every backward field of its layers
       scaled alike, and the first layer's ``input_grad`` false);
-    - ``overheads``: ``action_s`` the runtime's gap before an op, ``message_s`` the delay of
-      an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
+    - ``overheads``: ``action_s`` the runtime's gap before an op, raised (bisection) until the
+      new document predicts the runs' summed median step (a step is the longest path over
+      ops whose times vary, longer than the path over their means), ``message_s`` the delay
+      of an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
       step of the layers (``step_s`` per layer, warm) of the rank that ran the last op, plus
       the wait before a step's first op beyond the gap.
 
     ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
-    its wall time. Another partition of the same layers (more ranks, another balance) keeps
-    these per-layer factors, measured on this one."""
+    each schedule's measured step against what the new document predicts for it with the
+    measured gap and with the raised cost (``replayed``), its wall time. Another partition of
+    the same layers (more ranks, another balance) keeps these per-layer factors, measured on
+    this one."""
     import copy
     import tempfile
     from pathlib import Path
@@ -642,17 +697,22 @@ def step_profile(doc: dict[str, Any], model: str,
     # before the first op beyond that is paid once a step, as the tail is.
     lead = max(0.0, trimmed_mean(fused["leads"] + split["leads"]) - action)
     step = max(0.0, trimmed_mean([t - opt[r] for t, r in tails]) + lead)
+    out = {**doc, "timing": "step", "layers": layers,
+           "overheads": {"action_s": action, "message_s": message, "step_s": step}}
     wall = time.perf_counter() - t0
     how = (f"{ranks} gloo ranks running {' and '.join(STEP_METHODS)} of this model, "
            f"{microbatches} micro-batches, {rounds} rounds x {steps} steps (the first not "
-           f"counted): trimmed means of the runtime's gap before an op ({len(gaps)}), of the "
-           f"delay of an activation message beyond it ({len(delays)}), of the step tail beyond "
-           f"the layers' optimizer step and of the wait before the first op beyond the gap "
-           f"({len(tails)} steps)")
-    return {**doc, "timing": "step", "layers": layers,
-            "overheads": {"action_s": action, "message_s": message, "step_s": step,
-                          "how": how},
-            "in_step": {"model": model, "ranks": ranks, "microbatches": microbatches,
+           f"counted): trimmed means of the delay of an activation message beyond the "
+           f"runtime's gap before an op ({len(delays)}), of the step tail beyond the layers' "
+           f"optimizer step and of the wait before the first op beyond that gap ({len(tails)} "
+           f"steps); per action: the gap ({action * 1e3:.3f} ms, {len(gaps)} ops), raised "
+           f"until the runs' median steps are predicted (the waits a step's longest path adds "
+           f"over the mean op times)")
+    fit, replayed = _fit_action(out, scheds, per_rank, part, microbatches)
+    out["overheads"].update(action_s=fit, how=how)
+    return {**out,
+            "in_step": {"replayed": replayed, "action_fit_ms": fit * 1e3,
+                        "model": model, "ranks": ranks, "microbatches": microbatches,
                         "rounds": rounds, "steps": steps, "methods": list(STEP_METHODS),
                         "partition": [list(x) for x in part], "stages": rows,
                         "gap_ms": action * 1e3,
