@@ -548,8 +548,8 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
 def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
                 part: list[tuple[int, int]], microbatches: int
                 ) -> tuple[float, list[dict[str, Any]]]:
-    """The cost per action (seconds, >= the measured gap ``doc.overheads.action_s``) with which
-    ``doc`` predicts the runs of :func:`step_profile` (their summed median step, the slowest
+    """The cost per action (seconds, >= 0; ``doc.overheads.action_s`` is the measured gap) with
+    which ``doc`` predicts the runs of :func:`step_profile` (their summed median step, the slowest
     rank's, steps after the first of each round), and per schedule its measured step against
     the predictions with the measured gap and with that cost (ms)."""
     import tempfile
@@ -582,9 +582,9 @@ def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
                          s.device_orders()).iteration_time for s in scheds]
 
     target = sum(measured)
-    lo, hi = gap, gap + max(measured)
-    if sum(predicted(lo)) >= target:
-        fit = gap
+    lo, hi = 0.0, gap + max(measured)
+    if sum(predicted(lo)) >= target:  # the ops alone already take longer than the runs
+        fit = 0.0
     else:
         for _ in range(50):
             mid = (lo + hi) / 2
@@ -615,8 +615,8 @@ def step_profile(doc: dict[str, Any], model: str,
       of this partition add up to what the run measured (on the first stage, which takes no
       input gradient in a pipeline, the whole backward: every backward field of its layers
       scaled alike, and the first layer's ``input_grad`` false);
-    - ``overheads``: ``action_s`` the runtime's gap before an op, raised (bisection) until the
-      new document predicts the runs' summed median step (a step is the longest path over
+    - ``overheads``: ``action_s`` the runtime's gap before an op, adjusted (bisection, >= 0)
+      until the new document predicts the runs' summed median step (a step is the longest path over
       ops whose times vary, longer than the path over their means), ``message_s`` the delay
       of an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
       step of the layers (``step_s`` per layer, warm) of the rank that ran the last op, plus
@@ -624,7 +624,7 @@ def step_profile(doc: dict[str, Any], model: str,
 
     ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
     each schedule's measured step against what the new document predicts for it with the
-    measured gap and with the raised cost (``replayed``), its wall time. Another partition of
+    measured gap and with the fitted cost (``replayed``), its wall time. Another partition of
     the same layers (more ranks, another balance) keeps these per-layer factors, measured on
     this one."""
     import copy
@@ -705,7 +705,7 @@ def step_profile(doc: dict[str, Any], model: str,
            f"counted): trimmed means of the delay of an activation message beyond the "
            f"runtime's gap before an op ({len(delays)}), of the step tail beyond the layers' "
            f"optimizer step and of the wait before the first op beyond that gap ({len(tails)} "
-           f"steps); per action: the gap ({action * 1e3:.3f} ms, {len(gaps)} ops), raised "
+           f"steps); per action: the gap ({action * 1e3:.3f} ms, {len(gaps)} ops), adjusted "
            f"until the runs' median steps are predicted (the waits a step's longest path adds "
            f"over the mean op times)")
     fit, replayed = _fit_action(out, scheds, per_rank, part, microbatches)
