@@ -593,10 +593,11 @@ def ranking(args: argparse.Namespace) -> None:
                  if abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j])
                  <= spread[i] + spread[j]]
         if close:
-            print("  predicted closer than the measured spread of the two (their order is "
-                  "noise): " + ", ".join(
+            print("  predicted closer (difference over the larger) than their two round "
+                  "spreads added (their order is noise): " + ", ".join(
                       f"{names[i]} / {names[j]} "
-                      f"({abs(predicted[j] / predicted[i] - 1):.1%} apart)" for i, j in close))
+                      f"({abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j]):.1%}"
+                      " apart)" for i, j in close))
         sep = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
                if (i, j) not in close]
         agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
