@@ -506,7 +506,8 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
     st = timed["in_step"]
     print(f"{model}, {m} micro-batches: step-timed profile ({st['wall_s']:.0f} s; gap "
           f"{st['gap_ms']:.2f} ms per op, message delay {st['message_delay_ms']:.2f} ms, tail "
-          f"{st['tail_ms']:.2f} ms, lead {st['lead_ms']:.2f} ms); in-step / warm per stage: "
+          f"{st['tail_ms']:.2f} ms, lead {st['lead_ms']:.2f} ms; a {st['message_bytes']} B "
+          f"ping-pong {st['message_ping_pong_ms']:.2f} ms one way); in-step / warm per stage: "
           + "; ".join(
               f"{r['stage']}: F x{r['forward_factor'] or 1:.2f}, fused B x"
               f"{r['backward_factor'] or 1:.2f}" for r in st["stages"])

@@ -155,6 +155,7 @@ def test_mlp_and_cli(tmp_path):
     st = doc["in_step"]
     assert st["partition"] == [[0, 1], [1, 2]] and st["methods"] == ["1f1b", "zb-h1"]
     assert st["microbatches"] == 4 and st["ranks"] == 2
+    assert st["message_bytes"] == 2 * 16 * 4 and st["message_ping_pong_ms"] > 0
     assert [r["method"] for r in st["replayed"]] == ["1f1b", "zb-h1"]
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in st["replayed"])
     # stage 0 takes no input gradient in a pipeline: its whole backward is one op

@@ -517,9 +517,13 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
-               status: Any = None) -> list[list[dict[str, Any]]]:
+               message_bytes: int, status: Any = None) -> dict[str, Any]:
     """One rank of :func:`step_profile`: every (schedule, config) job ``rounds`` times,
-    interleaved; per job, this rank's report of every round (traces and step times)."""
+    interleaved; per job, this rank's report of every round (traces and step times); then the
+    one-way time of a ``message_bytes`` message between ranks 0 and 1 (ping-pong, seconds; on
+    rank 0, for comparison with the delays the traces show)."""
+    import torch
+
     from pipeopt.executor.launch import run_rank
 
     out: list[list[dict[str, Any]]] = [[] for _ in jobs]
@@ -527,7 +531,8 @@ def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
         for i, (sched, cfg) in enumerate(jobs):
             rep = run_rank(rank, world, device, sched, cfg, "gloo", status=status)
             out[i].append({"step_traces": rep["step_traces"], "step_times": rep["step_times"]})
-    return out
+    msg = torch.zeros(max(1, message_bytes // 4))
+    return {"runs": out, "ping_pong_s": ping_pong_s(rank, msg, 50)}
 
 
 def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
@@ -653,8 +658,10 @@ def step_profile(doc: dict[str, Any], model: str,
     scheds = [solve(prob, meth) for meth in STEP_METHODS]
     cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
                     batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
-    per_rank = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds),
-                     timeout=timeout, backend="gloo")
+    boundary = int(layers[part[0][1] - 1]["output_bytes"])  # stage 0's activation message
+    reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary),
+                    timeout=timeout, backend="gloo")
+    per_rank = [r["runs"] for r in reports]
     fused, split = (step_trace_costs(s, [per_rank[r][i] for r in range(ranks)])
                     for i, s in enumerate(scheds))
 
@@ -717,6 +724,8 @@ def step_profile(doc: dict[str, Any], model: str,
                         "partition": [list(x) for x in part], "stages": rows,
                         "gap_ms": action * 1e3,
                         "message_delay_ms": trimmed_mean(delays) * 1e3,
+                        "message_bytes": boundary,
+                        "message_ping_pong_ms": (reports[0]["ping_pong_s"] or 0.0) * 1e3,
                         "tail_ms": trimmed_mean([t for t, _ in tails]) * 1e3,
                         "lead_ms": lead * 1e3,
                         "wall_s": wall}}
