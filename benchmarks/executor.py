@@ -511,9 +511,9 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
           + "; ".join(
               f"{r['stage']}: F x{r['forward_factor'] or 1:.2f}, fused B x"
               f"{r['backward_factor'] or 1:.2f}" for r in st["stages"])
-          + f"; per action {st['action_fit_ms']:.2f} ms priced; its own runs measured / "
-          "predicted with the gap / priced: " + ", ".join(
-              f"{r['method']} {r['measured_ms']:.1f} / {r['predicted_gap_ms']:.1f} / "
+          + f"; per step {st['step_measured_ms']:.2f} ms measured, {st['step_fit_ms']:.2f} "
+          "ms priced; its own runs measured / predicted from the parts / priced: " + ", ".join(
+              f"{r['method']} {r['measured_ms']:.1f} / {r['predicted_parts_ms']:.1f} / "
               f"{r['predicted_ms']:.1f} ms" for r in st["replayed"]))
     return prob, other
 

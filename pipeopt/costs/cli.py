@@ -192,8 +192,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
               "what the runs measured; the runs' median step against this profile's "
               "prediction of the same orders: " + ", ".join(
                   f"{r['method']} {r['measured_ms']:.2f} / {r['predicted_ms']:.2f} ms"
-                  for r in st["replayed"]) + f" (per action {st['gap_ms']:.3f} ms measured "
-              f"between ops, {st['action_fit_ms']:.3f} ms priced)")
+                  for r in st["replayed"]) + f" (per step {st['step_measured_ms']:.3f} ms "
+              f"measured beyond the ops, {st['step_fit_ms']:.3f} ms priced)")
     else:
         print("timed in a warm loop, one layer alone (--timing warm): ops inside a pipelined "
               "step run slower than this")

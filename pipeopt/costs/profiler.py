@@ -550,13 +550,14 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
     return factor
 
 
-def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
-                part: list[tuple[int, int]], microbatches: int
-                ) -> tuple[float, list[dict[str, Any]]]:
-    """The cost per action (seconds, >= 0; ``doc.overheads.action_s`` is the measured gap) with
-    which ``doc`` predicts the runs of :func:`step_profile` (their summed median step, the slowest
-    rank's, steps after the first of each round), and per schedule its measured step against
-    the predictions with the measured gap and with that cost (ms)."""
+def _fit_step(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
+              part: list[tuple[int, int]], microbatches: int
+              ) -> tuple[float, list[dict[str, Any]]]:
+    """The fixed cost per step (seconds, >= 0; ``doc.overheads.step_s`` is the measured tail
+    and lead) with which ``doc`` predicts the runs of :func:`step_profile` on average (their
+    median step, the slowest rank's, steps after the first of each round), and per schedule
+    its measured step against the predictions with the measured tail and with that cost
+    (ms)."""
     import tempfile
     from pathlib import Path
 
@@ -566,11 +567,9 @@ def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
     from pipeopt.schedules import fused_variant
     from pipeopt.simulate import simulate
 
-    gap = doc["overheads"]["action_s"]
-    zero = {**doc, "overheads": {**doc["overheads"], "action_s": 0.0}}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "step.json"
-        write_profile(zero, path)
+        write_profile(doc, path)
         prob = parse_config({"pipeline": {"devices": len(part), "microbatches": microbatches},
                              "model": {"profile": str(path)},
                              "training": {"stage_layers": [b - a for a, b in part]}}).problem
@@ -581,23 +580,17 @@ def _fit_action(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
                  for st in range(1, len(per_rank[0][i][rnd]["step_times"]))]
         measured.append(statistics.median(steps))
 
-    def predicted(action: float) -> list[float]:
-        with_a = with_overheads(prob, Overheads(action_s=action), [0.0] * prob.stages)
-        return [simulate(with_a if s.problem.split_backward else fused_variant(with_a),
+    def predicted(extra: float) -> list[float]:
+        more = with_overheads(prob, Overheads(), [extra] * prob.stages) if extra else prob
+        return [simulate(more if s.problem.split_backward else fused_variant(more),
                          s.device_orders()).iteration_time for s in scheds]
 
-    target = sum(measured)
-    lo, hi = 0.0, gap + max(measured)
-    if sum(predicted(lo)) >= target:  # the ops alone already take longer than the runs
-        fit = 0.0
-    else:
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if sum(predicted(mid)) < target else (lo, mid)
-        fit = (lo + hi) / 2
-    rows = [{"method": s.method, "measured_ms": t * 1e3, "predicted_gap_ms": g * 1e3,
+    base = predicted(0.0)
+    tail = doc["overheads"]["step_s"]
+    fit = max(0.0, tail + statistics.mean(t - x for t, x in zip(measured, base, strict=True)))
+    rows = [{"method": s.method, "measured_ms": t * 1e3, "predicted_parts_ms": x * 1e3,
              "predicted_ms": f * 1e3}
-            for s, t, g, f in zip(scheds, measured, predicted(gap), predicted(fit), strict=True)]
+            for s, t, x, f in zip(scheds, measured, base, predicted(fit - tail), strict=True)]
     return fit, rows
 
 
@@ -620,18 +613,18 @@ def step_profile(doc: dict[str, Any], model: str,
       of this partition add up to what the run measured (on the first stage, which takes no
       input gradient in a pipeline, the whole backward: every backward field of its layers
       scaled alike, and the first layer's ``input_grad`` false);
-    - ``overheads``: ``action_s`` the runtime's gap before an op, adjusted (bisection, >= 0)
-      until the new document predicts the runs' summed median step (a step is the longest path over
-      ops whose times vary, longer than the path over their means), ``message_s`` the delay
-      of an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
+    - ``overheads``: ``action_s`` the runtime's gap before an op, ``message_s`` the delay of
+      an activation message beyond that gap, ``step_s`` the step tail beyond the optimizer
       step of the layers (``step_s`` per layer, warm) of the rank that ran the last op, plus
-      the wait before a step's first op beyond the gap.
+      the wait before a step's first op beyond the gap, then adjusted (>= 0) by the mean of
+      the runs' median step less what the new document predicts for them (a step is the
+      longest path over ops whose times vary, longer than the path over their means).
 
     ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
     each schedule's measured step against what the new document predicts for it with the
-    measured gap and with the fitted cost (``replayed``), its wall time. Another partition of
-    the same layers (more ranks, another balance) keeps these per-layer factors, measured on
-    this one."""
+    measured parts and with the adjusted step cost (``replayed``), its wall time. Another
+    partition of the same layers (more ranks, another balance) keeps these per-layer factors,
+    measured on this one."""
     import copy
     import tempfile
     from pathlib import Path
@@ -712,13 +705,14 @@ def step_profile(doc: dict[str, Any], model: str,
            f"counted): trimmed means of the delay of an activation message beyond the "
            f"runtime's gap before an op ({len(delays)}), of the step tail beyond the layers' "
            f"optimizer step and of the wait before the first op beyond that gap ({len(tails)} "
-           f"steps); per action: the gap ({action * 1e3:.3f} ms, {len(gaps)} ops), adjusted "
-           f"until the runs' median steps are predicted (the waits a step's longest path adds "
-           f"over the mean op times)")
-    fit, replayed = _fit_action(out, scheds, per_rank, part, microbatches)
-    out["overheads"].update(action_s=fit, how=how)
+           f"steps), that step cost adjusted until the runs' median steps are predicted on "
+           f"average (the waits a step's longest path adds over the mean op times); per "
+           f"action: the gap ({len(gaps)} ops)")
+    fit, replayed = _fit_step(out, scheds, per_rank, part, microbatches)
+    out["overheads"].update(step_s=fit, how=how)
     return {**out,
-            "in_step": {"replayed": replayed, "action_fit_ms": fit * 1e3,
+            "in_step": {"replayed": replayed, "step_measured_ms": step * 1e3,
+                        "step_fit_ms": fit * 1e3,
                         "model": model, "ranks": ranks, "microbatches": microbatches,
                         "rounds": rounds, "steps": steps, "methods": list(STEP_METHODS),
                         "partition": [list(x) for x in part], "stages": rows,
