@@ -283,9 +283,11 @@ def main() -> None:
                     "executor runs it, all ranks at once; project: pipeopt.costs.profiler, "
                     "per layer, one process")
     ap.add_argument("--ranking", action="store_true",
-                    help="instead: every method of RANK_METHODS on each model of RANK_MODELS, "
-                    "solved on the project profile, run in interleaved rounds; predicted vs "
-                    "measured step time per method and the Kendall tau of the two orders")
+                    help="instead: every case of RANK_CASES on each model of RANK_MODELS, "
+                    "solved on the project profile (one per micro-batch size), run in "
+                    "interleaved rounds; predicted vs measured step time per case, the pairs "
+                    "predicted closer than their measured spread and the Kendall tau of the "
+                    "two orders")
     ap.add_argument("--timing", choices=["step", "warm"], default="step",
                     help="--ranking: how the profile times its ops: step (default): in real "
                     "steps of the executor (pipeopt profile's default on the CPU); warm: each "
