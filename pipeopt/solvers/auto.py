@@ -75,6 +75,12 @@ CPSAT_MIN_TIME_S = 1.0
 RELAX_SHARE = 0.2
 RELAX_MAX_S = 10.0
 RELAX_MAX_PAIRS = 2_000
+#: Where the whole relaxation has more pair choices than :data:`RELAX_MAX_PAIRS`: the last
+#: micro-batches alone (``relaxation_bound``'s window), as many as fit in this many pair
+#: choices. At xdc p = 16, m = 64 that is the last 40 (7,989 pairs): 253.0-254.6 s in its
+#: 10 s on a loaded 2-core machine, as many micro-batches' model's optimum is 254.6 s; the
+#: last 24 (3,256) prove their optimum, 253.8 s, in 5 s (benchmarks/README.md).
+RELAX_WINDOW_PAIRS = 8_000
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
 #: large-neighbourhood search where the full model is too large for the time left):
 #: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
@@ -264,9 +270,14 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     if not any(x > 0 for x in stage_memory_bound(problem)):  # what the relaxation models
         return None
     bound = _load("pipeopt.solvers.relaxation", "relaxation_bound")
-    if bound is None:
+    fit: Any = _load("pipeopt.solvers.relaxation", "largest_window")
+    if bound is None or fit is None:
         return None
-    got: Any = bound(problem, time_limit=budget, workers=workers, max_pairs=RELAX_MAX_PAIRS)
+    window = None
+    if fit(problem, RELAX_MAX_PAIRS) < problem.microbatches:  # the last rounds alone
+        window = fit(problem, RELAX_WINDOW_PAIRS)
+    got: Any = bound(problem, time_limit=budget, workers=workers, window=window,
+                     max_pairs=max(RELAX_MAX_PAIRS, RELAX_WINDOW_PAIRS))
     return None if got is None else float(got.value)
 
 

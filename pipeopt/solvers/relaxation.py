@@ -51,17 +51,39 @@ each with its F start at least ``arrival + lo_i`` for its F number i among all m
 what the first rounds of in-flight micro-batches cost (the analytic recursion) into a small
 model of the last rounds, where the waits of the lemma add up: from the third round of M
 micro-batches on, each round's F's going out and the previous round's B's coming back cross on
-every later device. At p = 16, m = 64 (``benchmarks/search.py``'s xdc) the full model proves
-nothing above the analytic 253 s, while the last 24 micro-batches prove 253.8 s (CP-SAT's
-optimum of that model, 26 s on a loaded 2-core machine) and the last 32 254.0 s (its optimum,
-2-2.5 minutes; 40 are not proven in 5 minutes; benchmarks/README.md). Every window is a valid
-bound; a larger one is never weaker at its optimum (it keeps a superset of the constraints)
-but harder to prove.
+every later device. Every window is a valid bound; a larger one is never weaker at its optimum
+(it keeps a superset of the constraints) but harder to prove.
 
-Cost: a model of 3m intervals and up to ``m * stages`` pair choices per distance; CP-SAT proves
-its optimum in 1-2 s at p = 4, m = 12 and in 40-65 s at p = 8, m = 24 on a loaded 2-core
-machine, and the full model not in 60-240 s at p = 16, m = 64 (there its bound stays the
-analytic one).
+Order. With identical micro-batches and links that carry one message at a time without delay
+(no contention), some optimal schedule runs every stage's F's, B's and W's in one order, that of
+the F starts on stage 0 (and so on stage s). Exchanges, stage by stage: (1) F's, k = 1, 2, ...
+(the F's before stage k already in order, so the inputs of stage k arrive in that order): where
+F(k, j) runs before F(k, i) although i's input arrived no later, i takes the earlier of the two
+slots and i and j swap everything they do from there on (F's of stages >= k, B's and W's of
+every stage). Both still start after their inputs; every device runs ops at the same times; and
+a stage's memory at any time, the activations allocated less those released so far, counts the
+same starts and ends (every release still follows its own allocation: the F's are in order), so
+the makespan and every limit stay as they were. (2) B's, k = last, ..., 0, the same with the B's
+of stages <= k and the W's (B(last, i) is ready when F(last, i) ends, in F order; B(k, i) when
+B(k + 1, i) arrives). (3) W's, per stage, by B end. Each step keeps the earlier steps' orders.
+So where it holds (``fifo``; not where a link serializes messages) the model also takes:
+
+* ``b_{i+1} >= b_i + B_s`` and the W's of stage s in the same order;
+* the lemma's choices in order: F(k, j) before B(k, i) implies F(k, j - 1) before B(k, i) and
+  F(k, j) before B(k, i + 1) (i < j - 1);
+* device k runs F(k, i..j) and B(k, i..j) between F(k, i)'s start and B(k, j)'s end, so ``b_j
+  >= x_i + a_k + (j - i + 1)(F_k + B_k) + c_k - B_k = x_i + R - g_k + (j - i)(F_k + B_k)``
+  (the stages with the least ``g_k`` and most ``F_k + B_k``: at xdc, the last stage's F, B
+  pairs pace the B's coming back to 2.2 s apart).
+
+Solving. CP-SAT is asked yes/no questions, "a relaxed schedule with a makespan of at most t?",
+t stepping up from the analytic bound while refuted, then halving the interval up to a relaxed
+schedule found (:func:`_least_span`): a cap near the answer is refuted in seconds where the
+minimisation proved the same in minutes. The bound is the least makespan not refuted.
+
+What it gives at ``benchmarks/search.py``'s xdc p = 16, m = 64 (analytic bound 253 s; 2-core
+machine shared with other jobs, load 11-12; benchmarks/README.md): the last 24 micro-batches
+254.0 -> 253.8 s... 
 """
 
 from __future__ import annotations
@@ -69,6 +91,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pipeopt.bounds import _arrival, _free_memory, memory_starts, round_trips, stage_memory_bound
 from pipeopt.bounds import makespan_lower_bound as _analytic
@@ -79,6 +102,11 @@ from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
 #: benchmarks/search.py has 16,790 at p = 16, m = 64 (CP-SAT proves nothing there in 60 s);
 #: p = 32, m = 128 would have 128,889.
 MAX_PAIRS = 20_000
+#: Each question of :func:`_least_span` gets at most this share of the time left (so an
+#: unanswered one leaves time for a smaller step), and none is asked with less than
+#: _LEAST_QUESTION_S seconds left.
+_QUESTION_SHARE = 0.5
+_LEAST_QUESTION_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -98,6 +126,8 @@ class RelaxationBound:
     wall_s: float
     #: How many micro-batches the model kept (the last ones by F start; m: all of them).
     window: int = 0
+    #: Yes/no questions put to CP-SAT ("a relaxed schedule within this makespan?").
+    questions: int = 0
 
 
 def _stage(problem: Problem) -> int:
@@ -110,7 +140,7 @@ def _stage(problem: Problem) -> int:
 
 def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int | None = 2,
                      stage: int | None = None, max_pairs: int = MAX_PAIRS,
-                     window: int | None = None) -> RelaxationBound | None:
+                     window: int | None = None, fifo: bool = True) -> RelaxationBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring, given
     to CP-SAT for ``time_limit`` seconds with ``workers`` threads (None: CP-SAT's default).
     ``stage``: the stage kept
@@ -142,12 +172,7 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     w_s = problem.backward_weight[s] if problem.split_backward else 0.0
     trip = round_trips(problem, 0)[s]
     arr = _arrival(problem, 0)
-    gaps: list[tuple[float, float]] = []  # per later stage k: (g_k, gamma_k)
-    c = 0.0  # B(k) start -> B(s) start
-    for k in range(s + 1, n):
-        c += bwd[k] + problem.delay(k, k - 1, 0)
-        g = trip - (arr[k] - arr[s]) - fwd[k] - c
-        gaps.append((g, g + fwd[k] + bwd[k]))
+    gaps = _gaps(problem, s)  # per later stage k: (g_k, gamma_k)
     tail = bwd[s]  # B(s) start -> the end of W(0): the backward down to stage 0, then W(0)
     for k in range(s - 1, -1, -1):
         tail += problem.delay(k + 1, k, 0) + bwd[k]
@@ -188,30 +213,129 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
         w_ends = [w[i] + down(w_s) for i in range(m)]
     model.add_no_overlap(intervals)
     _add_memory(model, problem, s, x, ends, w_ends, horizon)
+    in_order = fifo and not problem.has_link_contention
+    if in_order:
+        for i in range(1, m):
+            model.add(b[i] >= b[i - 1] + down(bwd[s]))
+            if problem.split_backward:
+                model.add(w[i] >= w[i - 1] + down(w_s))
+        for g, work in _throttles(gaps, fwd, bwd, s):
+            for i in range(m):
+                for j in range(i + 1, m):
+                    model.add(b[j] >= x[i] + down(trip - g + (j - i) * work))
     span = model.new_int_var(0, horizon, "makespan")
     model.add(span >= down(analytic))
     for i in range(m):
         model.add(span >= w_ends[i])
         model.add(span >= b[i] + down(tail))
-    for i in range(m):
-        for j in range(i + 1, m):
-            for g, gam in gaps:
+    for g, gam in gaps:
+        first: dict[tuple[int, int], Any] = {}  # (i, j): B(k, i) after F(k, j)
+        for i in range(m):
+            for j in range(i + 1, m):
                 if (j - i) * fwd[s] >= gam:
                     continue
-                first = model.new_bool_var("")  # B(k, i) after F(k, j)
-                model.add(b[i] >= x[j] + down(trip - g)).only_enforce_if(first)
-                model.add(b[j] >= x[i] + down(trip + gam)).only_enforce_if(~first)
-    model.minimize(span)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
-    if workers is not None:
-        solver.parameters.num_workers = workers
-    status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0, m)
-    value = max(analytic, solver.best_objective_bound * unit)
-    return RelaxationBound(value, status == cp_model.OPTIMAL, s, pairs,
-                           time.perf_counter() - t0, m)
+                first[i, j] = model.new_bool_var("")
+                model.add(b[i] >= x[j] + down(trip - g)).only_enforce_if(first[i, j])
+                model.add(b[j] >= x[i] + down(trip + gam)).only_enforce_if(~first[i, j])
+        if in_order:  # in order on device k: F(k, j) before B(k, i) orders the pairs between
+            for (i, j), lit in first.items():
+                if (i, j - 1) in first:
+                    model.add_implication(lit, first[i, j - 1])
+                if (i + 1, j) in first:
+                    model.add_implication(lit, first[i + 1, j])
+    low, high, checks = _least_span(model, span, down(analytic), horizon,
+                                    time_limit - (time.perf_counter() - t0), workers)
+    value = max(analytic, low * unit)
+    return RelaxationBound(value, low == high, s, pairs, time.perf_counter() - t0, m, checks)
+
+
+def _least_span(model: Any, span: Any, low: int, top: int, time_limit: float,
+                workers: int | None) -> tuple[int, int | None, int]:
+    """The relaxation's least makespan (grid units) bracketed by yes/no questions to CP-SAT,
+    "is there a relaxed schedule with ``span <= cap``?", until ``time_limit`` seconds are spent:
+    (``low``, ``high``, questions asked): every makespan below ``low`` is refuted, ``high`` is
+    reached by a relaxed schedule (None: none found). A model with no schedule up to ``top``
+    (the horizon: then the problem has none) gives back the ``low`` it was given.
+
+    Why questions and not CP-SAT's own minimisation: with a cap near the answer CP-SAT refutes
+    a window in seconds (xdc p = 16, m = 64, the last 40 micro-batches: no relaxed schedule of
+    254.5 s, in 2.6 s on a loaded 2-core machine) where minimising took 110 s to prove as much.
+    The caps step up from ``low`` by a doubling step while refuted (first step: 0.2 % of
+    ``low``), then halve the interval between ``low`` and ``high``; a question left unanswered
+    at its share of the time left is asked again with half the step, so every answer only
+    raises ``low`` or lowers ``high``.
+    """
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    given, high = low, None
+    step, checks = max(1, low // 500), 0
+    while high is None or low < high:
+        left = time_limit - (time.perf_counter() - t0)
+        if left < _LEAST_QUESTION_S:
+            break
+        cap = min(top, low + step) if high is None else min(high - 1, low + step)
+        trial = model.clone()
+        capped = trial.get_int_var_from_proto_index(span.index)
+        trial.add(capped <= cap)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(_LEAST_QUESTION_S, left * _QUESTION_SHARE)
+        if workers is not None:
+            solver.parameters.num_workers = workers
+        status = solver.solve(trial)
+        checks += 1
+        if status == cp_model.INFEASIBLE:
+            if cap >= top:  # no relaxed schedule at all: nothing learnt about the makespan
+                return given, None, checks
+            low = cap + 1
+            step = 2 * step if high is None else max(1, (high - low) // 2)
+        elif status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            high = int(solver.value(capped))
+            step = max(1, (high - low) // 2)
+        elif step > 1:
+            step //= 2
+        else:
+            break
+    return low, high, checks
+
+
+def _gaps(problem: Problem, s: int) -> list[tuple[float, float]]:
+    """Per stage k after ``s``: (``g_k``, ``gamma_k``) of the module docstring (seconds)."""
+    fwd, bwd = problem.forward, problem.durations["B"]
+    trip, arr = round_trips(problem, 0)[s], _arrival(problem, 0)
+    out = []
+    c = 0.0  # B(k) start -> B(s) start
+    for k in range(s + 1, problem.stages):
+        c += bwd[k] + problem.delay(k, k - 1, 0)
+        g = trip - (arr[k] - arr[s]) - fwd[k] - c
+        out.append((g, g + fwd[k] + bwd[k]))
+    return out
+
+
+def largest_window(problem: Problem, max_pairs: int, stage: int | None = None) -> int:
+    """The most micro-batches (the last ones by F start) that :func:`relaxation_bound` keeps in
+    a model of at most ``max_pairs`` pair choices (at least 1: a one-micro-batch model has
+    none), for ``stage`` (default: the one :func:`relaxation_bound` picks)."""
+    s = _stage(problem) if stage is None else stage
+    gaps, f = _gaps(problem, s), problem.forward[s]
+    lo, hi = 1, problem.microbatches  # the pair count only grows with the window
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(_pairs_within(mid, gam, f) for _, gam in gaps) <= max_pairs:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _throttles(gaps: list[tuple[float, float]], fwd: tuple[float, ...],
+               bwd: tuple[float, ...], s: int) -> list[tuple[float, float]]:
+    """Per later stage k, (g_k, F_k + B_k), the dominated ones left out (a larger g and no
+    more work per micro-batch gives a weaker ``b_j >= x_i + R - g_k + (j - i)(F_k + B_k)``)."""
+    cands = [(g, fwd[s + 1 + n] + bwd[s + 1 + n]) for n, (g, _) in enumerate(gaps)]
+    return sorted({(g, work) for g, work in cands
+                   if not any(g2 <= g and w2 >= work and (g2, w2) != (g, work)
+                              for g2, w2 in cands)})
 
 
 def _pairs_within(m: int, gap: float, step: float) -> int:
