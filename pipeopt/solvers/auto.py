@@ -274,7 +274,12 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     if bound is None or fit is None:
         return None
     window = None
-    if fit(problem, RELAX_MAX_PAIRS) < problem.microbatches:  # the last rounds alone
+    if fit(problem, RELAX_MAX_PAIRS) < problem.microbatches:  # the last rounds alone,
+        # only where a stage's own memory sets the analytic bound: the window's F starts
+        # carry that bound's recursion, and elsewhere the time is the search's (the V's of
+        # benchmarks/search.py --families, whose bound is their device work).
+        if max(stage_memory_bound(problem)) < lower_bound(problem, "makespan") * (1 - 1e-9):
+            return None
         window = fit(problem, RELAX_WINDOW_PAIRS)
     got: Any = bound(problem, time_limit=budget, workers=workers, window=window,
                      max_pairs=max(RELAX_MAX_PAIRS, RELAX_WINDOW_PAIRS))

@@ -54,9 +54,10 @@ micro-batches on, each round's F's going out and the previous round's B's coming
 every later device. Every window is a valid bound; a larger one is never weaker at its optimum
 (it keeps a superset of the constraints) but harder to prove.
 
-Order. With identical micro-batches and links that carry one message at a time without delay
-(no contention), some optimal schedule runs every stage's F's, B's and W's in one order, that of
-the F starts on stage 0 (and so on stage s). Exchanges, stage by stage: (1) F's, k = 1, 2, ...
+Order. With identical micro-batches and links whose messages take no transmission time (only
+latency: nothing queues, so messages arrive in the order sent), some optimal schedule runs
+every stage's F's, B's and W's in one order, that of the F starts on stage 0 (and so on stage
+s). Exchanges, stage by stage: (1) F's, k = 1, 2, ...
 (the F's before stage k already in order, so the inputs of stage k arrive in that order): where
 F(k, j) runs before F(k, i) although i's input arrived no later, i takes the earlier of the two
 slots and i and j swap everything they do from there on (F's of stages >= k, B's and W's of
@@ -82,8 +83,15 @@ schedule found (:func:`_least_span`): a cap near the answer is refuted in second
 minimisation proved the same in minutes. The bound is the least makespan not refuted.
 
 What it gives at ``benchmarks/search.py``'s xdc p = 16, m = 64 (analytic bound 253 s; 2-core
-machine shared with other jobs, load 11-12; benchmarks/README.md): the last 24 micro-batches
-254.0 -> 253.8 s... 
+machine shared with other jobs, load 5-8, 60 s each; benchmarks/README.md): the last 24
+micro-batches 253.8 s (the model's optimum, in 4 s; 26 s before the order cuts and the
+questions), 32: 254.0 s (10 s; 115-148 s before), 40: 254.6 s (42 s; not proven in 300 s
+before), 48: 255.0 s (56 s), all 64: 254.6 s in 60 s. 255.0 s is as far as this model goes
+there: a relaxed schedule of 255.0 s exists with the last 48 and with all 64.
+
+Cost: a model of 3m intervals, up to ``m * stages`` pair choices per distance and ``m^2 / 2``
+pacing rows per kept later stage; a question takes 0.1-1 s at p = 4, m = 12 and 1-15 s at
+p = 16 with the last 40-64 micro-batches.
 """
 
 from __future__ import annotations
@@ -146,7 +154,8 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     ``stage``: the stage kept
     exactly (default: the one whose memory bound is the largest, else 0). ``window``: keep only
     the last ``window`` micro-batches by F start on that stage (default: all of them); see the
-    module docstring, "Rounds".
+    module docstring, "Rounds". ``fifo``: take the micro-batches in one order where that loses
+    no schedule (module docstring, "Order"; False: the model without it, for comparison).
 
     None where it does not apply: micro-batches of different cost (they cannot be renamed by
     start) or a model of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a
