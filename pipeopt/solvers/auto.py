@@ -78,7 +78,7 @@ RELAX_MAX_PAIRS = 2_000
 #: Where the whole relaxation has more pair choices than :data:`RELAX_MAX_PAIRS`: the last
 #: micro-batches alone (``relaxation_bound``'s window), as many as fit in this many pair
 #: choices. At xdc p = 16, m = 64 that is the last 40 (7,989 pairs): 253.0-254.6 s in its
-#: 10 s on a loaded 2-core machine, as many micro-batches' model's optimum is 254.6 s; the
+#: 10 s on a loaded 2-core machine, that model's optimum being 254.6 s; the
 #: last 24 (3,256) prove their optimum, 253.8 s, in 5 s (benchmarks/README.md).
 RELAX_WINDOW_PAIRS = 8_000
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
