@@ -917,26 +917,56 @@ def _nested_activation(problem: Problem, device: int, stage: int) -> float:
                      if q <= stage)
 
 
+def _nested_tail(problem: Problem, device: int, stage: int) -> tuple[float, float, float] | None:
+    """What micro-batch j still holds on ``device`` after B(stage, j) ends, and for how long
+    at least (identical micro-batches; None where the device holds no earlier stage or the
+    micro-batches differ): (the activations of the device's earlier stages, the backward
+    chain B(stage - 1) .. B(k1) with its link delays (seconds; k1 the device's highest
+    earlier stage), B(k1) in seconds, run on the device). B(q, j) for every earlier q on the
+    device ends no earlier than B(k1, j), which ends that chain's time after B(stage, j)."""
+    if not problem.uniform_microbatches:
+        return None
+    below = [q for q in problem.device_stages[device] if q < stage]
+    if not below:
+        return None
+    k1 = max(below)
+    bwd = problem.durations["B"]
+    chain = math.fsum(bwd[k] for k in range(k1, stage)) + math.fsum(
+        problem.delay(k, k - 1) for k in range(k1 + 1, stage + 1))
+    part = math.fsum(problem.activation_memory[q] for q in below)
+    if part <= 0:
+        return None
+    return part, chain, bwd[k1]
+
+
 def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested: bool = True,
-                  starts: list[float] | None = None) -> tuple[float, float, float]:
+                  starts: list[float] | None = None,
+                  tail_part: tuple[float, float, float] | None = None
+                  ) -> tuple[float, float, float]:
     """(makespan bound, span bound, bound on the end of the stage's last W) of one stage on
     ``device`` by :func:`memory_bound`'s argument, zeros where it does not apply. ``nested``
     False: the stage's own activation only (:func:`stage_memory_bound`). ``starts`` (a list,
     filled here): the recursion's ``lo_1 .. lo_m`` computed in full, without the shortcut that
     skips a stage whose device time sets the pace (left empty where memory admits every
-    micro-batch at once)."""
+    micro-batch at once). ``tail_part`` (bytes, seconds, device seconds;
+    :func:`_nested_tail`): in place of the weight-gradient part, the earlier stages'
+    activations, held that long after B ends, whose release runs that much on the device
+    (see :func:`memory_bound`); then only the makespan bound is kept (the others are 0)."""
     m, tt = problem.microbatches, problem.time_table[stage]
     free = _free_memory(problem, device)
     act = (_nested_activation(problem, device, stage) if nested
            else problem.activation_memory[stage])
     wgm, _, w_unit = _backward_work(problem, stage)
+    w_work = w_unit  # what the release of the part held after B runs on the device
+    if tail_part is not None:
+        wgm, w_unit, w_work = tail_part
     n_full = (_whole(free, act, m) if problem.uniform_microbatches
               else _max_in_flight(problem, device, stage))
     if n_full >= m or n_full < 1 or act <= 0:  # (< 1: no schedule fits; others say so)
         return 0.0, 0.0, 0.0
     f_u, b_u = problem.forward[stage], problem.durations["B"][stage]
     js = per.keys()
-    f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_unit))
+    f, b, w = (x * min(tt[j] for j in js) for x in (f_u, b_u, w_work))
     trips = {j: per[j][0][stage] for j in js}
     hold = min(trips[j] + b_u * tt[j] for j in js)  # F start -> B end
     hold_w = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F start -> W end
@@ -997,6 +1027,8 @@ def _memory_stage(problem: Problem, device: int, stage: int, per: _Paths, nested
     paths = {j: per[j][2] - arrivals[j] for j in js}
     own = min(trips[j] + (b_u + w_unit) * tt[j] for j in js)  # F(k, j) start -> W(k, j) end
     tail = min(max(paths[j], trips[j] + (b_u + w_unit) * tt[j]) for j in js)
+    if tail_part is not None:
+        return a + end + tail, 0.0, 0.0
     return a + end + tail, end + own, a + end + own
 
 
@@ -1069,6 +1101,18 @@ def memory_bound(problem: Problem) -> tuple[float, ...]:
     the path are their least and the memory counts take the least-memory micro-batches first,
     which only enlarges the set of (x, y). A device's bound is the largest over its stages.
 
+    A V's first chunk after its second's B (identical micro-batches; :func:`_nested_tail`):
+    for a stage k on d above the device's earlier stages q < k (the highest k1), micro-batch
+    j still holds their activations after B(k, j) ends, until B(k1, j) ends, which needs the
+    backward chain B(k - 1) .. B(k1) with its link delays (``chain``) after B(k, j)'s end;
+    every B(q, j) ends no earlier. So the same recursion holds with that part (the earlier
+    stages' activations) in place of the weight-gradient part and ``chain`` in place of W in
+    ``hold_w``: counting only the part, not also what W(k, j) keeps, admits more (x, y).
+    In the work term the z micro-batches whose part is released ran B(k1) on d between f_1
+    and f_i (after their F(k) >= f_1), so B(k1) takes W's place there. Only the makespan
+    form is taken (B(k1)'s end is no W(k)'s end). E.g. ``crosspipe-v`` p = 8, m = 32,
+    latency 8 F (``benchmarks/search.py --families``): 136.1 -> 138.0 s (device 7).
+
     Cost O(min(m, M * _MEMORY_ROUNDS)) per stage (and sorting its memory factors when they
     differ), the round trips and paths once per problem. A stage is skipped (0: still a
     bound) where its device time per micro-batch, F + B + W, is at least ``hold_w / M``:
@@ -1101,6 +1145,11 @@ def _memory_bounds(problem: Problem, nested: bool = True) -> list[tuple[float, f
             continue
         got = [(k, *_memory_stage(problem, d, k, per, nested))
                for k in problem.device_stages[d]]
+        if nested:  # a V's first chunk held after its second's B (see memory_bound)
+            for k in problem.device_stages[d]:
+                part = _nested_tail(problem, d, k)
+                if part is not None:
+                    got.append((k, *_memory_stage(problem, d, k, per, tail_part=part)))
         out.append((max(x for _, x, _, _ in got), max(y for _, _, y, _ in got),
                     max(z + problem.grad_reduce[k] if z > 0 else 0.0 for k, _, _, z in got)))
     return out
