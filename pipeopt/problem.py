@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
+from itertools import chain, repeat
 from typing import Any, Literal, NamedTuple
 
 Kind = Literal["F", "B", "W"]
@@ -418,10 +419,12 @@ class Problem:
         s, m = self.stages, self.microbatches
         sd = self.stage_device
         nk = len(self.kinds)
-        dev = tuple(sd[k] for _ in range(nk) for k in range(s) for _ in range(m))
-        stage = tuple(k for _ in range(nk) for k in range(s) for _ in range(m))
+        # Runs of repeated values joined in C (a generator per op was 0.02-0.05 s of CPU at
+        # p = 64, m = 1024, paid once per problem by the simulator and the greedy).
+        dev = tuple(chain.from_iterable(repeat(sd[k], m) for k in range(s))) * nk
+        stage = tuple(chain.from_iterable(repeat(k, m) for k in range(s))) * nk
         mb = tuple(range(m)) * (nk * s)
-        kind = tuple(x for x in self.kinds for _ in range(s * m))
+        kind = tuple(chain.from_iterable(repeat(x, s * m) for x in self.kinds))
         return dev, stage, mb, kind
 
     def inputs(self, op: Op) -> list[Op]:

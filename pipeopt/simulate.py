@@ -162,6 +162,26 @@ def _time(problem: Problem, orders: Orders, *, check: bool = True, events: bool 
     return ops, msgs
 
 
+def from_starts(problem: Problem, start: Sequence[float], method: str = "custom",
+                solver: SolverInfo | None = None) -> Schedule | None:
+    """The schedule :func:`simulate` returns for the device orders that ``start`` (seconds per
+    op, in op-id order: :attr:`Problem.op_table`) implies, when those starts are exactly its
+    times; else None (and None where the check does not apply: messages occupy links, an op
+    lasts 0 s). The check (:func:`pipeopt.validate_fast.earliest_ends`) proves equality with
+    the simulator's fixed point in a few numpy passes instead of timing the orders again: for
+    a list scheduler that times its ops by the simulator's rules (the greedy)."""
+    from pipeopt.validate_fast import earliest_ends
+
+    with cyclic_gc_paused():
+        end = earliest_ends(problem, start)
+        if end is None:
+            return None
+        dev, stage, mb, kind = problem.op_table
+        return Schedule(problem=problem, method=method,
+                        ops=TimedOps(dev, stage, mb, kind, start, end), messages=(),
+                        solver=solver or SolverInfo())
+
+
 def _simulate_events(problem: Problem, orders: Orders
                      ) -> tuple[TimedOps, tuple[Message, ...]]:
     """The event-driven path of the core simulator, even when no message occupies a link (the

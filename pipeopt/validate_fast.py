@@ -17,6 +17,7 @@ rule the full check applies); otherwise it answers None and the full check runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +114,11 @@ def is_valid(schedule: Schedule, *, tolerance: float = 1e-9) -> bool | None:
         return False
     limits = problem.memory_limit
     if any(lim is not None for lim in limits):
-        peaks = _peak_memory(problem, np, dev, kc * s + st, st, j, t0, t1)
+        # Every op lasting > 0 s and none overlapping the next on its device, even within the
+        # tolerance: the memory events follow that device order (see _peak_memory).
+        strict = bool((t1 > t0).all()) and not (same & (s0[1:] < e0[:-1])).any()
+        peaks = _peak_memory(problem, np, dev, kc * s + st, st, j, t0, t1,
+                             order if strict else None)
         for peak, lim in zip(peaks, limits, strict=True):
             if lim is not None and peak > lim * (1 + 1e-9) + 1e-12:
                 return False
@@ -121,7 +126,7 @@ def is_valid(schedule: Schedule, *, tolerance: float = 1e-9) -> bool | None:
 
 
 def _peak_memory(problem: Problem, np: Any, dev: Any, gid: Any, st: Any, j: Any, t0: Any,
-                 t1: Any) -> list[float]:
+                 t1: Any, order: Any = None) -> list[float]:
     """Per device, static memory plus the peak of memory in use (bytes): the value of
     :attr:`Schedule.peak_memory <pipeopt.schedule.Schedule.peak_memory>` from the op columns
     (device, (kind, stage) group, stage, micro-batch, start, end), without a Python loop over
@@ -129,7 +134,12 @@ def _peak_memory(problem: Problem, np: Any, dev: Any, gid: Any, st: Any, j: Any,
 
     The same events as :func:`pipeopt.schedule.memory_timeline`: an allocation at an op's
     start, a release at its end, releases first at equal times; each device's running sum is
-    accumulated in the same order from its static memory, so the peaks are equal."""
+    accumulated in the same order from its static memory, so the peaks are equal.
+
+    ``order``: the ops sorted by (device, start), given when every op lasts > 0 s and none
+    starts before the one before it on its device ends. Then that sort is the events' too
+    (each op's allocation, then its release, op after op; a release and the next allocation
+    at one time come in that order, as releases go first) and no second sort is needed."""
     deltas = problem.memory_deltas
     alloc = np.asarray([deltas.get((kind, k), (0.0, 0.0))[0] for kind in problem.kinds
                         for k in range(problem.stages)], np.float64)[gid]
@@ -139,6 +149,13 @@ def _peak_memory(problem: Problem, np: Any, dev: Any, gid: Any, st: Any, j: Any,
         scale = np.asarray(problem.memory_table, np.float64)[st, j]
         alloc = alloc * scale
         free = free * scale
+    if order is not None:
+        ev_delta = np.empty(2 * len(order), np.float64)
+        ev_delta[0::2] = alloc[order]
+        ev_delta[1::2] = -free[order]
+        keep = ev_delta != 0
+        ev_dev, ev_delta = np.repeat(dev[order], 2)[keep], ev_delta[keep]
+        return _device_peaks(problem, np, ev_dev, ev_delta)
     a, f = alloc != 0, free != 0
     ev_dev = np.concatenate((dev[a], dev[f]))
     ev_t = np.concatenate((t0[a], t1[f]))
@@ -146,6 +163,12 @@ def _peak_memory(problem: Problem, np: Any, dev: Any, gid: Any, st: Any, j: Any,
     ev_delta = np.concatenate((alloc[a], -free[f]))
     order = np.lexsort((ev_delta, ev_kind, ev_t, ev_dev))
     ev_dev, ev_delta = ev_dev[order], ev_delta[order]
+    return _device_peaks(problem, np, ev_dev, ev_delta)
+
+
+def _device_peaks(problem: Problem, np: Any, ev_dev: Any, ev_delta: Any) -> list[float]:
+    """Per device, static memory plus the peak of the running sum of its events' deltas
+    (bytes; events grouped by device, in time order within each)."""
     bounds = np.searchsorted(ev_dev, np.arange(problem.devices + 1))
     peaks = []
     for d, static in enumerate(problem.static_memory):
@@ -154,3 +177,57 @@ def _peak_memory(problem: Problem, np: Any, dev: Any, gid: Any, st: Any, j: Any,
         peaks.append(max(static, float(run.max())))
     return peaks
 
+
+
+def earliest_ends(problem: Problem, start: Sequence[float]) -> list[float] | None:
+    """The ends (seconds, op-id order) of the ops started at ``start`` (seconds, op-id order),
+    when those starts are exactly :func:`pipeopt.simulate.simulate`'s for the device orders
+    they imply (each device's ops by start time); else None, and None when this pass does not
+    apply (messages occupy links, an op lasts 0 s, or numpy is missing).
+
+    The simulator starts every op at the latest of 0, the end of the op before it on its device
+    and each input's end plus the link's latency, and ends it its duration later, in floating
+    point as here. Over the acyclic graph of those orders and the inputs that fixed point is
+    unique (by induction in topological order), so starts that meet it with equality are the
+    simulator's own times, bit for bit: a list scheduler whose event times follow the same
+    rules (:mod:`pipeopt.solvers.greedy`) is timed without simulating again. With every
+    duration positive, each device's starts are distinct and its order is the one the times
+    give; two equal starts on a device fail the check."""
+    if problem.has_link_contention:
+        return None
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency of the cost model
+        return None
+    n, s, m = problem.num_ops, problem.stages, problem.microbatches
+    if len(start) != n:
+        return None
+    kinds = problem.kinds
+    if problem.uniform_microbatches:  # op_durations' values, read once per (kind, stage)
+        dur = np.repeat(np.asarray([problem.duration(Op(kind, k, 0)) for kind in kinds
+                                    for k in range(s)], np.float64), m)
+    else:
+        dur = np.asarray(problem.op_durations(), np.float64)
+    if not (dur > 0).all():
+        return None
+    t0 = np.asarray(start, np.float64)
+    t1 = t0 + dur
+    # Inputs: per (kind, stage) block of m ops, each input block's ends plus its latency.
+    ready = np.zeros(n, np.float64)
+    code = {k: i for i, k in enumerate(kinds)}
+    for kind_name in kinds:
+        for k in range(s):
+            g = (code[kind_name] * s + k) * m
+            for src in problem.inputs(Op(kind_name, k, 0)):
+                a = (code[src.kind] * s + src.stage) * m
+                lat = problem.transfer(src.stage, k)[1]
+                np.maximum(ready[g:g + m], t1[a:a + m] + lat, out=ready[g:g + m])
+    # The op before each on its device: ops sorted by (device, start).
+    dev = np.repeat(np.tile(np.asarray(problem.stage_device, np.int64), len(kinds)), m)
+    order = np.lexsort((t0, dev))
+    same = dev[order[1:]] == dev[order[:-1]]
+    after = order[1:][same]
+    ready[after] = np.maximum(ready[after], t1[order[:-1][same]])
+    if not np.array_equal(ready, t0):
+        return None
+    return t1.tolist()

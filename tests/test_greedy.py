@@ -197,7 +197,7 @@ def test_order_search_beats_its_start_and_is_seeded():
     from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
 
     start = tuple(range(8))
-    _, value, _ = _run(_Context(_SCALED), POLICIES[0])
+    _, value, *_ = _run(_Context(_SCALED), POLICIES[0])
     far = time.perf_counter() + 600
     a = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
     b = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
@@ -229,7 +229,7 @@ def test_reclaim_starts_the_next_microbatch_while_the_last_drains():
     old = [_run(ctx, pol)[1] for pol in POLICIES
            if not (pol.reclaim or pol.mem_caps or pol.link_wait)]
     assert min(old) == approx(13.0)
-    orders, makespan, _ = _run(ctx, Policy(reclaim=True, fb="alt"))
+    orders, makespan, *_ = _run(ctx, Policy(reclaim=True, fb="alt"))
     assert makespan == approx(12.0)
     s = validate(simulate(prob, orders))
     assert s.makespan == approx(12.0) and fits_memory(s, prob)
@@ -252,7 +252,7 @@ def test_every_variant_finishes_at_tight_memory(prob, slack, scale):
         pr = pr.replace(memory_limit=limit)
         ctx = _Context(pr)
         for pol in POLICIES:
-            orders, makespan, _ = _run(ctx, pol)
+            orders, makespan, *_ = _run(ctx, pol)
             s = validate(simulate(pr, orders))
             assert fits_memory(s, pr)
             # The simulator starts each op as early as the order allows, so it never ends
@@ -268,7 +268,7 @@ def test_every_variant_finishes_with_link_contention(prob, slack):
     prob = prob.replace(memory_limit=tuple(x + slack for x in min_memory(prob)))
     ctx = _Context(prob)
     for pol in POLICIES:
-        orders, _, _ = _run(ctx, pol)
+        orders, *_ = _run(ctx, pol)
         assert fits_memory(validate(simulate(prob, orders)), prob)
 
 
@@ -358,7 +358,7 @@ def test_long_order_search_extends_the_chains(monkeypatch):
     from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
 
     start = tuple(range(8))
-    _, value, _ = _run(_Context(_SCALED), POLICIES[0])
+    _, value, *_ = _run(_Context(_SCALED), POLICIES[0])
     far = time.perf_counter() + 600
     calls = [0]
 
@@ -386,7 +386,7 @@ def test_order_search_keeps_only_orders_better_than_every_start():
     from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
 
     start = tuple(range(8))
-    _, value, _ = _run(_Context(_SCALED), POLICIES[0])
+    _, value, *_ = _run(_Context(_SCALED), POLICIES[0])
     far = time.perf_counter() + 600
     alone = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
     assert alone is not None and alone[0] < value - 1e-9  # from this start it improves

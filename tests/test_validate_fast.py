@@ -161,3 +161,25 @@ def test_memory_peaks_count_static_memory_and_zero_length_ops():
             at = replace(sched, problem=own.replace(memory_limit=(peak,) * 2))
             below = replace(sched, problem=own.replace(memory_limit=(peak - 0.5,) * 2))
             assert is_valid(at) is True and is_valid(below) is False, (w, method)
+
+
+@pytest.mark.parametrize(("name", "sched"), CASES, ids=[c[0] for c in CASES])
+def test_memory_peaks_from_the_device_order_are_the_sorted_events(name, sched):
+    """With every op lasting > 0 s and none overlapping on its device, the peaks read in the
+    device order equal, bit for bit, those of the sorted events and the schedule's own."""
+    import numpy as np
+
+    from pipeopt.validate_fast import _peak_memory
+
+    pr = sched.problem
+    dev, stage, mb, kind, start, end = (tuple(map(lambda o, f=f: o[f], sched.ops))
+                                        for f in range(6))
+    code = {k: i for i, k in enumerate(pr.kinds)}
+    dv, st, j = (np.asarray(x, np.int64) for x in (dev, stage, mb))
+    gid = np.asarray([code[k] for k in kind], np.int64) * pr.stages + st
+    t0, t1 = np.asarray(start), np.asarray(end)
+    order = np.lexsort((t1, t0, dv))
+    assert (t1 > t0).all()
+    sorted_events = _peak_memory(pr, np, dv, gid, st, j, t0, t1)
+    in_order = _peak_memory(pr, np, dv, gid, st, j, t0, t1, order)
+    assert in_order == sorted_events == list(sched.peak_memory), name

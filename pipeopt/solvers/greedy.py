@@ -69,7 +69,7 @@ from pipeopt.clock import MAX_SLOWDOWN, MIN_CPU_SAMPLE_S, Stopwatch
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import NotApplicable
-from pipeopt.simulate import simulate
+from pipeopt.simulate import from_starts, simulate
 from pipeopt.solvers.base import (
     OutOfTime,
     SolveOptions,
@@ -475,9 +475,14 @@ def _reserve_slowdown(watch: Stopwatch, reserve_cpu: float, deadline: float, ops
 
 
 def _run(ctx: _Context, policy: Policy, deadline: float = _INF
-         ) -> tuple[list[list[Op]], float, list[float]]:
-    """One pass of the list scheduler: per-device orders, makespan and spans (seconds).
-    Raises :class:`_OutOfTime` once ``perf_counter()`` passes ``deadline``.
+         ) -> tuple[list[list[Op]], float, list[float], list[float]]:
+    """One pass of the list scheduler: per-device orders, makespan, spans and every op's start
+    (seconds; starts in op-id order, :attr:`Problem.op_table`). Raises :class:`_OutOfTime`
+    once ``perf_counter()`` passes ``deadline``.
+
+    Each op starts at its event time, by the simulator's rules; where no message queues on a
+    link these are the simulator's times for the orders, which
+    :func:`pipeopt.simulate.from_starts` checks before they stand for them.
 
     Why it cannot deadlock: stages run F, B and W in micro-batch order, and an F of stage k only
     starts when memory also has room for the micro-batch's later stages on the device. Take the
@@ -543,6 +548,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     first = [_INF] * p
     wake = [0.0] * p
     orders: list[list[Op]] = [[] for _ in range(p)]
+    # Start of every op in op-id order: F at k * m + j, B at n + k * m + j, W at 2n + ...
+    starts = [math.nan] * (len(pr.kinds) * n)
     heap = [(0.0, d) for d in range(p)]
     heapq.heapify(heap)
     remaining = pr.num_ops
@@ -666,6 +673,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             x = i if sc else k
             end = t + d_f[x]
             f_end[i] = end
+            starts[i] = t
             mem[d] = cur + act[x]
             if t < first[d]:  # a device's first op is an F
                 first[d] = t
@@ -688,6 +696,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             i = k * m + j
             x = i if sc else k
             end = t + d_b[x]
+            starts[n + i] = t
             mem[d] = cur - b_free[x]
             last_b[d] = True
             if reclaim:
@@ -707,8 +716,10 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         else:
             j = nw[k]
             nw[k] = j + 1
-            x = k * m + j if sc else k
+            i = k * m + j
+            x = i if sc else k
             end = t + d_w[x]
+            starts[2 * n + i] = t
             mem[d] = cur - w_free[x]
             pend_w[d] -= 1
             if reclaim:
@@ -727,7 +738,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         raise _Stuck(f"greedy variant {policy.name} stopped with {remaining} ops left")
     makespan = max(free)
     spans = [max(0.0, free[d] - first[d]) if first[d] < _INF else 0.0 for d in range(p)]
-    return orders, makespan, spans
+    return orders, makespan, spans, starts
 
 
 def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
@@ -774,6 +785,19 @@ def _relabel(orders: list[list[Op]], order: tuple[int, ...]) -> list[list[Op]]:
     if order == tuple(range(len(order))):
         return orders
     return [[Op(o.kind, o.stage, order[o.microbatch]) for o in ops] for ops in orders]
+
+
+def _relabel_starts(starts: list[float], order: tuple[int, ...]) -> list[float]:
+    """Starts of ``problem.permute_microbatches(order)``'s ops (op-id order) as those of
+    ``problem``'s: micro-batch j of the permuted problem is ``order[j]``."""
+    m = len(order)
+    if order == tuple(range(m)):
+        return starts
+    out = [math.nan] * len(starts)
+    for base in range(0, len(starts), m):
+        for j, oj in enumerate(order):
+            out[base + oj] = starts[base + j]
+    return out
 
 
 def sequential_orders(problem: Problem) -> list[list[Op]]:
@@ -838,7 +862,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     bound = lower_bound(problem, options.objective)
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
-    found: list[tuple[float, int, list[list[Op]], str, int]] = []
+    # (objective, run, orders, policy name, micro-batch order, starts of the ops)
+    found: list[tuple[float, int, list[list[Op]], str, int, list[float] | None]] = []
     by_name: dict[str, Policy] = {}
     best_of_order: dict[int, float] = {}
     tried = 0
@@ -853,7 +878,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
             retime = retime_cpu * _reserve_slowdown(watch, retime_cpu, deadline, n)
-            orders, makespan, spans = _run(contexts[c], policy, deadline - retime)
+            orders, makespan, spans, starts = _run(contexts[c], policy, deadline - retime)
         except _Stuck:
             continue
         except _OutOfTime:
@@ -869,7 +894,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
             break
         val = max(spans) if span_obj else makespan
         by_name[policy.name] = policy
-        found.append((val, tried, _relabel(orders, mb_orders[c]), policy.name, c))
+        found.append((val, tried, _relabel(orders, mb_orders[c]), policy.name, c,
+                      _relabel_starts(starts, mb_orders[c])))
         best_of_order[c] = min(val, best_of_order.get(c, _INF))
         logger.debug("greedy: variant %s, micro-batch order %d -> %.6g s", policy.name, c, val)
         tried += 1
@@ -881,7 +907,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     if found and len(mb_orders) > 1 and not interrupted and not (
             found[0][0] <= bound * (1 + 1e-9) and exact_timing):
         starts: list[tuple[Policy, tuple[int, ...], float]] = []
-        for val, _, _, pname, c in found:  # the best distinct (policy, order) pairs
+        for val, _, _, pname, c, _ in found:  # the best distinct (policy, order) pairs
             if len(starts) == _ORDER_STARTS:
                 break
             if all((pol.name, o) != (pname, mb_orders[c]) for pol, o, _ in starts):
@@ -895,14 +921,16 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
                                long=long_search)
         if better is not None:
             mb_orders.append(better[2])
-            found.insert(0, (better[0], -1, better[1], better[3].name, len(mb_orders) - 1))
+            found.insert(0, (better[0], -1, better[1], better[3].name, len(mb_orders) - 1,
+                             None))
     if not found:
-        found = [(0.0, 0, sequential_orders(problem), "sequential", 0)]
+        found = [(0.0, 0, sequential_orders(problem), "sequential", 0, None)]
     # The greedy's own timing is the simulator's when links only delay; when messages queue on
     # a link it is an estimate, so the simulator re-times the few best.
     shortlist = found[:_RETIME_BEST] if problem.has_link_contention else found[:1]
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
-    best, k = _best_timed(problem, [f[2] for f in shortlist], "greedy", info, span_obj)
+    best, k = _best_timed(problem, [f[2] for f in shortlist], "greedy", info, span_obj,
+                          [f[5] for f in shortlist])
     name, chosen = shortlist[k][3], shortlist[k][4]
     logger.info("greedy: %d priority variant(s) tried in %.2f s; best %s: %s %.6g s (lower "
                 "bound %.6g s)%s", tried, time.perf_counter() - t0, name,
@@ -1031,7 +1059,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
             if new is None:
                 continue
             try:
-                orders, makespan, spans = _run(
+                orders, makespan, spans, _ = _run(
                     _Context(problem.permute_microbatches(new)), policy, stop)
             except (_Stuck, _OutOfTime):
                 break
@@ -1057,7 +1085,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                  for i in range(min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // max(1, problem.num_ops)))]
         for policy in (*POLICIES, *noisy):
             try:
-                orders, makespan, spans = _run(ctx, policy, deadline)
+                orders, makespan, spans, _ = _run(ctx, policy, deadline)
             except (_Stuck, _OutOfTime):
                 continue
             val = max(spans) if span else makespan
@@ -1071,14 +1099,24 @@ def _objective(schedule: Schedule, span: bool) -> float:
 
 
 def _best_timed(problem: Problem, candidates: Sequence[list[list[Op]]], method: str,
-                info: SolverInfo, span: bool) -> tuple[Schedule, int]:
+                info: SolverInfo, span: bool,
+                starts: Sequence[list[float] | None] = ()) -> tuple[Schedule, int]:
     """Each of the (non-empty) ``candidates`` orders timed by the simulator, the problem's
-    graph built once; the best by the objective (the first among equals) and its index."""
-    graph = training.chain_graph(problem) if len(candidates) > 1 else None
+    graph built once; the best by the objective (the first among equals) and its index.
+    ``starts``: per candidate, the greedy's own start times of its ops (op-id order) or None;
+    where they are exactly the simulator's times (:func:`~pipeopt.simulate.from_starts`
+    checks), the orders are not timed again."""
+    graph: training.ChainGraph | None = None
     best: Schedule | None = None
     chosen = 0
     for k, orders in enumerate(candidates):
-        sched = simulate(problem, orders, method=method, solver=info, graph=graph)
+        sched = None
+        if k < len(starts) and starts[k] is not None:
+            sched = from_starts(problem, starts[k], method=method, solver=info)
+        if sched is None:
+            if graph is None and len(candidates) > 1:
+                graph = training.chain_graph(problem)
+            sched = simulate(problem, orders, method=method, solver=info, graph=graph)
         if best is None or _objective(sched, span) < _objective(best, span) - 1e-12:
             best, chosen = sched, k
     assert best is not None
@@ -1123,7 +1161,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
     policies = policies_for(problem)
-    found: list[tuple[float, int, list[list[Op]], str]] = []  # the best few: (value, run, ...)
+    # The best few: (value, run, orders, policy name, starts of the ops).
+    found: list[tuple[float, int, list[list[Op]], str, list[float]]] = []
     noiseless: list[tuple[float, int]] = []  # (value, index in policies)
     runs = 0
     interrupted = False
@@ -1143,7 +1182,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         if time.perf_counter() >= deadline - retime:
             break
         try:
-            orders, makespan, spans = _run(ctx, policy, deadline - retime)
+            orders, makespan, spans, starts = _run(ctx, policy, deadline - retime)
         except _Stuck:
             runs += 1
             continue
@@ -1157,7 +1196,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         val = max(spans) if span_obj else makespan
         if runs < len(policies):
             noiseless.append((val, runs))
-        found.append((val, runs, orders, policy.name))
+        found.append((val, runs, orders, policy.name, starts))
         found.sort(key=lambda x: (x[0], x[1]))
         del found[keep:]
         runs += 1
@@ -1166,7 +1205,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     if not found:
         return None
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
-    best, k = _best_timed(problem, [f[2] for f in found], "greedy-restarts", info, span_obj)
+    best, k = _best_timed(problem, [f[2] for f in found], "greedy-restarts", info, span_obj,
+                          [f[4] for f in found])
     name = found[k][3]
     logger.info("greedy: %d restart run(s) in %.2f s; best %s: %.6g s", runs,
                 time.perf_counter() - t0, name, _objective(best, span_obj))
