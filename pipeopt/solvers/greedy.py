@@ -62,6 +62,8 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
+from itertools import repeat
 from typing import Any
 
 from pipeopt._gc import cyclic_gc_paused
@@ -332,6 +334,13 @@ class _Context:
                 self.held[top] = math.fsum(self.act[q] for q in dstg)
         self.nested = any(h > 0 for h in self.headroom)
 
+    @cached_property
+    def op_list(self) -> list[Op]:
+        """Every op of the problem in op-id order (:attr:`Problem.op_table`), made once: a
+        variant lists its orders as op ids and reads its ops from here (no tuple per op)."""
+        _, stage, mb, kind = self.problem.op_table
+        return list(map(tuple.__new__, repeat(Op), zip(kind, stage, mb, strict=True)))
+
     def caps(self, policy: Policy) -> list[int]:
         """In-flight cap per stage (micro-batches with F done and B not done): one per stage
         from k to the last (1F1B's warm-up), plus the micro-batches that the links' round-trip
@@ -547,14 +556,13 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     free = [0.0] * p
     first = [_INF] * p
     wake = [0.0] * p
-    orders: list[list[Op]] = [[] for _ in range(p)]
+    seq: list[list[int]] = [[] for _ in range(p)]  # per device, its op ids in order
     # Start of every op in op-id order: F at k * m + j, B at n + k * m + j, W at 2n + ...
     starts = [math.nan] * (len(pr.kinds) * n)
     heap = [(0.0, d) for d in range(p)]
     heapq.heapify(heap)
     remaining = pr.num_ops
     push, pop, pushpop = heapq.heappush, heapq.heappop, heapq.heappushpop
-    new_op = tuple.__new__
     choose = fb != "b" or bool(noise)  # may an F go before a ready B?
 
     def arrive(src_dev: int, dst_dev: int, end: float, tx: tuple[float, float]) -> float:
@@ -674,6 +682,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             end = t + d_f[x]
             f_end[i] = end
             starts[i] = t
+            oid = i
             mem[d] = cur + act[x]
             if t < first[d]:  # a device's first op is an F
                 first[d] = t
@@ -696,7 +705,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             i = k * m + j
             x = i if sc else k
             end = t + d_b[x]
-            starts[n + i] = t
+            oid = n + i
+            starts[oid] = t
             mem[d] = cur - b_free[x]
             last_b[d] = True
             if reclaim:
@@ -719,12 +729,13 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             i = k * m + j
             x = i if sc else k
             end = t + d_w[x]
-            starts[2 * n + i] = t
+            oid = 2 * n + i
+            starts[oid] = t
             mem[d] = cur - w_free[x]
             pend_w[d] -= 1
             if reclaim:
                 rec[d] -= w_free[x]
-        orders[d].append(new_op(Op, (kind, k, j)))  # Op(kind, k, j) without a Python call
+        seq[d].append(oid)
         free[d] = end
         wake[d] = end
         pend = (end, d)
@@ -738,7 +749,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         raise _Stuck(f"greedy variant {policy.name} stopped with {remaining} ops left")
     makespan = max(free)
     spans = [max(0.0, free[d] - first[d]) if first[d] < _INF else 0.0 for d in range(p)]
-    return orders, makespan, spans, starts
+    op_at = ctx.op_list.__getitem__
+    return [list(map(op_at, ids)) for ids in seq], makespan, spans, starts
 
 
 def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
