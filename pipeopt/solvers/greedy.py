@@ -545,16 +545,18 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     for j in range(m):
         f_ready[j] = 0.0
     f_end = [_INF] * n
-    g_ready = [_INF] * n  # arrival of B's input gradient (0 on the last stage)
-    for j in range(m):
-        g_ready[last * m + j] = 0.0
+    # B's ready time: the later of its F's end and its input gradient's arrival, set when the
+    # later of the two is known (the last stage's B needs no gradient).
+    b_ready = [_INF] * n
+    # Latency into stage k from k - 1 and from k + 1 (seconds), read where links only delay.
+    lat_f = [x[1] for x in ctx.tx_f]
+    lat_b = [x[1] for x in ctx.tx_b]
     nf = [0] * s
     nb = [0] * s
     nw = [0] * s
     mem = list(ctx.static)
     pend_w = [0] * p
     free = [0.0] * p
-    first = [_INF] * p
     wake = [0.0] * p
     seq: list[list[int]] = [[] for _ in range(p)]  # per device, its op ids in order
     # Start of every op in op-id order: F at k * m + j, B at n + k * m + j, W at 2n + ...
@@ -598,11 +600,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             base = k * m
             jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
             if jb < j:
-                i = base + jb
-                r = f_end[i]
-                g = g_ready[i]
-                if g > r:
-                    r = g
+                r = b_ready[base + jb]
                 if r <= t:
                     # Prefer a B whose output leaves the device, then the earliest ready, then
                     # the later stage (the key tuple is only built to compare two).
@@ -684,21 +682,21 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             starts[i] = t
             oid = i
             mem[d] = cur + act[x]
-            if t < first[d]:  # a device's first op is an F
-                first[d] = t
             last_b[d] = False
             if reclaim and k == top_stage[d]:
                 rec[d] += held[x]
             if k < last:
                 dd = sd[k + 1]
-                tx = tx_f[i + m if sc else k + 1]
-                a = arrive(d, dd, end, tx) if contention else end + tx[1]
+                a = (arrive(d, dd, end, tx_f[i + m if sc else k + 1]) if contention
+                     else end + lat_f[k + 1])
                 f_ready[i + m] = a
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
                     if w_ < wake[dd]:
                         wake[dd] = w_
                         push(heap, (w_, dd))
+            else:
+                b_ready[i] = end
         elif kind == "B":
             j = nb[k]
             nb[k] = j + 1
@@ -715,9 +713,10 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                 pend_w[d] += 1
             if k > 0:
                 dd = sd[k - 1]
-                tx = tx_b[i - m if sc else k - 1]
-                a = arrive(d, dd, end, tx) if contention else end + tx[1]
-                g_ready[(k - 1) * m + j] = a
+                a = (arrive(d, dd, end, tx_b[i - m if sc else k - 1]) if contention
+                     else end + lat_b[k - 1])
+                fe = f_end[i - m]  # B(k - 1, j) waits for this gradient and its F
+                b_ready[i - m] = a if a > fe else fe
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
                     if w_ < wake[dd]:
@@ -748,7 +747,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     if remaining:
         raise _Stuck(f"greedy variant {policy.name} stopped with {remaining} ops left")
     makespan = max(free)
-    spans = [max(0.0, free[d] - first[d]) if first[d] < _INF else 0.0 for d in range(p)]
+    # A device's span runs from its first op's start (the first in its order) to its end.
+    spans = [max(0.0, free[d] - starts[ids[0]]) if ids else 0.0 for d, ids in enumerate(seq)]
     op_at = ctx.op_list.__getitem__
     return [list(map(op_at, ids)) for ids in seq], makespan, spans, starts
 
