@@ -32,8 +32,10 @@ until its message would leave at once, so the B messages made meanwhile are not 
 forwards that are not yet needed.
 Variants (:data:`POLICIES`: caps, F/B order, W lag and look-ahead, chunk order) and seeded
 random restarts are tried within a work budget that shrinks with the instance (all on small
-instances, two passes at p=64, m=1024); the best by its own timing is timed again by
-:func:`pipeopt.simulate.simulate`, which produces the returned schedule.
+instances, two passes at p=64, m=1024); the best by its own timing becomes the returned
+schedule through the simulator: where its start times are exactly the simulator's for its
+orders (no message queues on a link; :func:`pipeopt.simulate.from_starts` checks it with
+numpy) they are kept, else :func:`pipeopt.simulate.simulate` times the orders again.
 :func:`restart_search` runs such restarts for a given time instead of a budget (``auto`` on
 instances too large for its CP-SAT windows to help).
 
