@@ -32,9 +32,10 @@ from tests.strategies import problems
 def _both_ways(problem: Problem, policy, order: tuple[int, ...] | None = None):
     """(the schedule of the variant's own starts or None, the simulator's schedule)."""
     order = order or tuple(range(problem.microbatches))
-    orders, makespan, _, starts = _run(_Context(problem.permute_microbatches(order)), policy)
+    ctx = _Context(problem.permute_microbatches(order))
+    ids, makespan, _, starts = _run(ctx, policy)
     own = from_starts(problem, _relabel_starts(starts, order))
-    sim = simulate(problem, _relabel(orders, order))
+    sim = simulate(problem, _relabel(ctx.orders(ids), order))
     return own, sim, makespan
 
 

@@ -229,9 +229,9 @@ def test_reclaim_starts_the_next_microbatch_while_the_last_drains():
     old = [_run(ctx, pol)[1] for pol in POLICIES
            if not (pol.reclaim or pol.mem_caps or pol.link_wait)]
     assert min(old) == approx(13.0)
-    orders, makespan, *_ = _run(ctx, Policy(reclaim=True, fb="alt"))
+    ids, makespan, *_ = _run(ctx, Policy(reclaim=True, fb="alt"))
     assert makespan == approx(12.0)
-    s = validate(simulate(prob, orders))
+    s = validate(simulate(prob, ctx.orders(ids)))
     assert s.makespan == approx(12.0) and fits_memory(s, prob)
     assert s.op_times()[Op("F", 0, 1)] == (approx(3.5), approx(4.0))
     assert validate(solve_greedy(prob, OPTS)).makespan == approx(12.0)
@@ -252,8 +252,8 @@ def test_every_variant_finishes_at_tight_memory(prob, slack, scale):
         pr = pr.replace(memory_limit=limit)
         ctx = _Context(pr)
         for pol in POLICIES:
-            orders, makespan, *_ = _run(ctx, pol)
-            s = validate(simulate(pr, orders))
+            ids, makespan, *_ = _run(ctx, pol)
+            s = validate(simulate(pr, ctx.orders(ids)))
             assert fits_memory(s, pr)
             # The simulator starts each op as early as the order allows, so it never ends
             # later than the greedy's own timing (which may wait on purpose: lookahead).
@@ -268,8 +268,8 @@ def test_every_variant_finishes_with_link_contention(prob, slack):
     prob = prob.replace(memory_limit=tuple(x + slack for x in min_memory(prob)))
     ctx = _Context(prob)
     for pol in POLICIES:
-        orders, *_ = _run(ctx, pol)
-        assert fits_memory(validate(simulate(prob, orders)), prob)
+        ids, *_ = _run(ctx, pol)
+        assert fits_memory(validate(simulate(prob, ctx.orders(ids))), prob)
 
 
 def test_fitted_caps_share_memory_by_warm_up():

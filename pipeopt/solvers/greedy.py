@@ -62,9 +62,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import repeat
 from typing import Any
 
@@ -338,10 +338,17 @@ class _Context:
 
     @cached_property
     def op_list(self) -> list[Op]:
-        """Every op of the problem in op-id order (:attr:`Problem.op_table`), made once: a
-        variant lists its orders as op ids and reads its ops from here (no tuple per op)."""
+        """Every op of the problem in op-id order (:attr:`Problem.op_table`), made when first
+        read (:meth:`orders`)."""
         _, stage, mb, kind = self.problem.op_table
         return list(map(tuple.__new__, repeat(Op), zip(kind, stage, mb, strict=True)))
+
+    def orders(self, ids: list[list[int]]) -> list[list[Op]]:
+        """A variant's per-device op ids (:func:`_run`) as orders of this context's problem.
+        Made only for the orders a caller times or keeps: where the greedy's own starts
+        stand (:func:`pipeopt.simulate.from_starts`), no op tuple is made at all."""
+        op_at = self.op_list.__getitem__
+        return [list(map(op_at, x)) for x in ids]
 
     def caps(self, policy: Policy) -> list[int]:
         """In-flight cap per stage (micro-batches with F done and B not done): one per stage
@@ -486,10 +493,11 @@ def _reserve_slowdown(watch: Stopwatch, reserve_cpu: float, deadline: float, ops
 
 
 def _run(ctx: _Context, policy: Policy, deadline: float = _INF
-         ) -> tuple[list[list[Op]], float, list[float], list[float]]:
-    """One pass of the list scheduler: per-device orders, makespan, spans and every op's start
-    (seconds; starts in op-id order, :attr:`Problem.op_table`). Raises :class:`_OutOfTime`
-    once ``perf_counter()`` passes ``deadline``.
+         ) -> tuple[list[list[int]], float, list[float], list[float]]:
+    """One pass of the list scheduler: per-device orders as op ids (:meth:`_Context.orders`
+    makes them ops), makespan, spans and every op's start (seconds; ids and starts in op-id
+    order, :attr:`Problem.op_table`). Raises :class:`_OutOfTime` once ``perf_counter()``
+    passes ``deadline``.
 
     Each op starts at its event time, by the simulator's rules; where no message queues on a
     link these are the simulator's times for the orders, which
@@ -751,8 +759,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     makespan = max(free)
     # A device's span runs from its first op's start (the first in its order) to its end.
     spans = [max(0.0, free[d] - starts[ids[0]]) if ids else 0.0 for d, ids in enumerate(seq)]
-    op_at = ctx.op_list.__getitem__
-    return [list(map(op_at, ids)) for ids in seq], makespan, spans, starts
+    return seq, makespan, spans, starts
 
 
 def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
@@ -792,6 +799,11 @@ def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
         if order not in out:
             out.append(order)
     return out
+
+
+def _orders_of(ctx: _Context, ids: list[list[int]], order: tuple[int, ...]) -> list[list[Op]]:
+    """A variant's op ids in ``ctx`` (micro-batches in ``order``) as orders of the problem."""
+    return _relabel(ctx.orders(ids), order)
 
 
 def _relabel(orders: list[list[Op]], order: tuple[int, ...]) -> list[list[Op]]:
@@ -876,8 +888,10 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     bound = lower_bound(problem, options.objective)
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
-    # (objective, run, orders, policy name, micro-batch order, starts of the ops)
-    found: list[tuple[float, int, list[list[Op]], str, int, list[float] | None]] = []
+    # (objective, run, its orders (made when called), policy name, micro-batch order, starts
+    # of the ops)
+    found: list[tuple[float, int, Callable[[], list[list[Op]]], str, int,
+                      list[float] | None]] = []
     by_name: dict[str, Policy] = {}
     best_of_order: dict[int, float] = {}
     tried = 0
@@ -892,7 +906,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
             if c not in contexts:
                 contexts[c] = _Context(problem.permute_microbatches(mb_orders[c]))
             retime = retime_cpu * _reserve_slowdown(watch, retime_cpu, deadline, n)
-            orders, makespan, spans, starts = _run(contexts[c], policy, deadline - retime)
+            ids, makespan, spans, starts = _run(contexts[c], policy, deadline - retime)
         except _Stuck:
             continue
         except _OutOfTime:
@@ -908,7 +922,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
             break
         val = max(spans) if span_obj else makespan
         by_name[policy.name] = policy
-        found.append((val, tried, _relabel(orders, mb_orders[c]), policy.name, c,
+        found.append((val, tried, partial(_orders_of, contexts[c], ids, mb_orders[c]),
+                      policy.name, c,
                       _relabel_starts(starts, mb_orders[c])))
         best_of_order[c] = min(val, best_of_order.get(c, _INF))
         logger.debug("greedy: variant %s, micro-batch order %d -> %.6g s", policy.name, c, val)
@@ -935,10 +950,11 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
                                long=long_search)
         if better is not None:
             mb_orders.append(better[2])
-            found.insert(0, (better[0], -1, better[1], better[3].name, len(mb_orders) - 1,
+            found.insert(0, (better[0], -1, partial(list, better[1]), better[3].name,
+                             len(mb_orders) - 1,
                              None))
     if not found:
-        found = [(0.0, 0, sequential_orders(problem), "sequential", 0, None)]
+        found = [(0.0, 0, partial(sequential_orders, problem), "sequential", 0, None)]
     # The greedy's own timing is the simulator's when links only delay; when messages queue on
     # a link it is an estimate, so the simulator re-times the few best.
     shortlist = found[:_RETIME_BEST] if problem.has_link_contention else found[:1]
@@ -1073,8 +1089,8 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
             if new is None:
                 continue
             try:
-                orders, makespan, spans, _ = _run(
-                    _Context(problem.permute_microbatches(new)), policy, stop)
+                ctx_new = _Context(problem.permute_microbatches(new))
+                ids, makespan, spans, _ = _run(ctx_new, policy, stop)
             except (_Stuck, _OutOfTime):
                 break
             val = max(spans) if span else makespan
@@ -1088,7 +1104,7 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                 chain_val, chain_best, kicks = val, new, 0
             if val < top - 1e-9:
                 top = val
-                best = (val, _relabel(orders, tuple(new)), tuple(new), policy)
+                best = (val, _relabel(ctx_new.orders(ids), tuple(new)), tuple(new), policy)
     if best is not None and time.perf_counter() < deadline:
         # The chains timed their order with one policy each: another may suit it better, and
         # so may a seeded restart with a little noise in the F/B/W choices (as after the
@@ -1099,12 +1115,12 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                  for i in range(min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // max(1, problem.num_ops)))]
         for policy in (*POLICIES, *noisy):
             try:
-                orders, makespan, spans, _ = _run(ctx, policy, deadline)
+                ids, makespan, spans, _ = _run(ctx, policy, deadline)
             except (_Stuck, _OutOfTime):
                 continue
             val = max(spans) if span else makespan
             if val < best[0] - 1e-9:
-                best = (val, _relabel(orders, best[2]), best[2], policy)
+                best = (val, _relabel(ctx.orders(ids), best[2]), best[2], policy)
     return best
 
 
@@ -1112,11 +1128,13 @@ def _objective(schedule: Schedule, span: bool) -> float:
     return schedule.max_span if span else schedule.iteration_time
 
 
-def _best_timed(problem: Problem, candidates: Sequence[list[list[Op]]], method: str,
+def _best_timed(problem: Problem, candidates: Sequence[Callable[[], list[list[Op]]]],
+                method: str,
                 info: SolverInfo, span: bool,
                 starts: Sequence[list[float] | None] = ()) -> tuple[Schedule, int]:
-    """Each of the (non-empty) ``candidates`` orders timed by the simulator, the problem's
-    graph built once; the best by the objective (the first among equals) and its index.
+    """Each of the (non-empty) ``candidates`` orders (each made by calling it) timed by the
+    simulator, the problem's graph built once; the best by the objective (the first among
+    equals) and its index.
     ``starts``: per candidate, the greedy's own start times of its ops (op-id order) or None;
     where they are exactly the simulator's times (:func:`~pipeopt.simulate.from_starts`
     checks), the orders are not timed again."""
@@ -1130,7 +1148,7 @@ def _best_timed(problem: Problem, candidates: Sequence[list[list[Op]]], method: 
         if sched is None:
             if graph is None and len(candidates) > 1:
                 graph = training.chain_graph(problem)
-            sched = simulate(problem, orders, method=method, solver=info, graph=graph)
+            sched = simulate(problem, orders(), method=method, solver=info, graph=graph)
         if best is None or _objective(sched, span) < _objective(best, span) - 1e-12:
             best, chosen = sched, k
     assert best is not None
@@ -1175,8 +1193,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
     policies = policies_for(problem)
-    # The best few: (value, run, orders, policy name, starts of the ops).
-    found: list[tuple[float, int, list[list[Op]], str, list[float]]] = []
+    # The best few: (value, run, its orders (made when called), policy name, starts of ops).
+    found: list[tuple[float, int, Callable[[], list[list[Op]]], str, list[float]]] = []
     noiseless: list[tuple[float, int]] = []  # (value, index in policies)
     runs = 0
     interrupted = False
@@ -1196,7 +1214,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         if time.perf_counter() >= deadline - retime:
             break
         try:
-            orders, makespan, spans, starts = _run(ctx, policy, deadline - retime)
+            ids, makespan, spans, starts = _run(ctx, policy, deadline - retime)
         except _Stuck:
             runs += 1
             continue
@@ -1210,7 +1228,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         val = max(spans) if span_obj else makespan
         if runs < len(policies):
             noiseless.append((val, runs))
-        found.append((val, runs, orders, policy.name, starts))
+        found.append((val, runs, partial(ctx.orders, ids), policy.name, starts))
         found.sort(key=lambda x: (x[0], x[1]))
         del found[keep:]
         runs += 1
