@@ -178,7 +178,6 @@ def _device_peaks(problem: Problem, np: Any, ev_dev: Any, ev_delta: Any) -> list
     return peaks
 
 
-
 def earliest_ends(problem: Problem, start: Sequence[float]) -> list[float] | None:
     """The ends (seconds, op-id order) of the ops started at ``start`` (seconds, op-id order),
     when those starts are exactly :func:`pipeopt.simulate.simulate`'s for the device orders
