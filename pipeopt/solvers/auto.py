@@ -71,7 +71,12 @@ CPSAT_MIN_TIME_S = 1.0
 #: time left and these seconds, on models of at most this many pair choices (CP-SAT proves its
 #: optimum at 182 pairs, p = 4, m = 16, in 4 s and at 1,238, p = 8, m = 24, in 40 s on a loaded
 #: 2-core machine), only where memory paces some stage and the best schedule so far is above
-#: the analytic bound.
+#: the analytic bound. Micro-batches of different cost too, where memory can bind at all, on
+#: models of at most RELAX_MAX_VARIED_PAIRS (1.5 m (m - 1) pairs per later stage; text /
+#: image mixes at p = 4, memory 1.5 times the largest activation, 10 s on a loaded 2-core
+#: machine: 36-54 pairs proved their optimum in 0.3-4 s, 135 and 252 pairs raised the
+#: analytic bound by 7.6 and 2.7 s, 405 pairs and p = 4, m = 16 of
+#: ``benchmarks/variable_microbatches.py`` (1,080) proved nothing above it).
 RELAX_SHARE = 0.2
 RELAX_MAX_S = 10.0
 RELAX_MAX_PAIRS = 2_000
@@ -81,6 +86,8 @@ RELAX_MAX_PAIRS = 2_000
 #: 10 s on a loaded 2-core machine, that model's optimum being 254.6 s; the
 #: last 24 (3,256) prove their optimum, 253.8 s, in 5 s (benchmarks/README.md).
 RELAX_WINDOW_PAIRS = 8_000
+#: The most pair choices of the model for micro-batches of different cost (see above).
+RELAX_MAX_VARIED_PAIRS = 300
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
 #: large-neighbourhood search where the full model is too large for the time left):
 #: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
@@ -261,15 +268,26 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
                 workers: int | None) -> float | None:
     """The relaxation bound on the iteration time (it bounds the makespan, which the
     iteration time includes) where worth its time (see :data:`RELAX_SHARE`), else None."""
-    if (obj != "makespan" or best is None or not problem.uniform_microbatches
-            or problem.num_ops > CPSAT_MAX_OPS):
+    if obj != "makespan" or best is None or problem.num_ops > CPSAT_MAX_OPS:
         return None
     budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
     if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
         return None
-    if not any(x > 0 for x in stage_memory_bound(problem)):  # what the relaxation models
+    if problem.uniform_microbatches:
+        paced = any(x > 0 for x in stage_memory_bound(problem))  # what the relaxation models
+    else:
+        # Micro-batches of different cost: the analytic memory bound sees little of what
+        # memory forces on them (tests/test_bounds_relaxation.py: 0 where the relaxation
+        # proves 40 % more than the analytic bound), so wherever memory can bind at all.
+        binds = _load("pipeopt.solvers.relaxation", "memory_can_bind")
+        paced = binds is not None and bool(binds(problem))
+    if not paced:
         return None
     bound = _load("pipeopt.solvers.relaxation", "relaxation_bound")
+    if bound is not None and not problem.uniform_microbatches:  # no window for these
+        varied: Any = bound(problem, time_limit=budget, workers=workers,
+                            max_pairs=RELAX_MAX_VARIED_PAIRS)
+        return None if varied is None else float(varied.value)
     fit: Any = _load("pipeopt.solvers.relaxation", "largest_window")
     if bound is None or fit is None:
         return None

@@ -92,19 +92,47 @@ there: a relaxed schedule of 255.0 s exists with the last 48 and with all 64.
 Cost: a model of 3m intervals, up to ``m * stages`` pair choices per distance and ``m^2 / 2``
 pacing rows per kept later stage; a question takes 0.1-1 s at p = 4, m = 12 and 1-15 s at
 p = 16 with the last 40-64 micro-batches.
+
+Micro-batches of different cost (:func:`_varied_model`). They cannot be renamed by start, so
+the lemma is written for every ordered pair (i, j), i != j, with each micro-batch's own times
+(its row of ``Problem.time_table``, its message delays): ``a_k(j)`` from F(s, j)'s start to
+F(k, j)'s start, ``c_k(i)`` from B(k, i)'s start to B(s, i)'s start, ``R_j`` j's round trip
+(:func:`pipeopt.bounds.round_trip`). F(k, j) and B(k, i) share stage k's device, so
+
+* B(k, i) after F(k, j): ``b_i >= x_j + a_k(j) + F_k(j) + c_k(i)``, or
+* F(k, j) after B(k, i), which starts at least ``R_i - c_k(i)`` after x_i:
+  ``b_j >= x_i + R_i - c_k(i) + B_k(i) + R_j - a_k(j)``;
+
+and B(k, i), B(k, j) share it too (i < j): ``b_j >= x_i + R_i - c_k(i) + B_k(i) + c_k(j)``
+or the same with i and j exchanged. Each F(s, j) starts at or after j's own arrival (its
+forward chain), the makespan is at least each B(s, j)'s start plus j's own backward down to
+stage 0 and W(0, j), and the memory counts each micro-batch's own demand
+(``Problem.memory_table``). Every schedule gives these starts a solution (each condition is
+a fact about it), so the model's optimum, and CP-SAT's proven bound on it, is a bound. It
+takes no ``window`` (the rounds argument numbers identical micro-batches by start), no
+:func:`pipeopt.bounds.memory_starts` and no order ("Order" exchanges identical ones), and
+CP-SAT minimises it instead of answering questions. Where memory is tight it is much stronger
+than the analytic bounds (tests/test_bounds_relaxation.py: p = 3, m = 4, two image-like
+micro-batches among text-like ones, memory 1.5 times the largest activation: 28.40 s at stage 0
+where they give 20.26 s, CP-SAT's optimum 29.21 s); without a memory limit it gave the analytic
+bound on each of 12 small text / image analogues. At p = 8, m = 32
+(``benchmarks/variable_microbatches.py``'s text / image instance) CP-SAT proves nothing above
+the analytic 71.26 s in 60 s, at stage 0 (10,416 pairs) or stage 3 (5,952;
+benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipeopt.bounds import _arrival, _free_memory, memory_starts, round_trips, stage_memory_bound
 from pipeopt.bounds import makespan_lower_bound as _analytic
 from pipeopt.problem import Problem
-from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
+from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
 
 #: Most pair choices the model takes (a larger model is not built). The xdc chain of
 #: benchmarks/search.py has 16,790 at p = 16, m = 64 (CP-SAT proves nothing there in 60 s);
@@ -115,6 +143,10 @@ MAX_PAIRS = 20_000
 #: _LEAST_QUESTION_S seconds left.
 _QUESTION_SHARE = 0.5
 _LEAST_QUESTION_S = 0.05
+#: Grid units for the largest time of a model of micro-batches of different cost when its
+#: times share no exact grid: each constant is rounded down by less than one unit (0.05 ms
+#: per second of the largest), so 96 ops of one stage lose under 5 ms per 1 s of it.
+VARIED_TIME_UNITS = 20_000
 
 
 @dataclass(frozen=True)
@@ -138,6 +170,18 @@ class RelaxationBound:
     questions: int = 0
 
 
+def memory_can_bind(problem: Problem) -> bool:
+    """Whether some stage's device has less free memory than that stage's activations of
+    every micro-batch together (each at its own memory factor): where it has more, the
+    model's memory constraint holds for any starts."""
+    table = problem.memory_table
+    for s in range(problem.stages):
+        free = _free_memory(problem, problem.stage_device[s])
+        if free < problem.activation_memory[s] * math.fsum(table[s]):
+            return True
+    return False
+
+
 def _stage(problem: Problem) -> int:
     """The stage whose own memory paces the pipeline most (stage 0 when none does): the model
     keeps that stage's memory alone, not the device's other stages'."""
@@ -157,22 +201,28 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     module docstring, "Rounds". ``fifo``: take the micro-batches in one order where that loses
     no schedule (module docstring, "Order"; False: the model without it, for comparison).
 
-    None where it does not apply: micro-batches of different cost (they cannot be renamed by
-    start) or a model of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a
-    stage out of range.
+    Micro-batches of different cost: the model of the module docstring's last part, every
+    micro-batch at its own cost, in no fixed order (``fifo`` does not apply), minimised by
+    CP-SAT; ``window`` does not apply to it (None).
+
+    None where it does not apply: a ``window`` with micro-batches of different cost, or a model
+    of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a stage or a window out
+    of range.
     """
     from ortools.sat.python import cp_model  # lazy: importing OR-Tools takes a second
 
     t0 = time.perf_counter()
-    if not problem.uniform_microbatches:
-        return None
     s = _stage(problem) if stage is None else stage
-    if not 0 <= s < problem.stages:
-        raise ValueError(f"stage: must be in 0..{problem.stages - 1}, got {stage}")
+    if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < problem.stages:
+        raise ValueError(f"stage: must be an integer in 0..{problem.stages - 1}, got {stage!r}")
     total = problem.microbatches
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                or not 1 <= window <= total):
         raise ValueError(f"window: must be an integer in 1..{total}, got {window!r}")
+    if not problem.uniform_microbatches:
+        if window is not None:
+            return None
+        return _varied_model(problem, s, time_limit, workers, max_pairs, t0)
     m, n = (total if window is None else window), problem.stages
     # lo[i]: the least time from the stage's first F start to the start of F number
     # total - m + 1 + i (the i-th kept one), proven for every schedule (bounds.memory_starts).
@@ -221,7 +271,7 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
             model.add(w[i] >= b[i] + down(bwd[s]))
         w_ends = [w[i] + down(w_s) for i in range(m)]
     model.add_no_overlap(intervals)
-    _add_memory(model, problem, s, x, ends, w_ends, horizon)
+    _add_memory(model, problem, s, x, ends, w_ends, horizon, [1.0] * m)
     in_order = fifo and not problem.has_link_contention
     if in_order:
         for i in range(1, m):
@@ -256,6 +306,120 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
                                     time_limit - (time.perf_counter() - t0), workers)
     value = max(analytic, low * unit)
     return RelaxationBound(value, low == high, s, pairs, time.perf_counter() - t0, m, checks)
+
+
+def _minimise(model, span, unit: float, analytic: float, s: int, pairs: int, kept: int,
+             time_limit: float, workers: int | None, t0: float) -> RelaxationBound:
+    """CP-SAT on ``model`` (minimising ``span``, in grid units of ``unit`` seconds) for what is
+    left of ``time_limit``; its proven bound, at least ``analytic``."""
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - t0))
+    if workers is not None:
+        solver.parameters.num_workers = workers
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0, kept)
+    value = max(analytic, solver.best_objective_bound * unit)
+    return RelaxationBound(value, status == cp_model.OPTIMAL, s, pairs,
+                           time.perf_counter() - t0, kept)
+
+
+def _varied_model(problem: Problem, s: int, time_limit: float, workers: int | None,
+                  max_pairs: int, t0: float) -> RelaxationBound | None:
+    """:func:`relaxation_bound` for micro-batches of different cost (the module docstring's
+    last part): stage ``s`` exact, every micro-batch at its own cost, the ordered pairs of
+    every later stage. None beyond ``max_pairs`` pair choices."""
+    from ortools.sat.python import cp_model
+
+    n, m = problem.stages, problem.microbatches
+    later = n - 1 - s
+    pairs = later * m * (m - 1) + later * m * (m - 1) // 2  # F-B ordered, B-B unordered
+    if pairs > max_pairs:
+        return None
+    tt = problem.time_table
+    fwd, bwd = problem.forward, problem.durations["B"]
+    wgt = problem.backward_weight if problem.split_backward else (0.0,) * n
+    F = [[fwd[k] * tt[k][j] for j in range(m)] for k in range(n)]
+    B = [[bwd[k] * tt[k][j] for j in range(m)] for k in range(n)]
+    arr = [_arrival(problem, j) for j in range(m)]
+    trip = [round_trips(problem, j)[s] for j in range(m)]
+    tail = []  # B(s, j) start -> the end of W(0, j)
+    for j in range(m):
+        t = B[s][j] + wgt[0] * tt[0][j]
+        for k in range(s - 1, -1, -1):
+            t += problem.delay(k + 1, k, j) + B[k][j]
+        tail.append(t)
+    back: dict[tuple[int, int], float] = {}  # (k, j): c_k(j), B(k, j) start -> B(s, j) start
+    for j in range(m):
+        acc = 0.0
+        for k in range(s + 1, n):
+            acc += B[k][j] + problem.delay(k, k - 1, j)
+            back[k, j] = acc
+    analytic = _analytic(problem)
+    values = [v for row in (F[s], B[s], trip, tail) for v in row]
+    values += [wgt[s] * tt[s][j] for j in range(m)] + list(back.values())
+    grid = time_grid(values)
+    if not grid.exact:
+        grid = Grid(max(values) / VARIED_TIME_UNITS, False)
+    unit = grid.unit
+
+    def down(x: float) -> int:  # seconds -> grid units, rounded down (the model only eases)
+        return math.floor(x / unit + 1e-9)
+
+    # Any schedule ends by the sum of every op and delay of every micro-batch (one at a time).
+    one = 0.0
+    for j in range(m):
+        one += sum(F[k][j] + B[k][j] + wgt[k] * tt[k][j] for k in range(n))
+        one += sum(problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
+                   for k in range(n - 1))
+    horizon = math.ceil(one / unit) + 1
+    model = cp_model.CpModel()
+    x = [model.new_int_var(down(arr[j][s]), horizon, f"x{j}") for j in range(m)]
+    b = [model.new_int_var(0, horizon, f"b{j}") for j in range(m)]
+    intervals = []
+    for j in range(m):
+        intervals.append(model.new_fixed_size_interval_var(x[j], down(F[s][j]), f"F{j}"))
+        intervals.append(model.new_fixed_size_interval_var(b[j], down(B[s][j]), f"B{j}"))
+        model.add(b[j] >= x[j] + down(trip[j]))
+    ends = [b[j] + down(B[s][j]) for j in range(m)]
+    w_ends = list(ends)
+    if problem.split_backward:
+        w = [model.new_int_var(0, horizon, f"w{j}") for j in range(m)]
+        for j in range(m):
+            size = down(wgt[s] * tt[s][j])
+            intervals.append(model.new_fixed_size_interval_var(w[j], size, f"W{j}"))
+            model.add(w[j] >= ends[j])
+        w_ends = [w[j] + down(wgt[s] * tt[s][j]) for j in range(m)]
+    model.add_no_overlap(intervals)
+    _add_memory(model, problem, s, x, ends, w_ends, horizon, problem.memory_table[s])
+    span = model.new_int_var(0, horizon, "makespan")
+    model.add(span >= down(analytic))
+    for j in range(m):
+        model.add(span >= w_ends[j])
+        model.add(span >= b[j] + down(tail[j]))
+    for k in range(s + 1, n):
+        # B(k, i) starts at least R_i - c_k(i) after x_i (its forward, then back down to k).
+        at_k = [trip[i] - back[k, i] for i in range(m)]
+        ahead = [arr[j][k] - arr[j][s] for j in range(m)]  # a_k(j)
+        for i in range(m):
+            for j in range(m):
+                if i == j:
+                    continue
+                first = model.new_bool_var("")  # B(k, i) after F(k, j)
+                model.add(b[i] >= x[j] + down(ahead[j] + F[k][j] + back[k, i])
+                          ).only_enforce_if(first)
+                model.add(b[j] >= x[i] + down(at_k[i] + B[k][i] + trip[j] - ahead[j])
+                          ).only_enforce_if(~first)
+                if i < j:
+                    first = model.new_bool_var("")  # B(k, j) after B(k, i)
+                    model.add(b[j] >= x[i] + down(at_k[i] + B[k][i] + back[k, j])
+                              ).only_enforce_if(first)
+                    model.add(b[i] >= x[j] + down(at_k[j] + B[k][j] + back[k, i])
+                              ).only_enforce_if(~first)
+    model.minimize(span)
+    return _minimise(model, span, unit, analytic, s, pairs, m, time_limit, workers, t0)
 
 
 def _least_span(model: Any, span: Any, low: int, top: int, time_limit: float,
@@ -355,10 +519,12 @@ def _pairs_within(m: int, gap: float, step: float) -> int:
     return max(0, most * m - most * (most + 1) // 2)
 
 
-def _add_memory(model, problem: Problem, s: int, x, ends, w_ends, horizon: int) -> None:
+def _add_memory(model, problem: Problem, s: int, x, ends, w_ends, horizon: int,
+                factors: Sequence[float]) -> None:
     """Stage s's memory on its device: ``act - wgm`` from F's start to B's end, ``wgm`` to W's
-    end (the whole activation to B's end when the backward is fused); demands rounded down and
-    the free memory (limit less static, with the validator's slack) up."""
+    end (the whole activation to B's end when the backward is fused), each times the
+    micro-batch's memory factor ``factors[i]``; demands rounded down and the free memory
+    (limit less static, with the validator's slack) up."""
     d = problem.stage_device[s]
     free = _free_memory(problem, d)
     if not math.isfinite(free):
@@ -366,14 +532,15 @@ def _add_memory(model, problem: Problem, s: int, x, ends, w_ends, horizon: int) 
     act = problem.activation_memory[s]
     wgm = problem.weight_grad_memory[s] if problem.split_backward else 0.0
     parts = [(act - wgm, ends), (wgm, w_ends)]
-    grid = memory_grid([act - wgm, wgm], problem.memory_limit[d] - problem.static_memory[d])
+    grid = memory_grid([a * f for a in (act - wgm, wgm) for f in set(factors)],
+                       problem.memory_limit[d] - problem.static_memory[d])
     tiny = 1e-9 if grid.exact else 0.0  # float noise on an exact grid; else strictly down
     intervals, demands = [], []
     for amount, stops in parts:
-        q = math.floor(amount / grid.unit + tiny)
-        if q <= 0:
-            continue
         for i, stop in enumerate(stops):
+            q = math.floor(amount * factors[i] / grid.unit + tiny)
+            if q <= 0:
+                continue
             size = model.new_int_var(0, horizon, "")
             intervals.append(model.new_interval_var(x[i], size, stop, ""))
             demands.append(q)
