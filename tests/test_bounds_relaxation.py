@@ -444,16 +444,22 @@ def test_questions_answer_the_least_makespan() -> None:
     assert _least_span(model, span, 10, 100, 10.0, 1)[:2] == (10, None)
 
 
-def test_auto_takes_a_window_where_the_whole_model_is_too_large() -> None:
+def test_auto_takes_a_window_where_the_whole_model_is_too_large(monkeypatch) -> None:
     """xdc p = 8, m = 48: the whole model has 3,736 pair choices (over auto's 2,000), so auto
     keeps the last micro-batches (up to 8,000 pairs: all 48) and reports a bound above the
-    analytic 227.4 s (the last 31 alone prove 229.8 s in about 5 s, loaded)."""
+    analytic 227.4 s (the last 31 alone prove 229.8 s in about 5 s, loaded). The window runs
+    from RESTART_MIN_OPS ops (1,152 here: lowered to take that path); below, none."""
+    import pipeopt.solvers.auto as auto_mod
     from pipeopt.solvers import SolveOptions, solve
     from pipeopt.solvers.relaxation import largest_window
 
     prob = _xdc(8, 48, 8.0)
     assert largest_window(prob, 2000) == 31
     assert makespan_lower_bound(prob) == pytest.approx(227.4)
+    assert prob.num_ops < auto_mod.RESTART_MIN_OPS
+    best = solve(prob, "greedy")
+    assert auto_mod._relaxation(prob, "makespan", best, 30.0, 2) is None  # below: none
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
     sched = solve(prob, "auto", options=SolveOptions(time_limit=30, workers=2))
     got = sched.solver.detail("relaxation_bound")
     assert got is not None and got > 227.4 + 1e-6

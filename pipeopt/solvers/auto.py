@@ -84,7 +84,11 @@ RELAX_MAX_PAIRS = 2_000
 #: micro-batches alone (``relaxation_bound``'s window), as many as fit in this many pair
 #: choices. At xdc p = 16, m = 64 that is the last 40 (7,989 pairs): 253.0-254.6 s in its
 #: 10 s on a loaded 2-core machine, that model's optimum being 254.6 s; the
-#: last 24 (3,256) prove their optimum, 253.8 s, in 5 s (benchmarks/README.md).
+#: last 24 (3,256) prove their optimum, 253.8 s, in 5 s (benchmarks/README.md). Only on
+#: instances of at least :data:`RESTART_MIN_OPS` ops, where the greedy's restarts, not CP-SAT's
+#: full model, make the schedule: at ``search.py --families``' crosspipe p = 8, m = 32, lat8
+#: (768 ops, 20 s, quiet machine) the window raised the bound 158.6 -> 160.2 s but took the
+#: full model's time: 164.0 s twice against 162.4-163.2 s without it.
 RELAX_WINDOW_PAIRS = 8_000
 #: The most pair choices of the model for micro-batches of different cost (see above).
 RELAX_MAX_VARIED_PAIRS = 300
@@ -297,6 +301,8 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
         # carry that bound's recursion, and elsewhere the time is the search's (the V's of
         # benchmarks/search.py --families, whose bound is their device work).
         if max(stage_memory_bound(problem)) < lower_bound(problem, "makespan") * (1 - 1e-9):
+            return None
+        if problem.num_ops < RESTART_MIN_OPS:  # the full model's time (RELAX_WINDOW_PAIRS)
             return None
         window = fit(problem, RELAX_WINDOW_PAIRS)
     got: Any = bound(problem, time_limit=budget, workers=workers, window=window,
