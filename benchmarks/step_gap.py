@@ -34,11 +34,11 @@ from executor import (
     _bench_rank,
     _replay,
     load_note,
-    producer_of,
     project_profile,
     timed_overheads,
 )
 
+from pipeopt.costs.profiler import step_trace_costs
 from pipeopt.executor.launch import RunConfig
 from pipeopt.executor.procs import spawn
 from pipeopt.problem import Op, Problem
@@ -66,40 +66,12 @@ def _profile_cost(raw: Problem, s: Schedule, op: Op) -> float:
 def decompose(s: Schedule, raw: Problem, runs: list[list[dict[str, Any]]]
               ) -> dict[str, float]:
     """The parts of the measured step (seconds); ``runs[rank][round]`` is ``run_rank``'s
-    report."""
-    durs: dict[str, list[float]] = {}
-    local: list[float] = []
-    msg: list[float] = []
-    tails: list[float] = []
-    steps: list[float] = []
-    for rnd in range(len(runs[0])):
-        for st in range(1, len(runs[0][rnd]["step_traces"])):
-            end: dict[Op, float] = {}
-            start: dict[Op, float] = {}
-            prev: dict[Op, float | None] = {}
-            t_step = last_end = 0.0
-            for rank_runs in runs:
-                rep = rank_runs[rnd]
-                trace = rep["step_traces"][st]
-                t_step = max(t_step, rep["step_times"][st])
-                last_end = max(last_end, trace[-1][2])
-                before = None
-                for name, a, b in trace:
-                    op = _op(name)
-                    start[op], end[op], prev[op] = a, b, before
-                    before = b
-                    durs.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
-            steps.append(t_step)
-            tails.append(t_step - last_end)
-            for op, a in start.items():
-                far = producer_of(op, s.problem.stages)
-                near = [Op("F", op.stage, op.microbatch) if op.kind == "B" else None,
-                        Op("B", op.stage, op.microbatch) if op.kind == "W" else None]
-                ready = max([prev[op] or 0.0] + [end[x] for x in near if x in end])
-                if far is not None and far in end and end[far] > ready:
-                    msg.append(a - end[far])
-                elif prev[op] is not None:
-                    local.append(a - ready)
+    report, read by the profiler's :func:`pipeopt.costs.profiler.step_trace_costs` (the first
+    step of every round left out)."""
+    got = step_trace_costs(s, runs)
+    durs, local, msg = got["ops"], got["gaps"], got["delays"]
+    tails = [t for t, _ in got["tails"]]
+    steps = got["steps"]
     med = {k: statistics.median(v) for k, v in durs.items()}
     ops = [o for order in s.device_orders() for o in order]
     gap = statistics.median(local) if local else 0.0

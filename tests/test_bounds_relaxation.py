@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -76,18 +77,24 @@ def _random_tiny(rng: random.Random) -> Problem:
                    latency=links, bandwidth=bw,
                    memory_limit=[rng.choice([1.0, 1.5, 2.0, None]) for _ in range(p)])
 
+def _solvable_tiny(seed: int, count: int) -> Iterator[tuple[Problem, float]]:
+    """``count`` random tiny instances drawn with ``seed`` and their exhaustive optimum, those
+    with no schedule left out."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        prob = _random_tiny(rng)
+        best, _ = brute_force(prob)
+        if math.isfinite(best):
+            yield prob, best
+
+
 
 def test_below_brute_force_on_random_tiny_instances() -> None:
     """Every order combination timed (no solver): memory limits, latencies, a serialized link,
     split or fused backward; the bound never exceeds the optimum, and is above the analytic
     bound on some of them (so the lemma is exercised)."""
-    rng = random.Random(5)
     checked = stronger = 0
-    for _ in range(30):
-        prob = _random_tiny(rng)
-        best, _ = brute_force(prob)
-        if not math.isfinite(best):
-            continue
+    for prob, best in _solvable_tiny(5, 30):
         got = relaxation_bound(prob, time_limit=10)
         assert got is not None
         checked += 1
@@ -391,13 +398,8 @@ def test_order_cuts_stronger_on_a_tiny_case() -> None:
 def test_order_cuts_below_brute_force_on_random_tiny_instances() -> None:
     """More random tiny instances (another seed), every stage kept, the order cuts on: never
     above the exhaustive optimum; stronger than without them on some."""
-    rng = random.Random(23)
     checked = stronger = 0
-    for _ in range(30):
-        prob = _random_tiny(rng)
-        best, _ = brute_force(prob)
-        if not math.isfinite(best):
-            continue
+    for prob, best in _solvable_tiny(23, 30):
         for stage in range(prob.stages):
             got = relaxation_bound(prob, time_limit=10, stage=stage)
             assert got is not None

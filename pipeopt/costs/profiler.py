@@ -469,8 +469,9 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
     inputs are all on its rank: its start less the end of what it waited for, the runtime's
     time between two ops), ``delays`` (an op held up by a message from another rank: its start
     less the producer's end), ``leads`` (per step, the first op's start: the runtime's work
-    before it) and ``tails`` ((seconds, rank) per step: the step's end less the last op's
-    end, on the rank that ran it: the optimizer step, zero-grad and the closing barrier)."""
+    before it), ``tails`` ((seconds, rank) per step: the step's end less the last op's
+    end, on the rank that ran it: the optimizer step, zero-grad and the closing barrier) and
+    ``steps`` (per step, the longest rank's step time)."""
     from pipeopt.problem import Op
 
     stages = schedule.problem.stages
@@ -479,6 +480,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
     delays: list[float] = []
     tails: list[tuple[float, int]] = []
     leads: list[float] = []
+    steps: list[float] = []
     for rnd in range(len(runs[0])):
         n = len(runs[0][rnd]["step_traces"])
         for st in range(1 if n > 1 else 0, n):
@@ -498,6 +500,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                     ops.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
                 if trace:
                     last = max(last, (trace[-1][2], r))
+            steps.append(step_s)
             if last[0] >= 0:
                 tails.append((step_s - last[0], last[1]))
                 leads.append(min(start.values()))
@@ -513,7 +516,8 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                     delays.append(a - end[far])
                 elif prev[op] is not None:
                     gaps.append(a - ready)
-    return {"ops": ops, "gaps": gaps, "delays": delays, "leads": leads, "tails": tails}
+    return {"ops": ops, "gaps": gaps, "delays": delays, "leads": leads, "tails": tails,
+            "steps": steps}
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
