@@ -477,3 +477,18 @@ def test_ordered_window_at_p16() -> None:
     got = relaxation_bound(_xdc(16, 64, 8.0), time_limit=240, window=40)
     assert got is not None and got.optimal
     assert got.value == pytest.approx(254.6)
+
+
+def test_auto_takes_the_window_with_a_step_tail_too(monkeypatch) -> None:
+    """The same instance with a step tail on every stage (``grad_reduce``, as every profile's
+    overheads give): the window still runs, since memory sets the *makespan* bound (the
+    iteration-time bound adds the tail and is no measure of what memory paces)."""
+    import pipeopt.solvers.auto as auto_mod
+    from pipeopt.solvers import solve
+
+    prob = _xdc(8, 48, 8.0).replace(grad_reduce=(2.0,) * 8)
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
+    best = solve(prob, "greedy")
+    got = auto_mod._relaxation(prob, "makespan", best, 20.0, 2)
+    assert got is not None and got >= makespan_lower_bound(prob) - 1e-9
+    assert got <= best.makespan * (1 + 1e-9)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pipeopt.bounds import stage_memory_bound
+from pipeopt.bounds import makespan_lower_bound, stage_memory_bound
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule, SolverInfo
@@ -300,7 +300,8 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
         # only where a stage's own memory sets the analytic bound: the window's F starts
         # carry that bound's recursion, and elsewhere the time is the search's (the V's of
         # benchmarks/search.py --families, whose bound is their device work).
-        if max(stage_memory_bound(problem)) < lower_bound(problem, "makespan") * (1 - 1e-9):
+        # (the makespan's bound: lower_bound's "makespan" adds a step tail, grad_reduce)
+        if max(stage_memory_bound(problem)) < makespan_lower_bound(problem) * (1 - 1e-9):
             return None
         if problem.num_ops < RESTART_MIN_OPS:  # the full model's time (RELAX_WINDOW_PAIRS)
             return None
