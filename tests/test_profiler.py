@@ -1,6 +1,7 @@
 """Profiler on CPU with tiny models: FLOPs against FlopCounterMode and the formulas."""
 
 import json
+import os
 
 import pytest
 
@@ -423,3 +424,18 @@ def test_overheads_of_a_trivial_model_are_positive_and_small(tmp_path):
     assert got.message_s > 0 and got.action_s + got.step_s > 0, got
     assert main(["profile", "--model", "mlp", "--forward-only", "--overheads",
                  "-o", str(out)]) == 2
+
+
+def test_step_timing_refuses_more_ranks_than_the_machine_takes(tmp_path, capsys):
+    """``--timing step --step-ranks N`` with N beyond what ``pipeopt run`` would start here: a
+    one-line error naming the flag, before any timing, and no file written."""
+    from pipeopt.cli import main
+    from pipeopt.executor.procs import RANKS_PER_CORE
+
+    out = tmp_path / "p.json"
+    too_many = RANKS_PER_CORE * (os.cpu_count() or 1) + 1
+    assert main(["profile", "--model", "mlp", "--layers", "2", "--hidden", "8", "--timing",
+                 "step", "--step-ranks", str(too_many), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--step-ranks" in err and f"{too_many} ranks to start" in err
+    assert not out.exists()

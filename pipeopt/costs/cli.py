@@ -140,6 +140,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_writable("--output", args.output)  # before minutes of timing, not after
     device = _device(args.device)
     timing = _timing(args, device)
+    if timing == "step":  # before minutes of warm profiling, as `pipeopt run` refuses them
+        import os
+
+        from pipeopt.executor.procs import (
+            ExecutorError,
+            available_memory_bytes,
+            check_rank_capacity,
+        )
+        try:
+            check_rank_capacity(args.step_ranks, os.cpu_count(), available_memory_bytes())
+        except ExecutorError as exc:
+            raise ConfigError(f"--step-ranks: {exc}") from None
     if args.overheads and timing == "step":
         raise ConfigError("--overheads: --timing step measures the overheads in its own runs "
                           "of the model; --overheads is for --timing warm")
