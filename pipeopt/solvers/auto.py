@@ -297,13 +297,13 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
         return None
     window = None
     if fit(problem, RELAX_MAX_PAIRS) < problem.microbatches:  # the last rounds alone,
-        # only where a stage's own memory sets the analytic bound: the window's F starts
-        # carry that bound's recursion, and elsewhere the time is the search's (the V's of
+        # only on large instances (below, the time is the full model's: RELAX_WINDOW_PAIRS)
+        # and where a stage's own memory sets the makespan's analytic bound (not
+        # lower_bound's "makespan", which adds grad_reduce): the window's F starts carry that
+        # bound's recursion, and elsewhere the time is the search's (the V's of
         # benchmarks/search.py --families, whose bound is their device work).
-        # (the makespan's bound: lower_bound's "makespan" adds a step tail, grad_reduce)
-        if max(stage_memory_bound(problem)) < makespan_lower_bound(problem) * (1 - 1e-9):
-            return None
-        if problem.num_ops < RESTART_MIN_OPS:  # the full model's time (RELAX_WINDOW_PAIRS)
+        if (problem.num_ops < RESTART_MIN_OPS or max(stage_memory_bound(problem))
+                < makespan_lower_bound(problem) * (1 - 1e-9)):
             return None
         window = fit(problem, RELAX_WINDOW_PAIRS)
     got: Any = bound(problem, time_limit=budget, workers=workers, window=window,
