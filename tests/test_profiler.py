@@ -169,6 +169,7 @@ def test_mlp_and_cli(tmp_path):
     over = doc["overheads"]
     assert all(0 <= over[k] < 0.5 for k in ("action_s", "message_s", "step_s"))
     assert over["action_s"] > 0 and "1f1b and zb-h1" in over["how"]
+    assert st["warmup_rounds"] == 1 and "1 round(s) not counted" in over["how"]
     prob = parse_config({"pipeline": {"devices": 2, "microbatches": 4},
                          "model": {"profile": str(out)}}).problem
     a = over["action_s"]
@@ -208,6 +209,32 @@ def test_step_trace_costs_by_hand():
     assert got["tails"][0][0] == pytest.approx(0.7) and got["leads"] == [0.0]
     assert trimmed_mean([float(x) for x in range(1, 11)] + [100.0]) == pytest.approx(6.0)
     assert trimmed_mean([]) == 0.0 and trimmed_mean([2.0]) == 2.0
+
+
+def test_step_rank_leaves_its_warm_up_rounds_out(monkeypatch):
+    """``step_profile``'s ranks run every job ``warmup + rounds`` times, interleaved, and
+    report only the rounds after the warm-up ones (a fresh rank's first round is not what a
+    later run of the same schedule sees)."""
+    import pipeopt.costs.profiler as profiler
+    import pipeopt.executor.launch as launch
+
+    calls: list[str] = []
+
+    def fake_run(rank, world, device, sched, cfg, backend, status=None):
+        calls.append(sched)
+        return {"step_traces": [[(sched, 0.0, float(len(calls)))]],
+                "step_times": [float(len(calls))]}
+
+    monkeypatch.setattr(launch, "run_rank", fake_run)
+    monkeypatch.setattr(profiler, "ping_pong_s", lambda rank, x, reps: 1e-4)
+    got = profiler._step_rank(0, 2, "cpu", [("a", None), ("b", None)], 2, 8, warmup=1)
+    assert calls == ["a", "b"] * 3
+    assert [[r["step_times"] for r in job] for job in got["runs"]] == [
+        [[3.0], [5.0]], [[4.0], [6.0]]]
+    assert got["ping_pong_s"] == 1e-4
+    calls.clear()
+    got = profiler._step_rank(0, 2, "cpu", [("a", None)], 2, 8)  # no warm-up: all counted
+    assert [r["step_times"] for r in got["runs"][0]] == [[1.0], [2.0]]
 
 
 def test_factory_model_needs_an_input_shape(tmp_path):

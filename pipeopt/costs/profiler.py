@@ -521,20 +521,23 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
-               message_bytes: int, status: Any = None) -> dict[str, Any]:
-    """One rank of :func:`step_profile`: every (schedule, config) job ``rounds`` times,
-    interleaved; per job, this rank's report of every round (traces and step times); then the
-    one-way time of a ``message_bytes`` message between ranks 0 and 1 (ping-pong, seconds; on
-    rank 0, for comparison with the delays the traces show)."""
+               message_bytes: int, warmup: int = 0, status: Any = None) -> dict[str, Any]:
+    """One rank of :func:`step_profile`: every (schedule, config) job ``warmup + rounds``
+    times, interleaved; per job, this rank's report of every round after the first ``warmup``
+    (traces and step times); then the one-way time of a ``message_bytes`` message between
+    ranks 0 and 1 (ping-pong, seconds; on rank 0, for comparison with the delays the traces
+    show)."""
     import torch
 
     from pipeopt.executor.launch import run_rank
 
     out: list[list[dict[str, Any]]] = [[] for _ in jobs]
-    for _ in range(rounds):
+    for rnd in range(warmup + rounds):
         for i, (sched, cfg) in enumerate(jobs):
             rep = run_rank(rank, world, device, sched, cfg, "gloo", status=status)
-            out[i].append({"step_traces": rep["step_traces"], "step_times": rep["step_times"]})
+            if rnd >= warmup:
+                out[i].append({"step_traces": rep["step_traces"],
+                               "step_times": rep["step_times"]})
     msg = torch.zeros(max(1, message_bytes // 4))
     return {"runs": out, "ping_pong_s": ping_pong_s(rank, msg, 50)}
 
@@ -600,7 +603,7 @@ def _fit_step(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
 
 def step_profile(doc: dict[str, Any], model: str,
                  options: tuple[tuple[str, Any], ...] = (), *, ranks: int = 2,
-                 microbatches: int = 8, rounds: int = 2, steps: int = 4,
+                 microbatches: int = 8, rounds: int = 2, steps: int = 4, warmup: int = 1,
                  timeout: float = 600.0) -> dict[str, Any]:
     """``doc`` (a warm training profile of :func:`profile_model`, on the CPU) re-timed as a
     pipelined step runs its ops; returns the new document (``"timing": "step"``).
@@ -610,7 +613,11 @@ def step_profile(doc: dict[str, Any], model: str,
     model name: ``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``, with ``options``), ``microbatches``
     micro-batches of the profile's ``micro_batch_size``, replaying each schedule of
     :data:`STEP_METHODS` ``steps`` steps a round (the first not counted) for ``rounds``
-    interleaved rounds. From the op traces (:func:`step_trace_costs`, trimmed means):
+    interleaved rounds, after ``warmup`` rounds that are not counted at all (fresh ranks ran
+    their first round of 1F1B 5-30 % slower than the next in most profiles of
+    ``benchmarks/executor.py --ranking``, and a later run of the same schedule in a benchmark,
+    as in ``pipeopt run``, as fast as the second). From the op traces
+    (:func:`step_trace_costs`, trimmed means):
 
     - each stage's F (both runs), B and W (ZB-H1) and fused backward (1F1B): every layer's
       time scaled by the stage's measured time over its layers' warm sum, so that the stages
@@ -656,7 +663,7 @@ def step_profile(doc: dict[str, Any], model: str,
     cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
                     batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
     boundary = int(layers[part[0][1] - 1]["output_bytes"])  # stage 0's activation message
-    reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary),
+    reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary, warmup),
                     timeout=timeout, backend="gloo")
     per_rank = [r["runs"] for r in reports]
     fused, split = (step_trace_costs(s, [per_rank[r][i] for r in range(ranks)])
@@ -705,20 +712,21 @@ def step_profile(doc: dict[str, Any], model: str,
            "overheads": {"action_s": action, "message_s": message, "step_s": step}}
     wall = time.perf_counter() - t0
     how = (f"{ranks} gloo ranks running {' and '.join(STEP_METHODS)} of this model, "
-           f"{microbatches} micro-batches, {rounds} rounds x {steps} steps (the first not "
-           f"counted): trimmed means of the delay of an activation message beyond the "
-           f"runtime's gap before an op ({len(delays)}), of the step tail beyond the layers' "
-           f"optimizer step and of the wait before the first op beyond that gap ({len(tails)} "
-           f"steps), that step cost adjusted until the runs' median steps are predicted on "
-           f"average (the waits a step's longest path adds over the mean op times); per "
-           f"action: the gap ({len(gaps)} ops)")
+           f"{microbatches} micro-batches, {warmup} round(s) not counted, then {rounds} rounds "
+           f"x {steps} steps (the first not counted): trimmed means of the delay of an "
+           f"activation message beyond the runtime's gap before an op ({len(delays)}), of the "
+           f"step tail beyond the layers' optimizer step and of the wait before the first op "
+           f"beyond that gap ({len(tails)} steps), that step cost adjusted until the runs' "
+           f"median steps are predicted on average (the waits a step's longest path adds over "
+           f"the mean op times); per action: the gap ({len(gaps)} ops)")
     fit, replayed = _fit_step(out, scheds, per_rank, part, microbatches)
     out["overheads"].update(step_s=fit, how=how)
     return {**out,
             "in_step": {"replayed": replayed, "step_measured_ms": step * 1e3,
                         "step_fit_ms": fit * 1e3,
                         "model": model, "ranks": ranks, "microbatches": microbatches,
-                        "rounds": rounds, "steps": steps, "methods": list(STEP_METHODS),
+                        "rounds": rounds, "steps": steps, "warmup_rounds": warmup,
+                        "methods": list(STEP_METHODS),
                         "partition": [list(x) for x in part], "stages": rows,
                         "gap_ms": action * 1e3,
                         "message_delay_ms": trimmed_mean(delays) * 1e3,
