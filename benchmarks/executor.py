@@ -275,7 +275,9 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per round, the first not counted (default 4; --ranking: "
+                    "per model, RANK_STEPS)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT seconds")
     ap.add_argument("--profiler", choices=["ranks", "project"], default="ranks",
                     help="costs the schedules are solved on (both are measured and both "
@@ -306,6 +308,7 @@ def main() -> None:
     if args.ranking:
         ranking(args)
         return
+    args.steps = args.steps or 4
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -420,6 +423,12 @@ def main() -> None:
 
 #: Models of ``--ranking`` (issue 17: >= 5 methods on >= 2 models).
 RANK_MODELS = {MODEL: OPTIONS, "mlp": (("layers", 8), ("width", 512))}
+#: Steps per round of ``--ranking`` per model (the first of each round not counted), in the
+#: profile's runs and the measured ones alike; fixed before they were measured (2026-12-04,
+#: 22:55): about half a second of counted steps per round. The tiny GPT's steps take 150-250
+#: ms (3 counted); the MLP's 17-60 ms, so 3 counted steps were 0.05-0.2 s, where one
+#: pre-emption of a rank (a few ms) moved a step by 10-50 % and round spreads reached 20-110 %.
+RANK_STEPS = {MODEL: 4, "mlp": 12}
 #: The instances of ``--ranking``, fixed before any was measured (2026-12-04): (method,
 #: micro-batches of the same batch, memory limit in micro-batches of activations per device,
 #: None = no limit). At 8 micro-batches and no limit, 1F1B, ZB-H1, ZB-H2, greedy and CP-SAT were
@@ -485,7 +494,7 @@ def _case_name(method: str, m: int, limit: float | None) -> str:
 
 
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
-                p: int, m: int, tmp: str) -> tuple[Problem, Problem]:
+                p: int, m: int, tmp: str, steps: int = 4) -> tuple[Problem, Problem]:
     """The warm profile ``doc`` re-timed in step (``pipeopt profile --timing step``), as the
     config form's problem on the partition the runs measured, and the warm profile (with the
     same overheads) on the same partition: what the warm loop would have predicted for the
@@ -493,7 +502,7 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import step_profile
 
-    timed = step_profile(doc, model, options, ranks=p, microbatches=m)
+    timed = step_profile(doc, model, options, ranks=p, microbatches=m, steps=steps)
     write_profile(timed, f"{tmp}/step.json")
     # The partition the runs measured (the factors hold for it; another partition would
     # reuse them per layer).
@@ -535,6 +544,7 @@ def ranking(args: argparse.Namespace) -> None:
     over = timed_overheads(p) if args.overheads and not step else None
     sizes = sorted({m for _, m, _ in RANK_CASES})
     for model, options in RANK_MODELS.items():
+        steps = args.steps or RANK_STEPS[model]
         probs: dict[int, tuple[Problem, Problem]] = {}  # m -> (solved on, the other timing)
         t0 = time.perf_counter()
         for m in sizes:
@@ -545,7 +555,7 @@ def ranking(args: argparse.Namespace) -> None:
                 if not step:
                     probs[m] = (warm, warm)
                 else:
-                    probs[m] = _step_timed(doc, model, options, p, m, tmp)
+                    probs[m] = _step_timed(doc, model, options, p, m, tmp, steps)
             _show(f"{model}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
                   fused_variant(probs[m][0]))
             tails = probs[m][0].grad_reduce
@@ -554,7 +564,7 @@ def ranking(args: argparse.Namespace) -> None:
         print(f"  profiles: {time.perf_counter() - t0:.0f} s")
         scheds = [solve(_limited(probs[m][0], lim), meth, time_limit=args.time_limit, workers=1,
                         seed=0) for meth, m, lim in RANK_CASES]
-        cfgs = [RunConfig(model=model, model_options=options, steps=args.steps,
+        cfgs = [RunConfig(model=model, model_options=options, steps=steps,
                           batch_size=args.batch) for _ in RANK_CASES]
         before = load_note(p)
         t0 = time.perf_counter()
@@ -572,7 +582,7 @@ def ranking(args: argparse.Namespace) -> None:
         predicted = [s.iteration_time for s in scheds]
         names = [_case_name(*c) for c in RANK_CASES]
         print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.rounds} rounds x "
-              f"{args.steps} steps, {time.perf_counter() - t0:.0f} s)")
+              f"{steps} steps, {time.perf_counter() - t0:.0f} s)")
         print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
         other_col = "warm profile, same orders" if step else ""
         print(f"  {'case':<18} {'predicted':>10} {'measured':>10} {'error':>8} "
