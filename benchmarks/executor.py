@@ -254,6 +254,33 @@ def _replay(s: Schedule, durs: dict[str, float], latency_s: float) -> float:
     return max(end.values())
 
 
+def error_parts(s: Schedule, runs: list[list[dict[str, Any]]]) -> dict[str, float]:
+    """Where the error of ``s``'s predicted step goes (seconds): its device orders replayed
+    (:func:`_replay`) on the priced durations, latency and step tail, then with the runs'
+    own parts in their place, one at a time (``runs[rank][round]``: ``run_rank``'s reports,
+    read by :func:`pipeopt.costs.profiler.step_trace_costs`, trimmed means): ``ops`` every
+    op's duration plus the gap before it (the priced op includes ``action_s``), ``messages``
+    the delay of a message that held an op up beyond that gap (priced: the link latency),
+    ``tail`` the step's end after its last op (priced: the stages' optimizer steps plus
+    ``overheads.step_s``, which carries the profile's per-step fit), and ``unexplained``
+    the median step left over (what a replay on mean parts misses: waits on ops that vary)."""
+    from pipeopt.costs.profiler import step_trace_costs, trimmed_mean
+
+    prob = s.problem
+    got = step_trace_costs(s, runs)
+    ops = [o for order in s.device_orders() for o in order]
+    lat, tail = prob.latency[0][1], max(prob.grad_reduce)
+    priced = _replay(s, {str(o): prob.durations[o.kind][o.stage] for o in ops}, lat)
+    gap = trimmed_mean(got["gaps"])
+    run_ops = {str(o): trimmed_mean(got["ops"][f"{o.kind}{o.stage}"]) + gap for o in ops}
+    with_ops = _replay(s, run_ops, lat)
+    with_msgs = _replay(s, run_ops, max(0.0, trimmed_mean(got["delays"]) - gap))
+    run_tail = trimmed_mean([t for t, _ in got["tails"]])
+    return {"ops": with_ops - priced, "messages": with_msgs - with_ops,
+            "tail": run_tail - tail, "unexplained": statistics.median(got["steps"])
+            - with_msgs - run_tail, "priced_tail": tail, "run_tail": run_tail}
+
+
 def _show(title: str, prob: Problem, fused: Problem) -> None:
     print(title + ": ms per micro-batch")
     for k in range(prob.stages):
@@ -600,6 +627,14 @@ def ranking(args: argparse.Namespace) -> None:
                 line += (f"  {s_o.iteration_time * 1e3:8.1f} ms "
                          f"({meas / s_o.iteration_time - 1:+.1%})")
             print(line)
+        print("  where each error goes, ms (the runs' own parts in place of the priced ones, "
+              "one at a time; error_parts): ops + gap, messages, step tail (run / priced), "
+              "unexplained")
+        for i, s in enumerate(scheds):
+            e = error_parts(s, [per_rank[r][str(i)] for r in range(p)])
+            print(f"    {names[i]:<18} {e['ops'] * 1e3:+7.1f} {e['messages'] * 1e3:+6.1f} "
+                  f"{e['tail'] * 1e3:+6.1f} ({e['run_tail'] * 1e3:.1f} / "
+                  f"{e['priced_tail'] * 1e3:.1f}) {e['unexplained'] * 1e3:+6.1f}")
         tau = kendall_tau(predicted, measured)
         worst = max(abs(meas / pred - 1) for pred, meas in zip(predicted, measured, strict=True))
         close = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
