@@ -563,9 +563,10 @@ def ranking(args: argparse.Namespace) -> None:
     executor's fixed costs measured once on a trivial model unless ``--no-overheads``), every
     case solved on it (the config form; fused methods priced at the fused backward), all
     cases of the model run ``--rounds`` times interleaved; prints each case's predicted and
-    measured step time (median of the steps after the first of every round), the error, the
-    pairs whose predicted difference is within the measured spread, and the Kendall tau
-    between the predicted and the measured order."""
+    measured step time (median of the steps after the first of every round), the error, where
+    the error goes (:func:`error_parts`), the pairs whose predicted difference is within the
+    measured spread, and the Kendall tau between the predicted and the measured order. Steps
+    per round: ``--steps`` or :data:`RANK_STEPS` of the model, in the profile's runs too."""
     p = args.ranks
     step = args.timing == "step"
     over = timed_overheads(p) if args.overheads and not step else None
