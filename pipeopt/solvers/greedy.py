@@ -164,7 +164,14 @@ class Policy:
     headroom an F leaves may be taken from memory that will be freed without any other F on
     the device (see :func:`_run`).
     ``link_wait``: an F whose message would queue on a serialized link waits until it would
-    not, so that B messages made in the meantime go first. ``noise``: the
+    not, so that B messages made in the meantime go first. ``reserve`` (with ``reclaim``;
+    None = off): an F of a device's earlier stage also leaves free memory for the later
+    stages of the micro-batches already admitted there that have not run them yet, as many
+    as a later stage's round trip holds at once, and only those whose later stage's input can
+    arrive earlier than ``reserve`` device cycles (per-micro-batch work on the device, s)
+    before the device's reclaimable memory comes back (see :func:`_run`): a new micro-batch
+    does not take the slot an admitted one needs when it comes back through the device, nor
+    wait for slots that will be free again by then. ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``).
     """
 
@@ -177,6 +184,7 @@ class Policy:
     reclaim: bool = False
     mem_caps: str | None = None
     link_wait: bool = False
+    reserve: float | None = None
     noise: float = 0.0
     seed: int = 0
 
@@ -185,7 +193,8 @@ class Policy:
         cap = (self.mem_caps or ("mem" if self.cap_slack is None
                                  else f"path+{self.cap_slack:g}"))
         la = (("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
-              + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else ""))
+              + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else "")
+              + ("" if self.reserve is None else f"+rs{self.reserve:g}"))
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
         return (f"cap={cap},w={self.w_lag},{'deep' if self.deep else 'wide'}{la},"
                 f"fb={self.fb}{noise}")
@@ -230,6 +239,19 @@ POLICIES: tuple[Policy, ...] = (
     Policy(w_lag="rank", fb="alt"),
     Policy(deep=False, fb="alt"),
     Policy(cap_slack=1.0, w_lag="tail"),
+    # Reserve (needs several stages on a device and a link that delays messages): the six
+    # best of the 23 variants above that take reclaim, each with a lead of 0, 0.5 or 1 device
+    # cycles, on the V with latency 2 or 8 F (p = 4, 8, 16), 8 F at p = 4 with m = 8, and
+    # transmission 2 F at p = 8 (benchmarks/README.md, "Keeping the slots behind a slow link
+    # full"); best there, in this order: p = 4, m = 16 lat8 (122.7 s against 130.8 s
+    # without), p = 4, m = 8 lat8 (72.8 s against 83.6 s; CP-SAT's optimum is 72.5 s),
+    # p = 8 lat8, p = 16 lat8, p = 8 bw2, p = 8 lat2 (as good as without).
+    Policy(fb="starve", reclaim=True, reserve=0.5),
+    Policy(fb="alt", wait_w=True, reclaim=True, reserve=0.5),
+    Policy(lookahead=True, wait_w=True, reclaim=True, reserve=0.0),
+    Policy(mem_caps="fit", reclaim=True, fb="alt", wait_w=True, reserve=1.0),
+    Policy(link_wait=True, wait_w=True, fb="starve", reclaim=True, reserve=0.0),
+    Policy(mem_caps="fit", reclaim=True, fb="starve", wait_w=True, reserve=1.0),
 )
 
 
@@ -246,12 +268,17 @@ _NESTED_FIRST: tuple[Policy, ...] = (
 def policies_for(problem: Problem) -> tuple[Policy, ...]:
     """:data:`POLICIES` in the order tried on ``problem``, less those that would repeat another
     there: ``reclaim`` needs a device with more than one stage (else no F leaves headroom),
-    ``link_wait`` a link with a transmission time (else no message queues). With several
-    stages on a device, :data:`_NESTED_FIRST` go first."""
+    ``link_wait`` a link with a transmission time (else no message queues); ``reserve`` is
+    only tried where a link also delays messages (the case it is for: a later stage held
+    across a slow link's round trip). With several stages on a device,
+    :data:`_NESTED_FIRST` go first."""
     nested = any(len(x) > 1 for x in problem.device_stages)
     queues = problem.has_link_contention
+    delays = any(sum(problem.transfer(k, k + 1)) + sum(problem.transfer(k + 1, k)) > 0
+                 for k in range(problem.stages - 1))
     out = tuple(pol for pol in POLICIES
-                if (nested or not pol.reclaim) and (queues or not pol.link_wait))
+                if (nested or not pol.reclaim) and (queues or not pol.link_wait)
+                and (delays or pol.reserve is None))
     if nested:
         out = _NESTED_FIRST + tuple(pol for pol in out if pol not in _NESTED_FIRST)
     return out
@@ -335,6 +362,42 @@ class _Context:
             else:
                 self.held[top] = math.fsum(self.act[q] for q in dstg)
         self.nested = any(h > 0 for h in self.headroom)
+        # ``reserve`` policies: per stage k, (q, n, a) for each later stage q on k's device:
+        # the stage's F-to-B round trip (the durations and link delays from F of q to the end
+        # of B of q, seconds, an average micro-batch) over the device cycle, rounded up, is
+        # the n micro-batches whose stage-q activations (a bytes each, an average
+        # micro-batch) are held at once. Behind a slow link, every admitted one; where the V
+        # turns on the device with no link between, one.
+        durs = pr.durations
+        mean_t = math.fsum(pr.time_scale) / m if self.scaled else 1.0
+        trip = [0.0] * s  # F of q to the end of B of q, over the stages after q
+        for q in range(s - 1, -1, -1):
+            here = (durs["F"][q] + durs["B"][q]) * mean_t
+            trip[q] = here if q == s - 1 else (
+                here + trip[q + 1] + sum(self.tx_f[q + 1]) + sum(self.tx_b[q]))
+        self.reserve: list[tuple[tuple[int, int, float], ...]] = []
+        for k in range(s):
+            d = sd[k]
+            later = []
+            for q in pr.device_stages[d]:
+                if q > k:
+                    n_q = math.ceil(trip[q] / self.cycle[d] - 1e-9)
+                    later.append((q, max(1, min(n_q, m)), self.act_mean[q]))
+            self.reserve.append(tuple(later))
+        # A waiting micro-batch's slot is only held back when its later stage's input could
+        # arrive before the device's reclaimable memory comes back: ``reach[q]``, the least
+        # time from F of stage 0's start to F of q's input (seconds), and per device
+        # ``ret[d]``, from F of its last stage's start to the end of B of its first stage
+        # (an average micro-batch).
+        self.reach = [0.0] * s
+        for q in range(1, s):
+            self.reach[q] = self.reach[q - 1] + durs["F"][q - 1] * mean_t + sum(self.tx_f[q])
+        self.ret = [0.0] * p
+        for d, dstg in enumerate(pr.device_stages):
+            if dstg:
+                lo, hi = min(dstg), max(dstg)
+                self.ret[d] = (trip[hi] + sum(durs["B"][lo:hi]) * mean_t
+                               + sum(sum(self.tx_b[q]) for q in range(lo, hi)))
 
     @cached_property
     def op_list(self) -> list[Op]:
@@ -542,6 +605,12 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     # for the headroom (never for the F's own activation): see the docstring.
     reclaim = policy.reclaim and ctx.nested
     link_wait = policy.link_wait and contention
+    # reserve (with reclaim): memory held back for admitted micro-batches (see the F check).
+    reserve = policy.reserve is not None and reclaim
+    reserve_of, reach, ret = ctx.reserve, ctx.reach, ctx.ret
+    lead = [(policy.reserve or 0.0) * c for c in ctx.cycle]  # seconds, per device
+    fpos = [0] * m  # per micro-batch, the last stage whose F has started
+    back = _INF
     rec = [0.0] * p
     top_stage, held = ctx.last_on_device, ctx.held
     last_b = [False] * p  # was the device's last F-or-B a B?
@@ -606,9 +675,40 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         lim = limit[d]
         cur = mem[d]
         cur_h = cur - rec[d] if reclaim else cur  # what the headroom check counts
+        if reserve:
+            # When the device's reclaimable memory comes back (the next micro-batch past its
+            # last stage here ends B of its first stage, no sooner than now), less the lead;
+            # never when none is reclaimable.
+            i0 = nb[dstages[d][0]]
+            top = top_stage[d]
+            back = _INF
+            if nf[top] > i0:
+                back = starts[top * m + i0] + ret[d]
+                back = (back if back > t else t) - lead[d]
         for k in dstages[d]:
             base = k * m
             jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
+            held_back = 0.0  # reserve: free memory kept for admitted micro-batches (bytes)
+            if reserve:
+                # The later stages q of the micro-batches admitted before j that have not run
+                # them yet, at most n_q of them, and only those whose stage-q input may arrive
+                # before ``back``: a later one finds the reclaimable memory back. (The new
+                # micro-batch's own headroom may still be reclaimable memory.)
+                for q, n_q, a_q in reserve_of[k]:
+                    waiting = j - nf[q]
+                    if waiting > 0 and back < _INF:
+                        waiting = 0
+                        for i in range(nf[q], j):
+                            # Its next F's input at the earliest (not before now), then the
+                            # least time from there to stage q's input.
+                            r = fpos[i]
+                            a = f_end[r * m + i] + lat_f[r + 1]
+                            if (a if a > t else t) + reach[q] - reach[r + 1] < back:
+                                waiting += 1
+                                if waiting == n_q:
+                                    break
+                    if waiting > 0:
+                        held_back += a_q * (waiting if waiting < n_q else n_q)
             if jb < j:
                 r = b_ready[base + jb]
                 if r <= t:
@@ -620,7 +720,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                     next_b = r
             if (j < m and j - jb < caps[k]
                     and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
-                    and (not reclaim or cur + a_ <= lim)):
+                    and (not reclaim or cur + a_ + held_back <= lim)):
                 r = f_ready[base + j]
                 if link_wait and k < last and sd[k + 1] != d:
                     # Not before its message would leave at once: the B messages made in
@@ -689,6 +789,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             x = i if sc else k
             end = t + d_f[x]
             f_end[i] = end
+            fpos[j] = k
             starts[i] = t
             oid = i
             mem[d] = cur + act[x]
