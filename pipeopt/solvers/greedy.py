@@ -611,6 +611,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     lead = [(policy.reserve or 0.0) * c for c in ctx.cycle]  # seconds, per device
     fpos = [0] * m  # per micro-batch, the last stage whose F has started
     back = _INF
+    soon: list[tuple[float, float]] = []
     rec = [0.0] * p
     top_stage, held = ctx.last_on_device, ctx.held
     last_b = [False] * p  # was the device's last F-or-B a B?
@@ -685,30 +686,46 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
             if nf[top] > i0:
                 back = starts[top * m + i0] + ret[d]
                 back = (back if back > t else t) - lead[d]
+            # What the B's whose input gradient is on its way (ready time known) will free,
+            # and when (that time, not before now, plus their duration): (seconds, bytes).
+            soon.clear()
+            for k in dstages[d]:
+                for i in range(k * m + nb[k], k * m + nf[k]):
+                    r = b_ready[i]
+                    if r == _INF:
+                        break
+                    x = i if sc else k
+                    soon.append(((r if r > t else t) + d_b[x], b_free[x]))
         for k in dstages[d]:
             base = k * m
             jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
             held_back = 0.0  # reserve: free memory kept for admitted micro-batches (bytes)
+            first = _INF
             if reserve:
                 # The later stages q of the micro-batches admitted before j that have not run
                 # them yet, at most n_q of them, and only those whose stage-q input may arrive
                 # before ``back``: a later one finds the reclaimable memory back. (The new
                 # micro-batch's own headroom may still be reclaimable memory.)
                 for q, n_q, a_q in reserve_of[k]:
-                    waiting = j - nf[q]
-                    if waiting > 0 and back < _INF:
-                        waiting = 0
-                        for i in range(nf[q], j):
-                            # Its next F's input at the earliest (not before now), then the
-                            # least time from there to stage q's input.
-                            r = fpos[i]
-                            a = f_end[r * m + i] + lat_f[r + 1]
-                            if (a if a > t else t) + reach[q] - reach[r + 1] < back:
-                                waiting += 1
-                                if waiting == n_q:
-                                    break
-                    if waiting > 0:
-                        held_back += a_q * (waiting if waiting < n_q else n_q)
+                    waiting = 0
+                    for i in range(nf[q], j):
+                        # Its next F's input at the earliest (not before now), then the least
+                        # time from there to stage q's input.
+                        r = fpos[i]
+                        a = f_end[r * m + i] + lat_f[r + 1]
+                        e = (a if a > t else t) + reach[q] - reach[r + 1]
+                        if e < back:
+                            waiting += 1
+                            if e < first:
+                                first = e
+                            if waiting == n_q:
+                                break
+                    held_back += a_q * waiting
+                if held_back > 0 and soon:
+                    # Less what those B's free before the first of them needs its slot.
+                    # (never below none: the F's own activation needs free memory now).
+                    held_back = max(0.0, held_back - math.fsum(x for e, x in soon
+                                                               if e <= first))
             if jb < j:
                 r = b_ready[base + jb]
                 if r <= t:
