@@ -418,3 +418,66 @@ def test_reserve_slowdown_probes_only_when_the_limit_is_near():
     # deadline.
     watch = Stopwatch(time.perf_counter() - 2.0, time.process_time() - 1.0)
     assert _reserve_slowdown(watch, 0.5, now + 1000.0, 200_000) == pytest.approx(2.0, rel=0.05)
+
+
+def _v_xdc(p, m, latency_x=8.0):
+    """benchmarks/search.py's V with a slow middle link (``xdc_link``, two chunks, 1F1B's
+    memory): F 0.5 s, B 0.6 s, W 0.4 s per chunk, 0.5 of activation (0.25 held until W)."""
+    lat = [0.0] * (p - 1)
+    lat[p // 2 - 1] = latency_x
+    links, bw = chain_links(p, lat, [math.inf] * (p - 1))
+    prob = uniform_problem(p, m, 1.0, 1.2, 0.8, weight_grad=0.5, virtual_stages=2,
+                           placement="vshape", memory_limit=float(p))
+    return prob.replace(latency=links, bandwidth=bw, message_size=(1.0,) * (prob.stages - 1))
+
+
+def test_reserve_counts_the_later_chunks_held_across_the_link():
+    """p = 4, latency 8 s between devices 1 and 2; a device cycle is 2 x (0.5 + 0.6 + 0.4) =
+    3 s. Device 2 holds stages 2 and 5: from F5's start to B5's end a micro-batch crosses the
+    link twice, 0.5 + 8 + (0.5 + 0.5 + 0.6 + 0.6) + 8 + 0.6 = 19.3 s, ceil(19.3 / 3) = 7 of
+    them at once. Device 0 turns the V itself: F7 + B7 = 1.1 s, one at a time."""
+    from pipeopt.solvers.greedy import _Context
+
+    prob = _v_xdc(4, 8)
+    assert prob.stage_device == (0, 1, 2, 3, 3, 2, 1, 0)
+    ctx = _Context(prob)
+    assert ctx.reserve[2] == ((5, 7, 0.5),) and ctx.reserve[0] == ((7, 1, 0.5),)
+    assert ctx.reserve[5] == () and ctx.reserve[7] == ()
+    # F0 to F5's input: 5 x 0.5 + 8 s; F7's start to B0's end: 0.5 + 8 x 0.6 + 2 x 8 s.
+    assert ctx.reach[5] == approx(10.5) and ctx.ret[0] == approx(21.3)
+
+
+def test_reserve_keeps_the_slots_behind_a_slow_link_full():
+    """The V with latency 8 at p = 4, m = 8 (CP-SAT proves 72.5 s optimal). Without the rule,
+    device 2 admits a fifth micro-batch's F2 while the fourth's F5 is on its way (its memory,
+    4.0, holds four micro-batches' two chunks), so that F5 waits a round trip: the best variant
+    without ``reserve`` ends at 83.6 s. With it, F2.4 waits for F5.3 and the first four
+    micro-batches' round finishes first: 72.8 s."""
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import _Context, _run
+
+    prob = _v_xdc(4, 8)
+    ctx = _Context(prob)
+    pols = policies_for(prob)
+    plain = [pol for pol in pols if pol.reserve is None]
+    best_plain = min(_run(ctx, pol)[1] for pol in plain)
+    assert best_plain == pytest.approx(83.6)
+    ids, makespan, *_ = min((_run(ctx, pol) for pol in pols if pol.reserve is not None),
+                            key=lambda run: run[1])
+    assert makespan == pytest.approx(72.8)
+    s = validate(simulate(prob, ctx.orders(ids)))
+    assert fits_memory(s, prob) and s.makespan == pytest.approx(72.8)
+    at = s.op_times()
+    assert at[Op("F", 2, 4)][0] >= at[Op("F", 5, 3)][1] - 1e-9
+    g = validate(solve_greedy(prob, OPTS))
+    assert g.makespan == pytest.approx(72.8) and "+rs" in g.solver.detail("policy")
+
+
+def test_reserve_is_tried_only_where_links_delay():
+    """``reserve`` holds memory for a later chunk's round trip over a slow link: it is not
+    tried on the V without latency, nor on one chunk per device (no later chunk); the one
+    with ``link_wait`` only where a link also has a transmission time."""
+    with_link = policies_for(_v_xdc(4, 8))
+    assert sum(pol.reserve is not None for pol in with_link) == 5
+    assert all(pol.reserve is None for pol in policies_for(_v_xdc(4, 8, latency_x=0.0)))
+    assert all(pol.reserve is None for pol in policies_for(_xdc(4, 8)))
