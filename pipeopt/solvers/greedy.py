@@ -610,7 +610,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     reserve_of, reach, ret = ctx.reserve, ctx.reach, ctx.ret
     lead = [(policy.reserve or 0.0) * c for c in ctx.cycle]  # seconds, per device
     fpos = [0] * m  # per micro-batch, the last stage whose F has started
-    back = _INF
+    back = first = _INF
+    held_back = 0.0  # stays 0 without reserve (the F check below reads it)
     soon: list[tuple[float, float]] = []
     rec = [0.0] * p
     top_stage, held = ctx.last_on_device, ctx.held
@@ -699,9 +700,9 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         for k in dstages[d]:
             base = k * m
             jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
-            held_back = 0.0  # reserve: free memory kept for admitted micro-batches (bytes)
-            first = _INF
             if reserve:
+                held_back = 0.0  # free memory kept for admitted micro-batches (bytes)
+                first = _INF
                 # The later stages q of the micro-batches admitted before j that have not run
                 # them yet, at most n_q of them, and only those whose stage-q input may arrive
                 # before ``back``: a later one finds the reclaimable memory back. (The new
