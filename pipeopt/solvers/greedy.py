@@ -29,7 +29,12 @@ slow link hold as many micro-batches in flight as their memory permits; capped v
 each stage its 1F1B warm-up plus the micro-batches that its links' round trip would leave idle.
 Where messages queue on a link (a transmission time), ``link_wait`` variants hold an F back
 until its message would leave at once, so the B messages made meanwhile are not queued behind
-forwards that are not yet needed.
+forwards that are not yet needed. Several stages per device and a link that delays messages
+(the V across two datacenters): ``reserve`` variants keep free memory, when they admit a new
+micro-batch on a device, for the later stages of those already admitted that will need it
+before the device's reclaimable memory comes back, so a device behind the slow link keeps
+every slot filled round after round instead of letting a new micro-batch take the slot an
+admitted one needs on its way back (see :class:`Policy`).
 Variants (:data:`POLICIES`: caps, F/B order, W lag and look-ahead, chunk order) and seeded
 random restarts are tried within a work budget that shrinks with the instance (all on small
 instances, two passes at p=64, m=1024); the best by its own timing becomes the returned
