@@ -109,9 +109,31 @@ forward chain), the makespan is at least each B(s, j)'s start plus j's own backw
 stage 0 and W(0, j), and the memory counts each micro-batch's own demand
 (``Problem.memory_table``). Every schedule gives these starts a solution (each condition is
 a fact about it), so the model's optimum, and CP-SAT's proven bound on it, is a bound. It
-takes no ``window`` (the rounds argument numbers identical micro-batches by start), no
-:func:`pipeopt.bounds.memory_starts` and no order ("Order" exchanges identical ones), and
-CP-SAT minimises it instead of answering questions. Where memory is tight it is much stronger
+takes no ``window`` (the rounds argument numbers identical micro-batches by start) and no
+:func:`pipeopt.bounds.memory_starts`, and CP-SAT minimises it instead of answering questions
+(its answer can lie far above the analytic bound, from which the questions step up: p = 4,
+m = 6, memory-tight, minimising proved 56.08 s in 0.6 s, the questions reached 55.71 s in 15 s;
+benchmarks/README.md).
+
+Identical micro-batches among the others (``fifo``, where no link serializes messages): two
+micro-batches i < j of equal rows in the time, memory and message tables can be taken in
+index order on every stage (F, B and W) without losing a schedule. "Order"'s exchanges
+apply to the pair alone: (1) F's, k = 0, 1, ...: with F(k', i) before F(k', j) for k' < k,
+i's input to stage k arrives no later than j's (equal durations and delays, no queue), so
+where F(k, j) runs before F(k, i), i and j swap everything they do from there on (F's of
+stages >= k, every B and W). Every device runs ops of the same durations at the same times;
+each swapped op's inputs are ready (F(k, i) takes F(k, j)'s slot, after i's input; F(k, j)
+F(k, i)'s, which began after F(k, j)'s old end, so after j's input; later ops take the
+other's slot behind the other's predecessors, now their own); and every device's memory
+sees the same amounts allocated and released at the same times (equal demands). (2) B's,
+k = last, ..., 0, likewise with the B's of stages <= k and the W's (B(last, i) is ready when
+F(last, i) ends, in order after (1)); (3) W's, per stage, by B end. Pairs of other
+micro-batches are untouched, so every class of identical ones is ordered at once. The model
+then takes ``x_j >= x_i + F_s``, ``b_j >= b_i + B_s``, the W's in that order, and on every
+later stage B(k, i) before B(k, j) and B(k, j) after F(k, i) (F(k, i) precedes F(k, j),
+which precedes B(k, j)): a schedule at least as good as any satisfies them.
+
+Where memory is tight it is much stronger
 than the analytic bounds (tests/test_bounds_relaxation.py: p = 3, m = 4, two image-like
 micro-batches among text-like ones, memory 1.5 times the largest activation: 28.40 s at stage 0
 where they give 20.26 s, CP-SAT's optimum 29.21 s); without a memory limit it gave the analytic
@@ -202,8 +224,8 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     no schedule (module docstring, "Order"; False: the model without it, for comparison).
 
     Micro-batches of different cost: the model of the module docstring's last part, every
-    micro-batch at its own cost, in no fixed order (``fifo`` does not apply), minimised by
-    CP-SAT; ``window`` does not apply to it (None).
+    micro-batch at its own cost, minimised by CP-SAT; ``fifo`` orders only identical ones
+    (same time, memory and message factors); ``window`` does not apply to it (None).
 
     None where it does not apply: a ``window`` with micro-batches of different cost, or a model
     of more than ``max_pairs`` pair choices. Raises ``ValueError`` for a stage or a window out
@@ -222,7 +244,8 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
     if not problem.uniform_microbatches:
         if window is not None:
             return None
-        return _varied_model(problem, s, time_limit, workers, max_pairs, t0)
+        return _varied_model(problem, s, time_limit, workers, max_pairs, t0,
+                             fifo and not problem.has_link_contention)
     m, n = (total if window is None else window), problem.stages
     # lo[i]: the least time from the stage's first F start to the start of F number
     # total - m + 1 + i (the i-th kept one), proven for every schedule (bounds.memory_starts).
@@ -311,7 +334,11 @@ def relaxation_bound(problem: Problem, *, time_limit: float = 10.0, workers: int
 def _minimise(model, span, unit: float, analytic: float, s: int, pairs: int, kept: int,
              time_limit: float, workers: int | None, t0: float) -> RelaxationBound:
     """CP-SAT on ``model`` (minimising ``span``, in grid units of ``unit`` seconds) for what is
-    left of ``time_limit``; its proven bound, at least ``analytic``."""
+    left of ``time_limit``; its proven bound, at least ``analytic``. The bound counts also when
+    the time ran out before a relaxed schedule was found (status UNKNOWN: CP-SAT's objective
+    bound is proven all the same; 0 before it has one): p = 6, m = 12, text / image factors
+    of two kinds, stage 0, 45 s: 56.86 s proven without a relaxed schedule, where the analytic
+    bound is 43.6 s."""
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
@@ -319,7 +346,7 @@ def _minimise(model, span, unit: float, analytic: float, s: int, pairs: int, kep
     if workers is not None:
         solver.parameters.num_workers = workers
     status = solver.solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         return RelaxationBound(analytic, False, s, pairs, time.perf_counter() - t0, kept)
     value = max(analytic, solver.best_objective_bound * unit)
     return RelaxationBound(value, status == cp_model.OPTIMAL, s, pairs,
@@ -327,10 +354,11 @@ def _minimise(model, span, unit: float, analytic: float, s: int, pairs: int, kep
 
 
 def _varied_model(problem: Problem, s: int, time_limit: float, workers: int | None,
-                  max_pairs: int, t0: float) -> RelaxationBound | None:
+                  max_pairs: int, t0: float, in_order: bool) -> RelaxationBound | None:
     """:func:`relaxation_bound` for micro-batches of different cost (the module docstring's
     last part): stage ``s`` exact, every micro-batch at its own cost, the ordered pairs of
-    every later stage. None beyond ``max_pairs`` pair choices."""
+    every later stage; ``in_order``: identical micro-batches in index order (the docstring's
+    "Identical micro-batches"). None beyond ``max_pairs`` pair choices."""
     from ortools.sat.python import cp_model
 
     n, m = problem.stages, problem.microbatches
@@ -394,6 +422,12 @@ def _varied_model(problem: Problem, s: int, time_limit: float, workers: int | No
         w_ends = [w[j] + down(wgt[s] * tt[s][j]) for j in range(m)]
     model.add_no_overlap(intervals)
     _add_memory(model, problem, s, x, ends, w_ends, horizon, problem.memory_table[s])
+    same = _identical_pairs(problem) if in_order else set()
+    for i, j in same:  # identical micro-batches in index order on stage s (the docstring)
+        model.add(x[j] >= x[i] + down(F[s][i]))
+        model.add(b[j] >= ends[i])
+        if problem.split_backward:
+            model.add(w[j] >= w_ends[i])
     span = model.new_int_var(0, horizon, "makespan")
     model.add(span >= down(analytic))
     for j in range(m):
@@ -412,14 +446,30 @@ def _varied_model(problem: Problem, s: int, time_limit: float, workers: int | No
                           ).only_enforce_if(first)
                 model.add(b[j] >= x[i] + down(at_k[i] + B[k][i] + trip[j] - ahead[j])
                           ).only_enforce_if(~first)
+                if (j, i) in same:  # F(k, j) before F(k, i), before B(k, i)
+                    model.add_bool_or([first])
                 if i < j:
                     first = model.new_bool_var("")  # B(k, j) after B(k, i)
                     model.add(b[j] >= x[i] + down(at_k[i] + B[k][i] + back[k, j])
                               ).only_enforce_if(first)
                     model.add(b[i] >= x[j] + down(at_k[j] + B[k][j] + back[k, i])
                               ).only_enforce_if(~first)
+                    if (i, j) in same:
+                        model.add_bool_or([first])
     model.minimize(span)
     return _minimise(model, span, unit, analytic, s, pairs, m, time_limit, workers, t0)
+
+
+def _identical_pairs(problem: Problem) -> set[tuple[int, int]]:
+    """Every pair i < j of micro-batches with equal time, memory and message factors on every
+    stage (and stage boundary)."""
+    tables = (problem.time_table, problem.memory_table, problem.message_table)
+    classes: dict[tuple[float, ...], list[int]] = {}
+    for j in range(problem.microbatches):
+        key = tuple(row[j] for table in tables for row in table)
+        classes.setdefault(key, []).append(j)
+    return {(i, j) for group in classes.values() for a, i in enumerate(group)
+            for j in group[a + 1:]}
 
 
 def _least_span(model: Any, span: Any, low: int, top: int, time_limit: float,
