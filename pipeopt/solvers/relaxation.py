@@ -139,8 +139,9 @@ micro-batches among text-like ones, memory 1.5 times the largest activation: 28.
 where they give 20.26 s, CP-SAT's optimum 29.21 s); without a memory limit it gave the analytic
 bound on each of 12 small text / image analogues. At p = 8, m = 32
 (``benchmarks/variable_microbatches.py``'s text / image instance) CP-SAT proves nothing above
-the analytic 71.26 s in 60 s, at stage 0 (10,416 pairs) or stage 3 (5,952;
-benchmarks/README.md).
+the analytic 71.26 s in 60 s, at stage 0 (10,416 pairs) or stage 3 (5,952); at stage 3 the
+relaxation's optimum is that bound (proven in 84 s), and at stage 0 none was proven in 90 s
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
