@@ -1,0 +1,246 @@
+"""A proven makespan bound from neighbouring devices kept exactly: the hand-off between them
+(issue 12 item 5).
+
+:func:`pipeopt.bounds.memory_bound` counts each device's memory alone, as if every
+micro-batch made its round trip through the other devices in the least time, and
+:mod:`pipeopt.solvers.relaxation` keeps one stage exactly. Where two neighbouring devices are
+both full with the same micro-batches (the V with latency: the device behind the link holds
+both chunks of its in-flight micro-batches, the device before it holds the same ones), a slot
+freed on one waits for the next micro-batch's F from the other, which frees a slot only as one
+of those micro-batches comes back through it. Neither argument sees that; a model of both
+devices does.
+
+The relaxation. Keep a set of devices D exactly: every op (F, B and W) of every stage they
+hold, for every micro-batch, one at a time per device, and each device's memory (the
+simulator's: F allocates the stage's activation at its start, B releases all but the
+weight-gradient part at its end, W the rest at its end; a fused B releases everything; the
+device's limit less its static memory). Every other stage is dropped and only its least
+delays are kept: for kept stages ``k1 < k2`` with no kept stage between them, F(k2, i)
+starts at least the forward chain ``F_k1 + sum_{k1<q<k2} F_q`` plus the link delays between
+after F(k1, i) starts, and B(k1, i) at least ``B_k2 + sum_{k1<q<k2} B_q`` plus the delays after
+B(k2, i) starts; the first kept stage's F at least its earliest arrival
+(:func:`pipeopt.bounds.earliest_arrival`), the last kept stage's B at least its round trip
+(:func:`pipeopt.bounds.round_trip`) after its F; the makespan at least every kept W's (or
+fused B's) end, the first kept stage's B start plus the backward chain down to stage 0 and
+W(0), and the analytic bound. Every schedule of the problem, read on the kept ops, satisfies
+each of these (they are facts about its times; a queued message only arrives later than its
+least delay), so the model's optimum, and any makespan CP-SAT proves infeasible for it, bounds
+every schedule. Times are rounded down to an integer grid and memory demands down with the free
+memory as the whole grid units it holds: both only ease the model.
+
+Order. With identical micro-batches and no link contention some optimal schedule runs every
+stage's F's, B's and W's in one order (the exchange argument of
+:mod:`pipeopt.solvers.relaxation`, "Order": it is per stage and holds for any placement of
+stages on devices), so the model may also take F(k, i + 1) after F(k, i), and the same for the
+B's and W's, on every kept stage: an optimal schedule is among those it keeps.
+
+Rounds. In that order micro-batch i is F number i + 1 of every kept stage k, whose start is at
+least the stage's arrival plus ``lo_{i+1}`` of the analytic memory recursion
+(:func:`pipeopt.bounds.memory_starts`: a fact about every schedule), so the model takes that as
+the least start. And dropping micro-batches only drops constraints (the kept ones' conditions do
+not involve the others), so ``window`` = K keeps the last K micro-batches alone, each at least
+``arrival + lo_i`` for its number i among all m: the first rounds' cost comes from the
+recursion, the last rounds' from the exact devices.
+
+What it adds. A freed slot on a device is only as useful as the next micro-batch's F from the
+device before, itself held by that device's memory: both memories and both devices' one-at-a-
+time work are in the model together, with the chain between them. Where one device's memory
+is full the model sees the F of the other wait for it, which :func:`pipeopt.bounds.memory_bound`
+(each device alone, round trips of least time) cannot.
+
+Solving. As :func:`pipeopt.solvers.relaxation.relaxation_bound`: yes/no questions "a relaxed
+schedule of makespan at most t?", t stepping up from the analytic bound while refuted (the
+bound is the least makespan not refuted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeopt.bounds import _free_memory, earliest_arrival, memory_bound, memory_starts, round_trips
+from pipeopt.bounds import makespan_lower_bound as _analytic
+from pipeopt.problem import Problem
+from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
+from pipeopt.solvers.relaxation import _least_span
+
+#: Most ops (intervals) the model takes; a larger one is not built.
+MAX_OPS = 2_000
+
+
+@dataclass(frozen=True)
+class HandoffBound:
+    """What :func:`handoff_bound` proved.
+
+    ``value``: a lower bound on the makespan of every schedule (seconds; at least the analytic
+    makespan bound). ``optimal``: CP-SAT settled the model's least makespan (no larger value
+    follows from it). ``devices``: the devices kept exactly. ``ops``: intervals in the model.
+    ``questions``: yes/no questions put to CP-SAT. ``wall_s``: seconds spent.
+    """
+
+    value: float
+    optimal: bool
+    devices: tuple[int, ...]
+    ops: int
+    questions: int
+    wall_s: float
+
+
+def handoff_device(problem: Problem) -> int:
+    """The device whose memory sets the largest :func:`pipeopt.bounds.memory_bound` (the later
+    one on ties: on a V the device at the turn holds both chunks' longest holds), the last
+    device where memory sets none."""
+    per = memory_bound(problem)
+    return max(range(problem.devices), key=lambda d: (per[d], d))
+
+
+def handoff_bound(problem: Problem, devices: Sequence[int], *, time_limit: float = 10.0,
+                  workers: int | None = 2, fifo: bool = True, window: int | None = None,
+                  max_ops: int = MAX_OPS) -> HandoffBound | None:
+    """A proven lower bound on the makespan from the relaxation of the module docstring with
+    ``devices`` kept exactly, asked of CP-SAT for ``time_limit`` seconds with ``workers``
+    threads (None: CP-SAT's default). ``fifo``: take every kept stage's ops in one order where
+    that loses no optimal schedule (identical micro-batches, no link contention; the module
+    docstring, "Order"). ``window``: keep only the last ``window`` micro-batches (module
+    docstring, "Rounds"; default: all). None for micro-batches of different cost or a model of
+    more than ``max_ops`` intervals. Raises ``ValueError`` for a device out of range or none
+    given, or a window out of range.
+    """
+    t0 = time.perf_counter()
+    kept_devices = tuple(sorted(set(devices)))
+    if not kept_devices:
+        raise ValueError("devices: must name at least one device, got none")
+    for d in kept_devices:
+        if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < problem.devices:
+            raise ValueError(f"devices: each must be an integer in 0..{problem.devices - 1}, "
+                             f"got {d!r}")
+    total = problem.microbatches
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or not 1 <= window <= total):
+        raise ValueError(f"window: must be an integer in 1..{total}, got {window!r}")
+    in_order = fifo and not problem.has_link_contention
+    if not problem.uniform_microbatches or (window is not None and not in_order):
+        return None
+    from ortools.sat.python import cp_model  # lazy: importing OR-Tools takes a second
+
+    m, n = (total if window is None else window), problem.stages
+    split = problem.split_backward
+    kept = sorted(k for d in kept_devices for k in problem.device_stages[d])
+    ops = len(kept) * m * (3 if split else 2)
+    if ops > max_ops:
+        return None
+    fwd, bwd = problem.forward, problem.durations["B"]
+    wgt = problem.backward_weight if split else (0.0,) * n
+    arrival = earliest_arrival(problem)
+    trip = round_trips(problem, 0)
+    ahead: dict[tuple[int, int], float] = {}  # F(k1) start -> F(k2) start, least
+    back: dict[tuple[int, int], float] = {}  # B(k2) start -> B(k1) start, least
+    for k1, k2 in itertools.pairwise(kept):
+        ahead[k1, k2] = (sum(fwd[q] for q in range(k1, k2))
+                         + sum(problem.delay(q, q + 1) for q in range(k1, k2)))
+        back[k1, k2] = (sum(bwd[q] for q in range(k1 + 1, k2 + 1))
+                        + sum(problem.delay(q + 1, q) for q in range(k1, k2)))
+    low_k = kept[0]
+    tail = bwd[low_k] + sum(problem.delay(q + 1, q) + bwd[q] for q in range(low_k))
+    if split and low_k > 0:
+        tail += wgt[0]
+    analytic = _analytic(problem)
+    values = [x for k in kept for x in (fwd[k], bwd[k], wgt[k], arrival[k])]
+    values += [trip[kept[-1]], tail, *ahead.values(), *back.values()]
+    unit = time_grid([v for v in values if v > 0]).unit
+
+    def down(x: float) -> int:  # seconds -> grid units, rounded down (the model only eases)
+        return math.floor(x / unit + 1e-9)
+
+    # Any schedule ends by the sum of every op and least delay of every micro-batch run one
+    # after another, so this horizon cuts off no schedule at most as long as an optimal one.
+    one = sum(fwd) + sum(bwd) + sum(wgt)
+    one += sum(problem.delay(k, k + 1) + problem.delay(k + 1, k) for k in range(n - 1))
+    horizon = math.ceil(total * one / unit) + 1
+    model = cp_model.CpModel()
+    # F(k, i) is F number total - m + 1 + i of stage k by start: at least the stage's arrival
+    # plus the analytic memory recursion's lo for that number (bounds.memory_starts).
+    # Without the order micro-batch i need not be F number i + 1: no such bound then.
+    lo = {k: (memory_starts(problem, k)[total - m:] if in_order else (0.0,) * m) for k in kept}
+    f_at = {(k, i): model.new_int_var(down(arrival[k] + lo[k][i]), horizon, f"F{k}_{i}")
+            for k in kept for i in range(m)}
+    b_at = {(k, i): model.new_int_var(0, horizon, f"B{k}_{i}") for k in kept for i in range(m)}
+    w_at = ({(k, i): model.new_int_var(0, horizon, f"W{k}_{i}") for k in kept for i in range(m)}
+            if split else {})
+    b_end = {key: v + down(bwd[key[0]]) for key, v in b_at.items()}
+    w_end = {key: v + down(wgt[key[0]]) for key, v in w_at.items()} if split else b_end
+    per_device: dict[int, list] = {d: [] for d in kept_devices}
+    for k in kept:
+        d = problem.stage_device[k]
+        for i in range(m):
+            per_device[d].append(model.new_fixed_size_interval_var(
+                f_at[k, i], down(fwd[k]), ""))
+            per_device[d].append(model.new_fixed_size_interval_var(
+                b_at[k, i], down(bwd[k]), ""))
+            if split:
+                per_device[d].append(model.new_fixed_size_interval_var(
+                    w_at[k, i], down(wgt[k]), ""))
+                model.add(w_at[k, i] >= b_end[k, i])
+    for intervals in per_device.values():
+        model.add_no_overlap(intervals)
+    for i in range(m):
+        for k1, k2 in itertools.pairwise(kept):
+            model.add(f_at[k2, i] >= f_at[k1, i] + down(ahead[k1, k2]))
+            model.add(b_at[k1, i] >= b_at[k2, i] + down(back[k1, k2]))
+        model.add(b_at[kept[-1], i] >= f_at[kept[-1], i] + down(trip[kept[-1]]))
+    if in_order:
+        for k in kept:
+            for i in range(1, m):
+                model.add(f_at[k, i] >= f_at[k, i - 1] + down(fwd[k]))
+                model.add(b_at[k, i] >= b_at[k, i - 1] + down(bwd[k]))
+                if split:
+                    model.add(w_at[k, i] >= w_at[k, i - 1] + down(wgt[k]))
+    for d in kept_devices:
+        _add_device_memory(model, problem, d, [k for k in kept if problem.stage_device[k] == d],
+                           f_at, b_end, w_end, horizon, m)
+    span = model.new_int_var(0, horizon, "makespan")
+    model.add(span >= down(analytic))
+    for i in range(m):
+        model.add(span >= b_at[low_k, i] + down(tail))
+        for k in kept:
+            model.add(span >= w_end[k, i])
+    low, high, checks = _least_span(model, span, down(analytic), horizon,
+                                    time_limit - (time.perf_counter() - t0), workers)
+    return HandoffBound(max(analytic, low * unit), low == high, kept_devices, ops, checks,
+                        time.perf_counter() - t0)
+
+
+def _add_device_memory(model, problem: Problem, device: int, stages: list[int], f_at, b_end,
+                       w_end, horizon: int, m: int) -> None:
+    """``device``'s memory over its kept ``stages`` and the ``m`` micro-batches kept: each F's
+    activation from its start, all but the weight-gradient part to its B's end, that part to
+    its W's end; demands rounded down and the free memory (limit less static, with the
+    validator's slack) to whole units."""
+    free = _free_memory(problem, device)
+    if not math.isfinite(free):
+        return
+    split = problem.split_backward
+    parts = []
+    for k in stages:
+        act = problem.activation_memory[k]
+        wgm = problem.weight_grad_memory[k] if split else 0.0
+        parts.append((k, act - wgm, b_end))
+        if split:
+            parts.append((k, wgm, w_end))
+    grid = memory_grid([a for _, a, _ in parts],
+                       problem.memory_limit[device] - problem.static_memory[device])
+    tiny = 1e-9 if grid.exact else 0.0  # float noise on an exact grid; else strictly down
+    intervals, demands = [], []
+    for k, amount, stops in parts:
+        q = math.floor(amount / grid.unit + tiny)
+        if q <= 0:
+            continue
+        for i in range(m):
+            size = model.new_int_var(0, horizon, "")
+            intervals.append(model.new_interval_var(f_at[k, i], size, stops[k, i], ""))
+            demands.append(q)
+    if intervals:
+        model.add_cumulative(intervals, demands, max(0, math.floor(free / grid.unit + 1e-9)))
