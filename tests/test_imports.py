@@ -185,7 +185,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeopt.solvers", "pipeopt.solvers.inference", "pipeopt.core.greedy", "pipeopt.core.cpsat",
      "pipeopt.core.justify", "pipeopt.solvers.periodic", "pipeopt.solvers.periodic_cpsat",
      "pipeopt.solvers.graph", "pipeopt.solvers.moe", "pipeopt.solvers.relaxation",
-     "pipeopt.solvers.handoff"),
+     "pipeopt.solvers.kept_devices"),
     ("pipeopt.io", "pipeopt.graphio"),
     ("pipeopt.schema",),
     ("pipeopt.topology", "pipeopt.costs", "pipeopt.costs.inference", "pipeopt.partition",

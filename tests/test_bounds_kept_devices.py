@@ -1,5 +1,5 @@
-"""The hand-off bound (pipeopt/solvers/handoff.py): devices kept exactly, the rest as least
-delays; never above exhaustive or CP-SAT-proven optima, stronger than the analytic bound
+"""The kept-devices bound (pipeopt/solvers/kept_devices.py): devices kept exactly, the rest as
+least delays; never above exhaustive or CP-SAT-proven optima, stronger than the analytic bound
 where a device holds two chunks or memory binds."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from pipeopt.bounds import makespan_lower_bound
 from pipeopt.problem import Problem, chain_links, uniform_problem
-from pipeopt.solvers.handoff import handoff_bound
+from pipeopt.solvers.kept_devices import kept_devices_bound
 from tests.test_bounds_memory import _proven_optimum
 from tests.test_bounds_relaxation import _solvable_tiny
 from tests.test_brute_force import CASES, brute_force
@@ -36,7 +36,7 @@ def test_v_with_latency_reaches_the_proven_optimum() -> None:
     Device 3 (stages 3 and 4, behind the link) kept exactly proves 72.5 s."""
     prob = _xdc_v(4, 8, 8.0)
     assert makespan_lower_bound(prob) == pytest.approx(67.3)
-    got = handoff_bound(prob, (3,), time_limit=60)
+    got = kept_devices_bound(prob, (3,), time_limit=60)
     assert got is not None and got.optimal and got.devices == (3,) and got.ops == 48
     assert got.value == pytest.approx(72.5)
 
@@ -56,7 +56,7 @@ def test_below_brute_force_on_tiny_instances() -> None:
             for devices in itertools.combinations(range(prob.devices), r):
                 for fifo, window in [(False, None), (True, None)] + [
                         (True, w) for w in range(1, prob.microbatches)]:
-                    got = handoff_bound(prob, devices, time_limit=10, fifo=fifo, window=window)
+                    got = kept_devices_bound(prob, devices, time_limit=10, fifo=fifo, window=window)
                     if got is None:  # a window where the order does not hold (a slow link)
                         continue
                     checked += 1
@@ -85,7 +85,7 @@ def test_below_proven_optima_on_random_small_instances(monkeypatch: pytest.Monke
         analytic = makespan_lower_bound(prob)
         checked += 1
         for d in range(p):
-            got = handoff_bound(prob, (d,), time_limit=10)
+            got = kept_devices_bound(prob, (d,), time_limit=10)
             assert got is not None
             assert got.value <= best * (1 + 1e-9), (prob, d, got, best)
             stronger += got.value > analytic * (1 + 1e-9)
@@ -99,13 +99,13 @@ def test_window_and_order_cuts_on_the_v() -> None:
     the order (no starts from the recursion either) CP-SAT refutes nothing in 5 s, so the
     analytic bound stands."""
     prob = _xdc_v(4, 8, 8.0)
-    six = handoff_bound(prob, (3,), time_limit=30, window=6)
+    six = kept_devices_bound(prob, (3,), time_limit=30, window=6)
     assert six is not None and six.optimal and six.ops == 36
     assert six.value == pytest.approx(67.5)
-    seven = handoff_bound(prob, (3,), time_limit=30, window=7)
+    seven = kept_devices_bound(prob, (3,), time_limit=30, window=7)
     assert seven is not None and seven.optimal
     assert seven.value == pytest.approx(70.0)
-    plain = handoff_bound(prob, (3,), time_limit=5, fifo=False)
+    plain = kept_devices_bound(prob, (3,), time_limit=5, fifo=False)
     assert plain is not None and 67.3 - 1e-9 <= plain.value <= 72.5 + 1e-9
 
 
@@ -114,14 +114,14 @@ def test_not_applicable_and_errors() -> None:
     model over ``max_ops``; ValueError naming the argument for bad devices and windows."""
     prob = _xdc_v(2, 4, 1.0)
     varied = prob.replace(microbatch_scale=(1.0, 2.0, 1.0, 1.0))
-    assert handoff_bound(varied, (0,)) is None
-    assert handoff_bound(prob, (0,), fifo=False, window=2) is None
-    assert handoff_bound(prob, (0, 1), max_ops=10) is None
+    assert kept_devices_bound(varied, (0,)) is None
+    assert kept_devices_bound(prob, (0,), fifo=False, window=2) is None
+    assert kept_devices_bound(prob, (0, 1), max_ops=10) is None
     with pytest.raises(ValueError, match="devices"):
-        handoff_bound(prob, ())
+        kept_devices_bound(prob, ())
     with pytest.raises(ValueError, match="devices"):
-        handoff_bound(prob, (2,))
+        kept_devices_bound(prob, (2,))
     with pytest.raises(ValueError, match="window"):
-        handoff_bound(prob, (0,), window=0)
+        kept_devices_bound(prob, (0,), window=0)
     with pytest.raises(ValueError, match="window"):
-        handoff_bound(prob, (0,), window=5)
+        kept_devices_bound(prob, (0,), window=5)

@@ -1,14 +1,14 @@
-"""A proven makespan bound from neighbouring devices kept exactly: the hand-off between them
+"""A proven makespan bound from whole devices kept exactly, the other devices as least delays
 (issue 12 item 5).
 
-:func:`pipeopt.bounds.memory_bound` counts each device's memory alone, as if every
-micro-batch made its round trip through the other devices in the least time, and
-:mod:`pipeopt.solvers.relaxation` keeps one stage exactly. Where two neighbouring devices are
-both full with the same micro-batches (the V with latency: the device behind the link holds
-both chunks of its in-flight micro-batches, the device before it holds the same ones), a slot
-freed on one waits for the next micro-batch's F from the other, which frees a slot only as one
-of those micro-batches comes back through it. Neither argument sees that; a model of both
-devices does.
+:func:`pipeopt.bounds.memory_bound` follows one stage's F starts through a recursion over
+counts (how many activations fit, how long each is held at least, how much device time lies
+between), and :mod:`pipeopt.solvers.relaxation` keeps one stage's ops exactly. Neither sees a
+device that holds two stages whose ops and memory interleave: on a V the device at the turn
+runs F, F, B, B, W, W of both chunks of every micro-batch while its memory holds both chunks
+of the in-flight ones and their weight-gradient parts, and the freed room is only usable by
+the next micro-batch's F, which arrives from the device before. Keeping every op of a device
+(or of several neighbouring ones: the hand-off between them) in a CP-SAT model sees all of it.
 
 The relaxation. Keep a set of devices D exactly: every op (F, B and W) of every stage they
 hold, for every micro-batch, one at a time per device, and each device's memory (the
@@ -42,11 +42,21 @@ not involve the others), so ``window`` = K keeps the last K micro-batches alone,
 ``arrival + lo_i`` for its number i among all m: the first rounds' cost comes from the
 recursion, the last rounds' from the exact devices.
 
-What it adds. A freed slot on a device is only as useful as the next micro-batch's F from the
-device before, itself held by that device's memory: both memories and both devices' one-at-a-
-time work are in the model together, with the chain between them. Where one device's memory
-is full the model sees the F of the other wait for it, which :func:`pipeopt.bounds.memory_bound`
-(each device alone, round trips of least time) cannot.
+What it gives (benchmarks/README.md, "Whole devices kept exactly"; 2-core machine shared with
+other jobs): ``crosspipe-v`` (a V, latency 8 x T_F on the middle link, 1F1B's memory) p = 4,
+m = 8: 67.3 -> 72.5 s with device 3 kept (CP-SAT's proven optimum of the problem), m = 16:
+109.2 -> 117.1 s, the model's optimum, in 28 s (best schedule known 118 s); p = 8, m = 32: 138.0 -> 148.1 s with the last 16
+micro-batches of device 7 (1 s), 149.7-150.2 s with all 32 (30-60 s, not settled). Keeping two
+neighbouring devices added nothing there (148.0 s with devices 6 and 7). Where memory paces a
+chain of one stage per device (xdc p = 16, m = 64) device 0, alone or with device 1, has a
+relaxed schedule at the analytic 253 s: the waits there are on the later devices, which this
+model only lends their least delays; where the analytic bound is a device's work and warm-up
+(the V at p = 16, V-Half, V-Min) the windows cannot see the dropped micro-batches' work and
+the whole model is not settled in a minute.
+
+Cost: 3 intervals per kept stage and micro-batch (2 with a fused backward), one no-overlap
+and one cumulative per device; a question takes 0.01-2 s at p = 4..8 with 16-32
+micro-batches of one device.
 
 Solving. As :func:`pipeopt.solvers.relaxation.relaxation_bound`: yes/no questions "a relaxed
 schedule of makespan at most t?", t stepping up from the analytic bound while refuted (the
@@ -72,8 +82,8 @@ MAX_OPS = 2_000
 
 
 @dataclass(frozen=True)
-class HandoffBound:
-    """What :func:`handoff_bound` proved.
+class KeptDevicesBound:
+    """What :func:`kept_devices_bound` proved.
 
     ``value``: a lower bound on the makespan of every schedule (seconds; at least the analytic
     makespan bound). ``optimal``: CP-SAT settled the model's least makespan (no larger value
@@ -89,7 +99,7 @@ class HandoffBound:
     wall_s: float
 
 
-def handoff_device(problem: Problem) -> int:
+def kept_device(problem: Problem) -> int:
     """The device whose memory sets the largest :func:`pipeopt.bounds.memory_bound` (the later
     one on ties: on a V the device at the turn holds both chunks' longest holds), the last
     device where memory sets none."""
@@ -97,9 +107,9 @@ def handoff_device(problem: Problem) -> int:
     return max(range(problem.devices), key=lambda d: (per[d], d))
 
 
-def handoff_bound(problem: Problem, devices: Sequence[int], *, time_limit: float = 10.0,
+def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: float = 10.0,
                   workers: int | None = 2, fifo: bool = True, window: int | None = None,
-                  max_ops: int = MAX_OPS) -> HandoffBound | None:
+                  max_ops: int = MAX_OPS) -> KeptDevicesBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring with
     ``devices`` kept exactly, asked of CP-SAT for ``time_limit`` seconds with ``workers``
     threads (None: CP-SAT's default). ``fifo``: take every kept stage's ops in one order where
@@ -209,7 +219,7 @@ def handoff_bound(problem: Problem, devices: Sequence[int], *, time_limit: float
             model.add(span >= w_end[k, i])
     low, high, checks = _least_span(model, span, down(analytic), horizon,
                                     time_limit - (time.perf_counter() - t0), workers)
-    return HandoffBound(max(analytic, low * unit), low == high, kept_devices, ops, checks,
+    return KeptDevicesBound(max(analytic, low * unit), low == high, kept_devices, ops, checks,
                         time.perf_counter() - t0)
 
 

@@ -1,8 +1,8 @@
-"""The hand-off bound (issue 12 item 5): devices kept exactly, the rest as least delays
-(``pipeopt.solvers.handoff``), against the analytic bound, on the instances where the bound
+"""The kept-devices bound (issue 12 item 5): devices kept exactly, the rest as least delays
+(``pipeopt.solvers.kept_devices``), against the analytic bound, on the instances where the bound
 owes the gap.
 
-Run: python benchmarks/handoff.py [--time-limit 60] [--workers 2] [--windows all,16]
+Run: python benchmarks/kept_devices.py [--time-limit 60] [--workers 2] [--windows all,16]
                                   [--large] [--families]
 
 Instances (``benchmarks/search.py``'s builders): the V rows with latency (``crosspipe-v``:
@@ -13,7 +13,7 @@ p = 32, m = 128 (``--done-when``'s rows); with ``--large`` the p = 16, m = 64 V 
 ``--families`` the V-shape family at its published schedules' own peak memory (ZB-V, V-Half,
 V-Min, p = 8, m = 32). Per instance and window (``all``: every micro-batch; K: the last K, F
 starts from the analytic recursion): the analytic makespan bound and its time, the device kept
-(``handoff_device``: the one whose memory bound is the largest), the hand-off bound, whether
+(``kept_device``: the one whose memory bound is the largest), the kept-devices bound, whether
 CP-SAT settled the model, its questions and wall time. Bounds only, no search: compare them
 with the schedules in benchmarks/README.md.
 """
@@ -35,7 +35,7 @@ from search import families, xdc, xdc_link  # noqa: E402
 from pipeopt.bounds import makespan_lower_bound  # noqa: E402
 from pipeopt.problem import Problem  # noqa: E402
 from pipeopt.solvers import solve  # noqa: E402
-from pipeopt.solvers.handoff import handoff_bound, handoff_device  # noqa: E402
+from pipeopt.solvers.kept_devices import kept_device, kept_devices_bound  # noqa: E402
 
 
 def _load() -> str:
@@ -76,16 +76,16 @@ def main() -> None:
     windows = [None if w == "all" else int(w) for w in args.windows.split(",")]
     print(f"time limit {args.time_limit:g} s per model, {args.workers} workers; load {_load()}")
     print(f"{'instance':<28} {'analytic':>9} {'ms':>6} {'device':>6} {'window':>6} "
-          f"{'handoff':>8} {'settled':>7} {'questions':>9} {'wall s':>7} {'load':>5}")
+          f"{'kept':>8} {'settled':>7} {'questions':>9} {'wall s':>7} {'load':>5}")
     for name, prob in instances(args.large, args.families):
         t = time.perf_counter()
         analytic = makespan_lower_bound(prob)
         ms = (time.perf_counter() - t) * 1000
-        device = handoff_device(prob)
+        device = kept_device(prob)
         for window in windows:
             if window is not None and window >= prob.microbatches:
                 continue
-            got = handoff_bound(prob, (device,), time_limit=args.time_limit,
+            got = kept_devices_bound(prob, (device,), time_limit=args.time_limit,
                                 workers=args.workers, window=window)
             if got is None:
                 print(f"{name:<28} {analytic:>9.5g} {ms:>6.1f} {device:>6} "
