@@ -45,8 +45,9 @@ recursion, the last rounds' from the exact devices.
 What it gives (benchmarks/README.md, "Whole devices kept exactly"; 2-core machine shared with
 other jobs): ``crosspipe-v`` (a V, latency 8 x T_F on the middle link, 1F1B's memory) p = 4,
 m = 8: 67.3 -> 72.5 s with device 3 kept (CP-SAT's proven optimum of the problem), m = 16:
-109.2 -> 117.1 s, the model's optimum, in 28 s (best schedule known 118 s); p = 8, m = 32: 138.0 -> 148.1 s with the last 16
-micro-batches of device 7 (1 s), 149.7-150.2 s with all 32 (30-60 s, not settled). Keeping two
+109.2 -> 117.1 s, the model's optimum, in 28 s (best schedule known 118 s); p = 8, m = 32:
+138.0 -> 148.1 s with the last 16 micro-batches of device 7 (1-3 s), 149.7-150.2 s with all 32
+(30-60 s, not settled). Keeping two
 neighbouring devices added nothing there (148.0 s with devices 6 and 7). Where memory paces a
 chain of one stage per device (xdc p = 16, m = 64) device 0, alone or with device 1, has a
 relaxed schedule at the analytic 253 s: the waits there are on the later devices, which this
