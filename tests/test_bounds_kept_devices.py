@@ -125,3 +125,23 @@ def test_not_applicable_and_errors() -> None:
         kept_devices_bound(prob, (0,), window=0)
     with pytest.raises(ValueError, match="window"):
         kept_devices_bound(prob, (0,), window=5)
+
+
+def test_windows_below_proven_optima_on_vs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """V's with a slow middle link and tight memory, where the windows matter: every device
+    and every even window never above CP-SAT's proven optimum (its analytic bounds taken out);
+    the largest of them reaches it on both (p = 2, m = 6, latency 2 s, memory 2: analytic
+    28.1 s, optimum 32.0 s; p = 3, m = 6, latency 8 s, memory 2: 80.5 s and 84.4 s)."""
+    for p, latency, analytic, optimum in ((2, 2.0, 28.1, 32.0), (3, 8.0, 80.5, 84.4)):
+        prob = _xdc_v(p, 6, latency).replace(memory_limit=(2.0,) * p)
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        assert best == pytest.approx(optimum)
+        assert makespan_lower_bound(prob) == pytest.approx(analytic)
+        got = []
+        for d in range(p):
+            for window in (2, 4, None):
+                res = kept_devices_bound(prob, (d,), time_limit=10, window=window)
+                assert res is not None
+                assert res.value <= best * (1 + 1e-9), (prob, d, window, res, best)
+                got.append(res.value)
+        assert max(got) == pytest.approx(best)
