@@ -109,8 +109,8 @@ def kept_device(problem: Problem) -> int:
 
 
 def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: float = 10.0,
-                  workers: int | None = 2, fifo: bool = True, window: int | None = None,
-                  max_ops: int = MAX_OPS) -> KeptDevicesBound | None:
+                       workers: int | None = 2, fifo: bool = True, window: int | None = None,
+                       max_ops: int = MAX_OPS) -> KeptDevicesBound | None:
     """A proven lower bound on the makespan from the relaxation of the module docstring with
     ``devices`` kept exactly, asked of CP-SAT for ``time_limit`` seconds with ``workers``
     threads (None: CP-SAT's default). ``fifo``: take every kept stage's ops in one order where
@@ -221,7 +221,7 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
     low, high, checks = _least_span(model, span, down(analytic), horizon,
                                     time_limit - (time.perf_counter() - t0), workers)
     return KeptDevicesBound(max(analytic, low * unit), low == high, kept_devices, ops, checks,
-                        time.perf_counter() - t0)
+                            time.perf_counter() - t0)
 
 
 def _add_device_memory(model, problem: Problem, device: int, stages: list[int], f_at, b_end,
