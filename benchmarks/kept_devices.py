@@ -3,7 +3,7 @@
 owes the gap.
 
 Run: python benchmarks/kept_devices.py [--time-limit 60] [--workers 2] [--windows all,16]
-                                  [--large] [--families]
+                                  [--large] [--families] [--only NAME] [--devices 0,13,14,15]
 
 Instances (``benchmarks/search.py``'s builders): the V rows with latency (``crosspipe-v``:
 two chunks in a V, latency 2 or 8 x T_F or transmission 2 x T_F on the middle link, 1F1B's
@@ -14,8 +14,10 @@ p = 32, m = 128 (``--done-when``'s rows); with ``--large`` the p = 16, m = 64 V 
 V-Min, p = 8, m = 32). Per instance and window (``all``: every micro-batch; K: the last K, F
 starts from the analytic recursion): the analytic makespan bound and its time, the device kept
 (``kept_device``: the one whose memory bound is the largest), the kept-devices bound, whether
-CP-SAT settled the model, its questions and wall time. Bounds only, no search: compare them
-with the schedules in benchmarks/README.md.
+CP-SAT settled the model, its questions and wall time. ``--only``: the instances whose name
+starts with NAME; ``--devices``: keep these devices instead of ``kept_device``'s one (e.g. xdc
+p = 16, m = 64 with devices 0, 13, 14 and 15, the last 40 micro-batches: 255.2 s). Bounds
+only, no search: compare them with the schedules in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -72,26 +74,37 @@ def main() -> None:
                     help="comma-separated: 'all' or a number of last micro-batches")
     ap.add_argument("--large", action="store_true")
     ap.add_argument("--families", action="store_true")
+    ap.add_argument("--only", default="", help="instances whose name starts with this")
+    ap.add_argument("--devices", default="",
+                    help="comma-separated devices to keep (default: kept_device's one)")
     args = ap.parse_args()
     windows = [None if w == "all" else int(w) for w in args.windows.split(",")]
     print(f"time limit {args.time_limit:g} s per model, {args.workers} workers; load {_load()}")
-    print(f"{'instance':<28} {'analytic':>9} {'ms':>6} {'device':>6} {'window':>6} "
+    print(f"{'instance':<28} {'analytic':>9} {'ms':>6} {'device':>10} {'window':>6} "
           f"{'kept':>8} {'settled':>7} {'questions':>9} {'wall s':>7} {'load':>5}")
     for name, prob in instances(args.large, args.families):
+        if not name.startswith(args.only):
+            continue
         t = time.perf_counter()
         analytic = makespan_lower_bound(prob)
         ms = (time.perf_counter() - t) * 1000
-        device = kept_device(prob)
+        devices = (tuple(int(d) for d in args.devices.split(",")) if args.devices
+                   else (kept_device(prob),))
+        device = ",".join(map(str, devices))
         for window in windows:
             if window is not None and window >= prob.microbatches:
                 continue
-            got = kept_devices_bound(prob, (device,), time_limit=args.time_limit,
-                                workers=args.workers, window=window)
+            try:
+                got = kept_devices_bound(prob, devices, time_limit=args.time_limit,
+                                         workers=args.workers, window=window)
+            except ValueError as exc:  # e.g. --devices beyond this instance's
+                print(f"{name:<28} skipped: {exc}", flush=True)
+                break
             if got is None:
-                print(f"{name:<28} {analytic:>9.5g} {ms:>6.1f} {device:>6} "
+                print(f"{name:<28} {analytic:>9.5g} {ms:>6.1f} {device:>10} "
                       f"{window or 'all':>6} {'-':>8}  (not applicable)", flush=True)
                 continue
-            print(f"{name:<28} {analytic:>9.5g} {ms:>6.1f} {device:>6} {window or 'all':>6} "
+            print(f"{name:<28} {analytic:>9.5g} {ms:>6.1f} {device:>10} {window or 'all':>6} "
                   f"{got.value:>8.5g} {'yes' if got.optimal else 'no':>7} "
                   f"{got.questions:>9} {got.wall_s:>7.1f} {_load():>5}", flush=True)
 

@@ -50,8 +50,11 @@ m = 8: 67.3 -> 72.5 s with device 3 kept (CP-SAT's proven optimum of the problem
 (30-60 s, not settled). Keeping two
 neighbouring devices added nothing there (148.0 s with devices 6 and 7). Where memory paces a
 chain of one stage per device (xdc p = 16, m = 64) device 0, alone or with device 1, has a
-relaxed schedule at the analytic 253 s: the waits there are on the later devices, which this
-model only lends their least delays; where the analytic bound is a device's work and warm-up
+relaxed schedule at the analytic 253 s: the waits there are on the later devices. Keeping the
+last ones too (0, 13, 14 and 15: their F's, B's and W's meet every 3 s) proves 255.2 s with
+the last 40 micro-batches (the model's optimum, 6-14 s; 254.4 s with the last 32, 254.6 s
+unsettled with 48 or all 64 in 60 s), where :mod:`pipeopt.solvers.relaxation` reaches 255.0
+s at most. Where the analytic bound is a device's work and warm-up
 (the V at p = 16, V-Half, V-Min) the windows cannot see the dropped micro-batches' work and
 the whole model is not settled in a minute.
 
