@@ -14,7 +14,7 @@ from pipeopt.bounds import makespan_lower_bound
 from pipeopt.problem import Problem, chain_links, uniform_problem
 from pipeopt.solvers.kept_devices import kept_devices_bound
 from tests.test_bounds_memory import _proven_optimum
-from tests.test_bounds_relaxation import _solvable_tiny
+from tests.test_bounds_relaxation import _solvable_tiny, _xdc
 from tests.test_brute_force import CASES, brute_force
 
 
@@ -145,3 +145,17 @@ def test_windows_below_proven_optima_on_vs(monkeypatch: pytest.MonkeyPatch) -> N
                 assert res.value <= best * (1 + 1e-9), (prob, d, window, res, best)
                 got.append(res.value)
         assert max(got) == pytest.approx(best)
+
+
+@pytest.mark.slow
+def test_xdc_p16_with_the_last_devices() -> None:
+    """benchmarks/search.py's xdc p = 16, m = 64 (analytic 253 s; the relaxation bound 254.6 s
+    in auto): devices 0, 13, 14 and 15 with the last 40 micro-batches prove 255.2 s, that
+    model's optimum (6-14 s on a loaded 2-core machine); device 0 alone gives 253 s."""
+    prob = _xdc(16, 64, 8.0)
+    assert makespan_lower_bound(prob) == pytest.approx(253.0)
+    alone = kept_devices_bound(prob, (0,), time_limit=60, window=40)
+    assert alone is not None and alone.value == pytest.approx(253.0)
+    got = kept_devices_bound(prob, (0, 13, 14, 15), time_limit=120, window=40)
+    assert got is not None and got.optimal and got.ops == 480
+    assert got.value == pytest.approx(255.2)
