@@ -288,19 +288,6 @@ def optimizer_step_time(params: list[Any], warmup: int, repeats: int,
 OVERHEAD_MICROBATCHES = (2, 8)
 
 
-def _overhead_rank(rank: int, world: int, device: Any, jobs: list[Any], reps: int,
-                   status: Any = None) -> dict[str, Any]:
-    """One rank of :func:`measure_overheads`: the trivial runs, then a ping-pong of one
-    float between ranks 0 and 1 (one-way seconds, measured on rank 0)."""
-    import torch
-
-    from pipeopt.executor.launch import run_rank
-
-    runs = [run_rank(rank, world, device, s, cfg, "gloo", status=status) for s, cfg in jobs]
-    return {"step_times": [r["step_times"] for r in runs],
-            "message_s": ping_pong_s(rank, torch.zeros(1), reps)}
-
-
 def ping_pong_s(rank: int, x: Any, reps: int) -> float | None:
     """The median one-way time (seconds) of ``x`` sent between ranks 0 and 1 and back, ``reps``
     times after a barrier (half of each round trip); None on the other ranks, which only wait at
@@ -359,12 +346,14 @@ def measure_overheads(*, ranks: int = 2, steps: int = 6, rounds: int = 5, reps: 
         scheds.append(s)
         jobs.append((s, RunConfig(model="mlp", model_options=(("layers", ranks), ("width", 1)),
                                   steps=steps, batch_size=m)))
-    per_rank = spawn(_overhead_rank, ranks, (jobs, reps), timeout=timeout, backend="gloo")
+    # Each job once, then a ping-pong of one float (4 bytes) between ranks 0 and 1.
+    per_rank = spawn(_step_rank, ranks, (jobs, 1, 4, 0, reps), timeout=timeout,
+                     backend="gloo")
     n = len(OVERHEAD_MICROBATCHES)
-    measured = [statistics.median(max(r["step_times"][j][k] for r in per_rank)
+    measured = [statistics.median(max(r["runs"][j][0]["step_times"][k] for r in per_rank)
                                   for j in range(i, len(jobs), n) for k in range(1, steps))
                 for i in range(n)]
-    message = float(per_rank[0]["message_s"] or 0.0)
+    message = float(per_rank[0]["ping_pong_s"] or 0.0)
 
     def predicted(i: int, action: float) -> float:
         s = scheds[i]
@@ -521,12 +510,13 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
-               message_bytes: int, warmup: int = 0, status: Any = None) -> dict[str, Any]:
-    """One rank of :func:`step_profile`: every (schedule, config) job ``warmup + rounds``
-    times, interleaved; per job, this rank's report of every round after the first ``warmup``
-    (traces and step times); then the one-way time of a ``message_bytes`` message between
-    ranks 0 and 1 (ping-pong, seconds; on rank 0, for comparison with the delays the traces
-    show)."""
+               message_bytes: int, warmup: int = 0, reps: int = 50, status: Any = None
+               ) -> dict[str, Any]:
+    """One rank of :func:`step_profile` and :func:`measure_overheads`: every (schedule,
+    config) job ``warmup + rounds`` times, interleaved; per job, this rank's report of every
+    round after the first ``warmup`` (traces and step times); then the one-way time of a
+    ``message_bytes`` message between ranks 0 and 1 (median of a ``reps``-fold ping-pong,
+    seconds; on rank 0, for comparison with the delays the traces show)."""
     import torch
 
     from pipeopt.executor.launch import run_rank
@@ -539,7 +529,7 @@ def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
                 out[i].append({"step_traces": rep["step_traces"],
                                "step_times": rep["step_times"]})
     msg = torch.zeros(max(1, message_bytes // 4))
-    return {"runs": out, "ping_pong_s": ping_pong_s(rank, msg, 50)}
+    return {"runs": out, "ping_pong_s": ping_pong_s(rank, msg, reps)}
 
 
 def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
@@ -557,35 +547,40 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
     return factor
 
 
-def _fit_step(doc: dict[str, Any], scheds: list[Any], per_rank: list[Any],
-              part: list[tuple[int, int]], microbatches: int
-              ) -> tuple[float, list[dict[str, Any]]]:
-    """The fixed cost per step (seconds, >= 0; ``doc.overheads.step_s`` is the measured tail
-    and lead) with which ``doc`` predicts the runs of :func:`step_profile` on average (their
-    median step, the slowest rank's, steps after the first of each round), and per schedule
-    its measured step against the predictions with the measured tail and with that cost
-    (ms)."""
+def _profile_problem(doc: dict[str, Any], devices: int, microbatches: int,
+                     stage_layers: list[int] | None = None) -> Any:
+    """The :class:`~pipeopt.problem.Problem` the config form (``model: {profile: ...}``)
+    builds from the profile document ``doc`` (written to a temporary file for it), on
+    ``devices`` devices with ``microbatches`` micro-batches; ``stage_layers``: layers per
+    stage (else the config's own partition)."""
     import tempfile
     from pathlib import Path
 
     from pipeopt.config import parse_config
+
+    training = {} if stage_layers is None else {"training": {"stage_layers": stage_layers}}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        write_profile(doc, path)
+        return parse_config({"pipeline": {"devices": devices, "microbatches": microbatches},
+                             "model": {"profile": str(path)}, **training}).problem
+
+
+def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any]],
+              part: list[tuple[int, int]], microbatches: int
+              ) -> tuple[float, list[dict[str, Any]]]:
+    """The fixed cost per step (seconds, >= 0; ``doc.overheads.step_s`` is the measured tail
+    and lead) with which ``doc`` predicts the runs of :func:`step_profile` on average (their
+    median step, the slowest rank's, steps after the first of each round: ``traced[i]`` is
+    :func:`step_trace_costs` of ``scheds[i]``'s runs), and per schedule its measured step
+    against the predictions with the measured tail and with that cost (ms)."""
     from pipeopt.costs.build import with_overheads
     from pipeopt.costs.profile import Overheads
     from pipeopt.schedules import fused_variant
     from pipeopt.simulate import simulate
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "step.json"
-        write_profile(doc, path)
-        prob = parse_config({"pipeline": {"devices": len(part), "microbatches": microbatches},
-                             "model": {"profile": str(path)},
-                             "training": {"stage_layers": [b - a for a, b in part]}}).problem
-    measured = []
-    for i in range(len(scheds)):
-        steps = [max(rep[i][rnd]["step_times"][st] for rep in per_rank)
-                 for rnd in range(len(per_rank[0][i]))
-                 for st in range(1, len(per_rank[0][i][rnd]["step_times"]))]
-        measured.append(statistics.median(steps))
+    prob = _profile_problem(doc, len(part), microbatches, [b - a for a, b in part])
+    measured = [statistics.median(t["steps"]) for t in traced]
 
     def predicted(extra: float) -> list[float]:
         more = with_overheads(prob, Overheads(), [extra] * prob.stages) if extra else prob
@@ -637,10 +632,7 @@ def step_profile(doc: dict[str, Any], model: str,
     partition of the same layers (more ranks, another balance) keeps these per-layer factors,
     measured on this one."""
     import copy
-    import tempfile
-    from pathlib import Path
 
-    from pipeopt.config import parse_config
     from pipeopt.executor.procs import RunConfig, spawn
     from pipeopt.solvers import solve
 
@@ -653,11 +645,7 @@ def step_profile(doc: dict[str, Any], model: str,
     layers = copy.deepcopy(doc["layers"])
     layers[0]["input_grad"] = False  # a pipeline's first input (the data) takes no gradient
     warm = {**doc, "layers": layers}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "warm.json"
-        write_profile(warm, path)
-        prob = parse_config({"pipeline": {"devices": ranks, "microbatches": microbatches},
-                             "model": {"profile": str(path)}}).problem
+    prob = _profile_problem(warm, ranks, microbatches)
     part = [tuple(x) for x in dict(prob.meta)["partition"]]
     scheds = [solve(prob, meth) for meth in STEP_METHODS]
     cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
@@ -719,7 +707,7 @@ def step_profile(doc: dict[str, Any], model: str,
            f"beyond that gap ({len(tails)} steps), that step cost adjusted until the runs' "
            f"median steps are predicted on average (the waits a step's longest path adds over "
            f"the mean op times); per action: the gap ({len(gaps)} ops)")
-    fit, replayed = _fit_step(out, scheds, per_rank, part, microbatches)
+    fit, replayed = _fit_step(out, scheds, [fused, split], part, microbatches)
     out["overheads"].update(step_s=fit, how=how)
     return {**out,
             "in_step": {"replayed": replayed, "step_measured_ms": step * 1e3,
