@@ -91,20 +91,13 @@ def is_valid(schedule: Schedule, *, tolerance: float = 1e-9) -> bool | None:
     if (np.abs((t1 - t0) - want) > tol).any():
         return False
     # Inputs: in op-id order, each op starts once its inputs (same micro-batch) ended plus
-    # the link's latency.
+    # the link's latency (the 0 that _inputs_ready starts from was checked above: t0 >= -tol).
     start_id = np.empty(n, np.float64)
     end_id = np.empty(n, np.float64)
     start_id[op_id] = t0
     end_id[op_id] = t1
-    for kind_name in kinds:
-        for k in range(s):
-            g = code[kind_name] * s + k
-            for src in problem.inputs(Op(kind_name, k, 0)):
-                lat = problem.transfer(src.stage, k)[1]
-                a = (code[src.kind] * s + src.stage) * m
-                ready = end_id[a:a + m] + lat
-                if (start_id[g * m:(g + 1) * m] < ready - tol).any():
-                    return False
+    if (start_id < _inputs_ready(problem, np, end_id) - tol).any():
+        return False
     # One op at a time per device: sorted by (device, start, end), each starts after the
     # previous one on its device ends.
     order = np.lexsort((t1, t0, dev))
@@ -178,6 +171,23 @@ def _device_peaks(problem: Problem, np: Any, ev_dev: Any, ev_delta: Any) -> list
     return peaks
 
 
+def _inputs_ready(problem: Problem, np: Any, end: Any) -> Any:
+    """Per op (op-id order), the latest of 0 and each of its inputs' end (``end``: seconds,
+    op-id order) plus the link's latency: when its inputs are ready where links only delay
+    (seconds). Ops of one (kind, stage) form a block of m ids, and so do their inputs."""
+    s, m, kinds = problem.stages, problem.microbatches, problem.kinds
+    code = {k: i for i, k in enumerate(kinds)}
+    ready = np.zeros(problem.num_ops, np.float64)
+    for kind_name in kinds:
+        for k in range(s):
+            g = (code[kind_name] * s + k) * m
+            for src in problem.inputs(Op(kind_name, k, 0)):
+                a = (code[src.kind] * s + src.stage) * m
+                lat = problem.transfer(src.stage, k)[1]
+                np.maximum(ready[g:g + m], end[a:a + m] + lat, out=ready[g:g + m])
+    return ready
+
+
 def earliest_ends(problem: Problem, start: Sequence[float]) -> list[float] | None:
     """The ends (seconds, op-id order) of the ops started at ``start`` (seconds, op-id order),
     when those starts are exactly :func:`pipeopt.simulate.simulate`'s for the device orders
@@ -211,16 +221,7 @@ def earliest_ends(problem: Problem, start: Sequence[float]) -> list[float] | Non
         return None
     t0 = np.asarray(start, np.float64)
     t1 = t0 + dur
-    # Inputs: per (kind, stage) block of m ops, each input block's ends plus its latency.
-    ready = np.zeros(n, np.float64)
-    code = {k: i for i, k in enumerate(kinds)}
-    for kind_name in kinds:
-        for k in range(s):
-            g = (code[kind_name] * s + k) * m
-            for src in problem.inputs(Op(kind_name, k, 0)):
-                a = (code[src.kind] * s + src.stage) * m
-                lat = problem.transfer(src.stage, k)[1]
-                np.maximum(ready[g:g + m], t1[a:a + m] + lat, out=ready[g:g + m])
+    ready = _inputs_ready(problem, np, t1)
     # The op before each on its device: ops sorted by (device, start).
     dev = np.repeat(np.tile(np.asarray(problem.stage_device, np.int64), len(kinds)), m)
     order = np.lexsort((t0, dev))
