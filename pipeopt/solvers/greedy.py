@@ -632,7 +632,10 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         f_ready[j] = 0.0
     f_end = [_INF] * n
     # B's ready time: the later of its F's end and its input gradient's arrival, set when the
-    # later of the two is known (the last stage's B needs no gradient).
+    # later of the two is known (the last stage's B needs no gradient). The gradient of
+    # B(k + 1, j) always arrives after F(k, j) ends (B(k + 1, j) starts after F(k + 1, j)
+    # ends, which starts after F(k, j)'s activation arrived; durations and latencies >= 0), so
+    # for k < last it is that arrival.
     b_ready = [_INF] * n
     # Latency into stage k from k - 1 and from k + 1 (seconds), read where links only delay.
     lat_f = [x[1] for x in ctx.tx_f]
@@ -849,8 +852,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                 dd = sd[k - 1]
                 a = (arrive(d, dd, end, tx_b[i - m if sc else k - 1]) if contention
                      else end + lat_b[k - 1])
-                fe = f_end[i - m]  # B(k - 1, j) waits for this gradient and its F
-                b_ready[i - m] = a if a > fe else fe
+                b_ready[i - m] = a  # after F(k - 1, j)'s end (see b_ready)
                 if dd != d:
                     w_ = a if a > free[dd] else free[dd]
                     if w_ < wake[dd]:
