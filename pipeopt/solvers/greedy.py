@@ -1015,7 +1015,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     # The greedy's own makespan is the simulator's (no queues on links) and the objective's.
     exact_timing = not problem.has_link_contention and not any(problem.grad_reduce)
     # (objective, run, its orders (made when called), policy name, micro-batch order, starts
-    # of the ops)
+    # of the ops in that order's problem: relabelled for the few timed at the end)
     found: list[tuple[float, int, Callable[[], list[list[Op]]], str, int,
                       list[float] | None]] = []
     by_name: dict[str, Policy] = {}
@@ -1049,8 +1049,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         val = max(spans) if span_obj else makespan
         by_name[policy.name] = policy
         found.append((val, tried, partial(_orders_of, contexts[c], ids, mb_orders[c]),
-                      policy.name, c,
-                      _relabel_starts(starts, mb_orders[c])))
+                      policy.name, c, starts))
         best_of_order[c] = min(val, best_of_order.get(c, _INF))
         logger.debug("greedy: variant %s, micro-batch order %d -> %.6g s", policy.name, c, val)
         tried += 1
@@ -1086,7 +1085,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     shortlist = found[:_RETIME_BEST] if problem.has_link_contention else found[:1]
     info = SolverInfo(status="heuristic", lower_bound=bound, objective=options.objective)
     best, k = _best_timed(problem, [f[2] for f in shortlist], "greedy", info, span_obj,
-                          [f[5] for f in shortlist])
+                          [None if f[5] is None else _relabel_starts(f[5], mb_orders[f[4]])
+                           for f in shortlist])
     name, chosen = shortlist[k][3], shortlist[k][4]
     logger.info("greedy: %d priority variant(s) tried in %.2f s; best %s: %s %.6g s (lower "
                 "bound %.6g s)%s", tried, time.perf_counter() - t0, name,
@@ -1187,7 +1187,9 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     stall_kicks = _LONG_STALL_KICKS if long else _STALL_KICKS
     iters = min(caps * _ORDER_SEARCH_ITERS,
                 caps * _ORDER_SEARCH_OPS // max(1, problem.num_ops) // max(1, len(starts)))
-    best: tuple[float, list[list[Op]], tuple[int, ...], Policy] | None = None
+    # The best so far: (objective, its context, its op ids, order, policy); its orders are
+    # made once, on return.
+    best: tuple[float, _Context, list[list[int]], tuple[int, ...], Policy] | None = None
     # Only an order better than every start counts (the caller keeps the best start).
     top = min(value for _, _, value in starts)
     now = time.perf_counter()
@@ -1230,12 +1232,12 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                 chain_val, chain_best, kicks = val, new, 0
             if val < top - 1e-9:
                 top = val
-                best = (val, _relabel(ctx_new.orders(ids), tuple(new)), tuple(new), policy)
+                best = (val, ctx_new, ids, tuple(new), policy)
     if best is not None and time.perf_counter() < deadline:
         # The chains timed their order with one policy each: another may suit it better, and
         # so may a seeded restart with a little noise in the F/B/W choices (as after the
         # variants; the order search leaves a share of its time for them).
-        ctx = _Context(problem.permute_microbatches(best[2]))
+        ctx = _Context(problem.permute_microbatches(best[3]))
         noisy = [replace(POLICIES[i % len(POLICIES)], noise=_NOISE[i % len(_NOISE)],
                          seed=seed * 7919 + _MAX_RESTARTS + i)
                  for i in range(min(_MAX_RESTARTS, _RESTART_BUDGET_OPS // max(1, problem.num_ops)))]
@@ -1246,8 +1248,11 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
                 continue
             val = max(spans) if span else makespan
             if val < best[0] - 1e-9:
-                best = (val, _relabel(ctx.orders(ids), best[2]), best[2], policy)
-    return best
+                best = (val, ctx, ids, best[3], policy)
+    if best is None:
+        return None
+    val, ctx, ids, order, policy = best
+    return val, _orders_of(ctx, ids, order), order, policy
 
 
 def _objective(schedule: Schedule, span: bool) -> float:
