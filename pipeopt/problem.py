@@ -495,6 +495,13 @@ class Problem:
         return any(self.transfer(k, k + 1)[0] > 0 or self.transfer(k + 1, k)[0] > 0
                    for k in range(self.stages - 1))
 
+    @cached_property
+    def has_link_delay(self) -> bool:
+        """True when some message between adjacent stages takes a positive time on an idle link
+        (latency or transmission), in either direction."""
+        return any(self.delay(k, k + 1) > 0 or self.delay(k + 1, k) > 0
+                   for k in range(self.stages - 1))
+
     # ----- memory --------------------------------------------------------------------------
     def memory_delta(self, op: Op) -> tuple[float, float]:
         """(allocated at op start, released at op end) in bytes for ``op`` (scaled by its

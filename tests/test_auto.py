@@ -328,6 +328,66 @@ def test_restarts_before_the_full_model_on_large_instances(monkeypatch):
     assert got.iteration_time <= methods["greedy-restarts"] + 1e-9
 
 
+def _v_chain(p, m, latency):
+    """Two chunks per device in a V at 1F1B's memory; ``latency`` (s) on the middle link."""
+    lat = [0.0] * (p - 1)
+    lat[p // 2 - 1] = latency
+    links, bw = chain_links(p, lat, [math.inf] * (p - 1))
+    prob = uniform_problem(p, m, 1.0, 1.2, 0.8, weight_grad=0.5, virtual_stages=2,
+                           placement="vshape", memory_limit=float(p))
+    return prob.replace(latency=links, bandwidth=bw)
+
+
+def test_restarts_first_on_v_behind_a_slow_link_before_lns_only(monkeypatch):
+    """Below RESTART_MIN_OPS the greedy's restarts run first only where CP-SAT would run LNS
+    (the full model too large for the time left) on a problem with several stages on a device
+    and a link that delays messages. The restarts and CP-SAT are spies here (what runs, not
+    how well): a V with latency at 384 ops and 5 s (LNS: 384 > 40 ops/s x 5 s) takes them;
+    the same V without latency, a one-chunk chain with the same latency, and the V where the
+    full model fits (60 s) do not."""
+    ran: list[str] = []
+
+    def restarts(problem, options, cands, notes, deadline):
+        assert deadline > 0
+        ran.append("restarts")
+        return False
+
+    def stage(name):
+        def run(problem, options):
+            ran.append(name)
+            raise NotApplicable("spy")
+        return run
+
+    real = auto_mod._load
+
+    def load(module, func):
+        if func in ("solve_lns", "solve_cpsat"):
+            return stage(func)
+        if func == "MAX_MODEL_OPS":
+            return 4000
+        return real(module, func)
+
+    monkeypatch.setattr(auto_mod, "_load", load)
+    monkeypatch.setattr(auto_mod, "_restarts", restarts)
+    monkeypatch.setattr(auto_mod, "_relaxation", lambda *a: None)  # not what is tested
+    one_chunk = uniform_problem(8, 16, 1.0, 1.2, 0.8, weight_grad=0.5, memory_limit=8.0)
+    links, bw = chain_links(8, [0.0, 0.0, 0.0, 8.0, 0.0, 0.0, 0.0], [math.inf] * 7)
+    one_chunk = one_chunk.replace(latency=links, bandwidth=bw)
+    cases = [(_v_chain(4, 16, 8.0), 5.0, ["restarts", "solve_lns"]),
+             (_v_chain(4, 16, 0.0), 5.0, ["solve_lns"]),
+             (one_chunk, 5.0, ["solve_lns"]),
+             (_v_chain(4, 16, 8.0), 60.0, ["solve_cpsat"])]
+    for prob, limit, path in cases:
+        assert prob.num_ops == 384 and prob.num_ops < auto_mod.RESTART_MIN_OPS
+        ran.clear()
+        got = solve_auto(prob, SolveOptions(time_limit=limit))
+        assert ran == path, (prob.stages, prob.has_link_delay, limit)
+        validate(got)
+    assert auto_mod.restarts_first(_v_chain(4, 16, 8.0), lns_only=True)
+    assert not auto_mod.restarts_first(_v_chain(4, 16, 8.0), lns_only=False)
+    assert auto_mod.restarts_first(one_chunk, lns_only=True) is False
+
+
 def test_auto_gives_the_order_search_long_time_only_without_cpsat_after(no_cpsat, monkeypatch):
     """auto asks the greedy for its long order search exactly when CP-SAT's full model would
     not run in the half of the time the greedy leaves: at 20 s, 192 ops would run it (40 ops

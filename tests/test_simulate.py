@@ -253,6 +253,11 @@ def test_serialized_links_report_faults_as_the_fast_path_does():
     lat, bw = chain_links(2, [0.1], [1.0])
     slow = fast.replace(latency=lat, bandwidth=bw, message_size=(0.5,))
     assert slow.has_link_contention and not fast.has_link_contention
+    # A delay on an idle link: latency or transmission, in either direction.
+    late = fast.replace(latency=chain_links(2, [0.1], [math.inf])[0])
+    back = fast.replace(bandwidth=((math.inf, math.inf), (1.0, math.inf)), message_size=(0.5,))
+    assert slow.has_link_delay and late.has_link_delay and back.has_link_delay
+    assert not fast.has_link_delay and not late.has_link_contention
     good = [[Op("F", 0, 0), Op("F", 0, 1), Op("B", 0, 0), Op("W", 0, 0), Op("B", 0, 1),
              Op("W", 0, 1)],
             [Op("F", 1, 0), Op("B", 1, 0), Op("W", 1, 0), Op("F", 1, 1), Op("B", 1, 1),

@@ -8,9 +8,10 @@ these is usually theirs and the searches start from it), the ``greedy`` list sch
 ``cpsat`` warm-started from the best so far when the instance is small enough for it to help
 within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is in
 ``details['skipped_cpsat']``). Where the full model is too large for the time left, CP-SAT runs
-as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops the greedy's
-seeded restarts take most of the time left first (:data:`RESTART_SHARE`), before either. On a
-problem cut into
+as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops, and before
+that search where several stages share a device and a link delays messages
+(:func:`restarts_first`), the greedy's seeded restarts take most of the time left first
+(:data:`RESTART_SHARE`). On a problem cut into
 sub-blocks, before the greedy: ``auto``'s answer for the uncut problem run piece by piece
 (:func:`uncut_candidate`), so that cutting never loses to not cutting. The result is the
 candidate with the best objective, so it is never worse than the best hand-made schedule under
@@ -106,6 +107,7 @@ RELAX_MAX_VARIED_PAIRS = 300
 #: (``--families --quick``) LNS windows take a fraction of a second and improve the greedy on
 #: most instances, and at 768 ops (p = 8, m = 32) CP-SAT and restarts end level (163.4 / 163.6 s
 #: at latency 8 T_F, 130.6 / 130.4 s at 3.8 T_F), so those keep all the time for CP-SAT.
+#: Below it, V's behind a slow link take the restarts before LNS too (:func:`restarts_first`).
 RESTART_MIN_OPS = 1600
 RESTART_SHARE = 0.75
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
@@ -311,6 +313,26 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     return None if got is None else float(got.value)
 
 
+def restarts_first(problem: Problem, lns_only: bool) -> bool:
+    """Whether the greedy's seeded restarts run before CP-SAT (``lns_only``: only its
+    large-neighbourhood search would run, the full model being too large for the time left).
+
+    From :data:`RESTART_MIN_OPS` ops always; below, only before LNS on problems with several
+    stages on some device (V's, interleaved) and a link that delays messages (latency or
+    transmission; :attr:`Problem.has_link_delay`). Measured at 20 s, 2 workers, two runs each
+    (``benchmarks/README.md``, ``wip-vrestart``): ``crosspipe-v`` p = 8, m = 32 (1,536 ops:
+    LNS) lat2 / lat8 / bw2 111.6 / 161.3 / 141.4 s without them, 110.9 / 160.5-160.6 /
+    140.5 s with them; without a link delay they cost LNS time (V-Half 106.7-107.0 s against
+    107.5, V-Min 117.0-118.2 against 117.9-118.1); where the full model runs (the p = 4
+    analogues, 192-384 ops) it did better from the greedy (m = 16 lat8 120.8-122.0 s, lat2
+    60.5) than from the restarts (122.3-122.4, 60.8).
+    """
+    if problem.num_ops >= RESTART_MIN_OPS:
+        return True
+    nested = any(len(x) > 1 for x in problem.device_stages)
+    return lns_only and nested and problem.has_link_delay
+
+
 def _restarts(problem: Problem, options: SolveOptions, cands: list[Schedule],
               notes: list[tuple[str, Any]], deadline: float) -> bool:
     """The greedy's seeded restarts until ``deadline`` (a :func:`time.perf_counter` value),
@@ -484,8 +506,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         notes.append(("cpsat_full_model", reason))
         reason = None
     # On large instances the greedy's seeded restarts come first, whichever CP-SAT stage (full
-    # model or LNS) follows: neither improves the greedy much there in the time a limit gives.
-    if reason is None and problem.num_ops >= RESTART_MIN_OPS and (lns_only or model_fits()):
+    # model or LNS) follows: neither improves the greedy much there in the time a limit gives;
+    # so on V's behind a slow link where only LNS would run (restarts_first).
+    if (reason is None and restarts_first(problem, lns_only)
+            and (lns_only or model_fits())):
         interrupted = _restarts(problem, options, cands, notes,
                                 time.perf_counter() + RESTART_SHARE * left())
         report()

@@ -279,8 +279,7 @@ def policies_for(problem: Problem) -> tuple[Policy, ...]:
     :data:`_NESTED_FIRST` go first."""
     nested = any(len(x) > 1 for x in problem.device_stages)
     queues = problem.has_link_contention
-    delays = any(sum(problem.transfer(k, k + 1)) + sum(problem.transfer(k + 1, k)) > 0
-                 for k in range(problem.stages - 1))
+    delays = problem.has_link_delay
     out = tuple(pol for pol in POLICIES
                 if (nested or not pol.reclaim) and (queues or not pol.link_wait)
                 and (delays or pol.reserve is None))
