@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pipeopt.bounds import makespan_lower_bound, stage_memory_bound
+from pipeopt.bounds import makespan_lower_bound, memory_bound, stage_memory_bound
 from pipeopt.clock import Stopwatch
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule, SolverInfo
@@ -93,6 +93,16 @@ RELAX_MAX_PAIRS = 2_000
 RELAX_WINDOW_PAIRS = 8_000
 #: The most pair choices of the model for micro-batches of different cost (see above).
 RELAX_MAX_VARIED_PAIRS = 300
+#: The kept-devices bound (:mod:`pipeopt.solvers.kept_devices`) in auto: at most this share of
+#: the time left and these seconds, the last KEPT_WINDOW micro-batches of ``kept_device``'s
+#: device, only where a device holds several stages, some link delays messages (none shared)
+#: and that device's memory bound is the analytic bound (:func:`_kept_devices`). Measured
+#: (benchmarks/README.md, "Whole devices kept exactly"; 2-core machine, load 5-7):
+#: ``crosspipe-v`` p = 8, m = 32, latency 8 x T_F, the last 16: 138.0 -> 148.1 s, the model's
+#: optimum, in 1-3 s; p = 4, m = 8: 67.3 -> 72.5 s (the problem's optimum) in 0.2 s.
+KEPT_SHARE = 0.15
+KEPT_MAX_S = 3.0
+KEPT_WINDOW = 16
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
 #: large-neighbourhood search where the full model is too large for the time left):
 #: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
@@ -333,6 +343,36 @@ def restarts_first(problem: Problem, lns_only: bool) -> bool:
     return lns_only and nested and problem.has_link_delay
 
 
+def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: float,
+                  workers: int | None) -> float | None:
+    """The kept-devices bound on the makespan (so on the iteration time, which includes it,
+    seconds) where worth its time (see :data:`KEPT_SHARE`), else None.
+
+    The gate: a V-like placement (some device holds several stages) with a link that delays
+    messages and none shared, identical micro-batches, and the memory of ``kept_device``'s
+    device setting the analytic bound: there the device's interleaved chunks and memory hold
+    what the analytic recursion misses. Everywhere else this returns None at once.
+    """
+    if (obj != "makespan" or best is None or not problem.uniform_microbatches
+            or problem.has_link_contention
+            or all(len(stages) < 2 for stages in problem.device_stages)
+            or not problem.has_link_delay):
+        return None
+    budget = min(KEPT_MAX_S, KEPT_SHARE * time_left)
+    if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
+        return None
+    kept: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
+    bound: Any = _load("pipeopt.solvers.kept_devices", "kept_devices_bound")
+    if kept is None or bound is None:
+        return None
+    device = kept(problem)
+    if memory_bound(problem)[device] < makespan_lower_bound(problem) * (1 - 1e-9):
+        return None  # the bound is work or warm-up, which the window cannot see
+    window = KEPT_WINDOW if problem.microbatches > KEPT_WINDOW else None
+    got: Any = bound(problem, (device,), time_limit=budget, workers=workers, window=window)
+    return None if got is None else float(got.value)
+
+
 def _restarts(problem: Problem, options: SolveOptions, cands: list[Schedule],
               notes: list[tuple[str, Any]], deadline: float) -> bool:
     """The greedy's seeded restarts until ``deadline`` (a :func:`time.perf_counter` value),
@@ -487,12 +527,22 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             if not any(fits_memory(s, problem) for s in cands):
                 raise
             interrupted = True
-    proved = (relaxed is not None and best_so_far() is not None
-              and relaxed >= _value(best_so_far(), obj) * (1 - 1e-9))
     if relaxed is not None:
         notes.append(("relaxation_bound", relaxed))
+    if not interrupted:
+        try:
+            kept = _kept_devices(problem, obj, best_so_far(), left(), options.workers)
+        except KeyboardInterrupt:
+            if not any(fits_memory(s, problem) for s in cands):
+                raise
+            interrupted, kept = True, None
+        if kept is not None:
+            notes.append(("kept_devices_bound", kept))
+            relaxed = max(kept, relaxed or 0.0)
+    proved = (relaxed is not None and best_so_far() is not None
+              and relaxed >= _value(best_so_far(), obj) * (1 - 1e-9))
     reason = ("interrupted" if interrupted else
-              "the relaxation bound proves the best so far optimal" if proved else
+              "a relaxation bound proves the best so far optimal" if proved else
               cpsat_skip_reason(problem, left()))
 
     def model_fits() -> bool:  # CP-SAT is installed and takes a model this size (imports it)
