@@ -18,8 +18,9 @@ candidate with the best objective, so it is never worse than the best hand-made 
 the same limits, unless another candidate within ``time_tolerance`` of it (relative) needs less
 peak memory: then the one with the lowest peak memory (``details['tradeoff']`` says what was
 traded; ``details['pareto']`` lists the candidates no other beats on both time and peak memory,
-:func:`pareto_set`). Its lower bound is the best proven one among the analytic bound and the
-candidates that minimised the same objective.
+:func:`pareto_set`). Its lower bound is the best proven one among the analytic bound, the
+relaxation bound (:func:`_relaxation`), the kept-devices bound (:func:`_kept_devices`: a V
+behind a slow link) and the candidates that minimised the same objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
 never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
