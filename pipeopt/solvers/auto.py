@@ -329,19 +329,20 @@ def restarts_first(problem: Problem, lns_only: bool) -> bool:
     large-neighbourhood search would run, the full model being too large for the time left).
 
     From :data:`RESTART_MIN_OPS` ops always; below, only before LNS on problems with several
-    stages on some device (V's, interleaved) and a link that delays messages (latency or
-    transmission; :attr:`Problem.has_link_delay`). Measured at 20 s, 2 workers, two runs each
-    (``benchmarks/README.md``, ``wip-vrestart``): ``crosspipe-v`` p = 8, m = 32 (1,536 ops:
-    LNS) lat2 / lat8 / bw2 111.6 / 161.3 / 141.4 s without them, 110.9 / 160.5-160.6 /
-    140.5 s with them; without a link delay they cost LNS time (V-Half 106.7-107.0 s against
-    107.5, V-Min 117.0-118.2 against 117.9-118.1); where the full model runs (the p = 4
-    analogues, 192-384 ops) it did better from the greedy (m = 16 lat8 120.8-122.0 s, lat2
-    60.5) than from the restarts (122.3-122.4, 60.8).
+    model chunks on a device (``virtual_stages > 1``: V's, interleaved; a chain cut into
+    sub-blocks alone was not measured) and a link that delays messages (latency or
+    transmission; :attr:`Problem.has_link_delay`). The restarts end :data:`CPSAT_MIN_TIME_S`
+    before the limit, so CP-SAT's least run still fits in it. Measured at 20 s, 2 workers,
+    two runs each (``benchmarks/README.md``, ``wip-vrestart``): ``crosspipe-v`` p = 8,
+    m = 32 (1,536 ops: LNS) lat2 / lat8 / bw2 111.6 / 161.3 / 141.4 s without them, 110.9 /
+    160.5-160.6 / 140.5 s with them; without a link delay they cost LNS time (V-Half
+    106.7-107.0 s against 107.5, V-Min 117.0-118.2 against 117.9-118.1); where the full model
+    runs (the p = 4 analogues, 192-384 ops) it did better from the greedy (m = 16 lat8
+    120.8-122.0 s, lat2 60.5) than from the restarts (122.3-122.4, 60.8).
     """
     if problem.num_ops >= RESTART_MIN_OPS:
         return True
-    nested = any(len(x) > 1 for x in problem.device_stages)
-    return lns_only and nested and problem.has_link_delay
+    return lns_only and problem.virtual_stages > 1 and problem.has_link_delay
 
 
 def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: float,
@@ -561,8 +562,9 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     # so on V's behind a slow link where only LNS would run (restarts_first).
     if (reason is None and restarts_first(problem, lns_only)
             and (lns_only or model_fits())):
-        interrupted = _restarts(problem, options, cands, notes,
-                                time.perf_counter() + RESTART_SHARE * left())
+        # CP-SAT runs at least CPSAT_MIN_TIME_S: the restarts leave it that much of the limit.
+        budget = min(RESTART_SHARE * left(), left() - CPSAT_MIN_TIME_S)
+        interrupted = _restarts(problem, options, cands, notes, time.perf_counter() + budget)
         report()
         full = None if lns_only or interrupted else cpsat_skip_reason(problem, left())
         if interrupted:
