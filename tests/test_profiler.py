@@ -237,6 +237,31 @@ def test_step_rank_leaves_its_warm_up_rounds_out(monkeypatch):
     assert [r["step_times"] for r in got["runs"][0]] == [[1.0], [2.0]]
 
 
+def test_step_profile_refuses_bad_rounds_and_scales_its_timeout(gpt_profile, monkeypatch):
+    """A negative ``warmup`` or no counted round is refused up front (it silently counted
+    fewer rounds); the ranks' spawn gets ``timeout`` scaled by ``(warmup + rounds) /
+    rounds``, the rounds not counted taking as long as the others (found in review)."""
+    import pipeopt.costs.profiler as profiler
+    import pipeopt.executor.procs as procs
+
+    for warmup, rounds in ((-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match="warmup must be >= 0 and rounds >= 1"):
+            profiler.step_profile({}, "mlp", warmup=warmup, rounds=rounds)
+    seen: list[float] = []
+
+    class Spawned(Exception):
+        pass
+
+    def spawn(fn, world, args, *, timeout, backend):
+        seen.append(timeout)
+        raise Spawned
+
+    monkeypatch.setattr(procs, "spawn", spawn)
+    with pytest.raises(Spawned):
+        profiler.step_profile(gpt_profile, "tiny-gpt", rounds=2, warmup=1, timeout=100.0)
+    assert seen == [pytest.approx(150.0)]
+
+
 def test_factory_model_needs_an_input_shape(tmp_path):
     from pipeopt.cli import main
 

@@ -607,11 +607,13 @@ def step_profile(doc: dict[str, Any], model: str,
     ``ranks`` stages; ``ranks`` gloo processes then run the executor on ``model`` (an executor
     model name: ``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``, with ``options``), ``microbatches``
     micro-batches of the profile's ``micro_batch_size``, replaying each schedule of
-    :data:`STEP_METHODS` ``steps`` steps a round (the first not counted) for ``rounds``
-    interleaved rounds, after ``warmup`` rounds that are not counted at all (fresh ranks ran
-    their first round of 1F1B 5-30 % slower than the next in most profiles of
-    ``benchmarks/executor.py --ranking``, and a later run of the same schedule in a benchmark,
-    as in ``pipeopt run``, as fast as the second). From the op traces
+    :data:`STEP_METHODS` ``steps`` steps a round (the first not counted, unless it is the only
+    one) for ``rounds`` interleaved rounds, after ``warmup`` rounds that are not counted at
+    all (fresh ranks ran their first round of 1F1B 5-30 % slower than the next in most
+    profiles of ``benchmarks/executor.py --ranking``, and a later run of the same schedule in
+    a benchmark, as in ``pipeopt run``, as fast as the second); ``timeout`` (seconds) is for
+    the counted rounds, the whole run gets it scaled by ``(warmup + rounds) / rounds``. From
+    the op traces
     (:func:`step_trace_costs`, trimmed means):
 
     - each stage's F (both runs), B and W (ZB-H1) and fused backward (1F1B): every layer's
@@ -636,6 +638,9 @@ def step_profile(doc: dict[str, Any], model: str,
     from pipeopt.executor.procs import RunConfig, spawn
     from pipeopt.solvers import solve
 
+    if warmup < 0 or rounds < 1:
+        raise ValueError(f"step timing: warmup must be >= 0 and rounds >= 1 (got {warmup} "
+                         f"and {rounds})")
     if doc.get("forward_only"):
         raise ValueError("step timing: a forward-only profile has no training step to run")
     if len(doc["layers"]) < ranks:
@@ -652,7 +657,7 @@ def step_profile(doc: dict[str, Any], model: str,
                     batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
     boundary = int(layers[part[0][1] - 1]["output_bytes"])  # stage 0's activation message
     reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary, warmup),
-                    timeout=timeout, backend="gloo")
+                    timeout=timeout * (warmup + rounds) / rounds, backend="gloo")
     per_rank = [r["runs"] for r in reports]
     fused, split = (step_trace_costs(s, [per_rank[r][i] for r in range(ranks)])
                     for i, s in enumerate(scheds))
