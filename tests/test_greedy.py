@@ -473,6 +473,25 @@ def test_reserve_keeps_the_slots_behind_a_slow_link_full():
     assert g.makespan == pytest.approx(72.8) and "+rs" in g.solver.detail("policy")
 
 
+def test_reserve_holds_nothing_back_without_a_memory_limit():
+    """Without a memory limit every F that passes the other checks has room whatever is held
+    back, so each ``reserve`` variant gives its base variant's orders and starts exactly (the
+    greedy skips the rule's work there), while with 1F1B's memory the rule changes them."""
+    from dataclasses import replace
+
+    from pipeopt.solvers.greedy import POLICIES, _Context, _run
+
+    prob = _v_xdc(4, 8)
+    free = _Context(prob.replace(memory_limit=(None,) * prob.devices))
+    tight = _Context(prob)
+    changed = 0
+    for pol in (pol for pol in POLICIES if pol.reserve is not None):
+        base = replace(pol, reserve=None)
+        assert _run(free, pol) == _run(free, base)
+        changed += _run(tight, pol)[0] != _run(tight, base)[0]
+    assert changed > 0
+
+
 def test_reserve_is_tried_only_where_links_delay():
     """``reserve`` holds memory for a later chunk's round trip over a slow link: it is not
     tried on the V without latency, nor on one chunk per device (no later chunk); the one

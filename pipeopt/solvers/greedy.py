@@ -614,8 +614,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     reserve_of, reach, ret = ctx.reserve, ctx.reach, ctx.ret
     lead = [(policy.reserve or 0.0) * c for c in ctx.cycle]  # seconds, per device
     fpos = [0] * m  # per micro-batch, the last stage whose F has started
-    back = first = _INF
-    held_back = 0.0  # stays 0 without reserve (the F check below reads it)
+    back = _INF
+    res_d = soon_made = False  # res_d: reserve applies on this wake's device
     soon: list[tuple[float, float]] = []
     rec = [0.0] * p
     top_stage, held = ctx.last_on_device, ctx.held
@@ -685,38 +685,57 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
         cur = mem[d]
         cur_h = cur - rec[d] if reclaim else cur  # what the headroom check counts
         if reserve:
-            # When the device's reclaimable memory comes back (the next micro-batch past its
-            # last stage here ends B of its first stage, no sooner than now), less the lead;
-            # never when none is reclaimable.
-            i0 = nb[dstages[d][0]]
-            top = top_stage[d]
-            back = _INF
-            if nf[top] > i0:
-                back = starts[top * m + i0] + ret[d]
-                back = (back if back > t else t) - lead[d]
-            # What the B's whose input gradient is on its way (ready time known) will free,
-            # and when (that time, not before now, plus their duration): (seconds, bytes).
-            soon.clear()
-            for k in dstages[d]:
-                for i in range(k * m + nb[k], k * m + nf[k]):
-                    r = b_ready[i]
-                    if r == _INF:
-                        break
-                    x = i if sc else k
-                    soon.append(((r if r > t else t) + d_b[x], b_free[x]))
+            # Worked out only below a finite limit (below an infinite one every F that passes
+            # the other checks has room whatever is held back), and there only for an F that
+            # passes every other check.
+            res_d = lim < _INF
+            if res_d:
+                # When the device's reclaimable memory comes back (the next micro-batch past
+                # its last stage here ends B of its first stage, no sooner than now), less the
+                # lead; never when none is reclaimable.
+                i0 = nb[dstages[d][0]]
+                top = top_stage[d]
+                back = _INF
+                if nf[top] > i0:
+                    back = starts[top * m + i0] + ret[d]
+                    back = (back if back > t else t) - lead[d]
+                soon_made = False  # ``soon`` is built once per wake, when first needed
         for k in dstages[d]:
             base = k * m
             jb, j = nb[k], nf[k]  # the next B's and the next F's micro-batch
-            if reserve:
-                held_back = 0.0  # free memory kept for admitted micro-batches (bytes)
+            if jb < j:
+                r = b_ready[base + jb]
+                if r <= t:
+                    # Prefer a B whose output leaves the device, then the earliest ready, then
+                    # the later stage (the key tuple is only built to compare two).
+                    if bk < 0 or (not b_cross[k], r, -k) < (not b_cross[bk], b_r, -bk):
+                        bk, b_r = k, r
+                elif r < next_b:
+                    next_b = r
+            if split and nw[k] < jb and (wk < 0 or nw[k] < nw[wk]):
+                wk = k
+            if not (j < m and j - jb < caps[k]
+                    and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
+                    and (not reclaim or cur + a_ <= lim)):
+                continue
+            if res_d and reserve_of[k]:
+                # Free memory kept for admitted micro-batches (bytes): the later stages q of
+                # those admitted before j that have not run them yet, at most n_q of them, and
+                # only those whose stage-q input may arrive before ``back``: a later one finds
+                # the reclaimable memory back. (The new micro-batch's own headroom may still
+                # be reclaimable memory.)
+                held_back = 0.0
                 first = _INF
-                # The later stages q of the micro-batches admitted before j that have not run
-                # them yet, at most n_q of them, and only those whose stage-q input may arrive
-                # before ``back``: a later one finds the reclaimable memory back. (The new
-                # micro-batch's own headroom may still be reclaimable memory.)
                 for q, n_q, a_q in reserve_of[k]:
+                    jq = nf[q]
+                    if jq >= j or t + reach[q] - reach[fpos[jq] + 1] >= back:
+                        # None of them can: each one's time below is at least the first's
+                        # with its input at ``t`` (fpos falls as i grows, reach grows with
+                        # the stage, and float rounding keeps both orders), so none would
+                        # count; the scan is skipped, nothing else changes.
+                        continue
                     waiting = 0
-                    for i in range(nf[q], j):
+                    for i in range(jq, j):
                         # Its next F's input at the earliest (not before now), then the least
                         # time from there to stage q's input.
                         r = fpos[i]
@@ -729,37 +748,39 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
                             if waiting == n_q:
                                 break
                     held_back += a_q * waiting
-                if held_back > 0 and soon:
-                    # Less what those B's free before the first of them needs its slot.
-                    # (never below none: the F's own activation needs free memory now).
-                    held_back = max(0.0, held_back - math.fsum(x for e, x in soon
-                                                               if e <= first))
-            if jb < j:
-                r = b_ready[base + jb]
-                if r <= t:
-                    # Prefer a B whose output leaves the device, then the earliest ready, then
-                    # the later stage (the key tuple is only built to compare two).
-                    if bk < 0 or (not b_cross[k], r, -k) < (not b_cross[bk], b_r, -bk):
-                        bk, b_r = k, r
-                elif r < next_b:
-                    next_b = r
-            if (j < m and j - jb < caps[k]
-                    and cur_h + (a_ := act[base + j if sc else k]) + headroom[k] <= lim
-                    and (not reclaim or cur + a_ + held_back <= lim)):
-                r = f_ready[base + j]
-                if link_wait and k < last and sd[k + 1] != d:
-                    # Not before its message would leave at once: the B messages made in
-                    # the meantime go first on the link.
-                    q = link_free.get((d, sd[k + 1]), 0.0) - d_f[base + j if sc else k]
-                    if q > r:
-                        r = q
-                if r <= t:
-                    if fk < 0 or ((-k, r) < (-fk, f_r) if deep else (k, r) < (fk, f_r)):
-                        fk, f_r = k, r
-                elif r < next_f:
-                    next_f = r
-            if split and nw[k] < jb and (wk < 0 or nw[k] < nw[wk]):
-                wk = k
+                if held_back > 0:
+                    if not soon_made:
+                        # What the B's whose input gradient is on its way (ready time known)
+                        # will free, and when (that time, not before now, plus their
+                        # duration): (seconds, bytes).
+                        soon.clear()
+                        for q in dstages[d]:
+                            for i in range(q * m + nb[q], q * m + nf[q]):
+                                r = b_ready[i]
+                                if r == _INF:
+                                    break
+                                x = i if sc else q
+                                soon.append(((r if r > t else t) + d_b[x], b_free[x]))
+                        soon_made = True
+                    if soon:
+                        # Less what those B's free before the first of them needs its slot
+                        # (never below none: the F's own activation needs free memory now).
+                        held_back = max(0.0, held_back - math.fsum(x for e, x in soon
+                                                                   if e <= first))
+                    if cur + a_ + held_back > lim:
+                        continue
+            r = f_ready[base + j]
+            if link_wait and k < last and sd[k + 1] != d:
+                # Not before its message would leave at once: the B messages made in the
+                # meantime go first on the link.
+                q = link_free.get((d, sd[k + 1]), 0.0) - d_f[base + j if sc else k]
+                if q > r:
+                    r = q
+            if r <= t:
+                if fk < 0 or ((-k, r) < (-fk, f_r) if deep else (k, r) < (fk, f_r)):
+                    fk, f_r = k, r
+            elif r < next_f:
+                next_f = r
         if choose and bk >= 0 and fk >= 0:
             # Both ready: "alt" alternates like 1F1B; "starve" feeds an idle neighbour first.
             if fb == "b":
