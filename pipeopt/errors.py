@@ -59,6 +59,9 @@ def solver_option_rule(name: str, value: Any) -> str | None:
     elif name == "resolution" and value is not None and not (
             real and math.isfinite(value) and value > 0):
         why = "must be a finite number of seconds > 0, or None to have it chosen"
+    elif name == "known_bound" and value is not None and not (
+            real and math.isfinite(value) and value >= 0):
+        why = "must be a finite number of seconds >= 0 (a proven lower bound), or None"
     elif name == "objective" and value not in ("makespan", "span"):
         why = "must be 'makespan' or 'span'"
     return why

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from pipeopt.bounds import makespan_lower_bound
+from pipeopt.errors import ConfigError
 from pipeopt.problem import Problem, chain_links, uniform_problem
 from pipeopt.simulate import validate
 from pipeopt.solvers import SolveOptions, lower_bound
@@ -79,3 +80,19 @@ def test_auto_runs_the_kept_devices_bound_only_inside_its_gate(no_cpsat, monkeyp
     inside = _v(4, 8, 8.0)
     solve_auto(inside, SolveOptions(time_limit=10.0, workers=2))  # 15 % of it: over 1 s
     assert asked == [inside]
+
+
+def test_auto_stops_once_cpsat_meets_the_kept_devices_bound():
+    """With CP-SAT: auto hands it the kept-devices bound (72.5 s, the optimum), so the search
+    ends when a schedule meets it instead of running to the 20 s limit (issue 12: the whole
+    time limit unless optimality is proven). A caller's ``known_bound`` above a schedule auto
+    found is refused, naming the field."""
+    prob = _v(4, 8, 8.0)
+    got = solve_auto(prob, SolveOptions(time_limit=20.0, workers=2))
+    validate(got)
+    assert got.iteration_time == pytest.approx(72.5)
+    assert got.solver.status == "optimal"
+    assert got.solver.lower_bound == pytest.approx(72.5)
+    assert got.solver.wall_time < 10.0
+    with pytest.raises(ConfigError, match=r"^known_bound: 1000 s is above the makespan"):
+        solve_auto(prob, SolveOptions(time_limit=5.0, workers=2, known_bound=1000.0))

@@ -40,6 +40,7 @@ from typing import Any
 
 from pipeopt.bounds import makespan_lower_bound, memory_bound, stage_memory_bound
 from pipeopt.clock import Stopwatch
+from pipeopt.errors import ConfigError
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable, fused_variant
@@ -324,6 +325,23 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
     return None if got is None else float(got.value)
 
 
+def _known(options: SolveOptions, relaxed: float | None, best: Schedule | None
+           ) -> float | None:
+    """The larger of auto's own proven bound ``relaxed`` and the caller's
+    ``options.known_bound`` (seconds), or None when neither is known. The caller's is refused
+    (:class:`~pipeopt.errors.ConfigError` naming it) when ``best``, a real schedule, is already
+    below it: it is then no lower bound."""
+    given = options.known_bound
+    if given is None:
+        return relaxed
+    if best is not None and given > _value(best, options.objective) * (1 + 1e-9) + 1e-12:
+        raise ConfigError(f"known_bound: {given:g} s is above the {options.objective} of a "
+                          f"valid schedule ({best.method}: {_value(best, options.objective):g} "
+                          "s), so it is not a lower bound; pass only a bound proven for this "
+                          "problem and objective")
+    return max(given, relaxed or 0.0)
+
+
 def restarts_first(problem: Problem, lns_only: bool) -> bool:
     """Whether the greedy's seeded restarts run before CP-SAT (``lns_only``: only its
     large-neighbourhood search would run, the full model being too large for the time left).
@@ -541,8 +559,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
         if kept is not None:
             notes.append(("kept_devices_bound", kept))
             relaxed = max(kept, relaxed or 0.0)
-    proved = (relaxed is not None and best_so_far() is not None
-              and relaxed >= _value(best_so_far(), obj) * (1 - 1e-9))
+    # The best bound proven so far beyond the analytic one: auto's own and the caller's.
+    known = _known(options, relaxed, best_so_far())
+    proved = (known is not None and best_so_far() is not None
+              and known >= _value(best_so_far(), obj) * (1 - 1e-9))
     reason = ("interrupted" if interrupted else
               "a relaxation bound proves the best so far optimal" if proved else
               cpsat_skip_reason(problem, left()))
@@ -587,9 +607,11 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             logger.info("auto: CP-SAT for the remaining %.1f s, warm-started from %s",
                         max(CPSAT_MIN_TIME_S, left()), best_so_far().method
                         if best_so_far() is not None else "nothing")
+            # Only bounds proven above (relaxation, kept devices, the caller's): CP-SAT stops
+            # as soon as a schedule meets them instead of searching on to the limit.
             try:
                 sched = cpsat(problem, replace(options, time_limit=max(CPSAT_MIN_TIME_S, left()),
-                                               hint=best_so_far()))
+                                               hint=best_so_far(), known_bound=known))
             except NotApplicable as exc:
                 notes.append(("cpsat", str(exc)))
             else:
@@ -617,10 +639,17 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     proven = [s.solver.lower_bound for s in cands
               if s.solver.lower_bound is not None and s.solver.objective == obj
               and s.solver.status in ("optimal", "feasible")]
-    bound = max([lower_bound(problem, obj), *proven, *([relaxed] if relaxed else [])])
+    wrong = options.known_bound is not None and options.known_bound > val * (1 + 1e-9) + 1e-12
+    if wrong:
+        # Above a schedule found: the caller's bound was no lower bound (see _known).
+        notes.append(("known_bound_ignored", f"known_bound: {options.known_bound:g} s is above "
+                      f"the {obj} of a schedule found, {val:g} s: not a lower bound, ignored"))
+        known = relaxed
+        proven = [] if relaxed is None else [relaxed]  # the searches' bounds held it too
+    bound = max([lower_bound(problem, obj), *proven, *([known] if known else [])])
     # A search that proved optimality for the same objective bounds it by its own value.
     for s in cands:
-        if s.solver.status == "optimal" and s.solver.objective == obj:
+        if s.solver.status == "optimal" and s.solver.objective == obj and not wrong:
             bound = max(bound, _value(s, obj))
     bound = min(bound, val) if math.isfinite(bound) else bound
     status = best.solver.status

@@ -54,8 +54,13 @@ class SolveOptions:
     the CP-SAT model in seconds (None = chosen from the problem); ``time_tolerance``: the share
     of time (0.01 = 1%) ``auto`` gives up over its fastest candidate for the one with the lowest
     peak memory (0: the fastest); ``on_progress`` receives
-    :class:`Progress` reports; ``hint`` is a schedule to start from. Values are checked as a
-    config's ``solver:`` keys are (:class:`~pipeopt.errors.ConfigError` naming the option).
+    :class:`Progress` reports; ``hint`` is a schedule to start from; ``known_bound``: a lower
+    bound on the objective (seconds) that the caller has *proven* (``auto`` hands its relaxation
+    / kept-devices bounds to CP-SAT this way): ``cpsat`` stops as soon as a schedule meets it
+    and reports it as its bound (a value above a schedule ``cpsat`` finds is not a lower bound:
+    refused when its warm start shows it, ignored with a note in ``details`` when a later
+    schedule does). Values are checked as a config's ``solver:`` keys are
+    (:class:`~pipeopt.errors.ConfigError` naming the option).
     """
 
     time_limit: float = 60.0
@@ -68,12 +73,13 @@ class SolveOptions:
     on_progress: Callable[[Progress], None] | None = None
     hint: Schedule | None = None
     log: bool = False
+    known_bound: float | None = None
 
     def __post_init__(self) -> None:
         # The rules of a config's solver: section and of the command-line flags, so that
         # pipeopt.solve(..., time_limit=-1) is refused as `--time-limit -1` is.
         for name in ("time_limit", "seed", "workers", "objective", "relative_gap",
-                     "resolution", "time_tolerance"):
+                     "resolution", "time_tolerance", "known_bound"):
             check_solver_option(name, getattr(self, name))
 
 

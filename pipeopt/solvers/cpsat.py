@@ -8,13 +8,16 @@ lower bound:
 
 * the solver's per-device orders are re-timed exactly (in floats) by the simulator; on an exact
   grid the solver's own timing is kept instead when it is better (serialized links, span);
-* the bound combines the analytic bounds with CP-SAT's bound, which is proven for the real
+* the bound combines the analytic bounds, the caller's proven ``options.known_bound`` (``auto``'s
+  relaxation / kept-devices bounds) and CP-SAT's bound, which is proven for the real
   problem because durations and delays are rounded *down* on the time grid (any real schedule,
   floored, is a solution of the model);
 * memory demands are rounded *up* when they sit on no exact grid, so the orders keep the real
   limits; CP-SAT's bound then proves nothing and only the analytic bound is reported;
 * ``optimal`` only when the schedule meets that proven bound (no search at all when the warm
-  start already does).
+  start already does; the caller's known bound ends the search as soon as a schedule meets it:
+  on an exact time grid it is the model's objective floor, so CP-SAT proves optimality there;
+  LNS compares the re-timed schedules against it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from pipeopt.bounds import iteration_lower_bound
+from pipeopt.errors import ConfigError
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.schedules import GENERATORS, NotApplicable
@@ -98,18 +102,20 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
     analytic = lower_bound(problem, objective)
     if objective == "makespan":
         analytic = max(analytic, iteration_lower_bound(problem))  # with gradient reductions
+    known = _known_bound(options, warm)
+    proven = max(analytic, known)  # every bound below is proven for the real problem
     workers = options.workers or _cpu_count()
     tgrid = time_grid(_time_values(problem), options.resolution)
 
     def warm_only(why: str, interrupted: bool) -> Schedule:
-        return _result(warm, "warm start", analytic, objective, t0, options, (
+        return _result(warm, "warm start", proven, objective, t0, options, (
             ("resolution_s", tgrid.unit), ("time_grid_exact", tgrid.exact),
-            ("cpsat_status", why), ("warm_start", warm.method), ("num_workers", workers)),
-            interrupted=interrupted)
+            ("cpsat_status", why), ("warm_start", warm.method), ("num_workers", workers),
+            *_known_details(options)), interrupted=interrupted)
 
     if warm_interrupted:  # Ctrl-C while the warm start ran: keep it, search no further
         return warm_only("SKIPPED (interrupted)", True)
-    if _objective(warm, objective) <= analytic * (1 + 1e-9):
+    if _objective(warm, objective) <= proven * (1 + 1e-9):
         # The warm start meets a proven bound: it is optimal, no search needed.
         return warm_only("SKIPPED", False)
 
@@ -123,9 +129,11 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
                             "it unset to have it chosen")
     try:
         data, mem_exact = int_data(problem, tgrid)
-        # On an exact time grid every model solution is a real schedule, so the analytic
-        # bound holds in the model too.
-        lower = tgrid.up(analytic * (1 - 1e-9)) if tgrid.exact else 0
+        # On an exact time grid every model solution is a real schedule of the same value (a
+        # restriction on memory keeps that true), so the proven bounds hold in the model too,
+        # and CP-SAT proves optimality as soon as a solution meets them. On an inexact grid the
+        # floored durations let model values fall below them: no floor there.
+        lower = tgrid.up(proven * (1 - 1e-9)) if tgrid.exact else 0
         sm = build_model(data, objective, horizon, lower)
         starts_u, msgs_u = _hint_units(warm, tgrid, sm)
         add_hints(sm, starts_u, msgs_u)
@@ -135,11 +143,11 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
     def bound_s(units: float) -> float:
         """A proven bound in seconds from the model's bound in units."""
         if not mem_exact:
-            return analytic  # the model is a restriction on memory: its bound proves nothing
+            return proven  # the model is a restriction on memory: its bound proves nothing
         b = math.ceil(units - 1e-6)  # the objective is an integer
         if objective == "span" and not tgrid.exact:
             b -= 1  # floored start and end can stretch a span by one unit
-        return max(analytic, tgrid.seconds(b))
+        return max(proven, tgrid.seconds(b))
 
     solver = cp_model.CpSolver()
     prm = solver.parameters
@@ -155,7 +163,19 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
     prm.log_to_stdout = False
     if options.log:
         solver.log_callback = lambda line: logger.info("%s", line)
-    cb = _ProgressCallback(t0, tgrid, bound_s, options)
+    meets = None
+    if known > analytic and not tgrid.exact:
+        # The bound is not in the model here (see ``lower``): each solution's orders are
+        # re-timed (the simulator's value is the real one) and the search stops at one that
+        # meets it.
+        def meets(sol: cp_model.CpSolverSolutionCallback) -> bool:
+            try:
+                found = _solution_schedules(problem, sm, sol, tgrid)
+            except ScheduleError:
+                return False
+            return min(_objective(c, objective) for c, _ in found) <= proven * (1 + 1e-9)
+
+    cb = _ProgressCallback(t0, tgrid, bound_s, options, meets)
     if options.on_progress is not None:
         solver.best_bound_callback = cb.on_bound  # the bound moves between solutions too
     if full_model_share > 0:
@@ -169,7 +189,7 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
     cands.append((warm, "warm start"))
     best, timing = min(cands, key=lambda c: lns.key(c[0], objective))
 
-    lb = analytic
+    lb = proven
     if status not in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID, cp_model.UNKNOWN):
         lb = max(lb, bound_s(solver.best_objective_bound))
     lns_details: tuple[tuple[str, Any], ...] = ()
@@ -191,7 +211,15 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
            ("conflicts", solver.num_conflicts)) if full_model_share > 0 else ()),
         ("warm_start", warm.method), ("warm_start_objective", _objective(warm, objective)),
         ("horizon_units", horizon), ("full_model_share", full_model_share), *lns_details,
+        *_known_details(options),
     ]
+    if known > _objective(best, objective) * (1 + 1e-9) + 1e-12:
+        # The caller's bound is above a real schedule: it was no lower bound. CP-SAT's own
+        # bound held it as the model's floor, so only the analytic bound is left.
+        lb = analytic
+        details.append(("known_bound_ignored", (
+            f"known_bound: {known:g} s is above the {objective} of a schedule found, "
+            f"{_objective(best, objective):g} s: not a lower bound, ignored")))
     return _result(best, timing, lb, objective, t0, options, tuple(details), interrupted)
 
 
@@ -200,6 +228,24 @@ def solve_lns(problem: Problem, options: SolveOptions) -> Schedule:
     start (``options.hint`` or the best heuristic) for the whole time limit (method
     ``cpsat``, ``details['timing'] == 'lns'`` when it improved the start)."""
     return solve_cpsat(problem, options, full_model_share=0.0)
+
+
+def _known_bound(options: SolveOptions, warm: Schedule) -> float:
+    """The caller's proven bound (0 when none), refused (:class:`ConfigError` naming
+    ``known_bound``) when the warm start, a real schedule, is already below it."""
+    known = options.known_bound
+    if known is None:
+        return 0.0
+    value = _objective(warm, options.objective)
+    if known > value * (1 + 1e-9) + 1e-12:
+        raise ConfigError(f"known_bound: {known:g} s is above the {options.objective} of a "
+                          f"valid schedule ({warm.method}: {value:g} s), so it is not a lower "
+                          "bound; pass only a bound proven for this problem and objective")
+    return known
+
+
+def _known_details(options: SolveOptions) -> tuple[tuple[str, Any], ...]:
+    return () if options.known_bound is None else (("known_bound", options.known_bound),)
 
 
 def _run_lns(problem: Problem, sm: ScheduleModel, tgrid: Grid, start: Schedule, bound: float,
@@ -218,7 +264,8 @@ def improve(problem: Problem, start: Schedule, options: SolveOptions, *,
             max_windows: int | None = None) -> lns.LnsResult:
     """Large-neighbourhood search alone from ``start`` (a valid schedule of ``problem`` within
     its memory limits) for ``options.time_limit`` seconds or ``max_windows`` windows, whichever
-    comes first; it stops early when the schedule meets the analytic lower bound. The result is
+    comes first; it stops early when the schedule meets the analytic lower bound or
+    ``options.known_bound`` (refused when above ``start``). The result is
     never worse than ``start`` on (objective, the other of makespan / span, peak memory)."""
     t0 = time.perf_counter()
     objective = options.objective
@@ -229,6 +276,7 @@ def improve(problem: Problem, start: Schedule, options: SolveOptions, *,
     analytic = lower_bound(problem, objective)
     if objective == "makespan":
         analytic = max(analytic, iteration_lower_bound(problem))
+    analytic = max(analytic, _known_bound(options, start))
     tgrid = time_grid(_time_values(problem), options.resolution)
     data, _ = int_data(problem, tgrid)
     sm = build_model(data, objective, _horizon(problem, start, tgrid, objective),
@@ -247,6 +295,8 @@ def _fallback(problem: Problem, options: SolveOptions, t0: float) -> Schedule:
         greedy = simulate(problem, sequential_orders(problem), method="sequential")
     bound = lower_bound(problem, options.objective)
     value = _objective(greedy, options.objective)
+    if options.known_bound is not None and options.known_bound <= value * (1 + 1e-9) + 1e-12:
+        bound = max(bound, options.known_bound)
     note = (f"cpsat: {problem.num_ops} ops is more than a CP-SAT model handles "
             f"({MAX_MODEL_OPS}); returned the {greedy.method} schedule instead")
     info = SolverInfo(
@@ -532,12 +582,15 @@ def _cpu_count() -> int:
 
 
 class _ProgressCallback(cp_model.CpSolverSolutionCallback):
-    """Sends each improving solution (objective and bound, seconds) to ``on_progress``."""
+    """Sends each improving solution (objective and bound, seconds) to ``on_progress``; stops
+    the search at a solution for which ``meets`` (when given) says it meets a proven bound."""
 
-    def __init__(self, t0: float, tgrid: Grid, bound_s: Any, options: SolveOptions) -> None:
+    def __init__(self, t0: float, tgrid: Grid, bound_s: Any, options: SolveOptions,
+                 meets: Any = None) -> None:
         super().__init__()
         self._t0, self._grid, self._bound_s = t0, tgrid, bound_s
         self._on_progress = options.on_progress
+        self._meets = meets
 
         self._objective: float | None = None
         self._bound: float | None = None
@@ -550,6 +603,8 @@ class _ProgressCallback(cp_model.CpSolverSolutionCallback):
         bound = self._bound_s(self.best_objective_bound)
         logger.debug("solution %.6g s, bound %.6g s", obj, bound)
         self._report(obj, bound)
+        if self._meets is not None and self._meets(self):
+            self.stop_search()
 
     def on_bound(self, units: float) -> None:
         """Called by the solver when its best bound improves (units)."""
@@ -602,7 +657,8 @@ def _solve_interruptible(solver: cp_model.CpSolver, model: cp_model.CpModel,
     return result["status"], interrupted.is_set()
 
 
-def _solution_schedules(problem: Problem, sm: ScheduleModel, solver: cp_model.CpSolver,
+def _solution_schedules(problem: Problem, sm: ScheduleModel,
+                        solver: cp_model.CpSolver | cp_model.CpSolverSolutionCallback,
                         tgrid: Grid, graph: ChainGraph | None = None
                         ) -> list[tuple[Schedule, str]]:
     """The solver's orders re-timed by the simulator (on ``graph``, the problem's task graph,
