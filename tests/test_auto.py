@@ -22,17 +22,6 @@ from tests.strategies import problems
 HAVE_CPSAT = importlib.util.find_spec("pipeopt.solvers.cpsat") is not None
 
 
-@pytest.fixture
-def no_cpsat(monkeypatch):
-    """auto without CP-SAT (fast): hand-made schedules and the greedy only."""
-    real = auto_mod._load
-
-    def load(module, func):
-        return None if module.endswith("cpsat") else real(module, func)
-
-    monkeypatch.setattr(auto_mod, "_load", load)
-
-
 def _value(s, objective="makespan"):
     return s.max_span if objective == "span" else s.iteration_time
 

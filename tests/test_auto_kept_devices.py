@@ -17,17 +17,6 @@ from pipeopt.solvers import auto as auto_mod
 from pipeopt.solvers.auto import solve_auto
 
 
-@pytest.fixture
-def no_cpsat(monkeypatch):
-    """auto without CP-SAT's search (fast): hand-made schedules, the greedy and the bounds."""
-    real = auto_mod._load
-
-    def load(module, func):
-        return None if module.endswith("cpsat") else real(module, func)
-
-    monkeypatch.setattr(auto_mod, "_load", load)
-
-
 def _v(p: int, m: int, latency: float, chunks: int = 2) -> Problem:
     """benchmarks/search.py's ``xdc_link`` without transmission: ``latency`` seconds on the
     middle link, F / B / W = 1 / 1.2 / 0.8 s, 1F1B's memory (p activations)."""
