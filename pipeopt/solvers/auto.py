@@ -40,7 +40,6 @@ from typing import Any
 
 from pipeopt.bounds import makespan_lower_bound, memory_bound, stage_memory_bound
 from pipeopt.clock import Stopwatch
-from pipeopt.errors import ConfigError
 from pipeopt.problem import Op, Problem, format_memory
 from pipeopt.schedule import Schedule, SolverInfo
 from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable, fused_variant
@@ -51,8 +50,11 @@ from pipeopt.solvers.base import (
     OutOfTime,
     Progress,
     SolveOptions,
+    above,
+    checked_known_bound,
     fifo_orders,
     fits_memory,
+    known_bound_ignored,
     lower_bound,
     require_memory,
     run_classic,
@@ -331,15 +333,9 @@ def _known(options: SolveOptions, relaxed: float | None, best: Schedule | None
     ``options.known_bound`` (seconds), or None when neither is known. The caller's is refused
     (:class:`~pipeopt.errors.ConfigError` naming it) when ``best``, a real schedule, is already
     below it: it is then no lower bound."""
-    given = options.known_bound
-    if given is None:
-        return relaxed
-    if best is not None and given > _value(best, options.objective) * (1 + 1e-9) + 1e-12:
-        raise ConfigError(f"known_bound: {given:g} s is above the {options.objective} of a "
-                          f"valid schedule ({best.method}: {_value(best, options.objective):g} "
-                          "s), so it is not a lower bound; pass only a bound proven for this "
-                          "problem and objective")
-    return max(given, relaxed or 0.0)
+    given = (checked_known_bound(options, "", None) if best is None else
+             checked_known_bound(options, best.method, _value(best, options.objective)))
+    return relaxed if given is None else max(given, relaxed or 0.0)
 
 
 def restarts_first(problem: Problem, lns_only: bool) -> bool:
@@ -639,11 +635,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     proven = [s.solver.lower_bound for s in cands
               if s.solver.lower_bound is not None and s.solver.objective == obj
               and s.solver.status in ("optimal", "feasible")]
-    wrong = options.known_bound is not None and options.known_bound > val * (1 + 1e-9) + 1e-12
+    wrong = options.known_bound is not None and above(options.known_bound, val)
     if wrong:
         # Above a schedule found: the caller's bound was no lower bound (see _known).
-        notes.append(("known_bound_ignored", f"known_bound: {options.known_bound:g} s is above "
-                      f"the {obj} of a schedule found, {val:g} s: not a lower bound, ignored"))
+        notes.append(known_bound_ignored(options.known_bound, obj, val))
         known = relaxed
         proven = [] if relaxed is None else [relaxed]  # the searches' bounds held it too
     bound = max([lower_bound(problem, obj), *proven, *([known] if known else [])])

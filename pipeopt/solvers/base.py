@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from pipeopt._gc import cyclic_gc_paused
 from pipeopt.bounds import Objective, lower_bound
-from pipeopt.errors import check_solver_option
+from pipeopt.errors import ConfigError, check_solver_option
 from pipeopt.problem import Problem
 from pipeopt.schedule import Schedule, SolverInfo, order_peak_memory
 from pipeopt.schedules import FUSED_BACKWARD, NotApplicable, fused_variant, generate
@@ -89,6 +89,32 @@ Method = Callable[[Problem, SolveOptions], Schedule]
 class OutOfTime(RuntimeError):
     """A method reached its time limit before it had any schedule (raised only when its
     caller asked for that, having another schedule to fall back on)."""
+
+
+def above(bound: float, value: float) -> bool:
+    """Whether ``bound`` lies above ``value``, a real schedule's objective (seconds, float
+    round-off allowed): such a bound is no lower bound."""
+    return bound > value * (1 + 1e-9) + 1e-12
+
+
+def checked_known_bound(options: SolveOptions, method: str, value: float | None
+                        ) -> float | None:
+    """``options.known_bound`` (seconds; None when not given), refused with a
+    :class:`~pipeopt.errors.ConfigError` naming it when ``value``, the objective of a real
+    schedule made by ``method`` (None: none yet), is already below it."""
+    known = options.known_bound
+    if known is not None and value is not None and above(known, value):
+        raise ConfigError(f"known_bound: {known:g} s is above the {options.objective} of a "
+                          f"valid schedule ({method}: {value:g} s), so it is not a lower "
+                          "bound; pass only a bound proven for this problem and objective")
+    return known
+
+
+def known_bound_ignored(known: float, objective: str, value: float) -> tuple[str, str]:
+    """The ``details`` entry of a search whose schedule (``value``, seconds) came out below the
+    caller's ``known`` bound: that bound was ignored."""
+    return ("known_bound_ignored", f"known_bound: {known:g} s is above the {objective} of a "
+            f"schedule found, {value:g} s: not a lower bound, ignored")
 
 
 def over_limit(values: Sequence[float], limits: Sequence[float | None]) -> list[int]:

@@ -35,13 +35,21 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from pipeopt.bounds import iteration_lower_bound
-from pipeopt.errors import ConfigError
 from pipeopt.problem import Op, Problem
 from pipeopt.schedule import Message, Schedule, SolverInfo, TimedOp
 from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers import lns
-from pipeopt.solvers.base import Progress, SolveOptions, fits_memory, lower_bound, run_classic
+from pipeopt.solvers.base import (
+    Progress,
+    SolveOptions,
+    above,
+    checked_known_bound,
+    fits_memory,
+    known_bound_ignored,
+    lower_bound,
+    run_classic,
+)
 from pipeopt.solvers.base import require_memory as _require_memory
 from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
 from pipeopt.solvers.cpsat_model import (
@@ -213,13 +221,11 @@ def solve_cpsat(problem: Problem, options: SolveOptions, *,
         ("horizon_units", horizon), ("full_model_share", full_model_share), *lns_details,
         *_known_details(options),
     ]
-    if known > _objective(best, objective) * (1 + 1e-9) + 1e-12:
+    if above(known, _objective(best, objective)):
         # The caller's bound is above a real schedule: it was no lower bound. CP-SAT's own
         # bound held it as the model's floor, so only the analytic bound is left.
         lb = analytic
-        details.append(("known_bound_ignored", (
-            f"known_bound: {known:g} s is above the {objective} of a schedule found, "
-            f"{_objective(best, objective):g} s: not a lower bound, ignored")))
+        details.append(known_bound_ignored(known, objective, _objective(best, objective)))
     return _result(best, timing, lb, objective, t0, options, tuple(details), interrupted)
 
 
@@ -233,15 +239,7 @@ def solve_lns(problem: Problem, options: SolveOptions) -> Schedule:
 def _known_bound(options: SolveOptions, warm: Schedule) -> float:
     """The caller's proven bound (0 when none), refused (:class:`ConfigError` naming
     ``known_bound``) when the warm start, a real schedule, is already below it."""
-    known = options.known_bound
-    if known is None:
-        return 0.0
-    value = _objective(warm, options.objective)
-    if known > value * (1 + 1e-9) + 1e-12:
-        raise ConfigError(f"known_bound: {known:g} s is above the {options.objective} of a "
-                          f"valid schedule ({warm.method}: {value:g} s), so it is not a lower "
-                          "bound; pass only a bound proven for this problem and objective")
-    return known
+    return checked_known_bound(options, warm.method, _objective(warm, options.objective)) or 0.0
 
 
 def _known_details(options: SolveOptions) -> tuple[tuple[str, Any], ...]:
@@ -295,7 +293,7 @@ def _fallback(problem: Problem, options: SolveOptions, t0: float) -> Schedule:
         greedy = simulate(problem, sequential_orders(problem), method="sequential")
     bound = lower_bound(problem, options.objective)
     value = _objective(greedy, options.objective)
-    if options.known_bound is not None and options.known_bound <= value * (1 + 1e-9) + 1e-12:
+    if options.known_bound is not None and not above(options.known_bound, value):
         bound = max(bound, options.known_bound)
     note = (f"cpsat: {problem.num_ops} ops is more than a CP-SAT model handles "
             f"({MAX_MODEL_OPS}); returned the {greedy.method} schedule instead")
