@@ -1,6 +1,7 @@
 """auto's use of the kept-devices bound (pipeopt/solvers/kept_devices.py): on a V behind a slow
-link whose turn device's memory sets the analytic bound it raises auto's lower bound, never
-above the schedule; everywhere else it is not run at all."""
+link whose turn device's memory sets the analytic bound, and on a large chain paced by memory
+(instead of the relaxation's window), it raises auto's lower bound, never above the schedule;
+everywhere else it is not run at all."""
 
 from __future__ import annotations
 
@@ -85,3 +86,42 @@ def test_auto_stops_once_cpsat_meets_the_kept_devices_bound():
     assert got.solver.wall_time < 10.0
     with pytest.raises(ConfigError, match=r"^known_bound: 1000 s is above the makespan"):
         solve_auto(prob, SolveOptions(time_limit=5.0, workers=2, known_bound=1000.0))
+
+
+def _chain(p: int, m: int, latency: float = 8.0) -> Problem:
+    return _v(p, m, latency, chunks=1)
+
+
+def test_kept_chain_picks_the_memory_device_and_the_last_ones(monkeypatch):
+    """benchmarks/search.py's xdc p = 16, m = 64 (3,072 ops, device 0's memory sets the
+    analytic 253 s): devices 0, 13, 14, 15 and the last 36 micro-batches (432 intervals: 3 per
+    kept device and micro-batch). Not where memory paces no stage (p = 32, m = 128), below
+    RESTART_MIN_OPS ops (p = 8, m = 32: the relaxation's whole model runs there), on a V, or
+    with KEPT_TAIL = 0; the window is every micro-batch once they all fit."""
+    assert auto_mod.kept_chain(_chain(16, 64)) == ((0, 13, 14, 15), 36)
+    assert auto_mod.kept_chain(_chain(32, 128)) is None
+    assert auto_mod.kept_chain(_chain(8, 32)) is None
+    assert auto_mod.kept_chain(_v(16, 64, 8.0)) is None
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
+    assert auto_mod.kept_chain(_chain(8, 48)) == ((0, 5, 6, 7), 36)
+    monkeypatch.setattr(auto_mod, "KEPT_CHAIN_OPS", 12 * 48)
+    assert auto_mod.kept_chain(_chain(8, 48)) == ((0, 5, 6, 7), None)
+    monkeypatch.setattr(auto_mod, "KEPT_TAIL", 0)
+    assert auto_mod.kept_chain(_chain(8, 48)) is None
+
+
+def test_auto_takes_the_kept_chain_instead_of_the_relaxation_window(no_cpsat, monkeypatch):
+    """xdc p = 8, m = 48 with RESTART_MIN_OPS lowered to take the large-chain path (1,152 ops):
+    auto asks the kept-devices bound (devices 0, 5, 6, 7, the last 36) instead of the
+    relaxation's window, reports it above the analytic 227.4 s (229.6 s with the last 40 in
+    10 s, loaded), and never above its schedule."""
+    prob = _chain(8, 48)
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
+    assert makespan_lower_bound(prob) == pytest.approx(227.4)
+    got = solve_auto(prob, SolveOptions(time_limit=30.0, workers=2))
+    validate(got)
+    assert got.solver.detail("relaxation_bound") is None
+    kept = got.solver.detail("kept_devices_bound")
+    assert kept is not None and kept > 227.4 + 1e-6
+    assert got.solver.lower_bound >= kept - 1e-9
+    assert kept <= got.iteration_time * (1 + 1e-9)

@@ -503,7 +503,9 @@ def test_auto_takes_a_window_where_the_whole_model_is_too_large(monkeypatch) -> 
     """xdc p = 8, m = 48: the whole model has 3,736 pair choices (over auto's 2,000), so auto
     keeps the last micro-batches (up to 8,000 pairs: all 48) and reports a bound above the
     analytic 227.4 s (the last 31 alone prove 229.8 s in about 5 s, loaded). The window runs
-    from RESTART_MIN_OPS ops (1,152 here: lowered to take that path); below, none."""
+    from RESTART_MIN_OPS ops (1,152 here: lowered to take that path); below, none. On a chain
+    the kept-devices bound takes that case (tests/test_auto_kept_devices.py): switched off
+    here (KEPT_TAIL = 0) to reach the relaxation's window."""
     import pipeopt.solvers.auto as auto_mod
     from pipeopt.solvers import SolveOptions, solve
     from pipeopt.solvers.relaxation import largest_window
@@ -515,6 +517,7 @@ def test_auto_takes_a_window_where_the_whole_model_is_too_large(monkeypatch) -> 
     best = solve(prob, "greedy")
     assert auto_mod._relaxation(prob, "makespan", best, 30.0, 2) is None  # below: none
     monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
+    monkeypatch.setattr(auto_mod, "KEPT_TAIL", 0)
     sched = solve(prob, "auto", options=SolveOptions(time_limit=30, workers=2))
     got = sched.solver.detail("relaxation_bound")
     assert got is not None and got > 227.4 + 1e-6
@@ -535,12 +538,14 @@ def test_ordered_window_at_p16() -> None:
 def test_auto_takes_the_window_with_a_step_tail_too(monkeypatch) -> None:
     """The same instance with a step tail on every stage (``grad_reduce``, as every profile's
     overheads give): the window still runs, since memory sets the *makespan* bound (the
-    iteration-time bound adds the tail and is no measure of what memory paces)."""
+    iteration-time bound adds the tail and is no measure of what memory paces; the chain's
+    kept-devices case switched off, as above)."""
     import pipeopt.solvers.auto as auto_mod
     from pipeopt.solvers import solve
 
     prob = _xdc(8, 48, 8.0).replace(grad_reduce=(2.0,) * 8)
     monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 1000)
+    monkeypatch.setattr(auto_mod, "KEPT_TAIL", 0)
     best = solve(prob, "greedy")
     got = auto_mod._relaxation(prob, "makespan", best, 20.0, 2)
     assert got is not None and got >= makespan_lower_bound(prob) - 1e-9

@@ -20,7 +20,8 @@ peak memory: then the one with the lowest peak memory (``details['tradeoff']`` s
 traded; ``details['pareto']`` lists the candidates no other beats on both time and peak memory,
 :func:`pareto_set`). Its lower bound is the best proven one among the analytic bound, the
 relaxation bound (:func:`_relaxation`), the kept-devices bound (:func:`_kept_devices`: a V
-behind a slow link) and the candidates that minimised the same objective.
+behind a slow link, or a large chain paced by memory, :func:`kept_chain`) and the candidates
+that minimised the same objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
 never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
@@ -107,6 +108,24 @@ RELAX_MAX_VARIED_PAIRS = 300
 KEPT_SHARE = 0.15
 KEPT_MAX_S = 3.0
 KEPT_WINDOW = 16
+#: The kept-devices bound on a chain (one stage per device) where memory sets the analytic
+#: bound and the relaxation would keep only a window (:func:`kept_chain`): it runs instead of
+#: that window, with the relaxation's time (:data:`RELAX_SHARE`, :data:`RELAX_MAX_S`), keeping
+#: ``kept_device``'s device (the one whose memory paces) and the last KEPT_TAIL devices, the
+#: last micro-batches that fit in KEPT_CHAIN_OPS intervals. Why the last devices: a chain's
+#: device k must start B(k, i) within its round trip of F(k, i), which is shortest at the end
+#: (F alone on the last device), so there F, B and W of consecutive micro-batches meet every
+#: T_F + T_B + T_W and the device cannot lend the memory device's micro-batches the idle time
+#: the dropped devices' least delays give them for free. Measured at xdc p = 16, m = 64
+#: (benchmarks/README.md, "Whole devices kept exactly"; 2 workers, 2-core machine): devices
+#: 0, 13, 14, 15 with the last 36 (432 intervals) or 38 prove 255.2 s, the model's optimum,
+#: in 3.2-3.6 s at load 5; the last 40 as much in 7.7 s at load 0.5 but 20.5 s at load 5 (the
+#: "yes" answers above 255.2 s take the time), the last 32 or 34 254.4 s in 0.3 s; the
+#: relaxation's window reaches 254.6 s in its 10 s. Other sets (last 40): devices 0, 14, 15
+#: 254.6 s; 0, 12-15 255.2 s not settled in 60 s; 13-15 alone or 0 alone the analytic 253 s.
+#: At p = 12, m = 48 (devices 0, 9, 10, 11) both reach 207.4 s in 10 s (analytic 205.8).
+KEPT_TAIL = 3
+KEPT_CHAIN_OPS = 432
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
 #: large-neighbourhood search where the full model is too large for the time left):
 #: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
@@ -317,14 +336,45 @@ def _relaxation(problem: Problem, obj: str, best: Schedule | None, time_left: fl
         # and where a stage's own memory sets the makespan's analytic bound (not
         # lower_bound's "makespan", which adds grad_reduce): the window's F starts carry that
         # bound's recursion, and elsewhere the time is the search's (the V's of
-        # benchmarks/search.py --families, whose bound is their device work).
-        if (problem.num_ops < RESTART_MIN_OPS or max(stage_memory_bound(problem))
-                < makespan_lower_bound(problem) * (1 - 1e-9)):
+        # benchmarks/search.py --families, whose bound is their device work). On a chain
+        # the kept-devices bound takes this case (:func:`kept_chain`: more in the same time).
+        if not _window_worth_it(problem) or kept_chain(problem) is not None:
             return None
         window = fit(problem, RELAX_WINDOW_PAIRS)
     got: Any = bound(problem, time_limit=budget, workers=workers, window=window,
                      max_pairs=max(RELAX_MAX_PAIRS, RELAX_WINDOW_PAIRS))
     return None if got is None else float(got.value)
+
+
+def _window_worth_it(problem: Problem) -> bool:
+    """Whether a bound over the last micro-batches alone is worth auto's time: a large
+    instance (:data:`RESTART_MIN_OPS` ops or more: the greedy's restarts, not CP-SAT's full
+    model, make the schedule there) whose makespan's analytic bound some stage's memory sets
+    (the window's F starts carry that bound's recursion)."""
+    return (problem.num_ops >= RESTART_MIN_OPS and max(stage_memory_bound(problem))
+            >= makespan_lower_bound(problem) * (1 - 1e-9))
+
+
+def kept_chain(problem: Problem) -> tuple[tuple[int, ...], int | None] | None:
+    """The devices and window (None: every micro-batch) auto keeps for the kept-devices bound
+    on a chain, or None where that case does not apply (:data:`KEPT_TAIL`): one stage per
+    device, at least KEPT_TAIL + 2 devices, identical micro-batches and no shared link, memory
+    setting the analytic bound on a large instance (:func:`_window_worth_it`). The devices are
+    ``kept_device``'s and the last KEPT_TAIL; the window the most micro-batches whose model
+    has at most :data:`KEPT_CHAIN_OPS` intervals."""
+    if (KEPT_TAIL < 1 or problem.devices < KEPT_TAIL + 2 or not problem.uniform_microbatches
+            or problem.has_link_contention
+            or any(len(stages) != 1 for stages in problem.device_stages)
+            or not _window_worth_it(problem)):
+        return None
+    pick: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
+    if pick is None:
+        return None
+    p = problem.devices
+    devices = tuple(sorted({int(pick(problem)), *range(p - KEPT_TAIL, p)}))
+    per_mb = len(devices) * (3 if problem.split_backward else 2)  # intervals per micro-batch
+    window = max(1, KEPT_CHAIN_OPS // per_mb)
+    return devices, (window if window < problem.microbatches else None)
 
 
 def _known(options: SolveOptions, relaxed: float | None, best: Schedule | None
@@ -364,13 +414,26 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
     """The kept-devices bound on the makespan (so on the iteration time, which includes it,
     seconds) where worth its time (see :data:`KEPT_SHARE`), else None.
 
-    The gate: a V-like placement (some device holds several stages) with a link that delays
-    messages and none shared, identical micro-batches, and the memory of ``kept_device``'s
-    device setting the analytic bound: there the device's interleaved chunks and memory hold
-    what the analytic recursion misses. Everywhere else this returns None at once.
+    The gates: on a chain, :func:`kept_chain`'s devices and window where it applies (instead
+    of the relaxation's window, with its time: :data:`KEPT_TAIL`); else a V-like placement
+    (some device holds several stages) with a link that delays messages and none shared,
+    identical micro-batches, and the memory of ``kept_device``'s device setting the analytic
+    bound: there the device's interleaved chunks and memory hold what the analytic recursion
+    misses. Everywhere else this returns None at once.
     """
-    if (obj != "makespan" or best is None or not problem.uniform_microbatches
-            or problem.has_link_contention
+    if obj != "makespan" or best is None:
+        return None
+    chain = kept_chain(problem) if problem.num_ops <= CPSAT_MAX_OPS else None
+    bound: Any = _load("pipeopt.solvers.kept_devices", "kept_devices_bound")
+    if chain is not None:  # instead of the relaxation's window, with its time
+        budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
+        if (bound is None or budget < CPSAT_MIN_TIME_S
+                or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9)):
+            return None
+        got_chain: Any = bound(problem, chain[0], time_limit=budget, workers=workers,
+                               window=chain[1])
+        return None if got_chain is None else float(got_chain.value)
+    if (not problem.uniform_microbatches or problem.has_link_contention
             or all(len(stages) < 2 for stages in problem.device_stages)
             or not problem.has_link_delay):
         return None
@@ -378,7 +441,6 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
     if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
         return None
     kept: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
-    bound: Any = _load("pipeopt.solvers.kept_devices", "kept_devices_bound")
     if kept is None or bound is None:
         return None
     device = kept(problem)
