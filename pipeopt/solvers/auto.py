@@ -359,7 +359,8 @@ def kept_chain(problem: Problem) -> tuple[tuple[int, ...], int | None] | None:
     """The devices and window (None: every micro-batch) auto keeps for the kept-devices bound
     on a chain, or None where that case does not apply (:data:`KEPT_TAIL`): one stage per
     device, at least KEPT_TAIL + 2 devices, identical micro-batches and no shared link, memory
-    setting the analytic bound on a large instance (:func:`_window_worth_it`). The devices are
+    setting the analytic bound on a large instance (:func:`_window_worth_it`) where the
+    relaxation's whole model is too large (:data:`RELAX_MAX_PAIRS`). The devices are
     ``kept_device``'s and the last KEPT_TAIL; the window the most micro-batches whose model
     has at most :data:`KEPT_CHAIN_OPS` intervals."""
     if (KEPT_TAIL < 1 or problem.devices < KEPT_TAIL + 2 or not problem.uniform_microbatches
@@ -368,7 +369,8 @@ def kept_chain(problem: Problem) -> tuple[tuple[int, ...], int | None] | None:
             or not _window_worth_it(problem)):
         return None
     pick: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
-    if pick is None:
+    fit: Any = _load("pipeopt.solvers.relaxation", "largest_window")
+    if pick is None or fit is None or fit(problem, RELAX_MAX_PAIRS) >= problem.microbatches:
         return None
     p = problem.devices
     devices = tuple(sorted({int(pick(problem)), *range(p - KEPT_TAIL, p)}))
