@@ -52,9 +52,11 @@ neighbouring devices added nothing there (148.0 s with devices 6 and 7). Where m
 chain of one stage per device (xdc p = 16, m = 64) device 0, alone or with device 1, has a
 relaxed schedule at the analytic 253 s: the waits there are on the later devices. Keeping the
 last ones too (0, 13, 14 and 15: their F's, B's and W's meet every 3 s) proves 255.2 s with
-the last 40 micro-batches (the model's optimum, 6-14 s; 254.4 s with the last 32, 254.6 s
-unsettled with 48 or all 64 in 60 s), where :mod:`pipeopt.solvers.relaxation` reaches 255.0
-s at most. Where the analytic bound is a device's work and warm-up
+the last 40 micro-batches (the model's optimum, 6-14 s; 254.4 s with the last 32 or 34,
+254.6 s unsettled with 48 or all 64 in 60 s) and with the last 36 or 38, the model's optimum
+in 3-4 s at load 5 where the last 40 took 20 s (the "yes" answers above 255.2 s take the
+time; ``auto.kept_chain`` keeps 36), where :mod:`pipeopt.solvers.relaxation` reaches 255.0 s
+at most. Where the analytic bound is a device's work and warm-up
 (the V at p = 16, V-Half, V-Min) the windows cannot see the dropped micro-batches' work and
 the whole model is not settled in a minute.
 
