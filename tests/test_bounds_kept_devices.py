@@ -14,7 +14,7 @@ from pipeopt.bounds import makespan_lower_bound
 from pipeopt.problem import Problem, chain_links, uniform_problem
 from pipeopt.solvers.kept_devices import kept_devices_bound
 from tests.test_bounds_memory import _proven_optimum
-from tests.test_bounds_relaxation import _solvable_tiny, _xdc
+from tests.test_bounds_relaxation import VARIED, _random_tiny, _solvable_tiny, _text_image, _xdc
 from tests.test_brute_force import CASES, brute_force
 
 
@@ -110,11 +110,13 @@ def test_window_and_order_cuts_on_the_v() -> None:
 
 
 def test_not_applicable_and_errors() -> None:
-    """None for micro-batches of different cost, a window where the order does not hold and a
-    model over ``max_ops``; ValueError naming the argument for bad devices and windows."""
+    """None for a window with micro-batches of different cost or where the order does not
+    hold, and a model over ``max_ops``; ValueError naming the argument for bad devices and
+    windows."""
     prob = _xdc_v(2, 4, 1.0)
     varied = prob.replace(microbatch_scale=(1.0, 2.0, 1.0, 1.0))
-    assert kept_devices_bound(varied, (0,)) is None
+    assert kept_devices_bound(varied, (0,), window=2) is None
+    assert kept_devices_bound(varied, (0,), time_limit=5) is not None
     assert kept_devices_bound(prob, (0,), fifo=False, window=2) is None
     assert kept_devices_bound(prob, (0, 1), max_ops=10) is None
     with pytest.raises(ValueError, match="devices"):
@@ -163,3 +165,89 @@ def test_xdc_p16_with_the_last_devices() -> None:
     got = kept_devices_bound(prob, (0, 13, 14, 15), time_limit=120, window=36)
     assert got is not None and got.optimal and got.ops == 432
     assert got.value == pytest.approx(255.2)
+
+
+def _varied_tiny(rng: random.Random) -> Problem:
+    """A random tiny instance (tests/test_bounds_relaxation.py's) whose micro-batches differ:
+    time factors 0.5-2 with a repeat on some (identical micro-batches, taken in order), their
+    own memory and message factors on some."""
+    prob = _random_tiny(rng)
+    m = prob.microbatches
+    kinds = [rng.choice([0.5, 1.0, 1.5, 2.0]) for _ in range(m)]
+    if m > 2 and rng.random() < 0.5:
+        kinds[2] = kinds[0]
+    prob = prob.replace(microbatch_scale=tuple(kinds))
+    if rng.random() < 0.4:
+        prob = prob.replace(microbatch_memory_scale=tuple(rng.choice([0.5, 1.0, 1.5])
+                                                          for _ in range(m)))
+    if rng.random() < 0.3:
+        prob = prob.replace(microbatch_message_scale=tuple(rng.choice([0.5, 2.0])
+                                                           for _ in range(m)))
+    return prob
+
+
+def test_varied_microbatches_below_brute_force_on_tiny_instances() -> None:
+    """Micro-batches of different cost (random tiny instances: memory limits, latencies, a
+    serialized link, split or fused backward, their own memory and message factors on some):
+    every set of devices kept, with and without the order of identical ones, never above the
+    exhaustive optimum; above the analytic bound on some."""
+    rng = random.Random(17)
+    checked = stronger = 0
+    for _ in range(30):
+        prob = _varied_tiny(rng)
+        best, _ = brute_force(prob)
+        if not math.isfinite(best):
+            continue
+        analytic = makespan_lower_bound(prob)
+        for r in range(1, prob.devices + 1):
+            for devices in itertools.combinations(range(prob.devices), r):
+                for fifo in (False, True):
+                    got = kept_devices_bound(prob, devices, time_limit=10, fifo=fifo)
+                    assert got is not None
+                    checked += 1
+                    assert got.value <= best * (1 + 1e-9), (prob, devices, fifo, got, best)
+                    stronger += got.value > analytic * (1 + 1e-9)
+    assert checked >= 80
+    assert stronger >= 10
+
+
+@pytest.mark.parametrize(("p", "scales", "analytic", "relaxed", "optimum"), VARIED)
+def test_varied_memory_tight_text_image(p: int, scales: tuple[float, ...], analytic: float,
+                                        relaxed: float, optimum: float) -> None:
+    """tests/test_bounds_relaxation.py's text / image instances (memory 1.5 times the largest
+    activation): device 0 kept proves what the relaxation proves at stage 0 (28.40, 29.05,
+    40.10 s; the analytic bound 20.26-26.25 s), the other devices less, never above CP-SAT's
+    proven optimum."""
+    prob = _text_image(p, scales)
+    for d in range(p):
+        got = kept_devices_bound(prob, (d,), time_limit=20, workers=1)
+        assert got is not None and got.value <= optimum * (1 + 1e-9), (d, got, optimum)
+        if d == 0:
+            assert got.optimal and got.value == pytest.approx(relaxed, abs=1e-3)
+
+
+def test_varied_vs_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
+    """V's of two devices behind a slow link whose micro-batches differ (m = 3-4, text /
+    image-like factors, memory twice the largest activation): each device kept alone never
+    above CP-SAT's proven optimum (its analytic bounds taken out), and the device at the turn
+    above the analytic bound on some (e.g. factors 0.31, 2.03, 2.2, latency 1 s: 16.42 ->
+    17.00 s, the optimum 17.15 s)."""
+    rng = random.Random(3)
+    checked = stronger = 0
+    for _ in range(8):
+        p, m = 2, rng.choice([3, 4])
+        scales = tuple(round(rng.choice([rng.uniform(0.3, 0.5), rng.uniform(1.8, 2.2)]), 2)
+                       for _ in range(m))
+        prob = _xdc_v(p, m, rng.choice([1.0, 2.0, 4.0])).replace(microbatch_scale=scales)
+        prob = prob.replace(memory_limit=(p * max(prob.memory_scale),) * p)
+        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if best is None:
+            continue
+        checked += 1
+        analytic = makespan_lower_bound(prob)
+        for d in range(p):
+            got = kept_devices_bound(prob, (d,), time_limit=10, workers=1)
+            assert got is not None and got.value <= best * (1 + 1e-9), (prob, d, got, best)
+            stronger += d == p - 1 and got.value > analytic * (1 + 1e-9)
+    assert checked >= 6
+    assert stronger >= 3

@@ -77,11 +77,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeopt.bounds import _free_memory, earliest_arrival, memory_bound, memory_starts, round_trips
+from pipeopt.bounds import _arrival, _free_memory, memory_bound, memory_starts, round_trips
 from pipeopt.bounds import makespan_lower_bound as _analytic
 from pipeopt.problem import Problem
-from pipeopt.solvers.cpsat_grid import memory_grid, time_grid
-from pipeopt.solvers.relaxation import _least_span
+from pipeopt.solvers.cpsat_grid import Grid, memory_grid, time_grid
+from pipeopt.solvers.relaxation import VARIED_TIME_UNITS, _least_span
 
 #: Most ops (intervals) the model takes; a larger one is not built.
 MAX_OPS = 2_000
@@ -120,10 +120,12 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
     ``devices`` kept exactly, asked of CP-SAT for ``time_limit`` seconds with ``workers``
     threads (None: CP-SAT's default). ``fifo``: take every kept stage's ops in one order where
     that loses no optimal schedule (identical micro-batches, no link contention; the module
-    docstring, "Order"). ``window``: keep only the last ``window`` micro-batches (module
-    docstring, "Rounds"; default: all). None for micro-batches of different cost or a model of
-    more than ``max_ops`` intervals. Raises ``ValueError`` for a device out of range or none
-    given, or a window out of range.
+    docstring, "Order"; with micro-batches of different cost only the identical ones among
+    them, "Micro-batches of different cost"). ``window``: keep only the last ``window``
+    micro-batches (module docstring, "Rounds"; default: all). None for a window where the order
+    does not hold or the micro-batches differ in cost, or a model of more than ``max_ops``
+    intervals. Raises ``ValueError`` for a device out of range or none given, or a window out
+    of range.
     """
     t0 = time.perf_counter()
     kept_devices = tuple(sorted(set(devices)))
@@ -138,7 +140,8 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
                                or not 1 <= window <= total):
         raise ValueError(f"window: must be an integer in 1..{total}, got {window!r}")
     in_order = fifo and not problem.has_link_contention
-    if not problem.uniform_microbatches or (window is not None and not in_order):
+    uniform = problem.uniform_microbatches
+    if window is not None and not (in_order and uniform):
         return None
     from ortools.sat.python import cp_model  # lazy: importing OR-Tools takes a second
 
@@ -148,79 +151,99 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
     ops = len(kept) * m * (3 if split else 2)
     if ops > max_ops:
         return None
-    fwd, bwd = problem.forward, problem.durations["B"]
-    wgt = problem.backward_weight if split else (0.0,) * n
-    arrival = earliest_arrival(problem)
-    trip = round_trips(problem, 0)
-    ahead: dict[tuple[int, int], float] = {}  # F(k1) start -> F(k2) start, least
-    back: dict[tuple[int, int], float] = {}  # B(k2) start -> B(k1) start, least
-    for k1, k2 in itertools.pairwise(kept):
-        ahead[k1, k2] = (sum(fwd[q] for q in range(k1, k2))
-                         + sum(problem.delay(q, q + 1) for q in range(k1, k2)))
-        back[k1, k2] = (sum(bwd[q] for q in range(k1 + 1, k2 + 1))
-                        + sum(problem.delay(q + 1, q) for q in range(k1, k2)))
+    # Micro-batch i of the model is micro-batch mb[i] of the problem: with a window, the last
+    # ``m`` of identical ones (any m of them: their costs are the same).
+    mb = list(range(total - m, total))
+    tt = problem.time_table
+    fwd = [[problem.forward[k] * tt[k][j] for j in mb] for k in range(n)]
+    bwd = [[problem.durations["B"][k] * tt[k][j] for j in mb] for k in range(n)]
+    wgt = [[(problem.backward_weight[k] * tt[k][j] if split else 0.0) for j in mb]
+           for k in range(n)]
+    arrival = [_arrival(problem, j) for j in mb]
+    trip = [round_trips(problem, j)[kept[-1]] for j in mb]
+    ahead: dict[tuple[int, int, int], float] = {}  # F(k1, i) start -> F(k2, i) start, least
+    back: dict[tuple[int, int, int], float] = {}  # B(k2, i) start -> B(k1, i) start, least
+    for i, j in enumerate(mb):
+        for k1, k2 in itertools.pairwise(kept):
+            ahead[k1, k2, i] = (sum(fwd[q][i] for q in range(k1, k2))
+                                + sum(problem.delay(q, q + 1, j) for q in range(k1, k2)))
+            back[k1, k2, i] = (sum(bwd[q][i] for q in range(k1 + 1, k2 + 1))
+                               + sum(problem.delay(q + 1, q, j) for q in range(k1, k2)))
     low_k = kept[0]
-    tail = bwd[low_k] + sum(problem.delay(q + 1, q) + bwd[q] for q in range(low_k))
-    if split and low_k > 0:
-        tail += wgt[0]
+    tail = []  # B(low_k, i) start -> the end of W(0, i)
+    for i, j in enumerate(mb):
+        t = bwd[low_k][i] + sum(problem.delay(q + 1, q, j) + bwd[q][i] for q in range(low_k))
+        tail.append(t + (wgt[0][i] if split and low_k > 0 else 0.0))
     analytic = _analytic(problem)
-    values = [x for k in kept for x in (fwd[k], bwd[k], wgt[k], arrival[k])]
-    values += [trip[kept[-1]], tail, *ahead.values(), *back.values()]
-    unit = time_grid([v for v in values if v > 0]).unit
+    values = [x for k in kept for i in range(m)
+              for x in (fwd[k][i], bwd[k][i], wgt[k][i], arrival[i][k])]
+    values += [*trip, *tail, *ahead.values(), *back.values()]
+    grid = time_grid([v for v in values if v > 0])
+    if not uniform and not grid.exact:  # as relaxation's model for different costs
+        grid = Grid(max(values) / VARIED_TIME_UNITS, False)
+    unit = grid.unit
 
     def down(x: float) -> int:  # seconds -> grid units, rounded down (the model only eases)
         return math.floor(x / unit + 1e-9)
 
     # Any schedule ends by the sum of every op and least delay of every micro-batch run one
     # after another, so this horizon cuts off no schedule at most as long as an optimal one.
-    one = sum(fwd) + sum(bwd) + sum(wgt)
-    one += sum(problem.delay(k, k + 1) + problem.delay(k + 1, k) for k in range(n - 1))
-    horizon = math.ceil(total * one / unit) + 1
+    one = 0.0
+    for j in range(total):
+        one += sum((problem.forward[k] + problem.durations["B"][k]
+                    + (problem.backward_weight[k] if split else 0.0)) * tt[k][j]
+                   for k in range(n))
+        one += sum(problem.delay(k, k + 1, j) + problem.delay(k + 1, k, j)
+                   for k in range(n - 1))
+    horizon = math.ceil(one / unit) + 1
     model = cp_model.CpModel()
     # F(k, i) is F number total - m + 1 + i of stage k by start: at least the stage's arrival
     # plus the analytic memory recursion's lo for that number (bounds.memory_starts).
     # Without the order micro-batch i need not be F number i + 1: no such bound then.
-    lo = {k: (memory_starts(problem, k)[total - m:] if in_order else (0.0,) * m) for k in kept}
-    f_at = {(k, i): model.new_int_var(down(arrival[k] + lo[k][i]), horizon, f"F{k}_{i}")
+    lo = {k: (memory_starts(problem, k)[total - m:] if in_order and uniform else (0.0,) * m)
+          for k in kept}
+    f_at = {(k, i): model.new_int_var(down(arrival[i][k] + lo[k][i]), horizon, f"F{k}_{i}")
             for k in kept for i in range(m)}
     b_at = {(k, i): model.new_int_var(0, horizon, f"B{k}_{i}") for k in kept for i in range(m)}
     w_at = ({(k, i): model.new_int_var(0, horizon, f"W{k}_{i}") for k in kept for i in range(m)}
             if split else {})
-    b_end = {key: v + down(bwd[key[0]]) for key, v in b_at.items()}
-    w_end = {key: v + down(wgt[key[0]]) for key, v in w_at.items()} if split else b_end
+    b_end = {(k, i): v + down(bwd[k][i]) for (k, i), v in b_at.items()}
+    w_end = ({(k, i): v + down(wgt[k][i]) for (k, i), v in w_at.items()} if split else b_end)
     per_device: dict[int, list] = {d: [] for d in kept_devices}
     for k in kept:
         d = problem.stage_device[k]
         for i in range(m):
             per_device[d].append(model.new_fixed_size_interval_var(
-                f_at[k, i], down(fwd[k]), ""))
+                f_at[k, i], down(fwd[k][i]), ""))
             per_device[d].append(model.new_fixed_size_interval_var(
-                b_at[k, i], down(bwd[k]), ""))
+                b_at[k, i], down(bwd[k][i]), ""))
             if split:
                 per_device[d].append(model.new_fixed_size_interval_var(
-                    w_at[k, i], down(wgt[k]), ""))
+                    w_at[k, i], down(wgt[k][i]), ""))
                 model.add(w_at[k, i] >= b_end[k, i])
     for intervals in per_device.values():
         model.add_no_overlap(intervals)
     for i in range(m):
         for k1, k2 in itertools.pairwise(kept):
-            model.add(f_at[k2, i] >= f_at[k1, i] + down(ahead[k1, k2]))
-            model.add(b_at[k1, i] >= b_at[k2, i] + down(back[k1, k2]))
-        model.add(b_at[kept[-1], i] >= f_at[kept[-1], i] + down(trip[kept[-1]]))
-    if in_order:
-        for k in kept:
-            for i in range(1, m):
-                model.add(f_at[k, i] >= f_at[k, i - 1] + down(fwd[k]))
-                model.add(b_at[k, i] >= b_at[k, i - 1] + down(bwd[k]))
+            model.add(f_at[k2, i] >= f_at[k1, i] + down(ahead[k1, k2, i]))
+            model.add(b_at[k1, i] >= b_at[k2, i] + down(back[k1, k2, i]))
+        model.add(b_at[kept[-1], i] >= f_at[kept[-1], i] + down(trip[i]))
+    if in_order:  # identical micro-batches in index order on every kept stage
+        for i, j in _successive(problem, mb):
+            for k in kept:
+                model.add(f_at[k, j] >= f_at[k, i] + down(fwd[k][i]))
+                model.add(b_at[k, j] >= b_end[k, i])
                 if split:
-                    model.add(w_at[k, i] >= w_at[k, i - 1] + down(wgt[k]))
+                    model.add(w_at[k, j] >= w_end[k, i])
+    mem = problem.memory_table
     for d in kept_devices:
         _add_device_memory(model, problem, d, [k for k in kept if problem.stage_device[k] == d],
-                           f_at, b_end, w_end, horizon, m)
+                           f_at, b_end, w_end, horizon, [[mem[k][j] for j in mb]
+                                                         for k in range(n)])
     span = model.new_int_var(0, horizon, "makespan")
     model.add(span >= down(analytic))
     for i in range(m):
-        model.add(span >= b_at[low_k, i] + down(tail))
+        model.add(span >= b_at[low_k, i] + down(tail[i]))
         for k in kept:
             model.add(span >= w_end[k, i])
     low, high, checks = _least_span(model, span, down(analytic), horizon,
@@ -229,12 +252,21 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
                             time.perf_counter() - t0)
 
 
+def _successive(problem: Problem, mb: list[int]) -> list[tuple[int, int]]:
+    """Pairs (i, j) of model micro-batches, i < j, each class of identical ones (equal time,
+    memory and message factors: :attr:`Problem.microbatch_key`) chained in index order."""
+    classes: dict[object, list[int]] = {}
+    for i, j in enumerate(mb):
+        classes.setdefault(problem.microbatch_key[j], []).append(i)
+    return [pair for group in classes.values() for pair in itertools.pairwise(group)]
+
+
 def _add_device_memory(model, problem: Problem, device: int, stages: list[int], f_at, b_end,
-                       w_end, horizon: int, m: int) -> None:
-    """``device``'s memory over its kept ``stages`` and the ``m`` micro-batches kept: each F's
+                       w_end, horizon: int, factors: list[list[float]]) -> None:
+    """``device``'s memory over its kept ``stages`` and the micro-batches kept: each F's
     activation from its start, all but the weight-gradient part to its B's end, that part to
-    its W's end; demands rounded down and the free memory (limit less static, with the
-    validator's slack) to whole units."""
+    its W's end, each times the micro-batch's memory factor ``factors[k][i]``; demands rounded
+    down and the free memory (limit less static, with the validator's slack) to whole units."""
     free = _free_memory(problem, device)
     if not math.isfinite(free):
         return
@@ -246,15 +278,15 @@ def _add_device_memory(model, problem: Problem, device: int, stages: list[int], 
         parts.append((k, act - wgm, b_end))
         if split:
             parts.append((k, wgm, w_end))
-    grid = memory_grid([a for _, a, _ in parts],
+    grid = memory_grid([a * f for k, a, _ in parts for f in set(factors[k])],
                        problem.memory_limit[device] - problem.static_memory[device])
     tiny = 1e-9 if grid.exact else 0.0  # float noise on an exact grid; else strictly down
     intervals, demands = [], []
     for k, amount, stops in parts:
-        q = math.floor(amount / grid.unit + tiny)
-        if q <= 0:
-            continue
-        for i in range(m):
+        for i, f in enumerate(factors[k]):
+            q = math.floor(amount * f / grid.unit + tiny)
+            if q <= 0:
+                continue
             size = model.new_int_var(0, horizon, "")
             intervals.append(model.new_interval_var(f_at[k, i], size, stops[k, i], ""))
             demands.append(q)
