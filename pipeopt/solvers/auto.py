@@ -20,8 +20,8 @@ peak memory: then the one with the lowest peak memory (``details['tradeoff']`` s
 traded; ``details['pareto']`` lists the candidates no other beats on both time and peak memory,
 :func:`pareto_set`). Its lower bound is the best proven one among the analytic bound, the
 relaxation bound (:func:`_relaxation`), the kept-devices bound (:func:`_kept_devices`: a V
-behind a slow link, or a large chain paced by memory, :func:`kept_chain`) and the candidates
-that minimised the same objective.
+behind a slow link, micro-batches of equal or of different cost, or a large chain paced by
+memory, :func:`kept_chain`) and the candidates that minimised the same objective.
 
 Against a time limit: the first hand-made schedule that fits always runs (the floor: ``auto``
 never ends without a schedule); the others, in :func:`classic_order` (CrossPipe's greedies
@@ -126,6 +126,12 @@ KEPT_WINDOW = 16
 #: At p = 12, m = 48 (devices 0, 9, 10, 11) both reach 207.4 s in 10 s (analytic 205.8).
 KEPT_TAIL = 3
 KEPT_CHAIN_OPS = 432
+#: Micro-batches of different cost (no window: every micro-batch is kept): only models of at
+#: most this many intervals, the size of the window's model on a V (2 stages x 16 x 3).
+#: Measured (tests/test_bounds_kept_devices.py; 2 workers, load 5): a V p = 4, m = 8, three
+#: images among texts, latency 8 s, device 3 (48 intervals): 54.34 -> 54.92 s, its optimum,
+#: in 0.1 s; p = 2, m = 6 (36): 19.16 -> 21.6 s in 10 s, unsettled.
+KEPT_VARIED_MAX_OPS = 96
 #: Instances of at least this many ops where CP-SAT would run (its full model, or
 #: large-neighbourhood search where the full model is too large for the time left):
 #: :data:`RESTART_SHARE` of the time left goes to the greedy's seeded restarts
@@ -418,10 +424,14 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
 
     The gates: on a chain, :func:`kept_chain`'s devices and window where it applies (instead
     of the relaxation's window, with its time: :data:`KEPT_TAIL`); else a V-like placement
-    (some device holds several stages) with a link that delays messages and none shared,
-    identical micro-batches, and the memory of ``kept_device``'s device setting the analytic
-    bound: there the device's interleaved chunks and memory hold what the analytic recursion
-    misses. Everywhere else this returns None at once.
+    (some device holds several stages) with a link that delays messages and none shared, and
+    either identical micro-batches with the memory of ``kept_device``'s device setting the
+    analytic bound (there the device's interleaved chunks and memory hold what the analytic
+    recursion misses), or micro-batches of different cost in a model of at most
+    :data:`KEPT_VARIED_MAX_OPS` intervals (every micro-batch kept: its device's work is in the
+    model, memory binding or not). Everywhere else (among them every chain of micro-batches of
+    different cost, so every instance of ``benchmarks/variable_microbatches.py``) this returns
+    None at once.
     """
     if obj != "makespan" or best is None:
         return None
@@ -435,7 +445,7 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
         got_chain: Any = bound(problem, chain[0], time_limit=budget, workers=workers,
                                window=chain[1])
         return None if got_chain is None else float(got_chain.value)
-    if (not problem.uniform_microbatches or problem.has_link_contention
+    if (problem.has_link_contention
             or all(len(stages) < 2 for stages in problem.device_stages)
             or not problem.has_link_delay):
         return None
@@ -446,10 +456,14 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
     if kept is None or bound is None:
         return None
     device = kept(problem)
+    if not problem.uniform_microbatches:  # no window: the whole device, if small enough
+        got: Any = bound(problem, (device,), time_limit=budget, workers=workers,
+                         max_ops=KEPT_VARIED_MAX_OPS)
+        return None if got is None else float(got.value)
     if memory_bound(problem)[device] < makespan_lower_bound(problem) * (1 - 1e-9):
         return None  # the bound is work or warm-up, which the window cannot see
     window = KEPT_WINDOW if problem.microbatches > KEPT_WINDOW else None
-    got: Any = bound(problem, (device,), time_limit=budget, workers=workers, window=window)
+    got = bound(problem, (device,), time_limit=budget, workers=workers, window=window)
     return None if got is None else float(got.value)
 
 

@@ -1,5 +1,5 @@
 """A proven makespan bound from whole devices kept exactly, the other devices as least delays
-(issue 12 item 5).
+(issue 12 item 5; micro-batches of different cost: issue 11).
 
 :func:`pipeopt.bounds.memory_bound` follows one stage's F starts through a recursion over
 counts (how many activations fit, how long each is held at least, how much device time lies
@@ -59,6 +59,40 @@ time; ``auto.kept_chain`` keeps 36), where :mod:`pipeopt.solvers.relaxation` rea
 at most. Where the analytic bound is a device's work and warm-up
 (the V at p = 16, V-Half, V-Min) the windows cannot see the dropped micro-batches' work and
 the whole model is not settled in a minute.
+
+Micro-batches of different cost. Every constant above is read per micro-batch: its op times
+(``Problem.time_table``), its activation and weight-gradient memory (``memory_table``), its
+message delays (``message_table``), so the least delays, the arrival, the round trip and the
+tail are micro-batch i's own (:func:`pipeopt.bounds._arrival`,
+:func:`pipeopt.bounds.round_trips` of i). Each condition is still a fact about one
+micro-batch's ops in every schedule (its own chain, its own ops on a device, its own memory),
+so the argument above holds unchanged. What does not carry over: the search may run
+micro-batches in any order, so "Order" holds only among identical ones (equal time, memory and
+message factors: :attr:`pipeopt.problem.Problem.microbatch_key`); for such a pair i < j the
+exchange argument of :mod:`pipeopt.solvers.relaxation` ("Identical micro-batches among the
+others": swap what the two do from the first stage where they run out of order; equal
+durations, delays and demands leave every device's times and memory as they were) gives an
+optimal schedule with F(k, i) before F(k, j), B(k, i) before B(k, j) and W(k, i) before W(k, j)
+on every stage, so the model takes those (where no link serializes messages). "Rounds" does
+not apply: the F numbers of the analytic recursion and the last-``window`` argument rely on
+identical micro-batches (no window, no least start beyond the arrival). Where times share no
+exact grid they are rounded down on a grid of the largest over
+:data:`pipeopt.solvers.relaxation.VARIED_TIME_UNITS` (each constant loses less than one unit,
+which only eases the model).
+
+What it gives there (tests/test_bounds_kept_devices.py): on the memory-tight text / image
+chains of tests/test_bounds_relaxation.py device 0 kept proves what the relaxation proves at
+stage 0 (28.40, 29.05, 40.10 s, analytic 20.26-26.25 s); on V's behind a slow link, which the
+relaxation (one stage) does not see, the device at the turn raises the analytic bound (p = 2,
+factors 0.31 / 2.03 / 2.2, latency 1 s: 16.42 -> 17.00 s, optimum 17.15 s; p = 4, m = 8, three
+images among texts, latency 8 s: 54.34 -> 54.92 s in 0.1 s, where auto's CP-SAT proved 54.61 s
+in 20 s). At ``benchmarks/variable_microbatches.py``'s text / image chain p = 8, m = 32 it
+proves only the analytic 71.264 s: devices 0, 3 or 7 alone have relaxed schedules there
+(settled in 0.2-9 s), and {0, 7}, {6, 7}, {0, 1}, {5, 6, 7}, {0, 1, 2} refute nothing in 20-40 s
+(2 workers, load 1-4). On the p = 4, m = 6 analogue of that instance whose optimum (25.76 s)
+lies above the analytic 25.00 s, every proper subset of the devices kept has a relaxed schedule
+at 25.00 s: the wait is the texts and images meeting on the middle devices, which only the
+whole pipeline holds.
 
 Cost: 3 intervals per kept stage and micro-batch (2 with a fused backward), one no-overlap
 and one cumulative per device; a question takes 0.01-2 s at p = 4..8 with 16-32
