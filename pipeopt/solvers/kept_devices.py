@@ -263,8 +263,9 @@ def kept_devices_bound(problem: Problem, devices: Sequence[int], *, time_limit: 
             model.add(b_at[k1, i] >= b_at[k2, i] + down(back[k1, k2, i]))
         model.add(b_at[kept[-1], i] >= f_at[kept[-1], i] + down(trip[i]))
     if in_order:  # identical micro-batches in index order on every kept stage
-        for i, j in _successive(problem, mb):
-            for k in kept:
+        successive = _successive(problem, mb)
+        for k in kept:
+            for i, j in successive:
                 model.add(f_at[k, j] >= f_at[k, i] + down(fwd[k][i]))
                 model.add(b_at[k, j] >= b_end[k, i])
                 if split:
