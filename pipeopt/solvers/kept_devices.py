@@ -88,11 +88,11 @@ factors 0.31 / 2.03 / 2.2, latency 1 s: 16.42 -> 17.00 s, optimum 17.15 s; p = 4
 images among texts, latency 8 s: 54.34 -> 54.92 s in 0.1 s, where auto's CP-SAT proved 54.61 s
 in 20 s). At ``benchmarks/variable_microbatches.py``'s text / image chain p = 8, m = 32 it
 proves only the analytic 71.264 s: devices 0, 3 or 7 alone have relaxed schedules there
-(settled in 0.2-9 s), and {0, 7}, {6, 7}, {0, 1}, {5, 6, 7}, {0, 1, 2} refute nothing in 20-40 s
-(2 workers, load 1-4). On the p = 4, m = 6 analogue of that instance whose optimum (25.76 s)
-lies above the analytic 25.00 s, every proper subset of the devices kept has a relaxed schedule
-at 25.00 s: the wait is the texts and images meeting on the middle devices, which only the
-whole pipeline holds.
+(settled in 0.2-9 s), and {0, 7}, {6, 7}, {0, 1}, {5, 6, 7}, {0, 1, 2} refute nothing in
+20-40 s, all 8 (the whole problem: no link delays) nothing in 150 s (2 workers, load 1-6). On
+the p = 4, m = 6 analogue of that instance whose optimum (25.76 s) lies above the analytic
+25.00 s, every proper subset of the devices kept has a relaxed schedule at 25.00 s: the wait
+is the texts and images meeting on the middle devices, which only the whole pipeline holds.
 
 Cost: 3 intervals per kept stage and micro-batch (2 with a fused backward), one no-overlap
 and one cumulative per device; a question takes 0.01-2 s at p = 4..8 with 16-32
