@@ -500,3 +500,44 @@ def test_reserve_is_tried_only_where_links_delay():
     assert sum(pol.reserve is not None for pol in with_link) == 5
     assert all(pol.reserve is None for pol in policies_for(_v_xdc(4, 8, latency_x=0.0)))
     assert all(pol.reserve is None for pol in policies_for(_xdc(4, 8)))
+
+
+def test_flips_replay_a_seeded_run():
+    """The choices a seeded noisy run flipped, given back as ``flips``, give the same run: the
+    restarts' local search toggles a few of them and so stays near its current run."""
+    from dataclasses import replace
+
+    from pipeopt.solvers.greedy import Policy, _Context, _run
+
+    prob = _xdc(6, 18)
+    ctx = _Context(prob)
+    noisy = Policy(mem_caps="fit", wait_w=True, noise=0.1, seed=11)
+    flipped: list[int] = []
+    ids, makespan, _, _ = _run(ctx, noisy, flipped=flipped)
+    choices = flipped.pop()
+    assert 0 < len(flipped) < choices and all(0 <= i < choices for i in flipped)
+    again = _run(ctx, replace(noisy, flips=frozenset(flipped)))
+    assert again[0] == ids and again[1] == makespan
+    plain = _run(ctx, replace(noisy, noise=0.0))
+    assert _run(ctx, replace(noisy, flips=frozenset()))[0] == plain[0]  # nothing flipped
+
+
+def test_restarts_local_search_is_seeded_and_valid(monkeypatch):
+    """With the local search on (its size gate lowered) the runs after the stall are local
+    ones, and the answer is valid, within memory and the same for the same seed."""
+    import pipeopt.solvers.greedy as greedy
+
+    monkeypatch.setattr(greedy, "_LOCAL_MIN_OPS", 0)
+    monkeypatch.setattr(greedy, "_LOCAL_STALL", 5)
+    monkeypatch.setattr(greedy, "_KICK_AFTER", 20)
+    prob = _xdc(6, 18)
+    opts = SolveOptions(time_limit=30, seed=3)
+    far = time.perf_counter() + 60
+    got = restart_search(prob, opts, far, max_runs=150)
+    assert got is not None and got.solver.detail("local_runs") > 0
+    validate(got)
+    assert fits_memory(got, prob)
+    assert got.iteration_time >= lower_bound(prob, "makespan") * (1 - 1e-9)
+    again = restart_search(prob, opts, far, max_runs=150)
+    assert again.device_orders() == got.device_orders()
+    assert again.solver.detail("local_runs") == got.solver.detail("local_runs")

@@ -177,7 +177,9 @@ class Policy:
     before the device's reclaimable memory comes back (see :func:`_run`): a new micro-batch
     does not take the slot an admitted one needs when it comes back through the device, nor
     wait for slots that will be free again by then. ``noise``: the
-    probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``).
+    probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``);
+    ``flips`` (with ``noise`` > 0) instead: exactly the choices of these indices are flipped
+    (the i-th choice where noise could act, counted from 0; the restarts' local search).
     """
 
     cap_slack: float | None = None
@@ -192,6 +194,7 @@ class Policy:
     reserve: float | None = None
     noise: float = 0.0
     seed: int = 0
+    flips: frozenset[int] | None = None
 
     @property
     def name(self) -> str:
@@ -201,6 +204,8 @@ class Policy:
               + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else "")
               + ("" if self.reserve is None else f"+rs{self.reserve:g}"))
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
+        if self.flips is not None:
+            noise += f"+{len(self.flips)}flips"
         return (f"cap={cap},w={self.w_lag},{'deep' if self.deep else 'wide'}{la},"
                 f"fb={self.fb}{noise}")
 
@@ -559,12 +564,37 @@ def _reserve_slowdown(watch: Stopwatch, reserve_cpu: float, deadline: float, ops
     return watch.slowdown(calibrate=reserve_cpu > _CALIBRATE_CPU_S)
 
 
-def _run(ctx: _Context, policy: Policy, deadline: float = _INF
+def _noise_source(policy: Policy, flipped: list[int] | None
+                  ) -> tuple[Callable[[], float], list[int]]:
+    """The draws ``_run`` compares with ``policy.noise`` (a choice flips below it) and a
+    one-item list counting them. Seeded draws by default; with ``policy.flips`` a draw is 0
+    (flip) exactly at those indices and 1 elsewhere. ``flipped`` gets each flipped index."""
+    calls = [0]
+    flips = policy.flips
+    if flips is None and flipped is None:
+        return random.Random(policy.seed).random, calls
+    draw = random.Random(policy.seed).random
+    noise = policy.noise
+
+    def rand() -> float:
+        i = calls[0]
+        calls[0] = i + 1
+        x = (0.0 if i in flips else 1.0) if flips is not None else draw()
+        if flipped is not None and x < noise:
+            flipped.append(i)
+        return x
+
+    return rand, calls
+
+
+def _run(ctx: _Context, policy: Policy, deadline: float = _INF,
+         flipped: list[int] | None = None
          ) -> tuple[list[list[int]], float, list[float], list[float]]:
     """One pass of the list scheduler: per-device orders as op ids (:meth:`_Context.orders`
     makes them ops), makespan, spans and every op's start (seconds; ids and starts in op-id
     order, :attr:`Problem.op_table`). Raises :class:`_OutOfTime` once ``perf_counter()``
-    passes ``deadline``.
+    passes ``deadline``. ``flipped``: when given, gets the indices of the choices that the
+    policy's noise flipped, then the number of choices noise could act on, last.
 
     Each op starts at its event time, by the simulator's rules; where no message queues on a
     link these are the simulator's times for the orders, which
@@ -621,7 +651,7 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     top_stage, held = ctx.last_on_device, ctx.held
     last_b = [False] * p  # was the device's last F-or-B a B?
     noise = policy.noise
-    rand = random.Random(policy.seed).random
+    rand, calls = _noise_source(policy, flipped)
     last = s - 1
     link_free: dict[tuple[int, int], float] = {}
 
@@ -905,6 +935,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF
     makespan = max(free)
     # A device's span runs from its first op's start (the first in its order) to its end.
     spans = [max(0.0, free[d] - starts[ids[0]]) if ids else 0.0 for d, ids in enumerate(seq)]
+    if flipped is not None:
+        flipped.append(calls[0])
     return seq, makespan, spans, starts
 
 
@@ -1315,6 +1347,22 @@ def _best_timed(problem: Problem, candidates: Sequence[Callable[[], list[list[Op
 #: behind the best noiseless one on both.
 _RESTART_NOISE = (0.02, 0.05)
 _RESTART_TOP = 4
+#: After this many seeded restarts in a row without a better run, :func:`restart_search`
+#: turns to a local search around its best run instead: each run flips the same choices as
+#: the current one but for one or two indices toggled (:attr:`Policy.flips`), and replaces it
+#: when no worse. Measured at xdc p = 16, m = 64 (load 1.0): the seeded restarts' best was
+#: 266.0 s after 1,674 runs (8.7 s) and still 266.0 s after 12,751 runs (38 s); with the local
+#: search (load 6-9, 40 s, about 4,400 runs) 265.6 s. Only on instances of at least
+#: _LOCAL_MIN_OPS ops: on ``crosspipe-v`` p = 8, m = 32 (1,536 ops, ``auto`` at 20 s, load
+#: 8-10) the seeded restarts alone kept finding better runs, 110.9 / 160.5 / 140.5 s (lat2 /
+#: lat8 / bw2), the local search after them 111.1 / 160.7 / 140.6 s.
+_LOCAL_MIN_OPS = 1600
+_LOCAL_STALL = 300
+_LOCAL_TOGGLES = (1, 2)
+#: The local search's kick: after this many runs without a run better than its best, it
+#: goes on from its best with this many more choices toggled at once (iterated local search).
+_KICK_AFTER = 500
+_KICK_TOGGLES = 6
 
 
 def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
@@ -1331,7 +1379,9 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     messages queue on links, the :data:`_RETIME_BEST` best by the greedy's own timing), or None
     when no run ended by the deadline. For a given seed the sequence of runs is fixed; only the
     deadline, or ``max_runs`` (noiseless ones included), decides where it stops; a run that
-    meets the lower bound ends it.
+    meets the lower bound ends it. On instances of at least :data:`_LOCAL_MIN_OPS` ops, after
+    :data:`_LOCAL_STALL` restarts in a row without a better run, the rest is a local search in
+    the best run's choices (see there).
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -1350,9 +1400,26 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     runs = 0
     interrupted = False
     rng = random.Random(options.seed)
+    # The local search's current run: (value, its policy without flips, the choices it
+    # flipped, how many choices noise could act on); stall: restarts since a better run.
+    cur: tuple[float, Policy, frozenset[int], int] | None = None
+    top_run = cur  # the best run so far, as ``cur``
+    stall, local, local_runs = 0, False, 0
+    may_walk = problem.num_ops >= _LOCAL_MIN_OPS
     while max_runs is None or runs < max_runs:
+        local = local or (may_walk and stall >= _LOCAL_STALL and cur is not None)
         if runs < len(policies):
             policy = policies[runs]
+        elif local:
+            assert cur is not None and top_run is not None
+            kick = stall >= _KICK_AFTER
+            if kick:  # from the best run, further away
+                cur, stall = top_run, 0
+            _, base, flips, choices = cur
+            toggle = {rng.randrange(max(1, choices))
+                      for _ in range(_KICK_TOGGLES if kick else rng.choice(_LOCAL_TOGGLES))}
+            policy = replace(base, noise=base.noise or _RESTART_NOISE[0],
+                             flips=flips.symmetric_difference(toggle))
         else:
             if not noiseless:
                 break  # no variant ran to the end: nothing to perturb
@@ -1364,10 +1431,13 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         retime = retime_cpu * watch.slowdown(calibrate=retime_cpu > _CALIBRATE_CPU_S)
         if time.perf_counter() >= deadline - retime:
             break
+        flipped: list[int] = []
+        local_runs += local and runs >= len(policies)
         try:
-            ids, makespan, spans, starts = _run(ctx, policy, deadline - retime)
+            ids, makespan, spans, starts = _run(ctx, policy, deadline - retime, flipped)
         except _Stuck:
             runs += 1
+            stall += 1
             continue
         except _OutOfTime:
             break
@@ -1379,6 +1449,14 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         val = max(spans) if span_obj else makespan
         if runs < len(policies):
             noiseless.append((val, runs))
+        choices = flipped.pop()
+        state = (val, replace(policy, flips=None), frozenset(flipped), choices)
+        if top_run is None or val < top_run[0] * (1 - 1e-12):
+            top_run, cur, stall = state, state, 0
+        else:
+            stall += 1
+            if local and cur is not None and val <= cur[0] * (1 + 1e-12):
+                cur = state  # no worse: the local search walks on (along a plateau too)
         found.append((val, runs, partial(ctx.orders, ids), policy.name, starts))
         found.sort(key=lambda x: (x[0], x[1]))
         del found[keep:]
@@ -1393,7 +1471,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     name = found[k][3]
     logger.info("greedy: %d restart run(s) in %.2f s; best %s: %.6g s", runs,
                 time.perf_counter() - t0, name, _objective(best, span_obj))
-    details: tuple[tuple[str, Any], ...] = (("policy", name), ("restart_runs", runs))
+    details: tuple[tuple[str, Any], ...] = (("policy", name), ("restart_runs", runs),
+                                            ("local_runs", local_runs))
     if interrupted:
         details += (("interrupted", True),)
     return best.relabel(solver=replace(info, wall_time=time.perf_counter() - t0,
