@@ -1350,12 +1350,15 @@ _RESTART_TOP = 4
 #: After this many seeded restarts in a row without a better run, :func:`restart_search`
 #: turns to a local search around its best run instead: each run flips the same choices as
 #: the current one but for one or two indices toggled (:attr:`Policy.flips`), and replaces it
-#: when no worse. Measured at xdc p = 16, m = 64 (load 1.0): the seeded restarts' best was
-#: 266.0 s after 1,674 runs (8.7 s) and still 266.0 s after 12,751 runs (38 s); with the local
-#: search (load 6-9, 40 s, about 4,400 runs) 265.6 s. Only on instances of at least
-#: _LOCAL_MIN_OPS ops: on ``crosspipe-v`` p = 8, m = 32 (1,536 ops, ``auto`` at 20 s, load
-#: 8-10) the seeded restarts alone kept finding better runs, 110.9 / 160.5 / 140.5 s (lat2 /
-#: lat8 / bw2), the local search after them 111.1 / 160.7 / 140.6 s.
+#: when better, or as good and at least as compact (the sum of its op starts no larger).
+#: Measured at xdc p = 16, m = 64 (40 s): the seeded restarts' best was 266.0 s after 1,674
+#: runs (8.7 s, load 1.0) and still 266.0 s after 12,751 runs (38 s); with the local search
+#: accepting any run as good 265.6 s (load 6-9, 4,400 runs, the last better one at 12.6 s),
+#: with the compactness rule 264.8 s (load 5-6, 7,865 runs, the last better one at 5.6 s).
+#: Only on instances of at least _LOCAL_MIN_OPS ops: on ``crosspipe-v`` p = 8, m = 32 (1,536
+#: ops, ``auto`` at 20 s, load 8-10) the seeded restarts alone kept finding better runs,
+#: 110.9 / 160.5 / 140.5 s (lat2 / lat8 / bw2), the first local search after them 111.1 /
+#: 160.7 / 140.6 s.
 _LOCAL_MIN_OPS = 1600
 _LOCAL_STALL = 300
 _LOCAL_TOGGLES = (1, 2)
@@ -1405,6 +1408,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     cur: tuple[float, Policy, frozenset[int], int] | None = None
     top_run = cur  # the best run so far, as ``cur``
     stall, local, local_runs = 0, False, 0
+    cur_sum = top_sum = math.inf  # the sum of the current / best run's op starts (s)
     may_walk = problem.num_ops >= _LOCAL_MIN_OPS
     while max_runs is None or runs < max_runs:
         local = local or (may_walk and stall >= _LOCAL_STALL and cur is not None)
@@ -1414,7 +1418,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
             assert cur is not None and top_run is not None
             kick = stall >= _KICK_AFTER
             if kick:  # from the best run, further away
-                cur, stall = top_run, 0
+                cur, stall, cur_sum = top_run, 0, top_sum
             _, base, flips, choices = cur
             toggle = {rng.randrange(max(1, choices))
                       for _ in range(_KICK_TOGGLES if kick else rng.choice(_LOCAL_TOGGLES))}
@@ -1453,10 +1457,12 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
         state = (val, replace(policy, flips=None), frozenset(flipped), choices)
         if top_run is None or val < top_run[0] * (1 - 1e-12):
             top_run, cur, stall = state, state, 0
+            cur_sum = top_sum = math.fsum(starts)
         else:
             stall += 1
-            if local and cur is not None and val <= cur[0] * (1 + 1e-12):
-                cur = state  # no worse: the local search walks on (along a plateau too)
+            if local and cur is not None and (val < cur[0] * (1 - 1e-12) or (
+                    val <= cur[0] * (1 + 1e-12) and math.fsum(starts) <= cur_sum)):
+                cur, cur_sum = state, math.fsum(starts)  # no worse, no less compact
         found.append((val, runs, partial(ctx.orders, ids), policy.name, starts))
         found.sort(key=lambda x: (x[0], x[1]))
         del found[keep:]
