@@ -42,7 +42,8 @@ schedule through the simulator: where its start times are exactly the simulator'
 orders (no message queues on a link; :func:`pipeopt.simulate.from_starts` checks it with
 numpy) they are kept, else :func:`pipeopt.simulate.simulate` times the orders again.
 :func:`restart_search` runs such restarts for a given time instead of a budget (``auto`` on
-instances too large for its CP-SAT windows to help).
+instances too large for its CP-SAT windows to help), and on large instances, once they stop
+improving, a local search that toggles a few of the best run's flipped choices.
 
 Micro-batches of different cost: "micro-batch order" above is one permutation of the
 micro-batches, the same on every stage, so the deadlock-freedom argument is unchanged (the
