@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -36,7 +37,12 @@ from typing import Any
 
 import torch
 
-from pipeopt.costs.profiler import executor_split, ping_pong_s, write_profile
+from pipeopt.costs.profiler import (
+    executor_split,
+    kendall_tau_b,
+    ping_pong_s,
+    write_profile,
+)
 from pipeopt.executor.check import batch_for
 from pipeopt.executor.launch import (
     RunConfig,
@@ -472,13 +478,17 @@ RANK_CASES: tuple[tuple[str, int, float | None], ...] = (
 )
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-a of two orderings of the same items (1: same order, -1: reversed)."""
-    n = len(a)
-    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-    agree = sum(((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
-                for i, j in pairs)
-    return agree / len(pairs) if pairs else 1.0
+def same_runs(cases: list[Schedule]) -> list[list[int]]:
+    """``cases`` grouped by what a run of them executes (the same fused or split backward and
+    the same op order on every rank; a memory limit changes nothing that runs), each group in
+    the order of ``cases``, the groups by their first case. A group is one case of the
+    ranking: run once and reported under all its names (two methods that found the same
+    schedule are predicted the same step, a tie no measurement can order, and running both
+    would only weigh that schedule twice)."""
+    groups: dict[tuple[bool, Any], list[int]] = {}
+    for i, s in enumerate(cases):
+        groups.setdefault((s.problem.split_backward, s.device_orders()), []).append(i)
+    return list(groups.values())
 
 
 def load_note(ranks: int | None = None) -> str:
@@ -590,10 +600,16 @@ def ranking(args: argparse.Namespace) -> None:
             print(f"  step tails (optimizer step + overheads.step_s): "
                   f"{', '.join(f'{t * 1e3:.2f}' for t in tails)} ms")
         print(f"  profiles: {time.perf_counter() - t0:.0f} s")
-        scheds = [solve(_limited(probs[m][0], lim), meth, time_limit=args.time_limit, workers=1,
-                        seed=0) for meth, m, lim in RANK_CASES]
+        solved = [solve(_limited(probs[m][0], lim), meth, time_limit=args.time_limit,
+                        workers=1, seed=0) for meth, m, lim in RANK_CASES]
+        groups = same_runs(solved)
+        scheds = [solved[g[0]] for g in groups]
+        cases = [RANK_CASES[g[0]] for g in groups]
+        names = [" = ".join(_case_name(*RANK_CASES[i]) for i in g) for g in groups]
+        for name in (n for n in names if " = " in n):
+            print(f"  {name}: the same orders on every rank, run once as one case")
         cfgs = [RunConfig(model=model, model_options=options, steps=steps,
-                          batch_size=args.batch) for _ in RANK_CASES]
+                          batch_size=args.batch) for _ in scheds]
         before = load_note(p)
         t0 = time.perf_counter()
         per_rank = spawn(_bench_rank, p, (list(zip(["ours"] * len(scheds), scheds, cfgs,
@@ -608,21 +624,21 @@ def ranking(args: argparse.Namespace) -> None:
             for i, s in enumerate(scheds)]
         # The step time a schedule predicts: its makespan plus the stages' step tails.
         predicted = [s.iteration_time for s in scheds]
-        names = [_case_name(*c) for c in RANK_CASES]
         print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.rounds} rounds x "
               f"{steps} steps, {time.perf_counter() - t0:.0f} s)")
         print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
         other_col = "warm profile, same orders" if step else ""
-        print(f"  {'case':<18} {'predicted':>10} {'measured':>10} {'error':>8} "
+        width = max(18, *map(len, names))
+        print(f"  {'case':<{width}} {'predicted':>10} {'measured':>10} {'error':>8} "
               f"{'round spread':>13}  {other_col}")
         spread = [(max(r) - min(r)) / 2 / statistics.median(r) for r in rounds]
         for i, s in enumerate(scheds):
             pred, meas = predicted[i], measured[i]
-            line = (f"  {names[i]:<18} {pred * 1e3:8.1f}ms {meas * 1e3:8.1f}ms "
+            line = (f"  {names[i]:<{width}} {pred * 1e3:8.1f}ms {meas * 1e3:8.1f}ms "
                     f"{meas / pred - 1:+8.1%} {spread[i]:>12.1%}")
             if step:
-                m = RANK_CASES[i][1]
-                prob_o = _limited(probs[m][1], RANK_CASES[i][2])
+                m = cases[i][1]
+                prob_o = _limited(probs[m][1], cases[i][2])
                 s_o = simulate(prob_o if s.problem.split_backward else fused_variant(prob_o),
                                s.device_orders())
                 line += (f"  {s_o.iteration_time * 1e3:8.1f} ms "
@@ -633,10 +649,10 @@ def ranking(args: argparse.Namespace) -> None:
               "unexplained")
         for i, s in enumerate(scheds):
             e = error_parts(s, [per_rank[r][str(i)] for r in range(p)])
-            print(f"    {names[i]:<18} {e['ops'] * 1e3:+7.1f} {e['messages'] * 1e3:+6.1f} "
+            print(f"    {names[i]:<{width}} {e['ops'] * 1e3:+7.1f} {e['messages'] * 1e3:+6.1f} "
                   f"{e['tail'] * 1e3:+6.1f} ({e['run_tail'] * 1e3:.1f} / "
                   f"{e['priced_tail'] * 1e3:.1f}) {e['unexplained'] * 1e3:+6.1f}")
-        tau = kendall_tau(predicted, measured)
+        tau = kendall_tau_b(predicted, measured)
         worst = max(abs(meas / pred - 1) for pred, meas in zip(predicted, measured, strict=True))
         close = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
                  if abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j])
@@ -650,9 +666,15 @@ def ranking(args: argparse.Namespace) -> None:
         sep = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
                if (i, j) not in close]
         agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
-        print(f"  Kendall tau {tau:+.2f} over all {len(scheds) * (len(scheds) - 1) // 2} pairs "
-              f"(aim >= 0.8); of the {len(sep)} pairs predicted further apart, {agree} in the "
-              f"measured order; worst error {worst:.1%} (aim <= 10%)")
+        pairs = len(scheds) * (len(scheds) - 1) // 2
+        ties = sum(math.isclose(predicted[i], predicted[j], rel_tol=1e-9)  # kendall_tau_b's
+                   for i in range(len(scheds)) for j in range(i + 1, len(scheds)))
+        best = f"; at most {math.sqrt((pairs - ties) / pairs):+.2f} with them" if ties else ""
+        print(f"  Kendall tau-b {tau:+.2f} over the {pairs} pairs of {len(scheds)} distinct "
+              f"cases (aim >= 0.8; tau-b, the statistic for rankings with ties; "
+              f"{ties} pair(s) tied in the prediction{best}); of the {len(sep)} pairs predicted "
+              f"further apart, {agree} in the measured order; worst error {worst:.1%} (aim "
+              "<= 10%)")
 
 
 def vshape(args: argparse.Namespace) -> None:

@@ -82,10 +82,11 @@ EOF
 done
 
 "$PY" - "$work" "${methods[@]}" <<'EOF'
-import itertools
 import json
 import sys
 from pathlib import Path
+
+from pipeopt.costs.profiler import kendall_tau_b
 
 work, methods = Path(sys.argv[1]), sys.argv[2:]
 pairs = {}
@@ -94,13 +95,9 @@ for m in methods:
     if out.stat().st_size:
         res = json.loads(out.read_text())
         pairs[m] = (res["predicted_step_time"], res["step_time"])
-agree = sum((p1 - p2) * (m1 - m2) > 0 for (p1, m1), (p2, m2)
-            in itertools.combinations(pairs.values(), 2))
-differ = sum((p1 - p2) * (m1 - m2) < 0 for (p1, m1), (p2, m2)
-             in itertools.combinations(pairs.values(), 2))
-n = len(pairs) * (len(pairs) - 1) // 2
-tau = (agree - differ) / n if n else float("nan")  # Kendall's tau-a, ties count 0
+predicted, measured = ([v[i] for v in pairs.values()] for i in (0, 1))
+tau = kendall_tau_b(predicted, measured)  # tau-b: methods that found one schedule tie
 worst = max((abs(m / p - 1) for p, m in pairs.values()), default=float("nan"))
-print(f"== ranking of {len(pairs)} methods: Kendall tau {tau:+.2f} (predicted vs measured); "
+print(f"== ranking of {len(pairs)} methods: Kendall tau-b {tau:+.2f} (predicted vs measured); "
       f"worst step-time error {worst:.1%}")
 EOF

@@ -491,3 +491,26 @@ def test_step_timing_refuses_more_ranks_than_the_machine_takes(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "--step-ranks" in err and f"{too_many} ranks to start" in err
     assert not out.exists()
+
+
+def test_kendall_tau_b_by_hand():
+    """Kendall's tau-b on rankings worked by hand (scipy.stats.kendalltau gives the same):
+    without ties it is tau-a; a tie in one ranking keeps it below 1, less than tau-a does."""
+    from pipeopt.costs.profiler import kendall_tau_b
+
+    assert kendall_tau_b([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
+    assert kendall_tau_b([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    # 6 pairs: (1, 2) discordant, (2, 3) tied in a only, 4 concordant: 3 / sqrt(5 * 6).
+    assert kendall_tau_b([1.0, 2.0, 3.0, 3.0], [1.0, 3.0, 2.0, 4.0]) == pytest.approx(
+        3 / 30 ** 0.5)
+    # The prediction ties two cases, the measurement orders them: 5 / sqrt(5 * 6), not 5 / 6.
+    assert kendall_tau_b([1.0, 2.0, 3.0, 3.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(
+        (5 / 6) ** 0.5)
+    # Ties on both sides of the same pair: the order of the rest decides alone.
+    assert kendall_tau_b([1.0, 2.0, 2.0], [5.0, 7.0, 7.0]) == pytest.approx(1.0)
+    # Values within rel_tol of each other are a tie (simulated times that differ by round-off).
+    assert kendall_tau_b([1.0, 1.0 + 1e-12, 2.0], [1.0, 2.0, 3.0]) == pytest.approx(
+        2 / 6 ** 0.5)
+    assert kendall_tau_b([1.0, 1.0], [1.0, 2.0]) != kendall_tau_b([1.0, 1.0], [1.0, 2.0])  # NaN
+    with pytest.raises(ValueError, match="3 and 2 items"):
+        kendall_tau_b([1.0, 2.0, 3.0], [1.0, 2.0])
