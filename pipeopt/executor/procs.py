@@ -333,11 +333,28 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def pin_to_cores(rank: int, world: int, threads: int) -> list[int] | None:
+    """Bind this process (every thread it starts from now on) to cores of its own: rank ``r``
+    of ``world`` to the ``r``-th run of ``threads`` CPUs this process may use, when all ranks'
+    threads fit on them; returns those CPUs, or None (nothing changed: they do not fit, or the
+    system has no ``sched_setaffinity``). Unbound, the kernel may run two ranks that wake each
+    other (a send, the matching receive) on one core for whole runs while the other idles."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not allowed or world * threads > len(allowed):
+        return None
+    mine = allowed[rank * threads:(rank + 1) * threads]
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
 def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-             job: bytes, out: Any, parent: int) -> None:
-    """Body of one spawned worker: arm the parent-death signal, then load torch and the job
-    (``fn`` and its arguments, pickled), join the group, run ``fn``, report through ``out``."""
+             job: bytes, out: Any, parent: int, pin: bool = False) -> None:
+    """Body of one spawned worker: arm the parent-death signal, bind it to its cores when
+    ``pin`` (:func:`pin_to_cores`), then load torch and the job (``fn`` and its arguments,
+    pickled), join the group, run ``fn``, report through ``out``."""
     die_with_parent(parent)
+    if pin:
+        pin_to_cores(rank, world, threads)
     status = RankStatus()
     done = threading.Event()
 
@@ -370,25 +387,29 @@ def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, thr
 
 def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float = 300.0,
           backend: str = "auto", threads: int | None = None,
-          op_timeout: float | None = None) -> list[Any]:
+          op_timeout: float | None = None, pin: bool | None = None) -> list[Any]:
     """Run ``fn(rank, world, device, *args, status=RankStatus)`` on ``world`` new processes in
     one process group and return each rank's result; ``fn`` must be importable (module level)
     and may keep ``status.text`` up to date for error messages. Raises
     :class:`ExecutorError` within ``timeout`` seconds when a rank fails or does not finish,
     and within ``op_timeout`` (plus a second) when a rank's status stops changing during a
     training step (a rank that stops answering). The ranks end with this process
-    (:func:`die_with_parent`)."""
+    (:func:`die_with_parent`). ``pin``: bind each rank to cores of its own
+    (:func:`pin_to_cores`, where all ranks' ``threads`` fit on this process's CPUs); default:
+    on gloo, whose ranks compute on the CPU (``threads`` defaults to the cores shared out
+    among the ranks, so a run already assumes the machine's cores are its own)."""
     import multiprocessing as mp
 
     backend = resolve_backend(backend)
     threads = threads or max(1, (os.cpu_count() or 1) // world)
+    pin = backend == "gloo" if pin is None else pin
     ctx = mp.get_context("spawn")
     job = pickle.dumps((fn, args))
     out = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
                          args=(r, world, port, backend, timeout, threads, job, out,
-                               os.getpid()))
+                               os.getpid(), pin))
              for r in range(world)]
     for p in procs:
         p.start()
