@@ -17,7 +17,7 @@ than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project] [--no-replan] [--no-vshape]
-    python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau
+    python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau-b
         [--timing step|warm]
 """
 
@@ -531,11 +531,13 @@ def _case_name(method: str, m: int, limit: float | None) -> str:
 
 
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
-                p: int, m: int, tmp: str, steps: int = 4) -> tuple[Problem, Problem]:
+                p: int, m: int, tmp: str, steps: int = 4
+                ) -> tuple[Problem, Problem, dict[str, float]]:
     """The warm profile ``doc`` re-timed in step (``pipeopt profile --timing step``), as the
-    config form's problem on the partition the runs measured, and the warm profile (with the
+    config form's problem on the partition the runs measured, the warm profile (with the
     same overheads) on the same partition: what the warm loop would have predicted for the
-    same orders."""
+    same orders, and the median step (seconds) the profile's own runs measured per method
+    (:data:`pipeopt.costs.profiler.STEP_METHODS`)."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import step_profile
 
@@ -563,7 +565,7 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
           "ms priced; its own runs measured / predicted from the parts / priced: " + ", ".join(
               f"{r['method']} {r['measured_ms']:.1f} / {r['predicted_parts_ms']:.1f} / "
               f"{r['predicted_ms']:.1f} ms" for r in st["replayed"]))
-    return prob, other
+    return prob, other, {r["method"]: r["measured_ms"] / 1e3 for r in st["replayed"]}
 
 
 def ranking(args: argparse.Namespace) -> None:
@@ -584,6 +586,7 @@ def ranking(args: argparse.Namespace) -> None:
     for model, options in RANK_MODELS.items():
         steps = args.steps or RANK_STEPS[model]
         probs: dict[int, tuple[Problem, Problem]] = {}  # m -> (solved on, the other timing)
+        own: dict[int, dict[str, float]] = {}  # m -> method -> the profile's runs' step (s)
         t0 = time.perf_counter()
         for m in sizes:
             with tempfile.TemporaryDirectory() as tmp:
@@ -593,7 +596,9 @@ def ranking(args: argparse.Namespace) -> None:
                 if not step:
                     probs[m] = (warm, warm)
                 else:
-                    probs[m] = _step_timed(doc, model, options, p, m, tmp, steps)
+                    split_p, warm_p, own[m] = _step_timed(doc, model, options, p, m, tmp,
+                                                          steps)
+                    probs[m] = (split_p, warm_p)
             _show(f"{model}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
                   fused_variant(probs[m][0]))
             tails = probs[m][0].grad_reduce
@@ -644,6 +649,16 @@ def ranking(args: argparse.Namespace) -> None:
                 line += (f"  {s_o.iteration_time * 1e3:8.1f} ms "
                          f"({meas / s_o.iteration_time - 1:+.1%})")
             print(line)
+        # The profile ran 1F1B and ZB-H1 on the same partition: a case with the same method
+        # and no memory limit runs the same orders (both are fixed order generators), so
+        # its two measurements show how far the machine moved between the profile and now.
+        again = [(names[i], own[c[1]][c[0]], measured[i]) for i, c in enumerate(cases)
+                 if step and c[2] is None and c[0] in own.get(c[1], {})]
+        if again:
+            print("  the same orders in the profile's runs and in these (the machine's drift "
+                  "between them, in every error above): " + ", ".join(
+                      f"{name} {then * 1e3:.1f} / {now * 1e3:.1f} ms ({now / then - 1:+.0%})"
+                      for name, then, now in again))
         print("  where each error goes, ms (the runs' own parts in place of the priced ones, "
               "one at a time; error_parts): ops + gap, messages, step tail (run / priced), "
               "unexplained")
