@@ -14,6 +14,7 @@ torch (seconds on a busy machine) and the function it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import pickle
@@ -333,28 +334,26 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def pin_to_cores(rank: int, world: int, threads: int) -> list[int] | None:
-    """Bind this process (every thread it starts from now on) to cores of its own: rank ``r``
-    of ``world`` to the ``r``-th run of ``threads`` CPUs this process may use, when all ranks'
-    threads fit on them; returns those CPUs, or None (nothing changed: they do not fit, or the
-    system has no ``sched_setaffinity``). Unbound, the kernel may run two ranks that wake each
-    other (a send, the matching receive) on one core for whole runs while the other idles."""
+def pin_to_cores(rank: int, world: int, threads: int, pid: int = 0) -> list[int] | None:
+    """Bind process ``pid`` (0: this one; every thread it starts from then on) to cores of its
+    own: rank ``r`` of ``world`` to the ``r``-th run of ``threads`` of the CPUs this process
+    may use, when all ranks' threads fit on them; returns those CPUs, or None (nothing
+    changed: they do not fit, or the system has no ``sched_setaffinity``). Unbound, the
+    kernel may run two ranks that wake each other (a send, the matching receive) on one core
+    for whole runs while the other idles."""
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not allowed or world * threads > len(allowed):
         return None
     mine = allowed[rank * threads:(rank + 1) * threads]
-    os.sched_setaffinity(0, mine)
+    os.sched_setaffinity(pid, mine)
     return mine
 
 
 def _spawned(rank: int, world: int, port: int, backend: str, timeout: float, threads: int,
-             job: bytes, out: Any, parent: int, pin: bool = False) -> None:
-    """Body of one spawned worker: arm the parent-death signal, bind it to its cores when
-    ``pin`` (:func:`pin_to_cores`), then load torch and the job (``fn`` and its arguments,
-    pickled), join the group, run ``fn``, report through ``out``."""
+             job: bytes, out: Any, parent: int) -> None:
+    """Body of one spawned worker: arm the parent-death signal, then load torch and the job
+    (``fn`` and its arguments, pickled), join the group, run ``fn``, report through ``out``."""
     die_with_parent(parent)
-    if pin:
-        pin_to_cores(rank, world, threads)
     status = RankStatus()
     done = threading.Event()
 
@@ -409,10 +408,13 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     port = free_port()
     procs = [ctx.Process(target=_spawned, daemon=True, name=f"pipeopt-rank{r}",
                          args=(r, world, port, backend, timeout, threads, job, out,
-                               os.getpid(), pin))
+                               os.getpid()))
              for r in range(world)]
-    for p in procs:
+    for r, p in enumerate(procs):
         p.start()
+        if pin and p.pid is not None:  # right after its start: its threads inherit it
+            with contextlib.suppress(ProcessLookupError):  # gone already: reported below
+                pin_to_cores(r, world, threads, p.pid)
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     status: dict[int, str] = {}
