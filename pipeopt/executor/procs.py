@@ -395,12 +395,14 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     training step (a rank that stops answering). The ranks end with this process
     (:func:`die_with_parent`). ``pin``: bind each rank to cores of its own
     (:func:`pin_to_cores`, where all ranks' ``threads`` fit on this process's CPUs); default:
-    on gloo, whose ranks compute on the CPU (``threads`` defaults to the cores shared out
-    among the ranks, so a run already assumes the machine's cores are its own)."""
+    on gloo, whose ranks compute on the CPU (``threads`` defaults to the CPUs this process
+    may use shared out among the ranks, so a run already assumes those cores are its own)."""
     import multiprocessing as mp
 
     backend = resolve_backend(backend)
-    threads = threads or max(1, (os.cpu_count() or 1) // world)
+    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)  # the CPUs this launcher may use (taskset, cgroups)
+    threads = threads or max(1, usable // world)
     pin = backend == "gloo" if pin is None else pin
     ctx = mp.get_context("spawn")
     job = pickle.dumps((fn, args))
