@@ -733,6 +733,22 @@ def test_pin_to_cores_gives_each_rank_its_own_cores(monkeypatch) -> None:
     assert set_to == [[6, 9], [3]]
 
 
+def test_pin_to_cores_refused_leaves_the_rank_unbound(monkeypatch, capsys) -> None:
+    """Where the system refuses the binding (a sandbox's seccomp: EPERM), the rank runs
+    unbound with a one-line note, not a traceback out of ``spawn``."""
+    import os
+
+    from pipeopt.executor import procs
+
+    def refuse(pid, cpus):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "sched_setaffinity", refuse, raising=False)
+    assert procs.pin_to_cores(1, 2, 1) is None
+    assert "rank 1 not bound to CPUs [1]" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity")
                     or len(__import__("os").sched_getaffinity(0)) < 2,
                     reason="needs sched_getaffinity and 2 CPUs")

@@ -512,5 +512,7 @@ def test_kendall_tau_b_by_hand():
     assert kendall_tau_b([1.0, 1.0 + 1e-12, 2.0], [1.0, 2.0, 3.0]) == pytest.approx(
         2 / 6 ** 0.5)
     assert kendall_tau_b([1.0, 1.0], [1.0, 2.0]) != kendall_tau_b([1.0, 1.0], [1.0, 2.0])  # NaN
+    with pytest.raises(ValueError, match="finite"):
+        kendall_tau_b([1.0, float("nan"), 3.0], [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="3 and 2 items"):
         kendall_tau_b([1.0, 2.0, 3.0], [1.0, 2.0])

@@ -42,6 +42,7 @@ the planner uses without torch.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -453,6 +454,9 @@ def kendall_tau_b(a: list[float], b: list[float], rel_tol: float = 1e-9) -> floa
     (``(n0 - t_a) / n0``): a pair the prediction ties can never agree with a measurement."""
     if len(a) != len(b):
         raise ValueError(f"kendall_tau_b: rankings of {len(a)} and {len(b)} items")
+    if not all(math.isfinite(x) for x in (*a, *b)):
+        raise ValueError("kendall_tau_b: every value must be finite (a NaN or infinite time "
+                         "cannot be ranked)")
 
     def sign(x: float, y: float) -> int:
         if abs(x - y) <= rel_tol * max(abs(x), abs(y)):

@@ -14,12 +14,12 @@ torch (seconds on a busy machine) and the function it runs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import pickle
 import queue as queue_mod
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -345,7 +345,14 @@ def pin_to_cores(rank: int, world: int, threads: int, pid: int = 0) -> list[int]
     if not allowed or world * threads > len(allowed):
         return None
     mine = allowed[rank * threads:(rank + 1) * threads]
-    os.sched_setaffinity(pid, mine)
+    try:
+        os.sched_setaffinity(pid, mine)
+    except ProcessLookupError:  # the process is gone: its end is reported elsewhere
+        return None
+    except OSError as exc:  # affinity refused (a sandbox, seccomp): the rank runs unbound
+        print(f"pipeopt: rank {rank} not bound to CPUs {mine} ({exc}); it runs unbound",
+              file=sys.stderr)
+        return None
     return mine
 
 
@@ -412,11 +419,6 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
                          args=(r, world, port, backend, timeout, threads, job, out,
                                os.getpid()))
              for r in range(world)]
-    for r, p in enumerate(procs):
-        p.start()
-        if pin and p.pid is not None:  # right after its start: its threads inherit it
-            with contextlib.suppress(ProcessLookupError):  # gone already: reported below
-                pin_to_cores(r, world, threads, p.pid)
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     status: dict[int, str] = {}
@@ -424,7 +426,11 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
     dead_since: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     stalled: list[int] = []
-    try:
+    try:  # from the first start: ranks already started are stopped whatever happens
+        for r, p in enumerate(procs):
+            p.start()
+            if pin and p.pid is not None:  # right after its start: its threads inherit it
+                pin_to_cores(r, world, threads, p.pid)
         while len(results) + len(errors) < world and time.monotonic() < deadline:
             now = time.monotonic()
             running = [r for r in range(world) if r not in results and r not in errors]
@@ -450,10 +456,11 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
                 errors[rank] = payload
                 deadline = min(deadline, time.monotonic() + _GRACE_S)
     finally:
-        for p in procs:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
             if p.is_alive():
                 p.kill()
-        for p in procs:
+        for p in started:
             p.join(timeout=5)
         out.close()
     where = "; ".join(f"rank {r}: {status.get(r, 'no report')}" for r in range(world)
