@@ -408,7 +408,8 @@ def spawn(fn: RankFn, world: int, args: tuple[Any, ...] = (), *, timeout: float 
 
     backend = resolve_backend(backend)
     usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-              else os.cpu_count() or 1)  # the CPUs this launcher may use (taskset, cgroups)
+              else os.cpu_count() or 1)  # CPUs this launcher may use (taskset, cpusets;
+    # a CPU quota such as docker --cpus is not seen: pass threads= there)
     threads = threads or max(1, usable // world)
     pin = backend == "gloo" if pin is None else pin
     ctx = mp.get_context("spawn")
