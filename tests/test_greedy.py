@@ -530,6 +530,7 @@ def test_restarts_local_search_is_seeded_and_valid(monkeypatch):
     monkeypatch.setattr(greedy, "_LOCAL_MIN_OPS", 0)
     monkeypatch.setattr(greedy, "_LOCAL_STALL", 5)
     monkeypatch.setattr(greedy, "_KICK_AFTER", 20)
+    monkeypatch.setattr(greedy, "_GUARD_RUNS", 10)
     prob = _xdc(6, 18)
     opts = SolveOptions(time_limit=30, seed=3)
     far = time.perf_counter() + 60
@@ -541,3 +542,56 @@ def test_restarts_local_search_is_seeded_and_valid(monkeypatch):
     again = restart_search(prob, opts, far, max_runs=150)
     assert again.device_orders() == got.device_orders()
     assert again.solver.detail("local_runs") == got.solver.detail("local_runs")
+
+
+def test_guard_keeps_the_device_free_for_an_arriving_b():
+    """An idle guard of share g: on a guarded device no F starts at s while a B's input
+    arrives in (s, s + g x T_F) (the unguarded run has such F's there); the run is valid;
+    an empty device set changes nothing."""
+    from dataclasses import replace
+
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import Policy, _Context, _run
+
+    p, share = 6, 0.6
+    prob = _xdc(p, 18)
+    ctx = _Context(prob)
+    plain = Policy(mem_caps="fit", wait_w=True)
+    devices = frozenset(range(1, p - 1))
+    guarded = replace(plain, guard=share, guard_devices=devices)
+    assert _run(ctx, replace(plain, guard=share))[0] == _run(ctx, plain)[0]
+
+    def crowded(policy):
+        """F's on the guarded devices that a B's input reaches within the share."""
+        ids, makespan, _, _ = _run(ctx, policy)
+        sched = simulate(prob, ctx.orders(ids))
+        validate(sched)
+        assert fits_memory(sched, prob)
+        assert sched.iteration_time == pytest.approx(makespan)
+        arrive = {(o.stage - 1, o.microbatch): o.end + prob.latency[o.stage][o.stage - 1]
+                  for o in sched.ops if o.kind == "B" and o.stage > 0}
+        return sum(1 for o in sched.ops if o.kind == "F" and o.device in devices
+                   for (k, _), r in arrive.items()
+                   if k == o.stage and 0 < r - o.start < share * (o.end - o.start) - 1e-9)
+
+    assert crowded(plain) > 0
+    assert crowded(guarded) == 0
+
+
+def test_restarts_draw_guards_on_large_instances(monkeypatch):
+    """The first restarts after the variants draw an idle guard (seeded): the answer is
+    valid and the same for the same seed."""
+    import pipeopt.solvers.greedy as greedy
+
+    monkeypatch.setattr(greedy, "_LOCAL_MIN_OPS", 0)
+    monkeypatch.setattr(greedy, "_GUARD_RUNS", 40)
+    prob = _xdc(6, 18)
+    opts = SolveOptions(time_limit=30, seed=1)
+    far = time.perf_counter() + 60
+    n = len(policies_for(prob)) + 40
+    got = restart_search(prob, opts, far, max_runs=n)
+    assert got is not None and got.solver.detail("local_runs") == 0
+    validate(got)
+    assert fits_memory(got, prob)
+    again = restart_search(prob, opts, far, max_runs=n)
+    assert again.device_orders() == got.device_orders()

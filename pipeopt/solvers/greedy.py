@@ -42,8 +42,10 @@ schedule through the simulator: where its start times are exactly the simulator'
 orders (no message queues on a link; :func:`pipeopt.simulate.from_starts` checks it with
 numpy) they are kept, else :func:`pipeopt.simulate.simulate` times the orders again.
 :func:`restart_search` runs such restarts for a given time instead of a budget (``auto`` on
-instances too large for its CP-SAT windows to help), and on large instances, once they stop
-improving, a local search that toggles a few of the best run's flipped choices.
+instances too large for its CP-SAT windows to help), and on large instances first runs with a
+seeded idle guard (on some devices an F waits for a B about to arrive, so the B's round trip
+is not held up; :attr:`Policy.guard`), then, once they stop improving, a local search that
+toggles a few of the best run's flipped choices.
 
 Micro-batches of different cost: "micro-batch order" above is one permutation of the
 micro-batches, the same on every stage, so the deadlock-freedom argument is unchanged (the
@@ -177,7 +179,11 @@ class Policy:
     arrive earlier than ``reserve`` device cycles (per-micro-batch work on the device, s)
     before the device's reclaimable memory comes back (see :func:`_run`): a new micro-batch
     does not take the slot an admitted one needs when it comes back through the device, nor
-    wait for slots that will be free again by then. ``noise``: the
+    wait for slots that will be free again by then. ``guard`` (a share of the F's duration,
+    0 = off) on the devices of ``guard_devices``: an F that would still run when a B's input
+    arrives within ``guard`` x the F's duration waits for that B instead, leaving the device
+    idle meanwhile, so the B's round trip is not held up (chosen per run by
+    :func:`restart_search`'s seeded draws). ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``);
     ``flips`` (with ``noise`` > 0) instead: exactly the choices of these indices are flipped
     (the i-th choice where noise could act, counted from 0; the restarts' local search).
@@ -193,6 +199,8 @@ class Policy:
     mem_caps: str | None = None
     link_wait: bool = False
     reserve: float | None = None
+    guard: float = 0.0
+    guard_devices: frozenset[int] = frozenset()
     noise: float = 0.0
     seed: int = 0
     flips: frozenset[int] | None = None
@@ -203,7 +211,9 @@ class Policy:
                                  else f"path+{self.cap_slack:g}"))
         la = (("+la" if self.lookahead else "") + ("+ww" if self.wait_w else "")
               + ("+rc" if self.reclaim else "") + ("+lw" if self.link_wait else "")
-              + ("" if self.reserve is None else f"+rs{self.reserve:g}"))
+              + ("" if self.reserve is None else f"+rs{self.reserve:g}")
+              + (f"+gd{self.guard:g}@{','.join(map(str, sorted(self.guard_devices)))}"
+                 if self.guard else ""))
         noise = f",noise={self.noise:g}/{self.seed}" if self.noise else ""
         if self.flips is not None:
             noise += f"+{len(self.flips)}flips"
@@ -636,6 +646,8 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF,
     contention = ctx.contention
     b_cross = ctx.b_cross
     deep, lookahead, fb, wait_w = policy.deep, policy.lookahead, policy.fb, policy.wait_w
+    guard = policy.guard
+    g_devs = policy.guard_devices
     # reclaim: memory that micro-batches past their last F on the device hold counts as free
     # for the headroom (never for the F's own activation): see the docstring.
     reclaim = policy.reclaim and ctx.nested
@@ -845,6 +857,13 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF,
                     wake[d] = next_b
                     pend = (next_b, d)
                     continue
+            if (guard and kind == "F" and d in g_devs and t + dur > next_b
+                    and next_b - t <= guard * dur) and not (noise and rand() < noise):
+                # A B arrives soon while this F would run: keep the device free for it (the
+                # F waits, the device idles until then).
+                wake[d] = next_b
+                pend = (next_b, d)
+                continue
             if wait_w and kind == "W":
                 next_t = next_b if next_b < next_f else next_f
                 if t + dur > next_t and next_t - t < t + dur - next_t:
@@ -1367,6 +1386,17 @@ _LOCAL_TOGGLES = (1, 2)
 #: goes on from its best with this many more choices toggled at once (iterated local search).
 _KICK_AFTER = 500
 _KICK_TOGGLES = 6
+#: On instances of at least :data:`_LOCAL_MIN_OPS` ops, the first this many restarts after the
+#: noiseless variants are noiseless runs of one of the :data:`_RESTART_TOP` best variants with
+#: an idle guard (:attr:`Policy.guard`) drawn by the seed: a share of :data:`_GUARD_SHARES` on
+#: a random range of consecutive devices. Measured at xdc p = 16, m = 64 (load 2-3): the
+#: best noiseless variant 270.4 s; guards on every device 266.0 s at best (share 0.3), on
+#: devices 1-6 264.6 s, on a drawn range 263.2 s after 814 / 1,822 draws (seeds 0 / 1;
+#: devices 2-6 or 2-5, share 0.6 or 0.8), where the seeded restarts and their local search
+#: stop at 264.8 s; neither that local search nor toggling single devices of the range
+#: improved 263.2 s in 30 s.
+_GUARD_RUNS = 2000
+_GUARD_SHARES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
@@ -1383,9 +1413,10 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     messages queue on links, the :data:`_RETIME_BEST` best by the greedy's own timing), or None
     when no run ended by the deadline. For a given seed the sequence of runs is fixed; only the
     deadline, or ``max_runs`` (noiseless ones included), decides where it stops; a run that
-    meets the lower bound ends it. On instances of at least :data:`_LOCAL_MIN_OPS` ops, after
-    :data:`_LOCAL_STALL` restarts in a row without a better run, the rest is a local search in
-    the best run's choices (see there).
+    meets the lower bound ends it. On instances of at least :data:`_LOCAL_MIN_OPS` ops, the
+    first :data:`_GUARD_RUNS` restarts draw an idle guard instead of noise (see there), and
+    after them and :data:`_LOCAL_STALL` restarts in a row without a better run, the rest is a
+    local search in the best run's choices (see there).
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -1411,8 +1442,10 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     stall, local, local_runs = 0, False, 0
     cur_sum = top_sum = math.inf  # the sum of the current / best run's op starts (s)
     may_walk = problem.num_ops >= _LOCAL_MIN_OPS
+    guard_runs = _GUARD_RUNS if may_walk else 0
     while max_runs is None or runs < max_runs:
-        local = local or (may_walk and stall >= _LOCAL_STALL and cur is not None)
+        local = local or (may_walk and stall >= _LOCAL_STALL and cur is not None
+                          and runs >= len(policies) + guard_runs)
         if runs < len(policies):
             policy = policies[runs]
         elif local:
@@ -1429,10 +1462,20 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
             if not noiseless:
                 break  # no variant ran to the end: nothing to perturb
             top = [policies[i] for _, i in sorted(noiseless)[:_RESTART_TOP]]
-            r = runs - len(policies)
-            policy = replace(top[r % len(top)],
-                             noise=_RESTART_NOISE[(r // len(top)) % len(_RESTART_NOISE)],
-                             seed=rng.randrange(1 << 30))
+            r = runs - len(policies) - guard_runs
+            if r < 0:
+                # An idle guard on a drawn range of devices, no choice flipped (an empty
+                # ``flips`` counts the choices, so the local search can start from this run).
+                lo = rng.randrange(problem.devices)
+                hi = rng.randrange(lo + 1, problem.devices + 1)
+                policy = replace(top[(r + guard_runs) % len(top)],
+                                 guard=rng.choice(_GUARD_SHARES),
+                                 guard_devices=frozenset(range(lo, hi)),
+                                 noise=_RESTART_NOISE[0], flips=frozenset())
+            else:
+                policy = replace(top[r % len(top)],
+                                 noise=_RESTART_NOISE[(r // len(top)) % len(_RESTART_NOISE)],
+                                 seed=rng.randrange(1 << 30))
         retime = retime_cpu * watch.slowdown(calibrate=retime_cpu > _CALIBRATE_CPU_S)
         if time.perf_counter() >= deadline - retime:
             break
