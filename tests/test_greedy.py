@@ -544,6 +544,34 @@ def test_restarts_local_search_is_seeded_and_valid(monkeypatch):
     assert again.solver.detail("local_runs") == got.solver.detail("local_runs")
 
 
+def test_local_search_from_a_noiseless_best_toggles_its_choices(monkeypatch):
+    """Where a noiseless variant is the best run (it counted no choices: noise never drew),
+    the local search first replays it counting them, then toggles among them: its runs try
+    many different flip sets (before the fix every one toggled choice 0, the same run)."""
+    import pipeopt.solvers.greedy as greedy
+
+    monkeypatch.setattr(greedy, "_LOCAL_MIN_OPS", 0)
+    monkeypatch.setattr(greedy, "_LOCAL_STALL", 30)
+    monkeypatch.setattr(greedy, "_KICK_AFTER", 50)
+    monkeypatch.setattr(greedy, "_GUARD_RUNS", 0)
+    seen: list[tuple[frozenset[int] | None, float, float]] = []
+    run = greedy._run
+
+    def spy(ctx, policy, *args):
+        got = run(ctx, policy, *args)
+        seen.append((policy.flips, policy.noise, got[1]))
+        return got
+
+    monkeypatch.setattr(greedy, "_run", spy)
+    prob = _xdc(4, 12)
+    got = restart_search(prob, SolveOptions(seed=3), time.perf_counter() + 60, max_runs=200)
+    assert got is not None
+    best_noiseless = min(v for _, noise, v in seen if noise == 0)
+    assert got.iteration_time <= best_noiseless + 1e-9
+    local = [flips for flips, _, _ in seen if flips]
+    assert len(local) > 100 and len(set(local)) > 20
+
+
 def test_guard_keeps_the_device_free_for_an_arriving_b():
     """An idle guard of share g: on a guarded device no F starts at s while a B's input
     arrives in (s, s + g x T_F) (the unguarded run has such F's there); the run is valid;

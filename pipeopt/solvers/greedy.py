@@ -1443,6 +1443,8 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     cur_sum = top_sum = math.inf  # the sum of the current / best run's op starts (s)
     may_walk = problem.num_ops >= _LOCAL_MIN_OPS
     guard_runs = _GUARD_RUNS if may_walk else 0
+    # This run re-counts ``cur``'s choices (``cur`` is the best run; in place of a kick).
+    counting = from_top = recount_kick = False
     while max_runs is None or runs < max_runs:
         local = local or (may_walk and stall >= _LOCAL_STALL and cur is not None
                           and runs >= len(policies) + guard_runs)
@@ -1454,10 +1456,16 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
             if kick:  # from the best run, further away
                 cur, stall, cur_sum = top_run, 0, top_sum
             _, base, flips, choices = cur
-            toggle = {rng.randrange(max(1, choices))
-                      for _ in range(_KICK_TOGGLES if kick else rng.choice(_LOCAL_TOGGLES))}
-            policy = replace(base, noise=base.noise or _RESTART_NOISE[0],
-                             flips=flips.symmetric_difference(toggle))
+            from_top = cur is top_run
+            if base.noise == 0:
+                # A noiseless variant's run counted no choices (noise never drew): replay it
+                # with an empty ``flips`` (the same run) to count them, then toggle those.
+                policy = replace(base, noise=_RESTART_NOISE[0], flips=frozenset())
+                counting, recount_kick = True, kick
+            else:
+                toggle = {rng.randrange(max(1, choices)) for _ in
+                          range(_KICK_TOGGLES if kick else rng.choice(_LOCAL_TOGGLES))}
+                policy = replace(base, flips=flips.symmetric_difference(toggle))
         else:
             if not noiseless:
                 break  # no variant ran to the end: nothing to perturb
@@ -1499,6 +1507,15 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
             noiseless.append((val, runs))
         choices = flipped.pop()
         state = (val, replace(policy, flips=None), frozenset(flipped), choices)
+        if counting:  # the same run as ``cur``, now with its choices counted: take its place
+            counting = False
+            cur = state
+            if from_top:
+                top_run = state
+            if recount_kick:  # the kick it stood in for comes next
+                stall = _KICK_AFTER
+            runs += 1
+            continue
         if top_run is None or val < top_run[0] * (1 - 1e-12):
             top_run, cur, stall = state, state, 0
             cur_sum = top_sum = math.fsum(starts)
