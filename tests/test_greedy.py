@@ -623,3 +623,34 @@ def test_restarts_draw_guards_on_large_instances(monkeypatch):
     assert fits_memory(got, prob)
     again = restart_search(prob, opts, far, max_runs=n)
     assert again.device_orders() == got.device_orders()
+
+
+def test_order_search_rounds_go_on_from_the_best_order(monkeypatch):
+    """Chains that converge before the deadline start again (other seeds, from the best order
+    so far): more timings than one round, never a worse answer, the same for the same seed."""
+    import math
+    import time
+
+    from pipeopt.solvers import greedy
+    from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
+
+    start = tuple(range(8))
+    _, value, *_ = _run(_Context(_SCALED), POLICIES[0])
+    far = time.perf_counter() + 600
+    calls = [0]
+
+    def counted(ctx, policy, deadline=math.inf):
+        calls[0] += 1
+        return _run(ctx, policy, deadline)
+
+    monkeypatch.setattr(greedy, "_run", counted)
+    out = {}
+    for rounds in (1, greedy._ORDER_ROUNDS):
+        monkeypatch.setattr(greedy, "_ORDER_ROUNDS", rounds)
+        calls[0] = 0
+        a = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
+        b = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
+        assert a is not None and b is not None and (a[0], a[2]) == (b[0], b[2])
+        out[rounds] = (a[0], calls[0] // 2)
+    one, many = out[1], out[greedy._ORDER_ROUNDS]
+    assert many[1] > one[1] and many[0] <= one[0] + 1e-9

@@ -358,6 +358,9 @@ def test_greedy_tries_microbatch_orders() -> None:
     assert orders[1] == (0, 1, 3, 4, 6, 7, 2, 5)  # shortest first
     assert orders[2] == (0, 3, 6, 2, 5, 7, 4, 1)
     assert tuple(range(8)) in orders and (2, 5, 0, 1, 3, 4, 6, 7) in orders  # given, longest
+    # The long ones (4 > twice the median 1) in a block, shortest of them first, after the
+    # others longest first, then the t shortest (t = 1 and p / 2 = 2).
+    assert orders[-2:] == [(7, 6, 4, 3, 1, 2, 5, 0), (7, 6, 4, 3, 2, 5, 1, 0)]
     assert all(sorted(o) == list(range(8)) for o in orders) and len(set(orders)) == len(orders)
     assert microbatch_orders(uniform_problem(4, 8)) == [tuple(range(8))]
     sched = validate(solve_greedy(prob, SolveOptions(time_limit=2.0)))
@@ -532,3 +535,23 @@ def test_greedy_order_search_improves_and_is_seeded(monkeypatch: pytest.MonkeyPa
     without = solve_greedy(prob, opts)
     assert without.makespan == pytest.approx(48.6)
     assert a.makespan < without.makespan - 0.5
+
+
+def test_long_blocks_only_for_a_class_apart() -> None:
+    """Block orders need micro-batches above twice the median that cost twice every other
+    one: none when the costs rise gently or all are alike."""
+    from pipeopt.solvers.greedy import _long_blocks
+
+    def blocks(scales: tuple[float, ...]) -> list[tuple[int, ...]]:
+        prob = uniform_problem(4, len(scales)).replace(microbatch_scale=scales)
+        return _long_blocks(prob, sorted(range(len(scales)), key=lambda j: (scales[j], j)))
+
+    assert blocks((1.0, 1.2, 1.5, 1.9, 1.1, 1.3)) == []  # median 1.25, none above 2.5
+    assert blocks((1.0, 1.0, 1.0, 1.0)) == []
+    # 1.1 is above twice the median 0.5 but not twice the 0.9 below it: no class apart.
+    assert blocks((0.5, 0.5, 0.5, 0.9, 1.1)) == []
+    # Median 0.45: the 1.9 and 2.2 are long, the rest (0.3-0.5) short.
+    assert blocks((0.3, 2.2, 0.4, 0.5, 1.9, 0.35, 0.45)) == [
+        (3, 6, 2, 5, 4, 1, 0), (3, 6, 2, 4, 1, 5, 0)]
+    apart = uniform_problem(4, 5).replace(microbatch_scale=(0.5, 0.5, 0.5, 0.4, 1.1))
+    assert microbatch_orders(apart)[-2:] == [(2, 1, 0, 4, 3), (2, 1, 4, 0, 3)]

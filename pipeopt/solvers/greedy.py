@@ -52,13 +52,15 @@ micro-batches, the same on every stage, so the deadlock-freedom argument is unch
 scheduler runs on :meth:`Problem.permute_microbatches` and maps the ops back). Its memory
 headroom is for the largest micro-batch (see :func:`_run`). Several permutations are tried
 with the variants (:func:`microbatch_orders`: short ones at both ends and long ones in the
-middle in a few proportions, shortest first, given, longest first, alternating); the chosen one
+middle in a few proportions, shortest first, given, longest first, alternating, and the long
+ones in one block near the end when they are a class apart); the chosen one
 is ``details['microbatch_order']`` (also :attr:`Schedule.microbatch_order`). Then a seeded
 iterated local search over the order, from the two best variants (policy and order): swap two
 micro-batches of different cost or move one, keep a change that is no worse under that
 variant's policy, restart from the best order with a few random moves when stuck; the best
-order found is timed again with every variant (:func:`_order_search`). It runs until its
-chains stop improving, within the time the variants leave of half the time limit (``auto``
+order found is timed again with every variant (:func:`_order_search`); chains that stop
+improving early run again from the best order with other seeds, a few rounds at most. It runs
+until those rounds end, within the time the variants leave of half the time limit (``auto``
 gives CP-SAT the rest), or of most of it with ``long_search`` (``auto`` asks for it when
 CP-SAT's full model would not run after the greedy: only its neighbourhood search would).
 """
@@ -106,8 +108,9 @@ _RESTART_BUDGET_OPS = 150_000
 _NOISE = (0.02, 0.05, 0.1, 0.2, 0.3)
 #: Micro-batches of different cost: after the variants, an iterated local search over the
 #: micro-batch order (:func:`_order_search`) from the best :data:`_ORDER_STARTS` variants (policy
-#: and order), within this many ops in all and at most :data:`_ORDER_SEARCH_ITERS` timings per
-#: start (so small instances stop well before the time limit and a seed gives one answer).
+#: and order), within this many ops per round (:data:`_ORDER_ROUNDS`) and at most
+#: :data:`_ORDER_SEARCH_ITERS` timings per start and round (so small instances stop well
+#: before the time limit and a seed gives one answer).
 #: On the 9 instances of ``benchmarks/variable_microbatches.py`` with p >= 8 the first version
 #: (first-improvement swaps and moves from the best variant, 400k ops) shortened the best
 #: variant's makespan by 0.3-6 % (2.4 % geomean; e.g. p16 m64 lognormal 233.1 -> 219.2 s).
@@ -142,6 +145,19 @@ _STALL_KICKS = 3
 #: p8 m32 text/image 75.98 -> 75.62 s, p16 m64 text/image 169.92 -> 168.98, p8 m64 zipf
 #: 135.56 -> 135.22, p12 m48 lognormal 78.21 both; the suite: benchmarks/README.md.
 _LONG_SHARE = 0.85
+#: Chains that all ended (converged) before the order search's time was up run again, with
+#: other seeds, from the best order found so far (from their starts while none beats them),
+#: up to this many rounds in all: where the chains end early, which order they end at
+#: depends much on the seed. On the p = 8, m = 32 text / image instance of
+#: ``benchmarks/variable_microbatches.py`` (from the block orders of :func:`_long_blocks`),
+#: one round with seeds 0-3 ended at 74.88, 75.36, 74.57 and 75.56 s (``long``, 4-9 s each
+#: at load 4); the greedy alone (30 s limit, load 3-4), seeds 0 / 1: 74.88 / 75.36 s with one
+#: round, 74.88 / 75.36 with 4 rounds from the starts, 74.88 / 74.63 with 4 rounds from the
+#: best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds end at the deadline there, so
+#: load moves them). The seed offset of round r is r times :data:`_ROUND_SEED` (a prime far
+#: from the chain offsets), so round 0 draws what the single round drew before.
+_ORDER_ROUNDS = 8
+_ROUND_SEED = 1_000_003
 _LONG_STALL_KICKS = 8
 _LONG_CAPS = 2
 #: Share of the order search's time left for timing its best order with every variant and
@@ -967,8 +983,8 @@ def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
     in descending order, so the pipeline fills with short micro-batches, runs the long ones in
     the middle and drains with short ones again (as in a flow shop whose stages all scale
     alike): q = 3, then q = infinity (shortest first), q = 2, q = 4; then the given order,
-    longest first, and longest and shortest alternating. Costs compare by time, then memory,
-    then message scale.
+    longest first, and longest and shortest alternating; then :func:`_long_blocks` (the long
+    ones in one block). Costs compare by time, then memory, then message scale.
 
     Measured on the 11 instances of ``benchmarks/variable_microbatches.py`` (every variant of
     :data:`POLICIES` per order, best makespan): q = 3 was within 0.05 % of the best of the four
@@ -996,6 +1012,46 @@ def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
                   tuple(longest), tuple(alternate)):
         if order not in out:
             out.append(order)
+    out += [o for o in _long_blocks(problem, shortest) if o not in out]
+    return out
+
+
+#: :func:`_long_blocks`: a micro-batch is long when its time scale is more than this many
+#: times the median one's, and the long ones are a class apart (as images among texts) when
+#: the shortest of them is at least this many times the longest of the others.
+_LONG_CLASS = 2.0
+
+
+def _long_blocks(problem: Problem, shortest: list[int]) -> list[tuple[int, ...]]:
+    """Orders that run the long micro-batches (time scale above :data:`_LONG_CLASS` times the
+    median) in one block, shortest of them first, after the others longest first, with the
+    ``t`` shortest after the block (t = 1 and half the devices); none unless some are long
+    and they are a class apart (the shortest of them :data:`_LONG_CLASS` times the longest
+    other).
+
+    Why a block: a long micro-batch holds every device for its F, B and W in turn, and the
+    short ones behind it wait; long ones spread among short ones make that bubble once each,
+    in one block they make it about once. On the p = 8, m = 32 text / image instance of
+    ``benchmarks/variable_microbatches.py`` (7 images of 1.9-2.4 among 25 texts of
+    0.23-0.45) the best variant on a block order was 77.9 s against 79.6 s on the orders
+    above (and 82.6 s with the images spread evenly among the texts), and the order search
+    from it reached 74.9 s in 25 s against 75.3 s from those. Where the long ones are no
+    class apart they helped on some instances (p = 8, m = 32 lognormal: ``auto`` 135.0 s,
+    the proven optimum, against 135.6 s) and not on others (p = 16, m = 64 lognormal: 219.5
+    against 218.7 s, 30 s, load 2: the order search starts elsewhere), so they are left out
+    there."""
+    ts = problem.time_scale
+    m = len(shortest)
+    median = ts[shortest[m // 2]] if m % 2 else 0.5 * (ts[shortest[m // 2 - 1]]
+                                                      + ts[shortest[m // 2]])
+    long = [j for j in shortest if ts[j] > _LONG_CLASS * median]
+    short = [j for j in shortest if ts[j] <= _LONG_CLASS * median]
+    if not long or not short or ts[long[0]] < _LONG_CLASS * ts[short[-1]]:
+        return []
+    out = []
+    for t in sorted({1, problem.devices // 2}):
+        t = min(t, len(short))
+        out.append(tuple(short[t:][::-1] + long + short[:t][::-1]))
     return out
 
 
@@ -1247,8 +1303,11 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     plateaus that many orders of equal makespan form, when the devices' spans add up to no more
     than before) and, after :data:`_STALL` draws without
     improvement, restarts from its best order with :data:`_KICK` random moves; after
-    :data:`_STALL_KICKS` such restarts in a row without a better order the chain ends. Within
-    :data:`_ORDER_SEARCH_OPS` ops in all (none on larger instances) and until ``deadline``
+    :data:`_STALL_KICKS` such restarts in a row without a better order the chain ends. When
+    every chain has ended and time is left, they run again with other seeds from the best
+    order so far (from their starts while none beats them), up to :data:`_ORDER_ROUNDS`
+    rounds. Within
+    :data:`_ORDER_SEARCH_OPS` ops per round (none on larger instances) and until ``deadline``
     (perf_counter seconds), less :data:`_POLISH_SHARE` of the time left, in which the best
     order is timed with every variant of :data:`POLICIES` and with seeded noisy restarts.
     ``long``: :data:`_LONG_STALL_KICKS` kicks and :data:`_LONG_CAPS` times the caps.
@@ -1266,8 +1325,14 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     top = min(value for _, _, value in starts)
     now = time.perf_counter()
     chains_end = now + (1 - _POLISH_SHARE) * max(0.0, deadline - now)
-    for c, (policy, order, value) in enumerate(starts):
-        rand = random.Random(seed * 7919 + c)
+    for r, c in ((r, c) for r in range(_ORDER_ROUNDS) for c in range(len(starts))):
+        if r and time.perf_counter() > chains_end:
+            break
+        policy, order, value = starts[c]
+        if r and best is not None:  # later rounds: on from the best order so far
+            order, value = best[3], best[0]
+        # Round 0's seeds as before rounds existed; a later round's chains draw other moves.
+        rand = random.Random(seed * 7919 + c + _ROUND_SEED * r)
         left = (chains_end - time.perf_counter()) / (len(starts) - c)
         stop = min(chains_end, time.perf_counter() + left)
         cur_val, cur, cur_tie = value, list(order), _INF
