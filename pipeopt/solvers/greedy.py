@@ -59,10 +59,11 @@ iterated local search over the order, from the two best variants (policy and ord
 micro-batches of different cost or move one, keep a change that is no worse under that
 variant's policy, restart from the best order with a few random moves when stuck; the best
 order found is timed again with every variant (:func:`_order_search`); chains that stop
-improving early run again from the best order with other seeds, a few rounds at most. It runs
-until those rounds end, within the time the variants leave of half the time limit (``auto``
-gives CP-SAT the rest), or of most of it with ``long_search`` (``auto`` asks for it when
-CP-SAT's full model would not run after the greedy: only its neighbourhood search would).
+improving early run again from the best order with other seeds while that pays, a few rounds
+at most. It runs until those rounds end, within the time the variants leave of half the time
+limit (``auto`` gives CP-SAT the rest), or of most of it with ``long_search`` (``auto`` asks
+for it when CP-SAT's full model would not run after the greedy: only its neighbourhood search
+would).
 """
 
 from __future__ import annotations
@@ -146,16 +147,18 @@ _STALL_KICKS = 3
 #: 135.56 -> 135.22, p12 m48 lognormal 78.21 both; the suite: benchmarks/README.md.
 _LONG_SHARE = 0.85
 #: Chains that all ended (converged) before the order search's time was up run again, with
-#: other seeds, from the best order found so far (from their starts while none beats them),
-#: up to this many rounds in all: where the chains end early, which order they end at
-#: depends much on the seed. On the p = 8, m = 32 text / image instance of
-#: ``benchmarks/variable_microbatches.py`` (from the block orders of :func:`_long_blocks`),
-#: one round with seeds 0-3 ended at 74.88, 75.36, 74.57 and 75.56 s (``long``, 4-9 s each
-#: at load 4); the greedy alone (30 s limit, load 3-4), seeds 0 / 1: 74.88 / 75.36 s with one
-#: round, 74.88 / 75.36 with 4 rounds from the starts, 74.88 / 74.63 with 4 rounds from the
-#: best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds end at the deadline there, so
-#: load moves them). The seed offset of round r is r times :data:`_ROUND_SEED` (a prime far
-#: from the chain offsets), so round 0 draws what the single round drew before.
+#: other seeds, from the best order found so far, up to this many rounds in all, while each
+#: round finds a better order than the last (a round without one ends the search, so where
+#: the order search finds nothing the time goes to CP-SAT as before): where the chains end
+#: early, which order they end at depends much on the seed. On the p = 8, m = 32 text /
+#: image instance of ``benchmarks/variable_microbatches.py`` (from the block orders of
+#: :func:`_long_blocks`), one round with seeds 0-3 ended at 74.88, 75.36, 74.57 and 75.56 s
+#: (``long``, 4-9 s each at load 4); the greedy alone (30 s limit, load 3-4), seeds 0 / 1:
+#: 74.88 / 75.36 s with one round, 74.88 / 75.36 with 4 rounds from the starts, 74.88 /
+#: 74.63 with 4 rounds from the best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds
+#: end at the deadline there, so load moves them). The seed offset of round r is r times
+#: :data:`_ROUND_SEED` (a prime far from the chain offsets), so round 0 draws what the
+#: single round drew before.
 _ORDER_ROUNDS = 8
 _ROUND_SEED = 1_000_003
 _LONG_STALL_KICKS = 8
@@ -1305,8 +1308,8 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     improvement, restarts from its best order with :data:`_KICK` random moves; after
     :data:`_STALL_KICKS` such restarts in a row without a better order the chain ends. When
     every chain has ended and time is left, they run again with other seeds from the best
-    order so far (from their starts while none beats them), up to :data:`_ORDER_ROUNDS`
-    rounds. Within
+    order so far, up to :data:`_ORDER_ROUNDS` rounds, while each round improves on the last.
+    Within
     :data:`_ORDER_SEARCH_OPS` ops per round (none on larger instances) and until ``deadline``
     (perf_counter seconds), less :data:`_POLISH_SHARE` of the time left, in which the best
     order is timed with every variant of :data:`POLICIES` and with seeded noisy restarts.
@@ -1325,9 +1328,13 @@ def _order_search(problem: Problem, starts: list[tuple[Policy, tuple[int, ...], 
     top = min(value for _, _, value in starts)
     now = time.perf_counter()
     chains_end = now + (1 - _POLISH_SHARE) * max(0.0, deadline - now)
+    round_top = _INF  # the best value when the current round began
     for r, c in ((r, c) for r in range(_ORDER_ROUNDS) for c in range(len(starts))):
-        if r and time.perf_counter() > chains_end:
-            break
+        if c == 0:
+            # A round that found no better order ends the search (so does the time).
+            if r and (time.perf_counter() > chains_end or top >= round_top - 1e-9):
+                break
+            round_top = top
         policy, order, value = starts[c]
         if r and best is not None:  # later rounds: on from the best order so far
             order, value = best[3], best[0]
