@@ -572,6 +572,26 @@ def test_local_search_from_a_noiseless_best_toggles_its_choices(monkeypatch):
     assert len(local) > 100 and len(set(local)) > 20
 
 
+def test_guard_runs_capped_by_ops(monkeypatch):
+    """The guard runs stop at ``_GUARD_OPS`` ops in all (a count, so the runs stay seeded):
+    at p = 64, m = 1024 2,000 of them would fill any time limit (review, 2026-12-05)."""
+    import pipeopt.solvers.greedy as greedy
+
+    monkeypatch.setattr(greedy, "_LOCAL_MIN_OPS", 0)
+    prob = _xdc(4, 12)
+    monkeypatch.setattr(greedy, "_GUARD_OPS", 5 * prob.num_ops)
+    guarded: list[float] = []
+    run = greedy._run
+
+    def spy(ctx, policy, *args):
+        guarded.append(policy.guard)
+        return run(ctx, policy, *args)
+
+    monkeypatch.setattr(greedy, "_run", spy)
+    restart_search(prob, SolveOptions(seed=1), time.perf_counter() + 60, max_runs=60)
+    assert sum(g > 0 for g in guarded) == 5
+
+
 def test_guard_keeps_the_device_free_for_an_arriving_b():
     """An idle guard of share g: on a guarded device no F starts at s while a B's input
     arrives in (s, s + g x T_F) (the unguarded run has such F's there); the run is valid;

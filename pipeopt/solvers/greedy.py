@@ -111,7 +111,8 @@ _NOISE = (0.02, 0.05, 0.1, 0.2, 0.3)
 #: micro-batch order (:func:`_order_search`) from the best :data:`_ORDER_STARTS` variants (policy
 #: and order), within this many ops per round (:data:`_ORDER_ROUNDS`) and at most
 #: :data:`_ORDER_SEARCH_ITERS` timings per start and round (so small instances stop well
-#: before the time limit and a seed gives one answer).
+#: before the time limit and a seed gives one answer; where rounds run, on micro-batches a
+#: class apart, the last round may end at the deadline, and then the load moves the answer).
 #: On the 9 instances of ``benchmarks/variable_microbatches.py`` with p >= 8 the first version
 #: (first-improvement swaps and moves from the best variant, 400k ops) shortened the best
 #: variant's makespan by 0.3-6 % (2.4 % geomean; e.g. p16 m64 lognormal 233.1 -> 219.2 s).
@@ -146,24 +147,23 @@ _STALL_KICKS = 3
 #: p8 m32 text/image 75.98 -> 75.62 s, p16 m64 text/image 169.92 -> 168.98, p8 m64 zipf
 #: 135.56 -> 135.22, p12 m48 lognormal 78.21 both; the suite: benchmarks/README.md.
 _LONG_SHARE = 0.85
-#: Chains that all ended (converged) before the order search's time was up run again, with
-#: other seeds, from the best order found so far, up to this many rounds in all, while each
-#: round finds a better order than the last (a round without one ends the search, so where
-#: the order search finds nothing the time goes to CP-SAT as before): where the chains end
-#: early, which order they end at depends much on the seed. On the p = 8, m = 32 text /
-#: image instance of ``benchmarks/variable_microbatches.py`` (from the block orders of
+#: Chains that all ended (converged, or stopped by their iteration cap) before the order search's
+#: time was up run again, with other seeds, from the best order found so far, up to this many rounds
+#: in all, while each round finds a better order than the last (a round without one ends the search,
+#: so where the order search finds nothing the time goes to CP-SAT as before): where the chains end
+#: early, which order they end at depends much on the seed. On the p = 8, m = 32 text / image
+#: instance of ``benchmarks/variable_microbatches.py`` (from the block orders of
 #: :func:`_long_blocks`), one round with seeds 0-3 ended at 74.88, 75.36, 74.57 and 75.56 s
-#: (``long``, 4-9 s each at load 4); the greedy alone (30 s limit, load 3-4), seeds 0 / 1:
-#: 74.88 / 75.36 s with one round, 74.88 / 75.36 with 4 rounds from the starts, 74.88 /
-#: 74.63 with 4 rounds from the best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds
-#: end at the deadline there, so load moves them). The seed offset of round r is r times
-#: :data:`_ROUND_SEED` (a prime far from the chain offsets), so round 0 draws what the
-#: single round drew before. :func:`solve_greedy` runs rounds only where the long
-#: micro-batches are a class apart (:func:`_long_blocks`), so every other instance keeps the
-#: path it had: on p = 8, m = 32 lognormal they improved the greedy (135.8 against 136.3 s)
-#: but took time from CP-SAT, and ``auto`` ended at 135.74 s against 135.38 s without them
-#: (30 s, back to back, load 1.3-1.7; a third run without them, tests beside it: 135.75 s,
-#: so within CP-SAT's spread there: no measured gain).
+#: (``long``, 4-9 s each at load 4); the greedy alone (30 s limit, load 3-4), seeds 0 / 1: 74.88 /
+#: 75.36 s with one round, 74.88 / 75.36 with 4 rounds from the starts, 74.88 / 74.63 with 4 rounds
+#: from the best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds end at the deadline there,
+#: so load moves them). The seed offset of round r is r times :data:`_ROUND_SEED` (a prime far from
+#: the chain offsets), so round 0 draws what the single round drew before. :func:`solve_greedy` runs
+#: rounds only where the long micro-batches are a class apart (:func:`_long_blocks`), so every other
+#: instance keeps the path it had: on p = 8, m = 32 lognormal they improved the greedy (135.8
+#: against 136.3 s) but took time from CP-SAT, and ``auto`` ended at 135.74 s against 135.38 s
+#: without them (30 s, back to back, load 1.3-1.7; a third run without them, tests beside it: 135.75
+#: s, so within CP-SAT's spread there: no measured gain).
 _ORDER_ROUNDS = 8
 _ROUND_SEED = 1_000_003
 _LONG_STALL_KICKS = 8
@@ -205,9 +205,10 @@ class Policy:
     does not take the slot an admitted one needs when it comes back through the device, nor
     wait for slots that will be free again by then. ``guard`` (a share of the F's duration,
     0 = off) on the devices of ``guard_devices``: an F that would still run when a B's input
-    arrives within ``guard`` x the F's duration waits for that B instead, leaving the device
-    idle meanwhile, so the B's round trip is not held up (chosen per run by
-    :func:`restart_search`'s seeded draws). ``noise``: the
+    arrives within ``guard`` x the F's duration is held back until that input arrives, the
+    device idle meanwhile; then the F / B rule ``fb`` decides again (``'b'``: the B goes
+    first, so its round trip is not held up; ``'alt'`` may still run the F: then the guard
+    only delayed it). Chosen per run by :func:`restart_search`'s seeded draws. ``noise``: the
     probability of flipping an F/B or F/W choice (random restarts, seeded by ``seed``);
     ``flips`` (with ``noise`` > 0) instead: exactly the choices of these indices are flipped
     (the i-th choice where noise could act, counted from 0; the restarts' local search).
@@ -881,10 +882,13 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF,
                     wake[d] = next_b
                     pend = (next_b, d)
                     continue
-            if (guard and kind == "F" and d in g_devs and t + dur > next_b
-                    and next_b - t <= guard * dur) and not (noise and rand() < noise):
-                # A B arrives soon while this F would run: keep the device free for it (the
-                # F waits, the device idles until then).
+            if (guard and kind == "F" and d in g_devs
+                    and t + (fd := d_f[k * m + nf[k] if sc else k]) > next_b
+                    and next_b - t <= guard * fd) and not (noise and rand() < noise):
+                # A B arrives soon while this F would run: the F is held back and the device
+                # idles until the B's input arrives; then the F / B rule decides again (with
+                # ``fb='b'`` the B goes first; with ``'alt'`` the same F may). The F's own
+                # duration: after the lookahead's W -> F swap ``dur`` is still the W's.
                 wake[d] = next_b
                 pend = (next_b, d)
                 continue
@@ -1481,6 +1485,11 @@ _KICK_TOGGLES = 6
 #: stop at 264.8 s; neither that local search nor toggling single devices of the range
 #: improved 263.2 s in 30 s.
 _GUARD_RUNS = 2000
+#: ... and at most this many ops in all (a count, so the sequence of runs stays fixed for a
+#: seed): a run at p = 64, m = 1024 takes about 0.2 s, so 2,000 guard runs would fill any
+#: time limit there and leave no noisy restarts, where the guard's gain was measured at
+#: p = 16 and 32 only (3,072 and 12,288 ops: 2,000 runs either way; 127 at 196,608 ops).
+_GUARD_OPS = 25_000_000
 _GUARD_SHARES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
@@ -1527,7 +1536,7 @@ def restart_search(problem: Problem, options: SolveOptions, deadline: float, *,
     stall, local, local_runs = 0, False, 0
     cur_sum = top_sum = math.inf  # the sum of the current / best run's op starts (s)
     may_walk = problem.num_ops >= _LOCAL_MIN_OPS
-    guard_runs = _GUARD_RUNS if may_walk else 0
+    guard_runs = min(_GUARD_RUNS, _GUARD_OPS // max(1, problem.num_ops)) if may_walk else 0
     # This run re-counts ``cur``'s choices (``cur`` is the best run; in place of a kick).
     counting = from_top = recount_kick = False
     while max_runs is None or runs < max_runs:
