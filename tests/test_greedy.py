@@ -349,9 +349,11 @@ def test_restarts_valid_on_random_problems(prob, objective):
     assert value >= lower_bound(prob, objective) * (1 - 1e-9)
 
 
-def test_long_order_search_extends_the_chains(monkeypatch):
-    """``long``: the same seeded chains run further (more kicks, larger caps), so they time
-    more orders and end no worse; each mode gives one answer per seed."""
+@pytest.fixture
+def counted_order_search(monkeypatch):
+    """For the order-search tests on ``_SCALED``: (run, calls) where ``run(**kw)`` is
+    ``_order_search`` from the first variant's start (its value, 3 chains, a far deadline) and
+    ``calls[0]`` counts the greedy's timings since it was last reset."""
     import time
 
     from pipeopt.solvers import greedy
@@ -367,11 +369,21 @@ def test_long_order_search_extends_the_chains(monkeypatch):
         return _run(ctx, policy, deadline)
 
     monkeypatch.setattr(greedy, "_run", counted)
+
+    def run(**kw):
+        return _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far, **kw)
+
+    return run, calls
+
+
+def test_long_order_search_extends_the_chains(counted_order_search):
+    """``long``: the same seeded chains run further (more kicks, larger caps), so they time
+    more orders and end no worse; each mode gives one answer per seed."""
+    search, calls = counted_order_search
     runs = {}
     for long in (False, True):
         calls[0] = 0
-        a = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far, long=long)
-        b = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far, long=long)
+        a, b = search(long=long), search(long=long)
         assert a is not None and b is not None and (a[0], a[2]) == (b[0], b[2])
         runs[long] = (a[0], calls[0] // 2)
     assert runs[True][1] > runs[False][1]
@@ -645,31 +657,17 @@ def test_restarts_draw_guards_on_large_instances(monkeypatch):
     assert again.device_orders() == got.device_orders()
 
 
-def test_order_search_rounds_go_on_from_the_best_order(monkeypatch):
+def test_order_search_rounds_go_on_from_the_best_order(monkeypatch, counted_order_search):
     """Chains that converge before the deadline start again (other seeds, from the best order
     so far): more timings than one round, never a worse answer, the same for the same seed."""
-    import math
-    import time
-
     from pipeopt.solvers import greedy
-    from pipeopt.solvers.greedy import POLICIES, _Context, _order_search, _run
 
-    start = tuple(range(8))
-    _, value, *_ = _run(_Context(_SCALED), POLICIES[0])
-    far = time.perf_counter() + 600
-    calls = [0]
-
-    def counted(ctx, policy, deadline=math.inf):
-        calls[0] += 1
-        return _run(ctx, policy, deadline)
-
-    monkeypatch.setattr(greedy, "_run", counted)
+    search, calls = counted_order_search
     out = {}
     for rounds in (1, greedy._ORDER_ROUNDS):
         monkeypatch.setattr(greedy, "_ORDER_ROUNDS", rounds)
         calls[0] = 0
-        a = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
-        b = _order_search(_SCALED, [(POLICIES[0], start, value)], 3, far)
+        a, b = search(), search()
         assert a is not None and b is not None and (a[0], a[2]) == (b[0], b[2])
         out[rounds] = (a[0], calls[0] // 2)
     one, many = out[1], out[greedy._ORDER_ROUNDS]
