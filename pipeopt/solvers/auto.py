@@ -436,34 +436,33 @@ def _kept_devices(problem: Problem, obj: str, best: Schedule | None, time_left: 
     if obj != "makespan" or best is None:
         return None
     chain = kept_chain(problem) if problem.num_ops <= CPSAT_MAX_OPS else None
+    if chain is None and (problem.has_link_contention
+                          or all(len(stages) < 2 for stages in problem.device_stages)
+                          or not problem.has_link_delay):
+        return None
+    # A chain's case runs instead of the relaxation's window, with its time.
+    budget = (min(RELAX_MAX_S, RELAX_SHARE * time_left) if chain is not None
+              else min(KEPT_MAX_S, KEPT_SHARE * time_left))
     bound: Any = _load("pipeopt.solvers.kept_devices", "kept_devices_bound")
-    if chain is not None:  # instead of the relaxation's window, with its time
-        budget = min(RELAX_MAX_S, RELAX_SHARE * time_left)
-        if (bound is None or budget < CPSAT_MIN_TIME_S
-                or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9)):
+    if (bound is None or budget < CPSAT_MIN_TIME_S
+            or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9)):
+        return None
+    extra: dict[str, Any] = {}
+    if chain is not None:
+        devices, window = chain
+    else:
+        kept: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
+        if kept is None:
             return None
-        got_chain: Any = bound(problem, chain[0], time_limit=budget, workers=workers,
-                               window=chain[1])
-        return None if got_chain is None else float(got_chain.value)
-    if (problem.has_link_contention
-            or all(len(stages) < 2 for stages in problem.device_stages)
-            or not problem.has_link_delay):
-        return None
-    budget = min(KEPT_MAX_S, KEPT_SHARE * time_left)
-    if budget < CPSAT_MIN_TIME_S or _value(best, obj) <= lower_bound(problem, obj) * (1 + 1e-9):
-        return None
-    kept: Any = _load("pipeopt.solvers.kept_devices", "kept_device")
-    if kept is None or bound is None:
-        return None
-    device = kept(problem)
-    if not problem.uniform_microbatches:  # no window: the whole device, if small enough
-        got: Any = bound(problem, (device,), time_limit=budget, workers=workers,
-                         max_ops=KEPT_VARIED_MAX_OPS)
-        return None if got is None else float(got.value)
-    if memory_bound(problem)[device] < makespan_lower_bound(problem) * (1 - 1e-9):
-        return None  # the bound is work or warm-up, which the window cannot see
-    window = KEPT_WINDOW if problem.microbatches > KEPT_WINDOW else None
-    got = bound(problem, (device,), time_limit=budget, workers=workers, window=window)
+        devices, window = (int(kept(problem)),), None
+        if not problem.uniform_microbatches:  # no window: the whole device, if small enough
+            extra["max_ops"] = KEPT_VARIED_MAX_OPS
+        elif memory_bound(problem)[devices[0]] < makespan_lower_bound(problem) * (1 - 1e-9):
+            return None  # the bound is work or warm-up, which the window cannot see
+        elif problem.microbatches > KEPT_WINDOW:
+            window = KEPT_WINDOW
+    got: Any = bound(problem, devices, time_limit=budget, workers=workers, window=window,
+                     **extra)
     return None if got is None else float(got.value)
 
 
