@@ -234,13 +234,15 @@ def test_varied_vs_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
     17.00 s, the optimum 17.15 s)."""
     rng = random.Random(3)
     checked = stronger = 0
-    for _ in range(12):
+    for _ in range(8):
         p, m = 2, rng.choice([3, 4])
         scales = tuple(round(rng.choice([rng.uniform(0.3, 0.5), rng.uniform(1.8, 2.2)]), 2)
                        for _ in range(m))
         prob = _xdc_v(p, m, rng.choice([1.0, 2.0, 4.0])).replace(microbatch_scale=scales)
         prob = prob.replace(memory_limit=(p * max(prob.memory_scale),) * p)
-        best = _proven_optimum(prob, "makespan", monkeypatch)
+        if min(scales) > 1:  # every micro-batch long: CP-SAT proved none of these in 20 s
+            continue
+        best = _proven_optimum(prob, "makespan", monkeypatch)  # 0.2-1.9 s each, quiet
         if best is None:
             continue
         checked += 1
@@ -249,5 +251,5 @@ def test_varied_vs_below_proven_optima(monkeypatch: pytest.MonkeyPatch) -> None:
             got = kept_devices_bound(prob, (d,), time_limit=10, workers=1)
             assert got is not None and got.value <= best * (1 + 1e-9), (prob, d, got, best)
             stronger += d == p - 1 and got.value > analytic * (1 + 1e-9)
-    assert checked >= 5  # 6 of the first 8 proven in 20 s (load 5); fewer under more load
+    assert checked >= 5  # 6 of 6 proven on a quiet machine
     assert stronger >= 2
