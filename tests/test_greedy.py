@@ -672,3 +672,24 @@ def test_order_search_rounds_go_on_from_the_best_order(monkeypatch, counted_orde
         out[rounds] = (a[0], calls[0] // 2)
     one, many = out[1], out[greedy._ORDER_ROUNDS]
     assert many[1] > one[1] and many[0] <= one[0] + 1e-9
+
+
+def test_wait_w_judges_the_w_the_lookahead_swapped_in():
+    """Two devices, F 2 / 1 s, B 1.5 / 2 s, W 0.5 / 1 s, no memory limit, lookahead and
+    wait_w. At 7.5 s device 0 has run B0.0; F0.3 (2 s) and W0.0 (0.5 s) are ready and B0.1's
+    input arrives at 8 s. The F would still run then, so the lookahead swaps in the W, which
+    ends at 8 s: it runs. wait_w judged it on the F's 2 s (a stale duration) and held it
+    back, idling the device until 8 s: 19.5 s in all instead of 18 s."""
+    from pipeopt.simulate import simulate
+    from pipeopt.solvers.greedy import Policy, _Context, _run
+
+    prob = uniform_problem(2, 4).replace(forward=(2.0, 1.0), backward_input=(1.5, 2.0),
+                                         backward_weight=(0.5, 1.0))
+    ctx = _Context(prob)
+    ids, makespan, *_ = _run(ctx, Policy(lookahead=True, wait_w=True))
+    s = validate(simulate(prob, ctx.orders(ids)))
+    times = s.op_times()
+    assert times[Op("B", 0, 0)] == (approx(6.0), approx(7.5))
+    assert times[Op("W", 0, 0)] == (approx(7.5), approx(8.0))
+    assert times[Op("B", 0, 1)] == (approx(8.0), approx(9.5))
+    assert makespan == approx(18.0) and s.makespan == approx(18.0)

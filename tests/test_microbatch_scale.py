@@ -555,3 +555,37 @@ def test_long_blocks_only_for_a_class_apart() -> None:
         (3, 6, 2, 5, 4, 1, 0), (3, 6, 2, 4, 1, 5, 0)]
     apart = uniform_problem(4, 5).replace(microbatch_scale=(0.5, 0.5, 0.5, 0.4, 1.1))
     assert microbatch_orders(apart)[-2:] == [(2, 1, 0, 4, 3), (2, 1, 4, 0, 3)]
+
+
+def test_class_apart_decides_block_orders_and_rounds(monkeypatch) -> None:
+    """One predicate says whether the long micro-batches are a class apart: the block orders
+    exist exactly then, and only then does the order search get more than one round."""
+    from pipeopt.solvers import greedy
+
+    def prob(scales: tuple[float, ...]) -> Problem:
+        return uniform_problem(4, len(scales)).replace(microbatch_scale=scales)
+
+    # Median 0.5, long above 1.0: 1.2 is exactly twice the longest other (0.6), then not.
+    apart = prob((0.4, 0.5, 0.5, 0.6, 1.2))
+    near = prob((0.4, 0.5, 0.5, 0.61, 1.2))
+    gentle = prob((1.0, 1.2, 1.5, 1.9, 1.1, 1.3))
+    assert greedy._class_apart(apart)
+    assert not greedy._class_apart(near) and not greedy._class_apart(gentle)
+    for pr in (apart, near, gentle):
+        shortest = sorted(range(pr.microbatches), key=lambda j: (pr.time_scale[j], j))
+        assert bool(greedy._long_blocks(pr, shortest)) == greedy._class_apart(pr)
+    rounds: list[int | None] = []
+
+    def spy(*args, rounds_=rounds, **kw):
+        rounds_.append(kw["rounds"])
+        return None  # no better order: the variants' best stands
+
+    monkeypatch.setattr(greedy, "_order_search", spy)
+    # Above the bound, so the order search is asked (``apart`` meets it and is not asked):
+    # 1.9 and 2.2 among 0.3-0.5, then with a 1.0 among them, more than half of 1.9.
+    images = prob((0.3, 2.2, 0.4, 0.5, 1.9, 0.35, 0.45))
+    mixed = prob((0.3, 2.2, 0.4, 0.5, 1.9, 0.35, 1.0))
+    assert greedy._class_apart(images) and not greedy._class_apart(mixed)
+    for pr in (images, mixed):
+        validate(solve_greedy(pr, SolveOptions(time_limit=5.0)))
+    assert rounds == [None, 1]

@@ -159,7 +159,7 @@ _LONG_SHARE = 0.85
 #: from the best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds end at the deadline there,
 #: so load moves them). The seed offset of round r is r times :data:`_ROUND_SEED` (a prime far from
 #: the chain offsets), so round 0 draws what the single round drew before. :func:`solve_greedy` runs
-#: rounds only where the long micro-batches are a class apart (:func:`_long_blocks`), so every other
+#: rounds only where the long micro-batches are a class apart (:func:`_class_apart`), so every other
 #: instance keeps the path it had: on p = 8, m = 32 lognormal they improved the greedy (135.8
 #: against 136.3 s) but took time from CP-SAT, and ``auto`` ended at 135.74 s against 135.38 s
 #: without them (30 s, back to back, load 1.3-1.7; a third run without them, tests beside it: 135.75
@@ -873,22 +873,23 @@ def _run(ctx: _Context, policy: Policy, deadline: float = _INF,
                 k, kind, dur = wk, "W", d_w[wk * m + nw[wk] if sc else wk]
             if lookahead and t + dur > next_b:
                 # A B arrives while this op would run: prefer an op that ends by then, else
-                # wait for the B when that idles the device less than the B would wait.
-                if kind == "F" and wk >= 0 and t + d_w[wk * m + nw[wk] if sc else wk] <= next_b:
-                    k, kind = wk, "W"
-                elif kind == "W" and fk >= 0 and t + d_f[fk * m + nf[fk] if sc else fk] <= next_b:
-                    k, kind = fk, "F"
+                # wait for the B when that idles the device less than the B would wait. A swap
+                # takes the other op's duration too: the checks below judge the op that runs.
+                if kind == "F" and wk >= 0 and t + (
+                        other := d_w[wk * m + nw[wk] if sc else wk]) <= next_b:
+                    k, kind, dur = wk, "W", other
+                elif kind == "W" and fk >= 0 and t + (
+                        other := d_f[fk * m + nf[fk] if sc else fk]) <= next_b:
+                    k, kind, dur = fk, "F", other
                 elif next_b - t < t + dur - next_b:
                     wake[d] = next_b
                     pend = (next_b, d)
                     continue
-            if (guard and kind == "F" and d in g_devs
-                    and t + (fd := d_f[k * m + nf[k] if sc else k]) > next_b
-                    and next_b - t <= guard * fd) and not (noise and rand() < noise):
+            if (guard and kind == "F" and d in g_devs and t + dur > next_b
+                    and next_b - t <= guard * dur) and not (noise and rand() < noise):
                 # A B arrives soon while this F would run: the F is held back and the device
                 # idles until the B's input arrives; then the F / B rule decides again (with
-                # ``fb='b'`` the B goes first; with ``'alt'`` the same F may). The F's own
-                # duration: after the lookahead's W -> F swap ``dur`` is still the W's.
+                # ``fb='b'`` the B goes first; with ``'alt'`` the same F may).
                 wake[d] = next_b
                 pend = (next_b, d)
                 continue
@@ -1034,12 +1035,30 @@ def microbatch_orders(problem: Problem) -> list[tuple[int, ...]]:
 _LONG_CLASS = 2.0
 
 
+def _long_cut(problem: Problem) -> float:
+    """The time scale above which a micro-batch is long: :data:`_LONG_CLASS` times the median
+    one's (a factor of the reference micro-batch's times, like :attr:`Problem.time_scale`)."""
+    ts = sorted(problem.time_scale)
+    m = len(ts)
+    median = ts[m // 2] if m % 2 else 0.5 * (ts[m // 2 - 1] + ts[m // 2])
+    return _LONG_CLASS * median
+
+
+def _class_apart(problem: Problem) -> bool:
+    """Are some micro-batches long (:func:`_long_cut`), some not, and the long ones a class
+    apart: the shortest of them at least :data:`_LONG_CLASS` times the longest other? The
+    block orders (:func:`_long_blocks`) and the order search's rounds are for these only."""
+    cut = _long_cut(problem)
+    long = [x for x in problem.time_scale if x > cut]
+    short = [x for x in problem.time_scale if x <= cut]
+    return bool(long and short) and min(long) >= _LONG_CLASS * max(short)
+
+
 def _long_blocks(problem: Problem, shortest: list[int]) -> list[tuple[int, ...]]:
     """Orders that run the long micro-batches (time scale above :data:`_LONG_CLASS` times the
     median) in one block, shortest of them first, after the others longest first, with the
     ``t`` shortest after the block (t = 1 and half the devices); none unless some are long
-    and they are a class apart (the shortest of them :data:`_LONG_CLASS` times the longest
-    other).
+    and they are a class apart (:func:`_class_apart`).
 
     Why a block: a long micro-batch holds every device for its F, B and W in turn, and the
     short ones behind it wait; long ones spread among short ones make that bubble once each,
@@ -1052,14 +1071,12 @@ def _long_blocks(problem: Problem, shortest: list[int]) -> list[tuple[int, ...]]
     the proven optimum, against 135.6 s) and not on others (p = 16, m = 64 lognormal: 219.5
     against 218.7 s, 30 s, load 2: the order search starts elsewhere), so they are left out
     there."""
-    ts = problem.time_scale
-    m = len(shortest)
-    median = ts[shortest[m // 2]] if m % 2 else 0.5 * (ts[shortest[m // 2 - 1]]
-                                                      + ts[shortest[m // 2]])
-    long = [j for j in shortest if ts[j] > _LONG_CLASS * median]
-    short = [j for j in shortest if ts[j] <= _LONG_CLASS * median]
-    if not long or not short or ts[long[0]] < _LONG_CLASS * ts[short[-1]]:
+    if not _class_apart(problem):
         return []
+    ts = problem.time_scale
+    cut = _long_cut(problem)
+    long = [j for j in shortest if ts[j] > cut]
+    short = [j for j in shortest if ts[j] <= cut]
     out = []
     for t in sorted({1, problem.devices // 2}):
         t = min(t, len(short))
@@ -1213,11 +1230,10 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         # Rounds only where the long micro-batches are a class apart (block orders tried):
         # there the order is the lever; elsewhere CP-SAT's time after the greedy is worth more
         # (see _ORDER_ROUNDS).
-        classes = bool(_long_blocks(problem, sorted(range(problem.microbatches),
-                                                    key=problem.time_scale.__getitem__)))
         better = _order_search(problem, starts, options.seed,
                                t0 + max(0.05, share * options.time_limit), span_obj,
-                               long=long_search, rounds=None if classes else 1)
+                               long=long_search,
+                               rounds=None if _class_apart(problem) else 1)
         if better is not None:
             mb_orders.append(better[2])
             found.insert(0, (better[0], -1, partial(list, better[1]), better[3].name,
