@@ -54,7 +54,8 @@ from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_prof
 
 __all__ = ["FORMAT", "STEP_METHODS", "ProfileError", "executor_split", "forward_only_layer",
            "kendall_tau_b", "load_profile", "measure_overheads", "optimizer_step_time",
-           "profile_layer", "profile_model", "step_profile", "step_trace_costs",
+           "profile_layer", "profile_model", "step_profile", "step_profile_from_runs",
+           "step_schedules", "step_trace_costs",
            "trimmed_mean", "write_profile"]
 
 
@@ -631,6 +632,32 @@ def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any
     return fit, rows
 
 
+def step_schedules(doc: dict[str, Any], ranks: int, microbatches: int
+                   ) -> tuple[dict[str, Any], list[tuple[int, int]], list[Any]]:
+    """What :func:`step_profile` runs for the warm training profile ``doc`` on ``ranks``
+    stages and ``microbatches`` micro-batches: the document as a pipeline sees it (a copy,
+    the first layer's ``input_grad`` false: a pipeline's first input, the data, takes no
+    gradient), the partition the config form (``model: {profile: ...}``) gives its layers
+    (``[first, end)`` per stage) and the schedules of :data:`STEP_METHODS` on it (both are
+    order generators that ignore costs, so the same partition always gives the same orders).
+    Raises ``ValueError`` on a forward-only profile or fewer layers than ``ranks``."""
+    import copy
+
+    from pipeopt.solvers import solve
+
+    if doc.get("forward_only"):
+        raise ValueError("step timing: a forward-only profile has no training step to run")
+    if len(doc["layers"]) < ranks:
+        raise ValueError(f"step timing: {len(doc['layers'])} layer(s) cannot fill {ranks} "
+                         "stages; use fewer ranks")
+    layers = copy.deepcopy(doc["layers"])
+    layers[0]["input_grad"] = False
+    warm = {**doc, "layers": layers}
+    prob = _profile_problem(warm, ranks, microbatches)
+    part = [(int(a), int(b)) for a, b in dict(prob.meta)["partition"]]
+    return warm, part, [solve(prob, meth) for meth in STEP_METHODS]
+
+
 def step_profile(doc: dict[str, Any], model: str,
                  options: tuple[tuple[str, Any], ...] = (), *, ranks: int = 2,
                  microbatches: int = 8, rounds: int = 2, steps: int = 4, warmup: int = 1,
@@ -639,17 +666,52 @@ def step_profile(doc: dict[str, Any], model: str,
     pipelined step runs its ops; returns the new document (``"timing": "step"``).
 
     The config form (``model: {profile: ...}``) partitions the warm profile's layers over
-    ``ranks`` stages; ``ranks`` gloo processes then run the executor on ``model`` (an executor
-    model name: ``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``, with ``options``), ``microbatches``
-    micro-batches of the profile's ``micro_batch_size``, replaying each schedule of
-    :data:`STEP_METHODS` ``steps`` steps a round (the first not counted, unless it is the only
-    one) for ``rounds`` interleaved rounds, after ``warmup`` rounds that are not counted at
-    all (fresh ranks ran their first round of 1F1B 5-30 % slower than the next in most
-    profiles of ``benchmarks/executor.py --ranking``, and a later run of the same schedule in
-    a benchmark, as in ``pipeopt run``, as fast as the second); ``timeout`` (seconds) is for
-    the counted rounds, the whole run gets it scaled by ``(warmup + rounds) / rounds``. From
-    the op traces
-    (:func:`step_trace_costs`, trimmed means):
+    ``ranks`` stages (:func:`step_schedules`); ``ranks`` gloo processes then run the executor
+    on ``model`` (an executor model name: ``tiny-gpt``, ``mlp`` or ``MODULE:FACTORY``, with
+    ``options``), ``microbatches`` micro-batches of the profile's ``micro_batch_size``,
+    replaying each schedule of :data:`STEP_METHODS` ``steps`` steps a round (the first not
+    counted, unless it is the only one) for ``rounds`` interleaved rounds, after ``warmup``
+    rounds that are not counted at all (fresh ranks ran their first round of 1F1B 5-30 %
+    slower than the next in most profiles of ``benchmarks/executor.py --ranking``, and a
+    later run of the same schedule in a benchmark, as in ``pipeopt run``, as fast as the
+    second); ``timeout`` (seconds) is for the counted rounds, the whole run gets it scaled by
+    ``(warmup + rounds) / rounds``. The document is built from the runs' op traces by
+    :func:`step_profile_from_runs` (which says what each number is); ``in_step`` also
+    records the run's model, rounds, steps, warm-up rounds, a ping-pong of one activation
+    message between ranks 0 and 1 (``message_ping_pong_ms``, for comparison with the delays
+    the traces show) and its wall time. Another partition of the same layers (more ranks,
+    another balance) keeps the per-layer factors, measured on this one."""
+    from pipeopt.executor.procs import RunConfig, spawn
+
+    if warmup < 0 or rounds < 1:
+        raise ValueError(f"step timing: warmup must be >= 0 and rounds >= 1 (got {warmup} "
+                         f"and {rounds})")
+    t0 = time.perf_counter()
+    warm, part, scheds = step_schedules(doc, ranks, microbatches)
+    cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
+                    batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
+    boundary = int(warm["layers"][part[0][1] - 1]["output_bytes"])  # stage 0's message
+    reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary, warmup),
+                    timeout=timeout * (warmup + rounds) / rounds, backend="gloo")
+    out = step_profile_from_runs(doc, [r["runs"] for r in reports], microbatches=microbatches,
+                                 model=model, warmup=warmup)
+    out["in_step"].update(message_ping_pong_ms=(reports[0]["ping_pong_s"] or 0.0) * 1e3,
+                          wall_s=time.perf_counter() - t0)
+    return out
+
+
+def step_profile_from_runs(doc: dict[str, Any], runs: list[list[list[dict[str, Any]]]], *,
+                           microbatches: int, model: str = "", warmup: int = 0
+                           ) -> dict[str, Any]:
+    """The warm training profile ``doc`` re-timed on runs of its :func:`step_schedules`
+    (``runs[rank][i][round]``: :func:`pipeopt.executor.launch.run_rank`'s report, its
+    ``step_traces`` and ``step_times``, of the ``i``-th schedule of :data:`STEP_METHODS` on
+    ``len(runs)`` ranks and ``microbatches`` micro-batches; ``warmup``: rounds run before
+    these and left out, for the record); returns the new document (``"timing": "step"``).
+    :func:`step_profile` spawns the ranks and calls it; a benchmark that runs the same
+    schedules between its own measured runs calls it on each round's reports.
+
+    From the op traces (:func:`step_trace_costs`, trimmed means):
 
     - each stage's F (both runs), B and W (ZB-H1) and fused backward (1F1B): every layer's
       time scaled by the stage's measured time over its layers' warm sum, so that the stages
@@ -663,38 +725,17 @@ def step_profile(doc: dict[str, Any], model: str,
       the runs' median step less what the new document predicts for them (a step is the
       longest path over ops whose times vary, longer than the path over their means).
 
-    ``in_step`` records the run: partition, sizes, the measured stage times and factors (ms),
-    each schedule's measured step against what the new document predicts for it with the
-    measured parts and with the adjusted step cost (``replayed``), its wall time. Another
-    partition of the same layers (more ranks, another balance) keeps these per-layer factors,
-    measured on this one."""
-    import copy
-
-    from pipeopt.executor.procs import RunConfig, spawn
-    from pipeopt.solvers import solve
-
-    if warmup < 0 or rounds < 1:
-        raise ValueError(f"step timing: warmup must be >= 0 and rounds >= 1 (got {warmup} "
-                         f"and {rounds})")
-    if doc.get("forward_only"):
-        raise ValueError("step timing: a forward-only profile has no training step to run")
-    if len(doc["layers"]) < ranks:
-        raise ValueError(f"step timing: {len(doc['layers'])} layer(s) cannot fill {ranks} "
-                         "stages; use fewer ranks")
-    t0 = time.perf_counter()
-    layers = copy.deepcopy(doc["layers"])
-    layers[0]["input_grad"] = False  # a pipeline's first input (the data) takes no gradient
-    warm = {**doc, "layers": layers}
-    prob = _profile_problem(warm, ranks, microbatches)
-    part = [tuple(x) for x in dict(prob.meta)["partition"]]
-    scheds = [solve(prob, meth) for meth in STEP_METHODS]
-    cfg = RunConfig(model=model, model_options=tuple(options), steps=steps,
-                    batch_size=microbatches * int(doc["micro_batch_size"]), timeout=timeout)
-    boundary = int(layers[part[0][1] - 1]["output_bytes"])  # stage 0's activation message
-    reports = spawn(_step_rank, ranks, ([(s, cfg) for s in scheds], rounds, boundary, warmup),
-                    timeout=timeout * (warmup + rounds) / rounds, backend="gloo")
-    per_rank = [r["runs"] for r in reports]
-    fused, split = (step_trace_costs(s, [per_rank[r][i] for r in range(ranks)])
+    ``in_step`` records the partition, sizes, the measured stage times and factors (ms), each
+    schedule's measured step against what the new document predicts for it with the measured
+    parts and with the adjusted step cost (``replayed``)."""
+    ranks = len(runs)
+    if ranks < 1 or any(len(r) != len(STEP_METHODS) for r in runs):
+        raise ValueError(f"step timing: runs[rank][i] of the {len(STEP_METHODS)} schedules "
+                         f"{', '.join(STEP_METHODS)} on every rank expected")
+    warm, part, scheds = step_schedules(doc, ranks, microbatches)
+    layers = warm["layers"]
+    prob = scheds[0].problem
+    fused, split = (step_trace_costs(s, [runs[r][i] for r in range(ranks)])
                     for i, s in enumerate(scheds))
 
     def measured(*runs_keys: tuple[dict[str, Any], str]) -> float | None:
@@ -736,9 +777,9 @@ def step_profile(doc: dict[str, Any], model: str,
     # before the first op beyond that is paid once a step, as the tail is.
     lead = max(0.0, trimmed_mean(fused["leads"] + split["leads"]) - action)
     step = max(0.0, trimmed_mean([t - opt[r] for t, r in tails]) + lead)
-    out = {**doc, "timing": "step", "layers": layers,
+    out = {**warm, "timing": "step", "layers": layers,
            "overheads": {"action_s": action, "message_s": message, "step_s": step}}
-    wall = time.perf_counter() - t0
+    rounds, steps = len(runs[0][0]), len(runs[0][0][0]["step_times"])
     how = (f"{ranks} gloo ranks running {' and '.join(STEP_METHODS)} of this model, "
            f"{microbatches} micro-batches, {warmup} round(s) not counted, then {rounds} rounds "
            f"x {steps} steps (the first not counted): trimmed means of the delay of an "
@@ -758,8 +799,6 @@ def step_profile(doc: dict[str, Any], model: str,
                         "partition": [list(x) for x in part], "stages": rows,
                         "gap_ms": action * 1e3,
                         "message_delay_ms": trimmed_mean(delays) * 1e3,
-                        "message_bytes": boundary,
-                        "message_ping_pong_ms": (reports[0]["ping_pong_s"] or 0.0) * 1e3,
+                        "message_bytes": int(layers[part[0][1] - 1]["output_bytes"]),
                         "tail_ms": trimmed_mean([t for t, _ in tails]) * 1e3,
-                        "lead_ms": lead * 1e3,
-                        "wall_s": wall}}
+                        "lead_ms": lead * 1e3}}
