@@ -18,7 +18,7 @@ than 1.05x.
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project] [--no-replan] [--no-vshape]
     python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau-b
-        [--timing step|warm]
+        [--timing step|warm] [--no-profile-each-round] [--profile-steps N] [--warmup-rounds N]
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ import re
 import statistics
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeopt.costs.profiler import (
+    STEP_METHODS,
     executor_split,
     kendall_tau_b,
     ping_pong_s,
+    step_profile_from_runs,
+    step_schedules,
     write_profile,
 )
 from pipeopt.executor.check import batch_for
@@ -211,16 +214,19 @@ def profile(ranks: int, microbatches: int, batch: int, partition: Any = None, re
 
 
 def _bench_rank(rank: int, world: int, device: Any, jobs: list[tuple[str, Any, RunConfig]],
-                rounds: int, status: Any = None) -> dict[str, list[dict[str, Any]]]:
-    """Every job ``rounds`` times, interleaved; ``('ours', schedule, cfg)``, or
-    ``('torch:NAME', schedule, cfg)``: PyTorch's schedule class NAME on the schedule's stages."""
+                rounds: int, warmup: int = 0, status: Any = None
+                ) -> dict[str, list[dict[str, Any]]]:
+    """Every job ``warmup + rounds`` times, interleaved, the first ``warmup`` rounds left
+    out; ``('ours', schedule, cfg)``, or ``('torch:NAME', schedule, cfg)``: PyTorch's
+    schedule class NAME on the schedule's stages."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(rounds):
+    for rnd in range(warmup + rounds):
         for i, (kind, obj, cfg) in enumerate(jobs):
             if kind.startswith("torch:"):  # PyTorch's own schedule class on the same stages
                 cfg = replace(cfg, torch_schedule=kind.removeprefix("torch:"))
             res = run_rank(rank, world, device, obj, cfg, "gloo", status=status)
-            out.setdefault(str(i), []).append(res)
+            if rnd >= warmup:
+                out.setdefault(str(i), []).append(res)
     return out
 
 
@@ -327,6 +333,22 @@ def main() -> None:
                     help="--ranking: how the profile times its ops: step (default): in real "
                     "steps of the executor (pipeopt profile's default on the CPU); warm: each "
                     "layer alone in a warm loop, with the fixed costs of a trivial model")
+    ap.add_argument("--profile-each-round", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help="--ranking (step timing): before every measured round run the "
+                    "profile's own schedules again and predict each case also on that "
+                    "round's profile (its orders re-priced by the simulator), median over "
+                    "rounds; both predictions reported (default: on with --timing step; "
+                    "--no-profile-each-round: one profile before the runs, as before "
+                    "2026-12-05)")
+    ap.add_argument("--warmup-rounds", type=int, default=1,
+                    help="--ranking: rounds of every job run first and not counted (in the "
+                    "3 fresh spawns traced, the first 2-3 jobs of the tiny GPT ran 1.3-2.4x "
+                    "slower than the same jobs later; default 1, as pipeopt profile --timing "
+                    "step does)")
+    ap.add_argument("--profile-steps", type=int, default=None,
+                    help="--profile-each-round: steps of each of the profile's runs per round "
+                    "(default: the rounds' steps)")
     ap.add_argument("--no-overheads", dest="overheads", action="store_false",
                     help="--ranking --timing warm without the executor's fixed costs (per "
                     "action, message, step) in the profile: the predictions as they were "
@@ -530,6 +552,28 @@ def _case_name(method: str, m: int, limit: float | None) -> str:
     return f"{method} m={m}" + (f" mem={limit:g}" if limit is not None else "")
 
 
+def problem_of(timed: dict[str, Any], m: int, tmp: str) -> Problem:
+    """The config form's problem (``model: {profile: ...}``, ``m`` micro-batches) of the
+    step-timed profile ``timed`` on the partition its runs measured (``in_step.partition``:
+    its factors hold for it; another partition would reuse them per layer)."""
+    from pipeopt.config import parse_config
+
+    part = timed["in_step"]["partition"]
+    write_profile(timed, f"{tmp}/step.json")
+    return parse_config({"pipeline": {"devices": len(part), "microbatches": m},
+                         "model": {"profile": f"{tmp}/step.json"},
+                         "training": {"stage_layers": [hi - lo for lo, hi in part]}}).problem
+
+
+def repriced(s: Schedule, prob: Problem, limit: float | None) -> float:
+    """The iteration time (seconds) of ``s``'s device orders re-priced by the simulator on
+    ``prob`` (its fused variant when ``s`` fuses the backward; ``limit``: the case's memory
+    limit, see :func:`_limited`)."""
+    prob = _limited(prob, limit)
+    return simulate(prob if s.problem.split_backward else fused_variant(prob),
+                    s.device_orders()).iteration_time
+
+
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
                 p: int, m: int, tmp: str, steps: int = 4
                 ) -> tuple[Problem, Problem, dict[str, float]]:
@@ -542,13 +586,9 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
     from pipeopt.costs.profiler import step_profile
 
     timed = step_profile(doc, model, options, ranks=p, microbatches=m, steps=steps)
-    write_profile(timed, f"{tmp}/step.json")
-    # The partition the runs measured (the factors hold for it; another partition would
-    # reuse them per layer).
+    prob = problem_of(timed, m, tmp)
+    # The warm profile with the same overheads, on the same partition.
     counts = [hi - lo for lo, hi in timed["in_step"]["partition"]]
-    prob = parse_config({"pipeline": {"devices": p, "microbatches": m},
-                         "model": {"profile": f"{tmp}/step.json"},
-                         "training": {"stage_layers": counts}}).problem
     write_profile({**doc, "overheads": timed["overheads"]}, f"{tmp}/warm.json")
     other = parse_config({"pipeline": {"devices": p, "microbatches": m},
                           "model": {"profile": f"{tmp}/warm.json"},
@@ -569,127 +609,260 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
 
 
 def ranking(args: argparse.Namespace) -> None:
-    """Per model and micro-batch count of :data:`RANK_CASES`: the project profile (``pipeopt
-    profile``; ``--timing step``, the default: re-timed in real steps of the executor,
-    :func:`pipeopt.costs.profiler.step_profile`; ``warm``: each layer in a warm loop, with the
-    executor's fixed costs measured once on a trivial model unless ``--no-overheads``), every
-    case solved on it (the config form; fused methods priced at the fused backward), all
-    cases of the model run ``--rounds`` times interleaved; prints each case's predicted and
-    measured step time (median of the steps after the first of every round), the error, where
-    the error goes (:func:`error_parts`), the pairs whose predicted difference is within the
-    measured spread, and the Kendall tau between the predicted and the measured order. Steps
-    per round: ``--steps`` or :data:`RANK_STEPS` of the model, in the profile's runs too."""
+    """Per model of :data:`RANK_MODELS` and micro-batch count of :data:`RANK_CASES`: the
+    project profile (``pipeopt profile``; ``--timing step``, the default: re-timed in real
+    steps of the executor, :func:`pipeopt.costs.profiler.step_profile`; ``warm``: each layer
+    in a warm loop, with the executor's fixed costs measured once on a trivial model unless
+    ``--no-overheads``), every case solved on it (the config form; fused methods priced at
+    the fused backward), all cases of the model run ``--rounds`` times interleaved; prints
+    each case's predicted and measured step time (median of the steps after the first of
+    every round), the error, where the error goes (:func:`error_parts`), the pairs whose
+    predicted difference is within the measured spread, and the Kendall tau-b between the
+    predicted and the measured order. Steps per round: ``--steps`` or :data:`RANK_STEPS` of
+    the model, in the profile's runs too.
+
+    With ``--profile-each-round`` (step timing) every round first runs the profile's own
+    schedules again (:func:`pipeopt.costs.profiler.step_schedules`, ``--profile-steps``
+    steps), and each case is also predicted per round: its orders (solved once, on the
+    first profile) re-priced by the simulator on that round's step-timed profile
+    (:func:`pipeopt.costs.profiler.step_profile_from_runs`), the median over rounds
+    against the measured median; both predictions are reported. Ends with a summary of
+    tau-b and worst error per model and prediction."""
     p = args.ranks
     step = args.timing == "step"
+    if args.profile_each_round and not step:
+        raise SystemExit("--profile-each-round needs --timing step (the per-round profile is "
+                         "timed in the executor's steps)")
+    if args.profile_each_round is None:
+        args.profile_each_round = step
+    if args.warmup_rounds < 0:
+        raise SystemExit(f"--warmup-rounds: must be >= 0, got {args.warmup_rounds}")
+    if args.profile_steps is not None and args.profile_steps < 1:
+        raise SystemExit(f"--profile-steps: must be >= 1, got {args.profile_steps}")
     over = timed_overheads(p) if args.overheads and not step else None
-    sizes = sorted({m for _, m, _ in RANK_CASES})
+    t_all = time.perf_counter()
+    summary: list[tuple[str, str, Verdict, Verdict | None]] = []
     for model, options in RANK_MODELS.items():
-        steps = args.steps or RANK_STEPS[model]
-        probs: dict[int, tuple[Problem, Problem]] = {}  # m -> (solved on, the other timing)
-        own: dict[int, dict[str, float]] = {}  # m -> method -> the profile's runs' step (s)
-        t0 = time.perf_counter()
+        summary += _rank_model(args, model, options, over)
+    print(f"summary ({time.perf_counter() - t_all:.0f} s in all; {load_note()}): Kendall "
+          "tau-b (aim >= 0.8) and worst error (aim <= 10 %), over every distinct case and "
+          "over those that do not run the orders of the profile's own runs")
+    for model, how, every, other in summary:
+        rest = (f"; not the profile's own orders ({other.cases} cases): tau-b "
+                f"{other.tau:+.2f}, worst {other.worst:.1%}") if other else ""
+        print(f"  {model:<8} {how:<26} ({every.cases} cases): tau-b {every.tau:+.2f}, "
+              f"worst {every.worst:.1%}{rest}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Kendall tau-b of predicted against measured step times, the worst relative error
+    (|measured / predicted - 1|) and the number of cases they are over."""
+
+    tau: float
+    worst: float
+    cases: int
+
+
+def verdict(predicted: list[float], measured: list[float]) -> Verdict:
+    """:class:`Verdict` of predicted against measured step times (seconds); tau-b is NaN
+    for fewer than two cases."""
+    tau = kendall_tau_b(predicted, measured) if len(predicted) > 1 else float("nan")
+    worst = max(abs(b / a - 1) for a, b in zip(predicted, measured, strict=True))
+    return Verdict(tau, worst, len(predicted))
+
+
+def own_orders(cases: list[tuple[str, int, float | None]], scheds: list[Schedule],
+               docs: dict[int, dict[str, Any]], p: int) -> list[str | None]:
+    """Per case, the method of the profile's own run (:data:`STEP_METHODS` on the same
+    partition and micro-batch count) that executes the same orders (same fused or split
+    backward, same op order on every rank), else None: such a case is priced on a step cost
+    fitted to runs of its own orders, so it is no independent prediction."""
+    mine: dict[int, dict[tuple[bool, Any], str]] = {}
+    for m, doc in docs.items():
+        _, _, sch = step_schedules(doc, p, m)
+        mine[m] = {(s.problem.split_backward, s.device_orders()): meth
+                   for meth, s in zip(STEP_METHODS, sch, strict=True)}
+    return [mine.get(c[1], {}).get((s.problem.split_backward, s.device_orders()))
+            for c, s in zip(cases, scheds, strict=True)]
+
+
+def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, Any], ...],
+                over: dict[str, Any] | None) -> list[tuple[str, str, Verdict, Verdict | None]]:
+    """:func:`ranking` on one model; returns its summary rows (model, prediction, verdict
+    over every case, over the cases that are not the profile's own orders)."""
+    p = args.ranks
+    step = args.timing == "step"
+    each = args.profile_each_round
+    steps = args.steps or RANK_STEPS[model]
+    sizes = sorted({m for _, m, _ in RANK_CASES})
+    probs: dict[int, tuple[Problem, Problem]] = {}  # m -> (solved on, the other timing)
+    own: dict[int, dict[str, float]] = {}  # m -> method -> the profile's runs' step (s)
+    docs: dict[int, dict[str, Any]] = {}  # m -> the warm profile
+    t0 = time.perf_counter()
+    for m in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            warm, _ = project_profile(p, m, args.batch, tmp, model, options, over,
+                                      keep_steps=step)
+            docs[m] = json.loads(Path(f"{tmp}/profile.json").read_text())
+            if not step:
+                probs[m] = (warm, warm)
+            else:
+                split_p, warm_p, own[m] = _step_timed(docs[m], model, options, p, m, tmp,
+                                                      steps)
+                probs[m] = (split_p, warm_p)
+        _show(f"{model}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
+              fused_variant(probs[m][0]))
+        tails = probs[m][0].grad_reduce
+        print(f"  step tails (optimizer step + overheads.step_s): "
+              f"{', '.join(f'{t * 1e3:.2f}' for t in tails)} ms")
+    print(f"  profiles: {time.perf_counter() - t0:.0f} s")
+    solved = [solve(_limited(probs[m][0], lim), meth, time_limit=args.time_limit,
+                    workers=1, seed=0) for meth, m, lim in RANK_CASES]
+    groups = same_runs(solved)
+    scheds = [solved[g[0]] for g in groups]
+    cases = [RANK_CASES[g[0]] for g in groups]
+    names = [" = ".join(_case_name(*RANK_CASES[i]) for i in g) for g in groups]
+    for name in (n for n in names if " = " in n):
+        print(f"  {name}: the same orders on every rank, run once as one case")
+    mine = own_orders(cases, scheds, docs, p) if step else [None] * len(scheds)
+    jobs: list[tuple[str, Any, RunConfig]] = []
+    prof_jobs: dict[int, list[int]] = {}  # m -> job index of each STEP_METHODS run
+    prof_steps = args.profile_steps or steps
+    if each:  # the profile's own runs first in every round, then the cases
+        pcfg = RunConfig(model=model, model_options=options, steps=prof_steps,
+                         batch_size=args.batch)
         for m in sizes:
-            with tempfile.TemporaryDirectory() as tmp:
-                warm, _ = project_profile(p, m, args.batch, tmp, model, options, over,
-                                          keep_steps=step)
-                doc = json.loads(Path(f"{tmp}/profile.json").read_text())
-                if not step:
-                    probs[m] = (warm, warm)
-                else:
-                    split_p, warm_p, own[m] = _step_timed(doc, model, options, p, m, tmp,
-                                                          steps)
-                    probs[m] = (split_p, warm_p)
-            _show(f"{model}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
-                  fused_variant(probs[m][0]))
-            tails = probs[m][0].grad_reduce
-            print(f"  step tails (optimizer step + overheads.step_s): "
-                  f"{', '.join(f'{t * 1e3:.2f}' for t in tails)} ms")
-        print(f"  profiles: {time.perf_counter() - t0:.0f} s")
-        solved = [solve(_limited(probs[m][0], lim), meth, time_limit=args.time_limit,
-                        workers=1, seed=0) for meth, m, lim in RANK_CASES]
-        groups = same_runs(solved)
-        scheds = [solved[g[0]] for g in groups]
-        cases = [RANK_CASES[g[0]] for g in groups]
-        names = [" = ".join(_case_name(*RANK_CASES[i]) for i in g) for g in groups]
-        for name in (n for n in names if " = " in n):
-            print(f"  {name}: the same orders on every rank, run once as one case")
-        cfgs = [RunConfig(model=model, model_options=options, steps=steps,
-                          batch_size=args.batch) for _ in scheds]
-        before = load_note(p)
-        t0 = time.perf_counter()
-        per_rank = spawn(_bench_rank, p, (list(zip(["ours"] * len(scheds), scheds, cfgs,
-                                                   strict=True)), args.rounds),
-                         timeout=3600, backend="gloo")
-        rounds = [[statistics.median(_assemble(
-            s, RunConfig(), [per_rank[r][str(i)][rnd] for r in range(p)]).step_times[1:])
-            for rnd in range(args.rounds)] for i, s in enumerate(scheds)]
-        measured = [statistics.median(
-            t for rnd in range(args.rounds) for t in _assemble(
-                s, RunConfig(), [per_rank[r][str(i)][rnd] for r in range(p)]).step_times[1:])
-            for i, s in enumerate(scheds)]
-        # The step time a schedule predicts: its makespan plus the stages' step tails.
-        predicted = [s.iteration_time for s in scheds]
-        print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.rounds} rounds x "
-              f"{steps} steps, {time.perf_counter() - t0:.0f} s)")
-        print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
-        other_col = "warm profile, same orders" if step else ""
-        width = max(18, *map(len, names))
-        print(f"  {'case':<{width}} {'predicted':>10} {'measured':>10} {'error':>8} "
-              f"{'round spread':>13}  {other_col}")
-        spread = [(max(r) - min(r)) / 2 / statistics.median(r) for r in rounds]
-        for i, s in enumerate(scheds):
-            pred, meas = predicted[i], measured[i]
-            line = (f"  {names[i]:<{width}} {pred * 1e3:8.1f}ms {meas * 1e3:8.1f}ms "
-                    f"{meas / pred - 1:+8.1%} {spread[i]:>12.1%}")
-            if step:
-                m = cases[i][1]
-                prob_o = _limited(probs[m][1], cases[i][2])
-                s_o = simulate(prob_o if s.problem.split_backward else fused_variant(prob_o),
-                               s.device_orders())
-                line += (f"  {s_o.iteration_time * 1e3:8.1f} ms "
-                         f"({meas / s_o.iteration_time - 1:+.1%})")
-            print(line)
-        # The profile ran 1F1B and ZB-H1 on the same partition: a case with the same method
-        # and no memory limit runs the same orders (both are fixed order generators), so
-        # its two measurements show how far the machine moved between the profile and now.
-        again = [(names[i], own[c[1]][c[0]], measured[i]) for i, c in enumerate(cases)
-                 if step and c[2] is None and c[0] in own.get(c[1], {})]
-        if again:
-            print("  the same orders in the profile's runs and in these (the machine's drift "
-                  "between them, in every error above): " + ", ".join(
-                      f"{name} {then * 1e3:.1f} / {now * 1e3:.1f} ms ({now / then - 1:+.0%})"
-                      for name, then, now in again))
-        print("  where each error goes, ms (the runs' own parts in place of the priced ones, "
-              "one at a time; error_parts): ops + gap, messages, step tail (run / priced), "
-              "unexplained")
-        for i, s in enumerate(scheds):
-            e = error_parts(s, [per_rank[r][str(i)] for r in range(p)])
-            print(f"    {names[i]:<{width}} {e['ops'] * 1e3:+7.1f} {e['messages'] * 1e3:+6.1f} "
-                  f"{e['tail'] * 1e3:+6.1f} ({e['run_tail'] * 1e3:.1f} / "
-                  f"{e['priced_tail'] * 1e3:.1f}) {e['unexplained'] * 1e3:+6.1f}")
-        tau = kendall_tau_b(predicted, measured)
-        worst = max(abs(meas / pred - 1) for pred, meas in zip(predicted, measured, strict=True))
-        close = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
-                 if abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j])
-                 <= spread[i] + spread[j]]
-        if close:
-            print("  predicted closer (difference over the larger) than their two round "
-                  "spreads added (their order is noise): " + ", ".join(
-                      f"{names[i]} / {names[j]} "
-                      f"({abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j]):.1%}"
-                      " apart)" for i, j in close))
-        sep = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
-               if (i, j) not in close]
-        agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
+            _, _, sch = step_schedules(docs[m], p, m)
+            prof_jobs[m] = list(range(len(jobs), len(jobs) + len(sch)))
+            jobs += [("ours", s, pcfg) for s in sch]
+    first = len(jobs)
+    jobs += [("ours", s, RunConfig(model=model, model_options=options, steps=steps,
+                                   batch_size=args.batch)) for s in scheds]
+    before = load_note(p)
+    t0 = time.perf_counter()
+    per_rank = spawn(_bench_rank, p, (jobs, args.rounds, args.warmup_rounds), timeout=3600,
+                     backend="gloo")
+    wall = time.perf_counter() - t0
+
+    def reports(i: int) -> list[list[dict[str, Any]]]:  # case i: [rank][round]
+        return [per_rank[r][str(first + i)] for r in range(p)]
+
+    def round_steps(i: int, rnd: int) -> list[float]:
+        return _assemble(scheds[i], RunConfig(),
+                         [reports(i)[r][rnd] for r in range(p)]).step_times[1:]
+
+    rounds = [[statistics.median(round_steps(i, rnd)) for rnd in range(args.rounds)]
+              for i in range(len(scheds))]
+    measured = [statistics.median(t for rnd in range(args.rounds) for t in round_steps(i, rnd))
+                for i in range(len(scheds))]
+    # The step time a schedule predicts: its makespan plus the stages' step tails.
+    once = [s.iteration_time for s in scheds]
+    per_round: list[list[float]] = [[] for _ in scheds]  # case -> prediction per round
+    again_steps: dict[int, dict[str, list[float]]] = {m: {} for m in sizes}
+    if each:
+        with tempfile.TemporaryDirectory() as tmp:
+            for rnd in range(args.rounds):
+                probs_r = {}
+                for m in sizes:
+                    runs = [[[per_rank[r][str(j)][rnd]] for j in prof_jobs[m]]
+                            for r in range(p)]
+                    timed = step_profile_from_runs(docs[m], runs, microbatches=m, model=model)
+                    probs_r[m] = problem_of(timed, m, tmp)
+                    for row in timed["in_step"]["replayed"]:
+                        again_steps[m].setdefault(row["method"], []).append(
+                            row["measured_ms"] / 1e3)
+                for i, (s, c) in enumerate(zip(scheds, cases, strict=True)):
+                    per_round[i].append(repriced(s, probs_r[c[1]], c[2]))
+    each_pred = [statistics.median(x) for x in per_round] if each else []
+    predicted = each_pred or once  # what the pairs and the tau line below judge
+    print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.warmup_rounds} round(s) not "
+          f"counted, then {args.rounds} rounds x {steps} steps"
+          + (f", each round after the profile's own runs ({' and '.join(STEP_METHODS)}, "
+             f"{prof_steps} steps each, per micro-batch count)" if each else "")
+          + f", {wall:.0f} s)")
+    print(f"  before the runs: {before}\n  after the runs:  {load_note()}")
+    width = max(20, *(len(n) + 2 for n in names))
+    spread = [(max(r) - min(r)) / 2 / statistics.median(r) for r in rounds]
+    print(f"  {'case':<{width}} {'measured':>9} {'round spread':>13} {'one profile before':>19}"
+          + (f" {'profile each round':>19} {'its spread':>10}" if each else "")
+          + ("  warm profile, same orders" if step else ""))
+    for i, s in enumerate(scheds):
+        meas = measured[i]
+        mark = " *" if mine[i] else ""
+        line = (f"  {names[i] + mark:<{width}} {meas * 1e3:7.1f}ms {spread[i]:>12.1%} "
+                f"{once[i] * 1e3:8.1f}ms {meas / once[i] - 1:+8.1%}")
+        if each:
+            pr = per_round[i]
+            line += (f" {each_pred[i] * 1e3:8.1f}ms {meas / each_pred[i] - 1:+8.1%} "
+                     f"{(max(pr) - min(pr)) / 2 / each_pred[i]:>9.1%}")
+        if step:
+            s_o = repriced(s, probs[cases[i][1]][1], cases[i][2])
+            line += f"  {s_o * 1e3:8.1f} ms ({meas / s_o - 1:+.1%})"
+        print(line)
+    if any(mine):
+        print("  * runs the same orders as the profile's own " + " / ".join(STEP_METHODS)
+              + " runs (order generators that ignore costs, same partition): the profile's "
+              "step cost is fitted to runs of these orders, so their predictions are not "
+              "independent of the measurement")
+    # The profile ran 1F1B and ZB-H1 on the same partition: a case with the same orders
+    # shows how far the machine moved between the profile and now.
+    again = [(names[i], own[c[1]][mine[i]], measured[i]) for i, c in enumerate(cases)
+             if mine[i] and step]
+    if again:
+        print("  the same orders in the profile's runs and in these (the machine's drift "
+              "between them, in every error above): one profile before " + ", ".join(
+                  f"{name} {then * 1e3:.1f} / {now * 1e3:.1f} ms ({now / then - 1:+.0%})"
+                  for name, then, now in again))
+        if each:
+            print("    each round's profile (median over rounds): " + ", ".join(
+                f"{names[i]} {statistics.median(again_steps[c[1]][mine[i]]) * 1e3:.1f} / "
+                f"{measured[i] * 1e3:.1f} ms "
+                f"({measured[i] / statistics.median(again_steps[c[1]][mine[i]]) - 1:+.0%})"
+                for i, c in enumerate(cases) if mine[i]))
+    print("  where each error goes (one profile before), ms (the runs' own parts in place of "
+          "the priced ones, one at a time; error_parts): ops + gap, messages, step tail "
+          "(run / priced), unexplained")
+    for i, s in enumerate(scheds):
+        e = error_parts(s, reports(i))
+        print(f"    {names[i]:<{width}} {e['ops'] * 1e3:+7.1f} {e['messages'] * 1e3:+6.1f} "
+              f"{e['tail'] * 1e3:+6.1f} ({e['run_tail'] * 1e3:.1f} / "
+              f"{e['priced_tail'] * 1e3:.1f}) {e['unexplained'] * 1e3:+6.1f}")
+    how = "profile each round" if each else "one profile before"
+    close = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
+             if abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j])
+             <= spread[i] + spread[j]]
+    if close:
+        print(f"  predicted ({how}) closer (difference over the larger) than their two round "
+              "spreads added (their order is noise): " + ", ".join(
+                  f"{names[i]} / {names[j]} "
+                  f"({abs(predicted[i] - predicted[j]) / max(predicted[i], predicted[j]):.1%}"
+                  " apart)" for i, j in close))
+    sep = [(i, j) for i in range(len(scheds)) for j in range(i + 1, len(scheds))
+           if (i, j) not in close]
+    agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
+    rows = []
+    for label, pred in (("one profile before", once), ("profile each round", each_pred)):
+        if not pred:
+            continue
+        every = verdict(pred, measured)
+        rest = [i for i in range(len(scheds)) if not mine[i]]
+        other = (verdict([pred[i] for i in rest], [measured[i] for i in rest])
+                 if step and rest else None)
         pairs = len(scheds) * (len(scheds) - 1) // 2
-        ties = sum(math.isclose(predicted[i], predicted[j], rel_tol=1e-9)  # kendall_tau_b's
+        ties = sum(math.isclose(pred[i], pred[j], rel_tol=1e-9)  # kendall_tau_b's
                    for i in range(len(scheds)) for j in range(i + 1, len(scheds)))
         best = f"; at most {math.sqrt((pairs - ties) / pairs):+.2f} with them" if ties else ""
-        print(f"  Kendall tau-b {tau:+.2f} over the {pairs} pairs of {len(scheds)} distinct "
-              f"cases (aim >= 0.8; tau-b, the statistic for rankings with ties; "
-              f"{ties} pair(s) tied in the prediction{best}); of the {len(sep)} pairs predicted "
-              f"further apart, {agree} in the measured order; worst error {worst:.1%} (aim "
-              "<= 10%)")
+        tail = (f"; of the {len(sep)} pairs predicted further apart, {agree} in the measured "
+                "order" if pred is predicted else "")
+        print(f"  {label}: Kendall tau-b {every.tau:+.2f} over the {pairs} pairs of "
+              f"{len(scheds)} distinct cases (aim >= 0.8; tau-b, the statistic for rankings "
+              f"with ties; {ties} pair(s) tied in the prediction{best}){tail}; worst error "
+              f"{every.worst:.1%} (aim <= 10%)"
+              + (f"; over the {other.cases} cases without *: tau-b {other.tau:+.2f}, worst "
+                 f"{other.worst:.1%}" if other else ""))
+        rows.append((model, label, every, other))
+    return rows
 
 
 def vshape(args: argparse.Namespace) -> None:
