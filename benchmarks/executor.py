@@ -42,10 +42,12 @@ from pipeopt.costs.profiler import (
     executor_split,
     kendall_tau_b,
     ping_pong_s,
+    sampled_step_fit,
     step_profile_from_runs,
     step_schedules,
     write_profile,
 )
+from pipeopt.costs.variation import SAMPLES, OpSpread, sampled_step
 from pipeopt.executor.check import batch_for
 from pipeopt.executor.launch import (
     RunConfig,
@@ -341,6 +343,16 @@ def main() -> None:
                     "rounds; both predictions reported (default: on with --timing step; "
                     "--no-profile-each-round: one profile before the runs, as before "
                     "2026-12-05)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="--ranking (profile each round): also predict each case per round "
+                    "as the median over --samples draws of the simulator's step with every "
+                    "op's duration drawn from the spread that round's profile runs measured, "
+                    "the per-step cost fitted again against that "
+                    "(pipeopt.costs.variation, pipeopt.costs.profiler.sampled_step_fit); "
+                    "printed beside the other predictions, which stay the default")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="--sampled: draws per prediction (default "
+                    "pipeopt.costs.variation.SAMPLES)")
     ap.add_argument("--warmup-rounds", type=int, default=1,
                     help="--ranking: rounds of every job run first and not counted (in the "
                     "3 fresh spawns traced, the first 2-3 jobs of the tiny GPT ran 1.3-2.4x "
@@ -635,6 +647,12 @@ def ranking(args: argparse.Namespace) -> None:
                          "timed in the executor's steps)")
     if args.profile_each_round is None:
         args.profile_each_round = step
+    if args.sampled and not args.profile_each_round:
+        raise SystemExit("--sampled needs the profile of each round (--timing step, without "
+                         "--no-profile-each-round): the spread is what that round's profile "
+                         "runs measured")
+    if args.samples is not None and args.samples < 1:
+        raise SystemExit(f"--samples: must be >= 1, got {args.samples}")
     if args.warmup_rounds < 0:
         raise SystemExit(f"--warmup-rounds: must be >= 0, got {args.warmup_rounds}")
     if args.profile_steps is not None and args.profile_steps < 1:
@@ -759,7 +777,11 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
     # The step time a schedule predicts: its makespan plus the stages' step tails.
     once = [s.iteration_time for s in scheds]
     per_round: list[list[float]] = [[] for _ in scheds]  # case -> prediction per round
+    sampled_round: list[list[float]] = [[] for _ in scheds]  # the same, sampled (--sampled)
+    own_fit: dict[int, dict[str, list[tuple[float, float, float]]]] = {m: {} for m in sizes}
     again_steps: dict[int, dict[str, list[float]]] = {m: {} for m in sizes}
+    spreads: dict[int, OpSpread] = {}
+    sampled_probs: dict[int, Problem] = {}
     if each:
         with tempfile.TemporaryDirectory() as tmp:
             for rnd in range(args.rounds):
@@ -772,9 +794,30 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
                     for row in timed["in_step"]["replayed"]:
                         again_steps[m].setdefault(row["method"], []).append(
                             row["measured_ms"] / 1e3)
+                    if args.sampled:
+                        again = sampled_step_fit(timed, samples=args.samples)
+                        spreads[m] = OpSpread.from_dict(timed["in_step"]["op_spread"])
+                        sampled_probs[m] = problem_of(again, m, tmp)
+                        for det, smp in zip(timed["in_step"]["replayed"],
+                                            again["in_step"]["sampled"]["replayed"],
+                                            strict=True):
+                            own_fit[m].setdefault(det["method"], []).append(
+                                (det["measured_ms"], det["predicted_parts_ms"],
+                                 smp["predicted_parts_ms"]))
+                        own_fit[m].setdefault("fit", []).append(
+                            (timed["in_step"]["step_measured_ms"],
+                             timed["in_step"]["step_fit_ms"],
+                             again["in_step"]["sampled"]["step_fit_ms"]))
                 for i, (s, c) in enumerate(zip(scheds, cases, strict=True)):
                     per_round[i].append(repriced(s, probs_r[c[1]], c[2]))
+                    if args.sampled:
+                        sp = _limited(sampled_probs[c[1]], c[2])
+                        sampled_round[i].append(sampled_step(
+                            sp if s.problem.split_backward else fused_variant(sp),
+                            s.device_orders(), spreads[c[1]],
+                            samples=args.samples or SAMPLES))
     each_pred = [statistics.median(x) for x in per_round] if each else []
+    sampled_pred = [statistics.median(x) for x in sampled_round] if args.sampled else []
     predicted = each_pred or once  # what the pairs and the tau line below judge
     print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.warmup_rounds} round(s) not "
           f"counted, then {args.rounds} rounds x {steps} steps"
@@ -786,6 +829,7 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
     spread = [(max(r) - min(r)) / 2 / statistics.median(r) for r in rounds]
     print(f"  {'case':<{width}} {'measured':>9} {'round spread':>13} {'one profile before':>19}"
           + (f" {'profile each round':>19} {'its spread':>10}" if each else "")
+          + (f" {'sampled each round':>19}" if sampled_pred else "")
           + ("  warm profile, same orders" if step else ""))
     for i, s in enumerate(scheds):
         meas = measured[i]
@@ -796,6 +840,8 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
             pr = per_round[i]
             line += (f" {each_pred[i] * 1e3:8.1f}ms {meas / each_pred[i] - 1:+8.1%} "
                      f"{(max(pr) - min(pr)) / 2 / each_pred[i]:>9.1%}")
+        if sampled_pred:
+            line += f" {sampled_pred[i] * 1e3:8.1f}ms {meas / sampled_pred[i] - 1:+8.1%}"
         if step:
             s_o = repriced(s, probs[cases[i][1]][1], cases[i][2])
             line += f"  {s_o * 1e3:8.1f} ms ({meas / s_o - 1:+.1%})"
@@ -842,7 +888,26 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
            if (i, j) not in close]
     agree = sum((predicted[i] < predicted[j]) == (measured[i] < measured[j]) for i, j in sep)
     rows = []
-    for label, pred in (("one profile before", once), ("profile each round", each_pred)):
+    if args.sampled:
+        print("  the profile's own runs, median over rounds, ms: measured, the replay on mean "
+              "op times and the sampled one (each with the measured tail; remainder = "
+              "measured less it), and the per-step cost: measured tail / fitted on mean "
+              "times / fitted on the sampled replay")
+        for m in sizes:
+            cells = []
+            for meth in STEP_METHODS:
+                rows_m = own_fit[m][meth]
+                meas_ms, det_ms, smp_ms = (statistics.median(r[k] for r in rows_m)
+                                           for k in range(3))
+                cells.append(f"{meth} {meas_ms:.1f}: mean times {det_ms:.1f} "
+                             f"({meas_ms - det_ms:+.1f}), sampled {smp_ms:.1f} "
+                             f"({meas_ms - smp_ms:+.1f})")
+            tail, fit_d, fit_s = (statistics.median(r[k] for r in own_fit[m]["fit"])
+                                  for k in range(3))
+            print(f"    m={m}: " + "; ".join(cells) + f"; per step {tail:.2f} / {fit_d:.2f} / "
+                  f"{fit_s:.2f}")
+    for label, pred in (("one profile before", once), ("profile each round", each_pred),
+                        ("sampled each round", sampled_pred)):
         if not pred:
             continue
         every = verdict(pred, measured)

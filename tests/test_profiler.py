@@ -563,6 +563,7 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import (
         STEP_METHODS,
+        sampled_step_fit,
         step_profile_from_runs,
         step_schedules,
     )
@@ -603,6 +604,21 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
         priced = simulate(prob if other.problem.split_backward else fused_variant(prob),
                           other.device_orders()).iteration_time
         assert priced == pytest.approx(_world_runs(other)[1], abs=1e-5), method
+    # Identical steps: op times do not spread, so the sampled prediction differs from the
+    # replay on mean parts only by the gaps this world's traces show beyond the priced
+    # (trimmed-mean) one, which the fit against it takes back out; it predicts the runs as
+    # exactly.
+    spread = doc["in_step"]["op_spread"]
+    assert spread["ops"]["F0"] and max(abs(x) for v in spread["ops"].values() for x in v) < 1e-15
+    assert set(spread["ops"]) == {"F0", "F1", "B0", "B1", "W0", "W1", "B0 fused", "B1 fused"}
+    assert all(abs(g) < 1e-15 or g == pytest.approx(_GAP) for g in spread["gap"])
+    again = sampled_step_fit(doc, samples=3)
+    assert over["step_s"] - _GAP - 1e-12 <= again["overheads"]["step_s"] <= over["step_s"] + 1e-12
+    for row, (_, step) in zip(again["in_step"]["sampled"]["replayed"], runs, strict=True):
+        assert row["predicted_ms"] == pytest.approx(step * 1e3, abs=1e-2)
+    no_spread = {**doc, "in_step": {k: v for k, v in doc["in_step"].items() if k != "op_spread"}}
+    with pytest.raises(ValueError, match=r"in_step\.op_spread: missing"):
+        sampled_step_fit(no_spread)
     with pytest.raises(ValueError, match="of the 2 schedules 1f1b, zb-h1 on every rank"):
         step_profile_from_runs(base, [per_rank[0][:1], per_rank[1][:1]],
                                microbatches=4)

@@ -510,6 +510,17 @@ class TaskGraph:
 
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def with_durations(self, duration: Sequence[float]) -> TaskGraph:
+        """A copy whose tasks last ``duration`` (seconds, one finite value >= 0 per task; the
+        rest of the graph unchanged), checked; the derived columns already computed are
+        shared, since none depends on durations. For a caller that times the same orders
+        under many draws of the durations (:mod:`pipeopt.costs.variation`)."""
+        dur = _floats("tasks.duration", duration, self.num_tasks)
+        columns = {f.name: getattr(self, f.name) for f in fields(self)}
+        columns["duration"] = dur
+        given = {k: self.__dict__[k] for k in _GIVEN_DERIVED if k in self.__dict__}
+        return TaskGraph.trusted(given=given, **columns)
+
 
 class GraphBuilder:
     """Build a small :class:`TaskGraph` by hand, one device, link, task or edge at a time.

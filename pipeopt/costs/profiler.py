@@ -54,8 +54,8 @@ from pipeopt.costs.profile import FORMAT, ProfileError, load_profile, write_prof
 
 __all__ = ["FORMAT", "STEP_METHODS", "ProfileError", "executor_split", "forward_only_layer",
            "kendall_tau_b", "load_profile", "measure_overheads", "optimizer_step_time",
-           "profile_layer", "profile_model", "step_profile", "step_profile_from_runs",
-           "step_schedules", "step_trace_costs",
+           "profile_layer", "profile_model", "sampled_step_fit", "step_profile",
+           "step_profile_from_runs", "step_schedules", "step_trace_costs",
            "trimmed_mean", "write_profile"]
 
 
@@ -632,6 +632,78 @@ def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any
     return fit, rows
 
 
+def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action: float
+               ) -> Any:
+    """How the op times of the runs (:func:`step_trace_costs` of the fused and the split
+    schedule) spread about what the step-timed document prices (seconds): per stage, F (both
+    runs pooled, as priced), the split run's B and W, the fused run's B (``"B{k} fused"``),
+    each less its trimmed mean; the gaps less ``action`` (the priced gap)."""
+    from pipeopt.costs.variation import OpSpread
+
+    ops: dict[str, list[float]] = {}
+    for k in range(stages):
+        for key, pool in ((f"F{k}", fused["ops"].get(f"F{k}", []) + split["ops"].get(f"F{k}", [])),
+                          (f"B{k}", split["ops"].get(f"B{k}", [])),
+                          (f"W{k}", split["ops"].get(f"W{k}", [])),
+                          (f"B{k} fused", fused["ops"].get(f"B{k}", []))):
+            if pool:
+                mid = trimmed_mean(pool)
+                ops[key] = [x - mid for x in pool]
+    gaps = fused["gaps"] + split["gaps"]
+    return OpSpread.from_residuals(ops, [g - action for g in gaps])
+
+
+def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: int = 0,
+                     statistic: str = "median") -> dict[str, Any]:
+    """The step-timed document ``doc`` (:func:`step_profile_from_runs`) with its per-step
+    cost fitted again, against the sampled prediction
+    (:func:`pipeopt.costs.variation.sampled_step`: each op's duration drawn from the spread
+    its runs measured, ``in_step.op_spread``) instead of the replay on mean op times: the
+    step tail the runs measured (``in_step.step_measured_ms``) adjusted (>= 0) by the mean
+    of the runs' median step less the sampled prediction of the same orders, so that it
+    carries only what the sampling does not explain. ``overheads.step_s`` is that cost
+    (seconds); ``in_step.sampled`` records it (``step_fit_ms``), the draws and, per schedule
+    of the runs, the measured step against the sampled predictions with the measured tail
+    and with the fitted cost (ms). Raises ``ValueError`` when ``doc`` has no ``op_spread``
+    (a profile not timed in steps, or written before it was recorded)."""
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+    from pipeopt.costs.variation import SAMPLES, OpSpread, sampled_step
+    from pipeopt.schedules import fused_variant
+    from pipeopt.solvers import solve
+
+    st = doc.get("in_step") or {}
+    if "op_spread" not in st:
+        raise ValueError("in_step.op_spread: missing (a step-timed profile records it; "
+                         "re-time the profile with pipeopt profile --timing step)")
+    spread = OpSpread.from_dict(st["op_spread"])
+    n = SAMPLES if samples is None else samples
+    part = [(int(a), int(b)) for a, b in st["partition"]]
+    m = int(st["microbatches"])
+    tail = float(st["step_measured_ms"]) / 1e3
+    base_doc = {**doc, "overheads": {**doc["overheads"], "step_s": tail}}
+    prob = _profile_problem(base_doc, len(part), m, [b - a for a, b in part])
+    measured = {r["method"]: r["measured_ms"] / 1e3 for r in st["replayed"]}
+    scheds = [solve(prob, meth) for meth in st["methods"]]
+
+    def predicted(extra: float) -> list[float]:
+        more = with_overheads(prob, Overheads(), [extra] * prob.stages) if extra else prob
+        return [sampled_step(more if s.problem.split_backward else fused_variant(more),
+                             s.device_orders(), spread, samples=n, seed=seed,
+                             statistic=statistic) for s in scheds]
+
+    base = predicted(0.0)
+    fit = max(0.0, tail + statistics.mean(measured[s.method] - x
+                                          for s, x in zip(scheds, base, strict=True)))
+    rows = [{"method": s.method, "measured_ms": measured[s.method] * 1e3,
+             "predicted_parts_ms": x * 1e3, "predicted_ms": f * 1e3}
+            for s, x, f in zip(scheds, base, predicted(fit - tail), strict=True)]
+    out = {**doc, "overheads": {**doc["overheads"], "step_s": fit}}
+    out["in_step"] = {**st, "sampled": {"step_fit_ms": fit * 1e3, "samples": n, "seed": seed,
+                                        "statistic": statistic, "replayed": rows}}
+    return out
+
+
 def step_schedules(doc: dict[str, Any], ranks: int, microbatches: int
                    ) -> tuple[dict[str, Any], list[tuple[int, int]], list[Any]]:
     """What :func:`step_profile` runs for the warm training profile ``doc`` on ``ranks``
@@ -792,6 +864,7 @@ def step_profile_from_runs(doc: dict[str, Any], runs: list[list[list[dict[str, A
     out["overheads"].update(step_s=fit, how=how)
     return {**out,
             "in_step": {"replayed": replayed, "step_measured_ms": step * 1e3,
+                        "op_spread": _op_spread(fused, split, len(part), action).to_dict(),
                         "step_fit_ms": fit * 1e3,
                         "model": model, "ranks": ranks, "microbatches": microbatches,
                         "rounds": rounds, "steps": steps, "warmup_rounds": warmup,
