@@ -606,16 +606,16 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
         assert priced == pytest.approx(_world_runs(other)[1], abs=1e-5), method
     # Identical steps: op times do not spread, so the sampled prediction differs from the
     # replay on mean parts only by the gaps this world's traces show beyond the priced
-    # (trimmed-mean) one, which the fit against it takes back out; it predicts the runs as
-    # exactly.
+    # (trimmed-mean) one (some ops start 2 gaps after their input), which the fit against it
+    # takes back out: it predicts both runs within one gap.
     spread = doc["in_step"]["op_spread"]
     assert spread["ops"]["F0"] and max(abs(x) for v in spread["ops"].values() for x in v) < 1e-15
     assert set(spread["ops"]) == {"F0", "F1", "B0", "B1", "W0", "W1", "B0 fused", "B1 fused"}
     assert all(abs(g) < 1e-15 or g == pytest.approx(_GAP) for g in spread["gap"])
-    again = sampled_step_fit(doc, samples=3)
+    again = sampled_step_fit(doc, samples=20)
     assert over["step_s"] - _GAP - 1e-12 <= again["overheads"]["step_s"] <= over["step_s"] + 1e-12
     for row, (_, step) in zip(again["in_step"]["sampled"]["replayed"], runs, strict=True):
-        assert row["predicted_ms"] == pytest.approx(step * 1e3, abs=1e-2)
+        assert row["predicted_ms"] == pytest.approx(step * 1e3, abs=_GAP * 1e3)
     no_spread = {**doc, "in_step": {k: v for k, v in doc["in_step"].items() if k != "op_spread"}}
     with pytest.raises(ValueError, match=r"in_step\.op_spread: missing"):
         sampled_step_fit(no_spread)

@@ -115,3 +115,36 @@ def test_spread_document_round_trip_and_errors():
         OpSpread.from_dict({"gap": [float("nan")]})
     with pytest.raises(ValueError, match="quantiles: must be >= 1"):
         OpSpread.from_residuals({}, quantiles=0)
+
+
+def test_a_message_drawn_at_a_join():
+    """Links of 1 s; W1 is 3 s, so both paths after B1 (the gradient message to device 0,
+    B0, W0; W1 on device 1) take 3 s: the step is 7 s. A message residual of +-D on each of
+    the two messages: the forward one lies on every path (it adds its mean, 0), the backward
+    one races W1 at the join, so the mean step is 7 + E[max(r, 0)] = 7 + D/2."""
+    from pipeopt.problem import chain_links
+
+    prob, orders = _two_stages()
+    lat, bw = chain_links(2, [1.0], [float("inf")])
+    prob = prob.replace(latency=lat, bandwidth=bw, backward_weight=(1.0, 3.0))
+    assert simulate(prob, orders).iteration_time == pytest.approx(7.0)
+    times = sampled_iteration_times(prob, orders, OpSpread(message=(-D, D)), samples=4000,
+                                    seed=5)
+    assert {round(t, 9) for t in times} == {7.0 - D, 7.0, 7.0 + D, 7.0 + 2 * D}
+    assert statistics.fmean(times) == pytest.approx(7.0 + D / 2, abs=0.06 * D)
+
+
+def test_with_durations_checks_and_keeps_the_graph():
+    from pipeopt.core.graph import GraphError
+    from pipeopt.workloads.training import graph_of
+
+    prob, _ = _two_stages()
+    graph = graph_of(prob)
+    other = graph.with_durations([2.0] * graph.num_tasks, [0.5] * graph.num_edges)
+    assert other.duration == (2.0,) * graph.num_tasks and other.src == graph.src
+    assert other.edge_latency == (0.5,) * graph.num_edges
+    assert graph.duration != other.duration  # the original is left as it was
+    with pytest.raises(GraphError, match=r"tasks\.duration\[0\]: must be >= 0"):
+        graph.with_durations([-1.0] + [1.0] * (graph.num_tasks - 1))
+    with pytest.raises(GraphError, match=r"edges\.latency: expected"):
+        graph.with_durations(graph.duration, [0.0])

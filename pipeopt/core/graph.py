@@ -510,15 +510,21 @@ class TaskGraph:
 
         return replace(self, **changes)  # type: ignore[arg-type]
 
-    def with_durations(self, duration: Sequence[float]) -> TaskGraph:
-        """A copy whose tasks last ``duration`` (seconds, one finite value >= 0 per task; the
-        rest of the graph unchanged), checked; the derived columns already computed are
-        shared, since none depends on durations. For a caller that times the same orders
-        under many draws of the durations (:mod:`pipeopt.costs.variation`)."""
+    def with_durations(self, duration: Sequence[float],
+                       edge_latency: Sequence[float] | None = None) -> TaskGraph:
+        """A copy whose tasks last ``duration`` (seconds, one finite value >= 0 per task) and,
+        when given, whose edges arrive ``edge_latency`` after their transmission (seconds,
+        one finite value >= 0 per edge, in place of their links' latency), the rest of the
+        graph unchanged; both checked. The derived columns already computed that depend on
+        neither are shared. For a caller that times the same orders under many draws of the
+        durations and delays (:mod:`pipeopt.costs.variation`)."""
         dur = _floats("tasks.duration", duration, self.num_tasks)
         columns = {f.name: getattr(self, f.name) for f in fields(self)}
         columns["duration"] = dur
         given = {k: self.__dict__[k] for k in _GIVEN_DERIVED if k in self.__dict__}
+        if edge_latency is not None:
+            given["edge_latency"] = _floats("edges.latency", edge_latency, self.num_edges)
+            given.pop("out_steps", None)  # made again from the new latencies
         return TaskGraph.trusted(given=given, **columns)
 
 

@@ -637,7 +637,8 @@ def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action
     """How the op times of the runs (:func:`step_trace_costs` of the fused and the split
     schedule) spread about what the step-timed document prices (seconds): per stage, F (both
     runs pooled, as priced), the split run's B and W, the fused run's B (``"B{k} fused"``),
-    each less its trimmed mean; the gaps less ``action`` (the priced gap)."""
+    each less its trimmed mean; the gaps less ``action`` (the priced gap); the message delays
+    less their trimmed mean (the priced gap plus ``message_s``)."""
     from pipeopt.costs.variation import OpSpread
 
     ops: dict[str, list[float]] = {}
@@ -650,7 +651,9 @@ def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action
                 mid = trimmed_mean(pool)
                 ops[key] = [x - mid for x in pool]
     gaps = fused["gaps"] + split["gaps"]
-    return OpSpread.from_residuals(ops, [g - action for g in gaps])
+    delays = fused["delays"] + split["delays"]
+    mid = trimmed_mean(delays)
+    return OpSpread.from_residuals(ops, [g - action for g in gaps], [x - mid for x in delays])
 
 
 def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: int = 0,

@@ -75,11 +75,14 @@ class OpSpread:
 
     ``ops``: per key, ``"F{k}"``, ``"B{k}"``, ``"W{k}"`` (stage ``k``'s forward, input
     backward and weight backward of a split backward) and ``"B{k} fused"`` (its fused
-    backward); ``gap``: the runtime's time before an op, less its priced mean. A key that is
-    missing or empty draws 0."""
+    backward); ``gap``: the runtime's time before an op, less its priced mean; ``message``:
+    the delay of a message between devices (its receiver's start less its producer's end,
+    where it held the receiver up), less its priced mean. A key that is missing or empty
+    draws 0."""
 
     ops: tuple[tuple[str, tuple[float, ...]], ...] = ()
     gap: tuple[float, ...] = ()
+    message: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         ops = self.ops.items() if isinstance(self.ops, Mapping) else self.ops
@@ -90,38 +93,43 @@ class OpSpread:
             checked.append((key, _values(f"ops[{key!r}]", list(vals))))
         object.__setattr__(self, "ops", tuple(sorted(checked)))
         object.__setattr__(self, "gap", _values("gap", list(self.gap)))
+        object.__setattr__(self, "message", _values("message", list(self.message)))
 
     @classmethod
     def from_residuals(cls, ops: Mapping[str, Sequence[float]], gap: Sequence[float] = (),
-                       quantiles: int = SPREAD_QUANTILES) -> OpSpread:
+                       message: Sequence[float] = (), quantiles: int = SPREAD_QUANTILES
+                       ) -> OpSpread:
         """The spread of measured residuals (seconds), each key kept as ``quantiles``
         mid-quantiles (all of them when fewer)."""
         if quantiles < 1:
             raise ValueError(f"quantiles: must be >= 1, got {quantiles}")
         return cls(tuple((k, _quantiles(v, quantiles)) for k, v in ops.items()),
-                   _quantiles(gap, quantiles))
+                   _quantiles(gap, quantiles), _quantiles(message, quantiles))
 
     def residuals(self, key: str) -> tuple[float, ...]:
         """The residuals of ``key`` (``()`` when it has none)."""
         return dict(self.ops).get(key, ())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document (seconds): ``{"ops": {key: [...]}, "gap": [...]}``."""
-        return {"ops": {k: list(v) for k, v in self.ops}, "gap": list(self.gap)}
+        """A JSON-ready document (seconds): ``{"ops": {key: [...]}, "gap": [...],
+        "message": [...]}``."""
+        return {"ops": {k: list(v) for k, v in self.ops}, "gap": list(self.gap),
+                "message": list(self.message)}
 
     @classmethod
     def from_dict(cls, data: Any) -> OpSpread:
         """The spread of :meth:`to_dict`'s document; raises ``ValueError`` naming the field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"op_spread: must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"ops", "gap"}
+        unknown = set(data) - {"ops", "gap", "message"}
         if unknown:
             raise ValueError(f"op_spread: unknown field(s) {sorted(unknown)}")
         ops = data.get("ops", {})
         if not isinstance(ops, Mapping):
             raise ValueError(f"op_spread.ops: must be a mapping, got {type(ops).__name__}")
         return cls(tuple((k, _values(f"op_spread.ops[{k!r}]", v)) for k, v in ops.items()),
-                   _values("op_spread.gap", data.get("gap", [])))
+                   _values("op_spread.gap", data.get("gap", [])),
+                   _values("op_spread.message", data.get("message", [])))
 
 
 def _key(kind: str, stage: int, split: bool) -> str:
@@ -134,7 +142,9 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     it) of ``orders`` on ``problem``, once per draw: every op lasts its priced duration plus a
     residual drawn from ``spread`` for its stage and kind (a fused problem's B from
     ``"B{k} fused"``) plus a gap residual, at least 0 (on micro-batches of different cost the
-    op's residual is scaled by its time factor). ``samples`` draws, reproducible by ``seed``;
+    op's residual is scaled by its time factor), and every message between devices arrives
+    its link's latency plus a drawn message residual after its transmission, at least 0
+    after it. ``samples`` draws, reproducible by ``seed``;
     in draw order. Raises what :func:`pipeopt.simulate.simulate` raises for bad orders, and
     ``ValueError`` for ``samples`` < 1."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -148,16 +158,20 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     by_key = {k: v for k, v in spread.ops if v}
     pools = [by_key.get(_key(kd, k, split), ()) for kd, k in zip(kind, stage, strict=True)]
     scale = [table[k][j] if table else 1.0 for k, j in zip(stage, mb, strict=True)]
-    gap = spread.gap
+    gap, message = spread.gap, spread.message
     base = graph.duration
     tail = graph.tail
+    lat = graph.edge_latency
+    cross = [k >= 0 for k in graph.edge_link]  # edges between devices (a link)
     rng = random.Random(seed)
     pick = rng.choice
     out = []
     for _ in range(samples):
         dur = [max(0.0, t + (pick(pool) * f if pool else 0.0) + (pick(gap) if gap else 0.0))
                for t, pool, f in zip(base, pools, scale, strict=True)]
-        _, end, _ = time_orders(graph.with_durations(dur), tasks, check=False)
+        edges = ([max(0.0, x + pick(message)) if c else x
+                  for x, c in zip(lat, cross, strict=True)] if message else None)
+        _, end, _ = time_orders(graph.with_durations(dur, edges), tasks, check=False)
         out.append(max(e + t for e, t in zip(end, tail, strict=True)))
     return tuple(out)
 
