@@ -158,9 +158,10 @@ RESTART_SHARE = 0.75
 #: restarts are skipped; LNS gets the rest. There the restarts run the given micro-batch
 #: order and LNS moved nothing: ``benchmarks/variable_microbatches.py``'s p = 16, m = 64
 #: text / image (3,072 ops, 30 s, load 4): restarts 213.9 s, LNS 168.6 s from the greedy's
-#: 168.6 s; with :data:`_LONG_SHARE`'s 0.85 and its longer chains ``auto`` trailed the
-#: greedy alone (167.8 against 164.9 s on a quiet machine), whose search it now contains
-#: (the same chains and seeds, more time).
+#: 168.6 s. With the greedy's long search (0.85 of the time, longer chains) ``auto`` trailed
+#: the greedy alone (167.8 against 164.9 s, quiet machine); with this share it runs the
+#: greedy alone's search with more time (the same chains and seeds): 164.73 s in three runs
+#: at load 1.2-1.6, against 168.61 s before (benchmarks/README.md).
 ORDER_SHARE = 0.95
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
