@@ -429,3 +429,77 @@ def test_auto_gives_the_order_search_long_time_only_without_cpsat_after(no_cpsat
         s = solve_auto(prob, SolveOptions(time_limit=20.0))
         assert s.solver.detail("greedy") == "spy"
     assert seen == [(192, False, False), (768, True, True)]
+
+
+def test_order_share_only_where_restarts_and_lns_follow_varied_micro_batches(no_cpsat,
+                                                                            monkeypatch):
+    """auto passes the greedy ``order_share`` only for micro-batches of different cost where
+    it asks for the long search and the restarts would follow (RESTART_MIN_OPS ops or more):
+    768 ops at 20 s (p8 m32's case, where LNS follows the greedy directly) keep the long
+    search; with the threshold at 700 they take the order share, identical micro-batches
+    not. (The greedy here only records its arguments.)"""
+    seen = []
+    real = auto_mod._load
+
+    def spy(problem, options, **kw):
+        seen.append((problem.num_ops, problem.uniform_microbatches, kw["long_search"],
+                     kw["order_share"]))
+        raise OutOfTime("spy")
+
+    monkeypatch.setattr(auto_mod, "_load", lambda module, func: spy
+                        if func == "solve_greedy" else real(module, func))
+    varied = uniform_problem(4, 64, 1.0, 1.2, 0.8).replace(
+        microbatch_scale=tuple(2.0 if j % 3 == 0 else 0.5 for j in range(64)))
+    solve_auto(varied, SolveOptions(time_limit=20.0))
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 700)
+    for prob in (uniform_problem(4, 64, 1.0, 1.2, 0.8), varied):
+        solve_auto(prob, SolveOptions(time_limit=20.0))
+    assert seen == [(768, False, True, None), (768, True, True, None),
+                    (768, False, True, auto_mod.ORDER_SHARE)]
+
+
+# Micro-batches a class apart (four images of 1.9-2.3 among texts of 0.25-0.45), p = 4.
+_CLASSES = (0.3, 2.2, 0.35, 0.4, 2.0, 0.45, 0.3, 0.25, 2.3, 0.4, 0.35, 0.3, 1.9, 0.45, 0.4,
+            0.3)
+
+
+def test_auto_contains_the_greedy_alones_order_search_on_classes_apart(no_cpsat,
+                                                                        monkeypatch):
+    """Where the restarts and LNS would follow (threshold lowered to take 192 ops there),
+    auto's greedy runs the greedy alone's order search (its chains, seeds and rounds) with
+    more time, so auto is never behind it: here both end by the iteration caps (30 timings
+    per chain and round), so the same order, 39.32 s. The long search auto ran before
+    (longer chains) ends at 39.38 s on this instance."""
+    from pipeopt.solvers import greedy
+
+    monkeypatch.setattr(greedy, "_ORDER_SEARCH_ITERS", 30)  # the caps end it, not the clock
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 100)
+    prob = uniform_problem(4, 16, 1.0, 1.2, 0.8, activation=1.0, weight_grad=0.5).replace(
+        microbatch_scale=_CLASSES)
+    opts = SolveOptions(time_limit=4.0)  # 192 ops > 40 x 2 s: auto asks for the long search
+    alone = solve(prob, "greedy", time_limit=4.0)
+    assert alone.makespan == pytest.approx(39.32)
+    long = greedy.solve_greedy(prob, opts, long_search=True)
+    assert long.makespan == pytest.approx(39.38)
+    got = validate(solve_auto(prob, replace(opts, time_tolerance=0.0)))
+    assert got.makespan <= alone.makespan + 1e-9
+    assert dict(got.solver.detail("candidates"))["greedy"] == pytest.approx(39.32)
+    assert got.solver.detail("order_share") == auto_mod.ORDER_SHARE
+    assert got.microbatch_order == alone.microbatch_order
+
+
+def test_greedy_ignores_order_share_unless_a_class_apart(monkeypatch):
+    """Micro-batches that rise gently (no class apart, no rounds): ``order_share`` changes
+    nothing, the long search runs as without it; a class apart: it is recorded."""
+    from pipeopt.solvers import greedy
+
+    monkeypatch.setattr(greedy, "_ORDER_SEARCH_ITERS", 30)
+    opts = SolveOptions(time_limit=30.0)
+    gentle = uniform_problem(4, 8, 1.0, 1.2, 0.8).replace(
+        microbatch_scale=(1.0, 1.2, 1.5, 1.9, 1.1, 1.3, 0.9, 1.6))
+    a = greedy.solve_greedy(gentle, opts, long_search=True, order_share=0.95)
+    b = greedy.solve_greedy(gentle, opts, long_search=True)
+    assert a.ops == b.ops and a.solver.detail("order_share") is None
+    apart = uniform_problem(4, 16, 1.0, 1.2, 0.8).replace(microbatch_scale=_CLASSES)
+    c = greedy.solve_greedy(apart, opts, long_search=True, order_share=0.95)
+    assert c.solver.detail("order_share") == 0.95

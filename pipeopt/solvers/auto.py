@@ -11,7 +11,8 @@ within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is in
 as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops, and before
 that search where several stages share a device and a link delays messages
 (:func:`restarts_first`), the greedy's seeded restarts take most of the time left first
-(:data:`RESTART_SHARE`). On a problem cut into
+(:data:`RESTART_SHARE`), but for micro-batches a class apart, where its order search takes
+that time (:data:`ORDER_SHARE`). On a problem cut into
 sub-blocks, before the greedy: ``auto``'s answer for the uncut problem run piece by piece
 (:func:`uncut_candidate`), so that cutting never loses to not cutting. The result is the
 candidate with the best objective, so it is never worse than the best hand-made schedule under
@@ -149,6 +150,19 @@ KEPT_VARIED_MAX_OPS = 96
 #: Below it, V's behind a slow link take the restarts before LNS too (:func:`restarts_first`).
 RESTART_MIN_OPS = 1600
 RESTART_SHARE = 0.75
+#: Micro-batches a class apart (as images among texts; the greedy's block orders and order
+#: search rounds run) on instances where the restarts and LNS would follow the greedy
+#: (:data:`RESTART_MIN_OPS` ops or more, CP-SAT's full model too large for the time left):
+#: the greedy's order search runs until this share of the time left, with the chains of the
+#: greedy alone (``order_share`` of :func:`pipeopt.solvers.greedy.solve_greedy`), and the
+#: restarts are skipped; LNS gets the rest. There the restarts run the given micro-batch
+#: order and LNS moved nothing: ``benchmarks/variable_microbatches.py``'s p = 16, m = 64
+#: text / image (3,072 ops, 30 s, load 4): restarts 213.9 s, LNS 168.6 s from the greedy's
+#: 168.6 s. With the greedy's long search (0.85 of the time, longer chains) ``auto`` trailed
+#: the greedy alone (167.8 against 164.9 s, quiet machine); with this share it runs the
+#: greedy alone's search with more time (the same chains and seeds): 164.73 s in three runs
+#: at load 1.2-1.6, against 168.61 s before (benchmarks/README.md).
+ORDER_SHARE = 0.95
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
 CLASSIC_SHARE = 0.3
@@ -585,7 +599,7 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
 
     report()
 
-    interrupted = False
+    interrupted = order_first = False
     # With a schedule in hand and the limit spent, the greedy would only give up (after
     # building its tables: a second at a million ops); the hand-made schedule is the answer.
     spent = bool(cands) and left() <= 0
@@ -601,8 +615,15 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             # micro-batch orders gets most of the time instead (see greedy._LONG_SHARE).
             limit = max(0.1, left())
             long_search = cpsat_skip_reason(problem, 0.5 * limit) is not None
+            # Where the restarts (in the given micro-batch order) and LNS would follow, the
+            # order search takes ORDER_SHARE of the limit instead, if the micro-batches are
+            # a class apart (the greedy decides: its details say "order_share").
+            share = (ORDER_SHARE if long_search and not problem.uniform_microbatches
+                     and problem.num_ops >= RESTART_MIN_OPS else None)
             cands.append(greedy(problem, replace(options, time_limit=limit),
-                                optional=bool(cands), long_search=long_search))
+                                optional=bool(cands), long_search=long_search,
+                                order_share=share))
+            order_first = cands[-1].solver.detail("order_share") is not None
             interrupted = bool(cands[-1].solver.detail("interrupted"))
         except (NotApplicable, OutOfTime) as exc:
             notes.append(("greedy", str(exc)))
@@ -653,7 +674,10 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
     # On large instances the greedy's seeded restarts come first, whichever CP-SAT stage (full
     # model or LNS) follows: neither improves the greedy much there in the time a limit gives;
     # so on V's behind a slow link where only LNS would run (restarts_first).
-    if (reason is None and restarts_first(problem, lns_only)
+    if order_first and reason is None:
+        notes.append(("greedy_restarts", "skipped: the greedy's order search took their time "
+                      "(they run the given micro-batch order)"))
+    elif (reason is None and restarts_first(problem, lns_only)
             and (lns_only or model_fits())):
         # CP-SAT runs at least CPSAT_MIN_TIME_S: the restarts leave it that much of the limit.
         budget = min(RESTART_SHARE * left(), left() - CPSAT_MIN_TIME_S)

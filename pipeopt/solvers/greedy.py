@@ -1126,7 +1126,8 @@ def sequential_orders(problem: Problem) -> list[list[Op]]:
 
 @cyclic_gc_paused()  # list scheduling builds tuples per op and no cycles (pipeopt._gc)
 def solve_greedy(problem: Problem, options: SolveOptions, *,
-                 optional: bool = False, long_search: bool = False) -> Schedule:
+                 optional: bool = False, long_search: bool = False,
+                 order_share: float | None = None) -> Schedule:
     """Schedule ``problem`` with the memory-aware list scheduler (see the module docstring).
 
     Tries priority variants while the total work stays within a small budget (all of them on
@@ -1141,7 +1142,10 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     Raises :class:`NotApplicable` when some device's memory limit is below what any schedule
     needs. With micro-batches of different cost, the order search (:func:`_order_search`) runs
     until half the time limit, or with ``long_search`` (nothing but a neighbourhood search will
-    run after it) until :data:`_LONG_SHARE` of it, with longer chains.
+    run after it) until :data:`_LONG_SHARE` of it, with longer chains. ``order_share``: where
+    the long micro-batches are a class apart (the search runs its rounds), the search runs
+    until this share of the time limit instead, with the chains it has without
+    ``long_search`` (``auto`` passes it where the greedy's answer is what it keeps there).
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -1215,6 +1219,7 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     if late:
         return _hand_made(problem, options, bound, t0)
     found.sort(key=lambda x: (x[0], x[1]))
+    extra_details: tuple[tuple[str, Any], ...] = ()  # ("order_share", s) where it applied
     if found and len(mb_orders) > 1 and not interrupted and not (
             found[0][0] <= bound * (1 + 1e-9) and exact_timing):
         starts: list[tuple[Policy, tuple[int, ...], float]] = []
@@ -1230,10 +1235,14 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         # Rounds only where the long micro-batches are a class apart (block orders tried):
         # there the order is the lever; elsewhere CP-SAT's time after the greedy is worth more
         # (see _ORDER_ROUNDS).
+        classes = _class_apart(problem)
+        long = long_search
+        if classes and order_share is not None:  # the chains of the greedy alone, more time
+            share, long = order_share, False
+            extra_details += (("order_share", share),)
         better = _order_search(problem, starts, options.seed,
                                t0 + max(0.05, share * options.time_limit), span_obj,
-                               long=long_search,
-                               rounds=None if _class_apart(problem) else 1)
+                               long=long, rounds=None if classes else 1)
         if better is not None:
             mb_orders.append(better[2])
             found.insert(0, (better[0], -1, partial(list, better[1]), better[3].name,
@@ -1253,7 +1262,8 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
                 "bound %.6g s)%s", tried, time.perf_counter() - t0, name,
                 "span" if span_obj else "iteration time", _objective(best, span_obj), bound,
                 ", interrupted" if interrupted else "")
-    details: tuple[tuple[str, Any], ...] = (("policy", name), ("variants_tried", tried))
+    details: tuple[tuple[str, Any], ...] = (("policy", name), ("variants_tried", tried),
+                                            *extra_details)
     if len(mb_orders) > 1:
         details += (("microbatch_order", mb_orders[chosen]),)
     if interrupted:
