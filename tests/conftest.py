@@ -21,3 +21,4 @@ def no_cpsat(monkeypatch):
         return None if module.endswith("cpsat") else real(module, func)
 
     monkeypatch.setattr(auto_mod, "_load", load)
+    monkeypatch.setattr(auto_mod, "_cpsat_can_follow", lambda problem: False)

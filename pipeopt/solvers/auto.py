@@ -33,6 +33,7 @@ greedy only while time is left, CP-SAT only when :func:`cpsat_skip_reason` finds
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import math
 import time
@@ -48,6 +49,7 @@ from pipeopt.schedules import COST_ESTIMATES, GENERATORS, NotApplicable, fused_v
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers.base import (
     LONGEST_FIRST,
+    MAX_MODEL_OPS,
     ChainGraphs,
     OutOfTime,
     Progress,
@@ -152,7 +154,8 @@ RESTART_MIN_OPS = 1600
 RESTART_SHARE = 0.75
 #: Micro-batches a class apart (as images among texts; the greedy's block orders and order
 #: search rounds run) on instances where the restarts and LNS would follow the greedy
-#: (:data:`RESTART_MIN_OPS` ops or more, CP-SAT's full model too large for the time left):
+#: (:data:`RESTART_MIN_OPS` ops or more, CP-SAT's full model too large for the time left, but
+#: CP-SAT installed and the instance within its largest model: :func:`_cpsat_can_follow`):
 #: the greedy's order search runs until this share of the time left, with the chains of the
 #: greedy alone (``order_share`` of :func:`pipeopt.solvers.greedy.solve_greedy`), and the
 #: restarts are skipped; LNS gets the rest. There the restarts run the given micro-batch
@@ -314,6 +317,14 @@ def cpsat_skip_reason(problem: Problem, time_limit: float) -> str | None:
     if time_limit < CPSAT_MIN_TIME_S:
         return f"{time_limit:.2f} s left < {CPSAT_MIN_TIME_S:g} s"
     return None
+
+
+def _cpsat_can_follow(problem: Problem) -> bool:
+    """Could CP-SAT (its full model or LNS) run on ``problem`` after the greedy: OR-Tools is
+    installed (looked up, not imported: the import takes a second of the limit) and the
+    instance is within :data:`~pipeopt.solvers.base.MAX_MODEL_OPS`."""
+    return (problem.num_ops <= MAX_MODEL_OPS
+            and importlib.util.find_spec("ortools") is not None)
 
 
 def _load(module: str, func: str) -> Callable[..., Schedule] | None:
@@ -619,7 +630,8 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             # order search takes ORDER_SHARE of the limit instead, if the micro-batches are
             # a class apart (the greedy decides: its details say "order_share").
             share = (ORDER_SHARE if long_search and not problem.uniform_microbatches
-                     and problem.num_ops >= RESTART_MIN_OPS else None)
+                     and problem.num_ops >= RESTART_MIN_OPS and _cpsat_can_follow(problem)
+                     else None)
             cands.append(greedy(problem, replace(options, time_limit=limit),
                                 optional=bool(cands), long_search=long_search,
                                 order_share=share))

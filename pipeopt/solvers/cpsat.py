@@ -41,6 +41,7 @@ from pipeopt.schedules import GENERATORS, NotApplicable
 from pipeopt.simulate import ScheduleError, check, simulate
 from pipeopt.solvers import lns
 from pipeopt.solvers.base import (
+    MAX_MODEL_OPS,
     Progress,
     SolveOptions,
     above,
@@ -68,11 +69,6 @@ logger.addHandler(logging.NullHandler())
 
 #: Share of the time limit the greedy warm start may use.
 _GREEDY_SHARE = 0.1
-#: Largest instance (ops) handed to CP-SAT even when asked for by name. Beyond it the model
-#: alone takes longer to build than any sensible time limit and gigabytes of memory (measured,
-#: 2 cores, 3 s limit: 24576 ops found no solution; p=64, m=1024, 196608 ops took 23 s and
-#: 1.2 GB), so the greedy's schedule is returned instead, with a note in ``details``.
-MAX_MODEL_OPS = 20_000
 #: Most time units from 0 to the horizon: CP-SAT's integers are 64-bit, and sums of durations
 #: must not overflow them.
 MAX_HORIZON_UNITS = 10**15
