@@ -571,9 +571,14 @@ def test_class_apart_decides_block_orders_and_rounds(monkeypatch) -> None:
     gentle = prob((1.0, 1.2, 1.5, 1.9, 1.1, 1.3))
     assert greedy._class_apart(apart)
     assert not greedy._class_apart(near) and not greedy._class_apart(gentle)
-    for pr in (apart, near, gentle):
-        shortest = sorted(range(pr.microbatches), key=lambda j: (pr.time_scale[j], j))
-        assert bool(greedy._long_blocks(pr, shortest)) == greedy._class_apart(pr)
+    def blocks(pr: Problem) -> list[tuple[int, ...]]:
+        return greedy._long_blocks(pr, sorted(range(pr.microbatches),
+                                              key=lambda j: (pr.time_scale[j], j)))
+
+    # The long one (4) in its block after the others longest first, then the t = 1 and
+    # t = p / 2 = 2 shortest (worked by hand); none where the class is not apart.
+    assert blocks(apart) == [(3, 2, 1, 4, 0), (3, 2, 4, 1, 0)]
+    assert blocks(near) == [] and blocks(gentle) == []
     rounds: list[int | None] = []
 
     def spy(*args, rounds_=rounds, **kw):
