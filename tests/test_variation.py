@@ -115,6 +115,14 @@ def test_spread_document_round_trip_and_errors():
         OpSpread.from_dict({"gap": [float("nan")]})
     with pytest.raises(ValueError, match="quantiles: must be >= 1"):
         OpSpread.from_residuals({}, quantiles=0)
+    # A misspelt key would draw nothing: refused, as a key given twice.
+    assert OpSpread.from_dict({"ops": {"B12 fused": [1.0], "W0": [0.0]}}).residuals(
+        "B12 fused") == (1.0,)
+    for bad in ("B1fused", "F", "f0", "F01", "X1", "B1 Fused"):
+        with pytest.raises(ValueError, match=rf"ops: keys must be .*got '{bad}'"):
+            OpSpread.from_dict({"ops": {bad: [0.0]}})
+    with pytest.raises(ValueError, match="ops: key 'F0' given twice"):
+        OpSpread((("F0", (1.0,)), ("F0", (2.0,))))
 
 
 def test_a_message_drawn_at_a_join():
@@ -140,9 +148,14 @@ def test_with_durations_checks_and_keeps_the_graph():
 
     prob, _ = _two_stages()
     graph = graph_of(prob)
-    other = graph.with_durations([2.0] * graph.num_tasks, [0.5] * graph.num_edges)
+    lat = [0.5 if k >= 0 else 0.0 for k in graph.edge_link]
+    assert 0 < lat.count(0.5) < graph.num_edges  # edges between devices and within one
+    other = graph.with_durations([2.0] * graph.num_tasks, lat)
     assert other.duration == (2.0,) * graph.num_tasks and other.src == graph.src
-    assert other.edge_latency == (0.5,) * graph.num_edges
+    assert other.edge_latency == tuple(lat)
+    inside = graph.edge_link.index(-1)
+    with pytest.raises(GraphError, match=rf"edges\.latency\[{inside}\]: 0.5 on an edge within"):
+        graph.with_durations(graph.duration, [0.5] * graph.num_edges)
     assert graph.duration != other.duration  # the original is left as it was
     with pytest.raises(GraphError, match=r"tasks\.duration\[0\]: must be >= 0"):
         graph.with_durations([-1.0] + [1.0] * (graph.num_tasks - 1))

@@ -514,16 +514,24 @@ class TaskGraph:
                        edge_latency: Sequence[float] | None = None) -> TaskGraph:
         """A copy whose tasks last ``duration`` (seconds, one finite value >= 0 per task) and,
         when given, whose edges arrive ``edge_latency`` after their transmission (seconds,
-        one finite value >= 0 per edge, in place of their links' latency), the rest of the
-        graph unchanged; both checked. The derived columns already computed that depend on
-        neither are shared. For a caller that times the same orders under many draws of the
-        durations and delays (:mod:`pipeopt.costs.variation`)."""
+        one finite value >= 0 per edge, in place of their links' latency; 0 on an edge within
+        a device, as there), the rest of the graph unchanged; both checked. Of the derived
+        columns, those already computed among ``edge_link``, ``serialized``, ``in_degree``
+        (and ``edge_latency``, ``out_steps`` when the latencies stay) are shared; the others
+        are computed again when read. For a caller that times the same orders under many
+        draws of the durations and delays (:mod:`pipeopt.costs.variation`)."""
         dur = _floats("tasks.duration", duration, self.num_tasks)
         columns = {f.name: getattr(self, f.name) for f in fields(self)}
         columns["duration"] = dur
         given = {k: self.__dict__[k] for k in _GIVEN_DERIVED if k in self.__dict__}
         if edge_latency is not None:
-            given["edge_latency"] = _floats("edges.latency", edge_latency, self.num_edges)
+            lat = _floats("edges.latency", edge_latency, self.num_edges)
+            inside = next((e for e, (k, x) in enumerate(zip(self.edge_link, lat, strict=True))
+                           if k < 0 and x != 0.0), None)
+            if inside is not None:
+                raise GraphError(f"edges.latency[{inside}]: {lat[inside]!r} on an edge within "
+                                 "a device (no link); must be 0")
+            given["edge_latency"] = lat
             given.pop("out_steps", None)  # made again from the new latencies
         return TaskGraph.trusted(given=given, **columns)
 

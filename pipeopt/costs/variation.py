@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ SPREAD_QUANTILES = 32
 #: Draws per prediction by default: the median of 200 draws moves by about 0.1 % between
 #: seeds on the MLP's and tiny GPT's schedules (2 ranks, 4-8 micro-batches).
 SAMPLES = 200
+#: The keys of :attr:`OpSpread.ops` (see :func:`_key`).
+_KEY = re.compile(r"[FBW](0|[1-9][0-9]*)|B(0|[1-9][0-9]*) fused")
 #: Statistics :func:`sampled_step` takes over the draws.
 STATISTICS = ("median", "mean")
 
@@ -88,9 +91,14 @@ class OpSpread:
         ops = self.ops.items() if isinstance(self.ops, Mapping) else self.ops
         checked = []
         for key, vals in ops:
-            if not isinstance(key, str):
-                raise ValueError(f"ops: keys must be strings like 'F1', got {key!r}")
+            if not isinstance(key, str) or not _KEY.fullmatch(key):
+                raise ValueError(f"ops: keys must be 'F{{k}}', 'B{{k}}', 'W{{k}}' or "
+                                 f"'B{{k}} fused' (k a stage), got {key!r}")
             checked.append((key, _values(f"ops[{key!r}]", list(vals))))
+        keys = [k for k, _ in checked]
+        twice = next((k for k in keys if keys.count(k) > 1), None)
+        if twice is not None:
+            raise ValueError(f"ops: key {twice!r} given twice")
         object.__setattr__(self, "ops", tuple(sorted(checked)))
         object.__setattr__(self, "gap", _values("gap", list(self.gap)))
         object.__setattr__(self, "message", _values("message", list(self.message)))
