@@ -610,21 +610,31 @@ def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any
     median step, the slowest rank's, steps after the first of each round: ``traced[i]`` is
     :func:`step_trace_costs` of ``scheds[i]``'s runs), and per schedule its measured step
     against the predictions with the measured tail and with that cost (ms)."""
-    from pipeopt.costs.build import with_overheads
-    from pipeopt.costs.profile import Overheads
-    from pipeopt.schedules import fused_variant
     from pipeopt.simulate import simulate
 
     prob = _profile_problem(doc, len(part), microbatches, [b - a for a, b in part])
-    measured = [statistics.median(t["steps"]) for t in traced]
+    return _fit_cost(prob, scheds, [statistics.median(t["steps"]) for t in traced],
+                     doc["overheads"]["step_s"],
+                     lambda p, orders: simulate(p, orders).iteration_time)
+
+
+def _fit_cost(prob: Any, scheds: list[Any], measured: list[float], tail: float,
+              step_time: Any) -> tuple[float, list[dict[str, Any]]]:
+    """The per-step cost (seconds, >= 0) that makes ``step_time(problem, orders)``
+    (seconds) of ``scheds``' orders on ``prob`` (whose step tail is ``tail``, the measured
+    one; a fused schedule on its fused variant) meet their ``measured`` steps (seconds) on
+    average: ``tail`` plus the mean of measured less predicted. Per schedule its measured
+    step against the predictions with ``tail`` and with that cost (ms)."""
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+    from pipeopt.schedules import fused_variant
 
     def predicted(extra: float) -> list[float]:
         more = with_overheads(prob, Overheads(), [extra] * prob.stages) if extra else prob
-        return [simulate(more if s.problem.split_backward else fused_variant(more),
-                         s.device_orders()).iteration_time for s in scheds]
+        return [step_time(more if s.problem.split_backward else fused_variant(more),
+                          s.device_orders()) for s in scheds]
 
     base = predicted(0.0)
-    tail = doc["overheads"]["step_s"]
     fit = max(0.0, tail + statistics.mean(t - x for t, x in zip(measured, base, strict=True)))
     rows = [{"method": s.method, "measured_ms": t * 1e3, "predicted_parts_ms": x * 1e3,
              "predicted_ms": f * 1e3}
@@ -669,10 +679,7 @@ def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: i
     of the runs, the measured step against the sampled predictions with the measured tail
     and with the fitted cost (ms). Raises ``ValueError`` when ``doc`` has no ``op_spread``
     (a profile not timed in steps, or written before it was recorded)."""
-    from pipeopt.costs.build import with_overheads
-    from pipeopt.costs.profile import Overheads
     from pipeopt.costs.variation import SAMPLES, OpSpread, sampled_step
-    from pipeopt.schedules import fused_variant
     from pipeopt.solvers import solve
 
     st = doc.get("in_step") or {}
@@ -688,19 +695,9 @@ def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: i
     prob = _profile_problem(base_doc, len(part), m, [b - a for a, b in part])
     measured = {r["method"]: r["measured_ms"] / 1e3 for r in st["replayed"]}
     scheds = [solve(prob, meth) for meth in st["methods"]]
-
-    def predicted(extra: float) -> list[float]:
-        more = with_overheads(prob, Overheads(), [extra] * prob.stages) if extra else prob
-        return [sampled_step(more if s.problem.split_backward else fused_variant(more),
-                             s.device_orders(), spread, samples=n, seed=seed,
-                             statistic=statistic) for s in scheds]
-
-    base = predicted(0.0)
-    fit = max(0.0, tail + statistics.mean(measured[s.method] - x
-                                          for s, x in zip(scheds, base, strict=True)))
-    rows = [{"method": s.method, "measured_ms": measured[s.method] * 1e3,
-             "predicted_parts_ms": x * 1e3, "predicted_ms": f * 1e3}
-            for s, x, f in zip(scheds, base, predicted(fit - tail), strict=True)]
+    fit, rows = _fit_cost(prob, scheds, [measured[s.method] for s in scheds], tail,
+                          lambda p, orders: sampled_step(p, orders, spread, samples=n,
+                                                         seed=seed, statistic=statistic))
     out = {**doc, "overheads": {**doc["overheads"], "step_s": fit}}
     out["in_step"] = {**st, "sampled": {"step_fit_ms": fit * 1e3, "samples": n, "seed": seed,
                                         "statistic": statistic, "replayed": rows}}
