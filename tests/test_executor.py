@@ -709,6 +709,35 @@ def test_every_step_trace_follows_the_rank_order() -> None:
             assert ends == sorted(ends) and ends[-1] <= step_s
 
 
+def _threads_after_jobs(rank: int, world: int, device: object, sched: Schedule,
+                        cfg: RunConfig, jobs: int, status: object = None) -> list[int]:
+    """The rank's OS threads after each of ``jobs`` runs of ``sched`` in one process."""
+    import os
+
+    from pipeopt.executor.launch import run_rank
+
+    out = []
+    for _ in range(jobs):
+        run_rank(rank, world, device, sched, cfg)
+        out.append(len(os.listdir("/proc/self/task")))
+    return out
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/task")
+def test_jobs_in_one_process_free_their_groups() -> None:
+    """Each job builds its own process groups; a job that left them alive added 3 gloo threads
+    per rank (issue 17: 175 threads per rank after 56 jobs). After the first job, further jobs
+    in the same ranks leave the thread count where it was."""
+    from pipeopt.executor.procs import spawn
+
+    sched = solve(uniform_problem(2, 2), "1f1b")
+    cfg = RunConfig(model="mlp", model_options=(("layers", 2), ("width", 4)), steps=1,
+                    batch_size=2)
+    for counts in spawn(_threads_after_jobs, 2, (sched, cfg, 4), timeout=120, backend="gloo"):
+        assert counts[1:] == [counts[0]] * 3, counts
+
+
 def _affinity(rank: int, world: int, device: object, status: object = None) -> list[int]:
     """A spawned rank's CPUs (for the pinning test)."""
     import os
