@@ -5,6 +5,7 @@ the same weight versions."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -278,3 +279,35 @@ def test_replay_plan_agrees_with_the_model_on_the_example(method: str) -> None:
         else:
             got = max(b - f for b, f in zip(plan.backward[k], plan.forward[k], strict=True))
         assert got == s.staleness[k], (method, k)
+
+
+def _threads_after_async_jobs(rank: int, world: int, device: object, schedule: object,
+                              cfg: object, jobs: int, status: object = None) -> list[int]:
+    """The rank's OS threads after each of ``jobs`` async replays of ``schedule``."""
+    import os
+
+    from pipeopt.executor.periodic import _run_rank
+
+    out = []
+    for _ in range(jobs):
+        _run_rank(rank, world, device, schedule, cfg, status)
+        out.append(len(os.listdir("/proc/self/task")))
+    return out
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/task")
+def test_async_jobs_in_one_process_free_their_groups() -> None:
+    """A replicated stage's all-reduce group is made per job; each job destroys its own, so
+    jobs after the first leave a rank's thread count where it was (a live gloo group keeps
+    threads: the same leak as the synchronous executor's, tests/test_executor.py)."""
+    pytest.importorskip("torch")
+    from pipeopt.executor.launch import RunConfig
+    from pipeopt.executor.procs import spawn
+
+    sched = async_pattern(uniform_problem(3, 4, f=1.0, b=2.0, w=0.5), "pipedream", (1.0,) * 3,
+                          replicas=(1, 2, 1))
+    cfg = RunConfig(model="mlp", model_options=(("width", 8),), steps=1)
+    for counts in spawn(_threads_after_async_jobs, 4, (sched, cfg, 3), timeout=120,
+                        backend="gloo"):
+        assert counts[1:] == [counts[0]] * 2, counts

@@ -419,7 +419,11 @@ def _run_rank(rank: int, world: int, device: Any, schedule: PeriodicSchedule, cf
     status.text = f"step {cfg.steps - 1}: waiting for its sends to complete"
     mail.finish()
     wall = time.perf_counter() - t0
+    for work, _ in reducing.values():  # none expected: every all-reduce is waited above
+        work.wait()
     dist.barrier()
+    for g in groups.values():  # this job's; left alive each keeps gloo threads and fds
+        dist.destroy_process_group(g)
     final = {name: q.detach().cpu().numpy().copy() for name, q in live.items()} \
         if cfg.check else {}
     return {"stage": k, "replica": c, "forward": fwd_v, "backward": bwd_v, "held": held,
