@@ -19,6 +19,7 @@ than 1.05x.
         [--profiler ranks|project] [--no-replan] [--no-vshape]
     python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau-b
         [--timing step|warm] [--no-profile-each-round] [--profile-steps N] [--warmup-rounds N]
+        [--sampled [--samples N]]
 """
 
 from __future__ import annotations
@@ -372,6 +373,23 @@ def main() -> None:
                     "runs measured (pipeopt run --costs-out), run again")
     args = ap.parse_args()
     p, m = args.ranks, args.microbatches
+    # Every round's first step is not counted, and the medians need a counted step.
+    for name, value, least in (("--ranks", p, 2), ("--microbatches", m, 1),
+                               ("--batch", args.batch, 1), ("--rounds", args.rounds, 1),
+                               ("--steps", args.steps, 2)):
+        if value is not None and value < least:
+            ap.error(f"{name}: must be >= {least}, got {value}")
+    ranking_only = [name for name, given in (
+        ("--timing", args.timing != "step"), ("--sampled", args.sampled),
+        ("--samples", args.samples is not None),
+        ("--profile-each-round", args.profile_each_round is not None),
+        ("--profile-steps", args.profile_steps is not None),
+        ("--warmup-rounds", args.warmup_rounds != 1),
+        ("--no-overheads", not args.overheads)) if given]
+    if ranking_only and not args.ranking:
+        ap.error(f"{', '.join(ranking_only)}: only with --ranking")
+    if args.samples is not None and not args.sampled:
+        ap.error("--samples: only with --sampled")
     if args.ranking:
         ranking(args)
         return
