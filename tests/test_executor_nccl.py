@@ -310,6 +310,10 @@ class _Recorder:
     def barrier(*_: Any, **__: Any) -> None:
         return None
 
+    @staticmethod
+    def destroy_process_group(group: Any = None) -> None:
+        return None
+
 
 def _record(monkeypatch: pytest.MonkeyPatch, world: int, run: Any) -> dict[int, Program]:
     """Each rank's program: ``run(rank)`` with ``torch.distributed`` recorded."""
@@ -318,7 +322,8 @@ def _record(monkeypatch: pytest.MonkeyPatch, world: int, run: Any) -> dict[int, 
     out = {}
     for r in range(world):
         rec = _Recorder()
-        for name in ("isend", "irecv", "all_reduce", "new_group", "barrier"):
+        for name in ("isend", "irecv", "all_reduce", "new_group", "barrier",
+                     "destroy_process_group"):
             monkeypatch.setattr(dist, name, getattr(rec, name))
         run(r)
         out[r] = rec.prog
