@@ -376,7 +376,9 @@ def main() -> None:
     # Every round's first step is not counted, and the medians need a counted step.
     for name, value, least in (("--ranks", p, 2), ("--microbatches", m, 1),
                                ("--batch", args.batch, 1), ("--rounds", args.rounds, 1),
-                               ("--steps", args.steps, 2)):
+                               ("--steps", args.steps, 2), ("--samples", args.samples, 1),
+                               ("--warmup-rounds", args.warmup_rounds, 0),
+                               ("--profile-steps", args.profile_steps, 1)):
         if value is not None and value < least:
             ap.error(f"{name}: must be >= {least}, got {value}")
     ranking_only = [name for name, given in (
@@ -595,13 +597,18 @@ def problem_of(timed: dict[str, Any], m: int, tmp: str) -> Problem:
                          "training": {"stage_layers": [hi - lo for lo, hi in part]}}).problem
 
 
+def priced_on(s: Schedule, prob: Problem, limit: float | None) -> Problem:
+    """The problem ``s``'s device orders are priced on in ``prob``'s costs: ``prob`` with the
+    case's memory ``limit`` (:func:`_limited`), its fused variant when ``s`` fuses the
+    backward."""
+    prob = _limited(prob, limit)
+    return prob if s.problem.split_backward else fused_variant(prob)
+
+
 def repriced(s: Schedule, prob: Problem, limit: float | None) -> float:
     """The iteration time (seconds) of ``s``'s device orders re-priced by the simulator on
-    ``prob`` (its fused variant when ``s`` fuses the backward; ``limit``: the case's memory
-    limit, see :func:`_limited`)."""
-    prob = _limited(prob, limit)
-    return simulate(prob if s.problem.split_backward else fused_variant(prob),
-                    s.device_orders()).iteration_time
+    ``prob`` (:func:`priced_on`)."""
+    return simulate(priced_on(s, prob, limit), s.device_orders()).iteration_time
 
 
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
@@ -669,12 +676,6 @@ def ranking(args: argparse.Namespace) -> None:
         raise SystemExit("--sampled needs the profile of each round (--timing step, without "
                          "--no-profile-each-round): the spread is what that round's profile "
                          "runs measured")
-    if args.samples is not None and args.samples < 1:
-        raise SystemExit(f"--samples: must be >= 1, got {args.samples}")
-    if args.warmup_rounds < 0:
-        raise SystemExit(f"--warmup-rounds: must be >= 0, got {args.warmup_rounds}")
-    if args.profile_steps is not None and args.profile_steps < 1:
-        raise SystemExit(f"--profile-steps: must be >= 1, got {args.profile_steps}")
     over = timed_overheads(p) if args.overheads and not step else None
     t_all = time.perf_counter()
     summary: list[tuple[str, str, Verdict, Verdict | None]] = []
@@ -709,14 +710,14 @@ def verdict(predicted: list[float], measured: list[float]) -> Verdict:
 
 
 def own_orders(cases: list[tuple[str, int, float | None]], scheds: list[Schedule],
-               docs: dict[int, dict[str, Any]], p: int) -> list[str | None]:
-    """Per case, the method of the profile's own run (:data:`STEP_METHODS` on the same
-    partition and micro-batch count) that executes the same orders (same fused or split
-    backward, same op order on every rank), else None: such a case is priced on a step cost
-    fitted to runs of its own orders, so it is no independent prediction."""
+               profiled: dict[int, list[Schedule]]) -> list[str | None]:
+    """Per case, the method of the profile's own run (``profiled[m]``: the schedules of
+    :data:`STEP_METHODS` on the same partition, per micro-batch count) that executes the same
+    orders (same fused or split backward, same op order on every rank), else None: such a
+    case is priced on a step cost fitted to runs of its own orders, so it is no independent
+    prediction."""
     mine: dict[int, dict[tuple[bool, Any], str]] = {}
-    for m, doc in docs.items():
-        _, _, sch = step_schedules(doc, p, m)
+    for m, sch in profiled.items():
         mine[m] = {(s.problem.split_backward, s.device_orders()): meth
                    for meth, s in zip(STEP_METHODS, sch, strict=True)}
     return [mine.get(c[1], {}).get((s.problem.split_backward, s.device_orders()))
@@ -761,7 +762,9 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
     names = [" = ".join(_case_name(*RANK_CASES[i]) for i in g) for g in groups]
     for name in (n for n in names if " = " in n):
         print(f"  {name}: the same orders on every rank, run once as one case")
-    mine = own_orders(cases, scheds, docs, p) if step else [None] * len(scheds)
+    # The profile's own schedules (order generators: the same orders in every round).
+    profiled = {m: step_schedules(docs[m], p, m)[2] for m in sizes} if step else {}
+    mine = own_orders(cases, scheds, profiled) if step else [None] * len(scheds)
     jobs: list[tuple[str, Any, RunConfig]] = []
     prof_jobs: dict[int, list[int]] = {}  # m -> job index of each STEP_METHODS run
     prof_steps = args.profile_steps or steps
@@ -769,9 +772,8 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
         pcfg = RunConfig(model=model, model_options=options, steps=prof_steps,
                          batch_size=args.batch)
         for m in sizes:
-            _, _, sch = step_schedules(docs[m], p, m)
-            prof_jobs[m] = list(range(len(jobs), len(jobs) + len(sch)))
-            jobs += [("ours", s, pcfg) for s in sch]
+            prof_jobs[m] = list(range(len(jobs), len(jobs) + len(profiled[m])))
+            jobs += [("ours", s, pcfg) for s in profiled[m]]
     first = len(jobs)
     jobs += [("ours", s, RunConfig(model=model, model_options=options, steps=steps,
                                    batch_size=args.batch)) for s in scheds]
@@ -829,11 +831,9 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
                 for i, (s, c) in enumerate(zip(scheds, cases, strict=True)):
                     per_round[i].append(repriced(s, probs_r[c[1]], c[2]))
                     if args.sampled:
-                        sp = _limited(sampled_probs[c[1]], c[2])
                         sampled_round[i].append(sampled_step(
-                            sp if s.problem.split_backward else fused_variant(sp),
-                            s.device_orders(), spreads[c[1]],
-                            samples=args.samples or SAMPLES))
+                            priced_on(s, sampled_probs[c[1]], c[2]), s.device_orders(),
+                            spreads[c[1]], samples=args.samples or SAMPLES))
     each_pred = [statistics.median(x) for x in per_round] if each else []
     sampled_pred = [statistics.median(x) for x in sampled_round] if args.sampled else []
     predicted = each_pred or once  # what the pairs and the tau line below judge
