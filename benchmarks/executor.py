@@ -17,9 +17,9 @@ than 1.05x.
 
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project] [--no-replan] [--no-vshape]
-    python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 2 models: errors, tau-b
-        [--timing step|warm] [--no-profile-each-round] [--profile-steps N] [--warmup-rounds N]
-        [--sampled [--samples N]]
+    python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 3 models: errors, tau-b
+        [--models tiny-gpt,mlp,mlp-1024] [--timing step|warm] [--no-profile-each-round]
+        [--profile-steps N] [--warmup-rounds N] [--sampled [--samples N]] [--json-out PATH]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import math
 import os
 import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -332,6 +333,13 @@ def main() -> None:
                     "interleaved rounds; predicted vs measured step time per case, the pairs "
                     "predicted closer than their measured spread and the Kendall tau of the "
                     "two orders")
+    ap.add_argument("--models", default=None,
+                    help="--ranking: comma-separated names of RANK_MODELS to run (default: all: "
+                    + ", ".join(RANK_MODELS) + ")")
+    ap.add_argument("--json-out", default=None, metavar="PATH",
+                    help="--ranking: also write every case's per-round measured steps and "
+                    "predictions (seconds) to PATH as JSON, per model (a new file; an existing "
+                    "one is refused), to compare other statistics on the same runs")
     ap.add_argument("--timing", choices=["step", "warm"], default="step",
                     help="--ranking: how the profile times its ops: step (default): in real "
                     "steps of the executor (pipeopt profile's default on the CPU); warm: each "
@@ -383,6 +391,7 @@ def main() -> None:
             ap.error(f"{name}: must be >= {least}, got {value}")
     ranking_only = [name for name, given in (
         ("--timing", args.timing != "step"), ("--sampled", args.sampled),
+        ("--models", args.models is not None), ("--json-out", args.json_out is not None),
         ("--samples", args.samples is not None),
         ("--profile-each-round", args.profile_each_round is not None),
         ("--profile-steps", args.profile_steps is not None),
@@ -392,6 +401,13 @@ def main() -> None:
         ap.error(f"{', '.join(ranking_only)}: only with --ranking")
     if args.samples is not None and not args.sampled:
         ap.error("--samples: only with --sampled")
+    if args.json_out is not None and Path(args.json_out).exists():
+        ap.error(f"--json-out: {args.json_out} exists; give a new path (nothing is overwritten)")
+    args.models = [x.strip() for x in (args.models or ",".join(RANK_MODELS)).split(",")]
+    unknown = [x for x in args.models if x not in RANK_MODELS]
+    if unknown or not args.models or len(set(args.models)) < len(args.models):
+        ap.error(f"--models: {', '.join(unknown) or 'empty or repeated'}: give distinct names "
+                 f"of {', '.join(RANK_MODELS)}")
     if args.ranking:
         ranking(args)
         return
@@ -508,14 +524,23 @@ def main() -> None:
         vshape(args)
 
 
-#: Models of ``--ranking`` (issue 17: >= 5 methods on >= 2 models).
-RANK_MODELS = {MODEL: OPTIONS, "mlp": (("layers", 8), ("width", 512))}
+#: Models of ``--ranking`` (issue 17: >= 5 methods on >= 2 models), by the name printed:
+#: (built-in model, its options). ``mlp-1024`` (added 2026-12-05, after the width-512 MLP's
+#: identical runs were seen to differ by up to 14 %): the same MLP at width 1024, whose
+#: 0.5-3 ms ops are well above this VM's scheduling jitter (benchmarks/README.md, "Why the
+#: MLP's identical runs differ").
+RANK_MODELS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    MODEL: (MODEL, OPTIONS),
+    "mlp": ("mlp", (("layers", 8), ("width", 512))),
+    "mlp-1024": ("mlp", (("layers", 8), ("width", 1024))),
+}
 #: Steps per round of ``--ranking`` per model (the first of each round not counted), in the
 #: profile's runs and the measured ones alike; fixed before they were measured (2026-12-04,
 #: 22:55): about half a second of counted steps per round. The tiny GPT's steps take 150-250
 #: ms (3 counted); the MLP's 17-60 ms, so 3 counted steps were 0.05-0.2 s, where one
 #: pre-emption of a rank (a few ms) moved a step by 10-50 % and round spreads reached 20-110 %.
-RANK_STEPS = {MODEL: 4, "mlp": 12}
+#: ``mlp-1024`` (steps 45-110 ms) has the MLP's 12, about a second of counted steps a round.
+RANK_STEPS = {MODEL: 4, "mlp": 12, "mlp-1024": 12}
 #: The instances of ``--ranking``, fixed before any was measured (2026-12-04): (method,
 #: micro-batches of the same batch, memory limit in micro-batches of activations per device,
 #: None = no limit). At 8 micro-batches and no limit, 1F1B, ZB-H1, ZB-H2, greedy and CP-SAT were
@@ -612,13 +637,13 @@ def repriced(s: Schedule, prob: Problem, limit: float | None) -> float:
 
 
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
-                p: int, m: int, tmp: str, steps: int = 4
+                p: int, m: int, tmp: str, steps: int = 4, name: str | None = None
                 ) -> tuple[Problem, Problem, dict[str, float]]:
     """The warm profile ``doc`` re-timed in step (``pipeopt profile --timing step``), as the
     config form's problem on the partition the runs measured, the warm profile (with the
     same overheads) on the same partition: what the warm loop would have predicted for the
     same orders, and the median step (seconds) the profile's own runs measured per method
-    (:data:`pipeopt.costs.profiler.STEP_METHODS`)."""
+    (:data:`pipeopt.costs.profiler.STEP_METHODS`); printed as ``name`` (default ``model``)."""
     from pipeopt.config import parse_config
     from pipeopt.costs.profiler import step_profile
 
@@ -631,7 +656,7 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
                           "model": {"profile": f"{tmp}/warm.json"},
                           "training": {"stage_layers": counts}}).problem
     st = timed["in_step"]
-    print(f"{model}, {m} micro-batches: step-timed profile ({st['wall_s']:.0f} s; gap "
+    print(f"{name or model}, {m} micro-batches: step-timed profile ({st['wall_s']:.0f} s; gap "
           f"{st['gap_ms']:.2f} ms per op, message delay {st['message_delay_ms']:.2f} ms, tail "
           f"{st['tail_ms']:.2f} ms, lead {st['lead_ms']:.2f} ms; a {st['message_bytes']} B "
           f"ping-pong {st['message_ping_pong_ms']:.2f} ms one way); in-step / warm per stage: "
@@ -679,15 +704,19 @@ def ranking(args: argparse.Namespace) -> None:
     over = timed_overheads(p) if args.overheads and not step else None
     t_all = time.perf_counter()
     summary: list[tuple[str, str, Verdict, Verdict | None]] = []
-    for model, options in RANK_MODELS.items():
-        summary += _rank_model(args, model, options, over)
+    record: dict[str, Any] = {}
+    for name in args.models:
+        summary += _rank_model(args, name, *RANK_MODELS[name], over, record)
+        if args.json_out:  # after every model: a later failure keeps what was measured
+            Path(args.json_out).write_text(json.dumps(
+                {"argv": sys.argv[1:], "load": load_note(), "models": record}, indent=1))
     print(f"summary ({time.perf_counter() - t_all:.0f} s in all; {load_note()}): Kendall "
           "tau-b (aim >= 0.8) and worst error (aim <= 10 %), over every distinct case and "
           "over those that do not run the orders of the profile's own runs")
     for model, how, every, other in summary:
         rest = (f"; not the profile's own orders ({other.cases} cases): tau-b "
                 f"{other.tau:+.2f}, worst {other.worst:.1%}") if other else ""
-        print(f"  {model:<8} {how:<26} ({every.cases} cases): tau-b {every.tau:+.2f}, "
+        print(f"  {model:<9} {how:<26} ({every.cases} cases): tau-b {every.tau:+.2f}, "
               f"worst {every.worst:.1%}{rest}")
 
 
@@ -724,14 +753,20 @@ def own_orders(cases: list[tuple[str, int, float | None]], scheds: list[Schedule
             for c, s in zip(cases, scheds, strict=True)]
 
 
-def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, Any], ...],
-                over: dict[str, Any] | None) -> list[tuple[str, str, Verdict, Verdict | None]]:
-    """:func:`ranking` on one model; returns its summary rows (model, prediction, verdict
-    over every case, over the cases that are not the profile's own orders)."""
+def _rank_model(args: argparse.Namespace, name: str, model: str,
+                options: tuple[tuple[str, Any], ...], over: dict[str, Any] | None,
+                record: dict[str, Any]) -> list[tuple[str, str, Verdict, Verdict | None]]:
+    """:func:`ranking` on the built-in ``model`` with ``options``, printed as ``name`` (a key
+    of :data:`RANK_MODELS`); returns its summary rows (name, prediction, verdict over every
+    case, over the cases that are not the profile's own orders) and puts into
+    ``record[name]`` what ``--json-out`` writes: per case its name, the profile's own
+    method it repeats (or None), the counted steps of every round, the one-profile
+    prediction and the predictions per round (seconds); per micro-batch count the profile's
+    own runs' median step per method and round."""
     p = args.ranks
     step = args.timing == "step"
     each = args.profile_each_round
-    steps = args.steps or RANK_STEPS[model]
+    steps = args.steps or RANK_STEPS[name]
     sizes = sorted({m for _, m, _ in RANK_CASES})
     probs: dict[int, tuple[Problem, Problem]] = {}  # m -> (solved on, the other timing)
     own: dict[int, dict[str, float]] = {}  # m -> method -> the profile's runs' step (s)
@@ -746,9 +781,9 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
                 probs[m] = (warm, warm)
             else:
                 split_p, warm_p, own[m] = _step_timed(docs[m], model, options, p, m, tmp,
-                                                      steps)
+                                                      steps, name)
                 probs[m] = (split_p, warm_p)
-        _show(f"{model}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
+        _show(f"{name}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
               fused_variant(probs[m][0]))
         tails = probs[m][0].grad_reduce
         print(f"  step tails (optimizer step + overheads.step_s): "
@@ -834,10 +869,17 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
                         sampled_round[i].append(sampled_step(
                             priced_on(s, sampled_probs[c[1]], c[2]), s.device_orders(),
                             spreads[c[1]], samples=args.samples or SAMPLES))
+    record[name] = {
+        "cases": names, "own_method": mine, "steps_per_round": steps,
+        "steps": [[round_steps(i, rnd) for rnd in range(args.rounds)]
+                  for i in range(len(scheds))],
+        "one_profile": once, "per_round": per_round if each else None,
+        "sampled_round": sampled_round if args.sampled else None,
+        "own_runs": {str(m): again_steps[m] for m in sizes} if each else None}
     each_pred = [statistics.median(x) for x in per_round] if each else []
     sampled_pred = [statistics.median(x) for x in sampled_round] if args.sampled else []
     predicted = each_pred or once  # what the pairs and the tau line below judge
-    print(f"{model} ({p} gloo ranks, batch {args.batch}, {args.warmup_rounds} round(s) not "
+    print(f"{name} ({p} gloo ranks, batch {args.batch}, {args.warmup_rounds} round(s) not "
           f"counted, then {args.rounds} rounds x {steps} steps"
           + (f", each round after the profile's own runs ({' and '.join(STEP_METHODS)}, "
              f"{prof_steps} steps each, per micro-batch count)" if each else "")
@@ -944,7 +986,7 @@ def _rank_model(args: argparse.Namespace, model: str, options: tuple[tuple[str, 
               f"{every.worst:.1%} (aim <= 10%)"
               + (f"; over the {other.cases} cases without *: tau-b {other.tau:+.2f}, worst "
                  f"{other.worst:.1%}" if other else ""))
-        rows.append((model, label, every, other))
+        rows.append((name, label, every, other))
     return rows
 
 

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     args = ap.parse_args()
-    options = RANK_MODELS["mlp"]
+    _, options = RANK_MODELS["mlp"]
     with tempfile.TemporaryDirectory() as tmp:
         prob, _ = project_profile(2, MICROBATCHES, BATCH, tmp, "mlp", options, None,
                                   keep_steps=True)

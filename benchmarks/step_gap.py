@@ -153,7 +153,7 @@ def main() -> None:
         return
     p, m = args.ranks, args.microbatches
     over = timed_overheads(p)
-    for model, options in RANK_MODELS.items():
+    for name, (model, options) in RANK_MODELS.items():
         with tempfile.TemporaryDirectory() as tmp:
             prob, _ = project_profile(p, m, args.batch, tmp, model, options, over)
         with tempfile.TemporaryDirectory() as tmp:
@@ -163,7 +163,7 @@ def main() -> None:
                         batch_size=args.batch)
         per_rank = spawn(_bench_rank, p, ([("ours", s, cfg) for s in scheds], args.rounds),
                          timeout=3600, backend="gloo")
-        print(f"{model}: ms per step (cumulative replays; {load_note()})")
+        print(f"{name}: ms per step (cumulative replays; {load_note()})")
         for i, s in enumerate(scheds):
             d = decompose(s, raw, [per_rank[r][str(i)] for r in range(p)])
             print(f"  {s.method:<8} predicted {s.iteration_time * 1e3:6.1f}  measured "
