@@ -161,3 +161,131 @@ def test_with_durations_checks_and_keeps_the_graph():
         graph.with_durations([-1.0] + [1.0] * (graph.num_tasks - 1))
     with pytest.raises(GraphError, match=r"edges\.latency: expected"):
         graph.with_durations(graph.duration, [0.0])
+
+
+def test_a_shared_factor_scales_a_device_as_one():
+    """Noise that is all shared per step and rank: each device draws one factor c (1 -+ D/5
+    with probability 1/2) for all its ops. On one device's chain the step is c x 5 s in
+    every draw; in the two-device join the step is c0 F0 + c1 (F1 + B1) + max(c0 (B0 + W0),
+    c1 W1), enumerated over the four (c0, c1): 5 - 5e, 5 + 5e, 5 + 3e (c0 low, c1 high) and
+    5 + e (e = D/5), mean 5 + e: the two devices race, each as a whole."""
+    e = D / 5
+    lo, hi = 1 - e, 1 + e
+    one = Problem(devices=1, microbatches=1, forward=(1.0,), backward_input=(2.0,),
+                  backward_weight=(2.0,))
+    chain = [[Op("F", 0, 0), Op("B", 0, 0), Op("W", 0, 0)]]
+    assert {round(t, 9) for t in sampled_iteration_times(one, chain, OpSpread(shared=(lo, hi)),
+                                                         samples=200)} == {5 * lo, 5 * hi}
+    prob, orders = _two_stages()
+    times = sampled_iteration_times(prob, orders, OpSpread(shared=(lo, hi)), samples=4000,
+                                    seed=2)
+    cases = {(c0, c1): c0 * 1 + c1 * 2 + max(c0 * 2, c1 * 2) for c0 in (lo, hi) for c1 in (lo, hi)}
+    assert sorted(cases.values()) == pytest.approx([5 - 5 * e, 5 + e, 5 + 3 * e, 5 + 5 * e])
+    assert {round(t, 9) for t in times} == {round(t, 9) for t in cases.values()}
+    # Standard error of the mean: below sqrt(E[(x - 5 - e)^2] = 10 e^2) / sqrt(4000) = 0.05 e.
+    assert statistics.fmean(times) == pytest.approx(5 + e, abs=0.2 * e)
+
+
+def test_a_stall_shared_by_a_step_is_drawn_whole():
+    """What the shared part fixes: a stall that triples every op of a step on one rank, one
+    step in 8. Drawn per device, both devices run at 1 in 49/64 of the draws, so the median
+    step is the priced 5 s. The same times split into per-op residuals (each op tripled in
+    1 of 8 draws, independently) stall some op of the step's 6 in 1 - (7/8)^6 = 55 % of the
+    draws: the median step is then above 5 s, a join cost the runs did not have."""
+    prob, orders = _two_stages()
+    shared = OpSpread(shared=(1.0,) * 7 + (3.0,))
+    times = sampled_iteration_times(prob, orders, shared, samples=1001, seed=4)
+    assert statistics.median(times) == 5.0
+    assert sum(t == 5.0 for t in times) / len(times) == pytest.approx(49 / 64, abs=0.05)
+    per_op = OpSpread({key: (0.0,) * 7 + (2 * t,)
+                       for key, t in (("F0", 1.0), ("F1", 1.0), ("B0", 1.0), ("B1", 1.0),
+                                      ("W0", 1.0), ("W1", 2.0))})
+    times = sampled_iteration_times(prob, orders, per_op, samples=1001, seed=4)
+    assert sum(t == 5.0 for t in times) / len(times) == pytest.approx((7 / 8) ** 6, abs=0.05)
+    assert statistics.median(times) > 5.0
+
+
+def _linked(w1: float = 3.0) -> tuple[Problem, list[list[Op]]]:
+    """:func:`_two_stages` with 1 s links and W1 of ``w1`` s: F1 and B0 wait for a message,
+    the other ops for the op before them on their device."""
+    from pipeopt.problem import chain_links
+
+    prob, orders = _two_stages()
+    lat, bw = chain_links(2, [1.0], [float("inf")])
+    return prob.replace(latency=lat, bandwidth=bw, backward_weight=(1.0, w1)), orders
+
+
+def test_an_op_held_up_by_a_message_waits_the_delay_not_the_delay_and_a_gap():
+    """A message's delay is measured up to its receiver's start, so it holds the receiver's
+    gap. Gap residual 0.2 s, message residual 0.3 s: F0, B1, W1 and W0 each pay their gap
+    (+0.2 s), F1 and B0 start 1 + 0.3 s after their message's producer ends, not 1.5 s.
+    Path by hand: F0 0-1.2, F1 2.5-3.5, B1 3.5-4.7, B0 6.0-7.0, W0 7.0-8.2 (W1 4.7-7.9):
+    8.2 s, where a gap drawn on top of the delay gave 8.6 s."""
+    prob, orders = _linked()
+    assert simulate(prob, orders).iteration_time == pytest.approx(7.0)
+    got = sampled_iteration_times(prob, orders, OpSpread(gap=(0.2,), message=(0.3,)),
+                                  samples=3)
+    assert got == (pytest.approx(8.2),) * 3
+    # A message faster than the receiver's gap: the receiver still pays its gap after the
+    # producer's end (latency 1 - 1.2 - 0.5 < 0, kept at 0). Ops with their 0.5 s gap:
+    # F0 0-1.5, F1 1.5-3.0, B1 3.0-4.5, W1 4.5-8.0, B0 4.5-6.0, W0 6.0-7.5: 8.0 s.
+    got = sampled_iteration_times(prob, orders, OpSpread(gap=(0.5,), message=(-1.2,)),
+                                  samples=2)
+    assert got == (pytest.approx(8.0),) * 2
+
+
+def test_an_ops_gap_and_its_message_are_drawn_at_one_quantile():
+    """Gap residuals (0, 0.4), message residuals (0.1, 0.5): a message-bound op waits 1.1 or
+    1.5 s, never 1.5 + 0.4 s. The slowest draw (every quantile high): F0 1.4, F1 after 1.5
+    then 1, B1 1.4, B0 after 1.5 then 1, W0 1.4: 9.2 s (W1 3.4 ends at 8.7), where
+    independent draws of the gap and the delay reached 10.0 s."""
+    prob, orders = _linked()
+    times = sampled_iteration_times(prob, orders, OpSpread(gap=(0.0, 0.4), message=(0.1, 0.5)),
+                                    samples=2000, seed=6)
+    assert max(times) == pytest.approx(9.2)  # 1 in 64 draws: all slow
+    low = 1.0 + 1.1 + 1.0 + 1.0 + 1.1 + 1.0 + 1.0  # every quantile low: 7.2 s
+    assert min(times) == pytest.approx(low)
+
+
+def test_the_factor_scales_compute_and_gap_not_the_message():
+    """A problem priced with a runtime gap of 0.1 s per op (``with_overheads``) and a shared
+    factor of 2: every op pays 2 x (compute + gap), a message-bound op starts its compute
+    the priced delay after its message's producer (1 s link + 0.1 s gap), unscaled. On one
+    device: 2 x 3.3 s. On two: F0 2.2, then F1's compute 1.1 s after it (2 s), B1 2.2, W1
+    2 x 3.1: 13.7 s."""
+    from pipeopt.costs.build import with_overheads
+    from pipeopt.costs.profile import Overheads
+
+    one = with_overheads(Problem(devices=1, microbatches=1, forward=(1.0,),
+                                 backward_input=(1.0,), backward_weight=(1.0,)),
+                         Overheads(action_s=0.1), [0.0])
+    chain = [[Op("F", 0, 0), Op("B", 0, 0), Op("W", 0, 0)]]
+    assert simulate(one, chain).iteration_time == pytest.approx(3.3)
+    assert sampled_iteration_times(one, chain, OpSpread(shared=(2.0,)), samples=2) == (
+        pytest.approx(6.6),) * 2
+    prob, orders = _linked()
+    prob = with_overheads(prob, Overheads(action_s=0.1), [0.0, 0.0])
+    assert sampled_iteration_times(prob, orders, OpSpread(shared=(2.0,)), samples=2) == (
+        pytest.approx(2.2 + 1.1 + 2.0 + 2.2 + 6.2),) * 2
+
+
+def test_a_spread_without_shared_factors_loads_and_means_none():
+    """A document written before the shared part was recorded has no ``shared``: it loads,
+    draws factor 1 (the old pooled residuals, all variation per op) and is written back with
+    an empty list; factors must be finite and > 0."""
+    old = {"ops": {"B0": [-D, D], "W1": [-D, D]}, "gap": [], "message": []}
+    spread = OpSpread.from_dict(old)
+    assert spread.shared == () and spread.to_dict() == {**old, "shared": []}
+    assert OpSpread.from_dict(spread.to_dict()) == spread
+    prob, orders = _two_stages()
+    times = sampled_iteration_times(prob, orders, spread, samples=4000, seed=1)
+    assert statistics.fmean(times) == pytest.approx(5.0 + D / 2, abs=0.06 * D)
+    with_shared = OpSpread.from_residuals({"F0": [0.0]}, shared=[1.1, 0.9, 1.0], quantiles=2)
+    assert with_shared.shared == pytest.approx((0.95, 1.05))  # mid-quantiles at 0.5, 1.5
+    assert OpSpread.from_dict(with_shared.to_dict()) == with_shared
+    with pytest.raises(ValueError, match=r"op_spread\.shared\[1\]: must be > 0 \(a factor"):
+        OpSpread.from_dict({"shared": [1.0, 0.0]})
+    with pytest.raises(ValueError, match=r"op_spread\.shared\[0\]: must be a finite number"):
+        OpSpread.from_dict({"shared": [float("inf")]})
+    with pytest.raises(ValueError, match=r"shared\[0\]: must be > 0"):
+        OpSpread(shared=(-1.0,))

@@ -490,18 +490,23 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
     :func:`pipeopt.executor.launch.run_rank`'s report (its ``step_traces`` and
     ``step_times``); the first step of every round (warm-up) is left out when there are more.
 
-    Returns ``ops`` (``"F1"`` -> every duration of stage 1's forwards), ``gaps`` (an op whose
-    inputs are all on its rank: its start less the end of what it waited for, the runtime's
-    time between two ops), ``delays`` (an op held up by a message from another rank: its start
-    less the producer's end), ``leads`` (per step, the first op's start: the runtime's work
-    before it), ``tails`` ((seconds, rank) per step: the step's end less the last op's
-    end, on the rank that ran it: the optimizer step, zero-grad and the closing barrier) and
-    ``steps`` (per step, the longest rank's step time)."""
+    Returns ``ops`` (``"F1"`` -> every duration of stage 1's forwards), ``where`` (per key
+    of ``ops``, in the same order: the ``(step, rank)`` each duration was measured in, ``step``
+    an index into ``steps``), ``gaps`` (an op whose inputs are all on its rank: its start
+    less the end of what it waited for, the runtime's time between two ops) and
+    ``gap_where`` (the ``(step, rank)`` of each gap), ``delays`` (an op held up by a message
+    from another rank: its start less the producer's end), ``leads`` (per step, the first
+    op's start: the runtime's work before it), ``tails`` ((seconds, rank) per step: the
+    step's end less the last op's end, on the rank that ran it: the optimizer step,
+    zero-grad and the closing barrier) and ``steps`` (per step, the longest rank's step
+    time)."""
     from pipeopt.problem import Op
 
     stages = schedule.problem.stages
     ops: dict[str, list[float]] = {}
+    where: dict[str, list[tuple[int, int]]] = {}
     gaps: list[float] = []
+    gap_where: list[tuple[int, int]] = []
     delays: list[float] = []
     tails: list[tuple[float, int]] = []
     leads: list[float] = []
@@ -512,6 +517,7 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
             start: dict[Any, float] = {}
             end: dict[Any, float] = {}
             prev: dict[Any, float | None] = {}
+            rank_of: dict[Any, int] = {}
             step_s, last = 0.0, (-1.0, 0)
             for r, rank_runs in enumerate(runs):
                 rep = rank_runs[rnd]
@@ -520,9 +526,10 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                 before = None
                 for name, a, b in trace:
                     op = _op_of(name)
-                    start[op], end[op], prev[op] = a, b, before
+                    start[op], end[op], prev[op], rank_of[op] = a, b, before, r
                     before = b
                     ops.setdefault(f"{op.kind}{op.stage}", []).append(b - a)
+                    where.setdefault(f"{op.kind}{op.stage}", []).append((len(steps), r))
                 if trace:
                     last = max(last, (trace[-1][2], r))
             steps.append(step_s)
@@ -541,8 +548,9 @@ def step_trace_costs(schedule: Any, runs: list[list[dict[str, Any]]]) -> dict[st
                     delays.append(a - end[far])
                 elif prev[op] is not None:
                     gaps.append(a - ready)
-    return {"ops": ops, "gaps": gaps, "delays": delays, "leads": leads, "tails": tails,
-            "steps": steps}
+                    gap_where.append((len(steps) - 1, rank_of[op]))
+    return {"ops": ops, "where": where, "gaps": gaps, "gap_where": gap_where,
+            "delays": delays, "leads": leads, "tails": tails, "steps": steps}
 
 
 def _step_rank(rank: int, world: int, device: Any, jobs: list[Any], rounds: int,
@@ -642,28 +650,78 @@ def _fit_cost(prob: Any, scheds: list[Any], measured: list[float], tail: float,
     return fit, rows
 
 
+def _shared_factors(runs: list[tuple[dict[str, Any], dict[str, float]]], action: float
+                    ) -> dict[tuple[int, int, int], float]:
+    """Per ``(run, step, rank)`` of ``runs`` (each :func:`step_trace_costs` with its priced
+    compute per key, seconds): how much slower than priced that step ran on that rank, its
+    ops' measured compute and gaps summed over what they are priced at (each gap at
+    ``action``), i.e. the mean of measured / priced weighted by the priced time.
+
+    A factor, not an offset, since one rank's ops differ 10-80x in size (the MLP's stage 0 B
+    of 27 us beside its W of 1.5 ms) and a slow moment of the machine slows each in
+    proportion. A ratio of sums rather than a median of ratios: on the MLP's traces the ops
+    that ran over their priced time by more than 1 ms cluster in steps (ZB-H1 at 8
+    micro-batches: none in 45 of 66 steps and ranks, 4-8 of 24 in 10; the count's variance 4.4
+    against 1.0 if they fell independently), which a median leaves in the per-op residuals,
+    to be drawn into every simulated step; the sum takes such a cluster into its step's
+    factor and leaves residuals that add up to 0 over each step and rank. Gaps count: a slow
+    moment stretches the runtime's work between ops as well. A step and rank with nothing
+    priced above 0 gets none (1 where used)."""
+    sums: dict[tuple[int, int, int], list[float]] = {}
+    for i, (run, priced) in enumerate(runs):
+        for key, xs in run["ops"].items():
+            mid = priced.get(key, 0.0)
+            for x, (st, rank) in zip(xs, run["where"][key], strict=True):
+                acc = sums.setdefault((i, st, rank), [0.0, 0.0])
+                acc[0] += x
+                acc[1] += mid
+        for x, (st, rank) in zip(run["gaps"], run["gap_where"], strict=True):
+            acc = sums.setdefault((i, st, rank), [0.0, 0.0])
+            acc[0] += x
+            acc[1] += action
+    return {at: x / p for at, (x, p) in sums.items() if p > 0}
+
+
 def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action: float
                ) -> Any:
     """How the op times of the runs (:func:`step_trace_costs` of the fused and the split
-    schedule) spread about what the step-timed document prices (seconds): per stage, F (both
-    runs pooled, as priced), the split run's B and W, the fused run's B (``"B{k} fused"``),
-    each less its trimmed mean; the gaps less ``action`` (the priced gap); the message delays
-    less their trimmed mean (the priced gap plus ``message_s``)."""
+    schedule) spread about what the step-timed document prices (seconds): per step and rank
+    the factor its ops and gaps ran at (:func:`_shared_factors`, against the trimmed means
+    that are priced and ``action``); per stage, F (both runs pooled, as priced), the split
+    run's B and W, the fused run's B (``"B{k} fused"``), each op's time divided by its step
+    and rank's factor less the trimmed mean, so that ``measured = factor * (priced +
+    residual)`` op by op; the gaps, each divided by its step and rank's factor, less
+    ``action`` (the priced gap); the message delays less their trimmed mean (the priced gap
+    plus ``message_s``; a delay between two ranks is not scaled by either's factor)."""
     from pipeopt.costs.variation import OpSpread
 
+    # The priced compute per key of each run: what the document prices that run's ops at.
+    pools = {f"F{k}": ((fused, f"F{k}"), (split, f"F{k}")) for k in range(stages)}
+    pools.update({f"B{k}": ((split, f"B{k}"),) for k in range(stages)})
+    pools.update({f"W{k}": ((split, f"W{k}"),) for k in range(stages)})
+    pools.update({f"B{k} fused": ((fused, f"B{k}"),) for k in range(stages)})
+    mids = {key: trimmed_mean([x for run, k in src for x in run["ops"].get(k, [])])
+            for key, src in pools.items()}
+    priced: list[dict[str, float]] = [{}, {}]
+    for key, src in pools.items():
+        for run, k in src:
+            priced[0 if run is fused else 1][k] = mids[key]
+    factor = _shared_factors([(fused, priced[0]), (split, priced[1])], action)
     ops: dict[str, list[float]] = {}
-    for k in range(stages):
-        for key, pool in ((f"F{k}", fused["ops"].get(f"F{k}", []) + split["ops"].get(f"F{k}", [])),
-                          (f"B{k}", split["ops"].get(f"B{k}", [])),
-                          (f"W{k}", split["ops"].get(f"W{k}", [])),
-                          (f"B{k} fused", fused["ops"].get(f"B{k}", []))):
-            if pool:
-                mid = trimmed_mean(pool)
-                ops[key] = [x - mid for x in pool]
-    gaps = fused["gaps"] + split["gaps"]
+    for key, src in pools.items():
+        residuals = [x / factor.get((0 if run is fused else 1, st, rank), 1.0) - mids[key]
+                     for run, k in src
+                     for x, (st, rank) in zip(run["ops"].get(k, []), run["where"].get(k, []),
+                                              strict=True)]
+        if residuals:
+            ops[key] = residuals
+    gaps = [x / factor.get((i, st, rank), 1.0) - action
+            for i, run in enumerate((fused, split))
+            for x, (st, rank) in zip(run["gaps"], run["gap_where"], strict=True)]
     delays = fused["delays"] + split["delays"]
     mid = trimmed_mean(delays)
-    return OpSpread.from_residuals(ops, [g - action for g in gaps], [x - mid for x in delays])
+    return OpSpread.from_residuals(ops, gaps, [x - mid for x in delays],
+                                   shared=list(factor.values()))
 
 
 def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: int = 0,

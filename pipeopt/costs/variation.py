@@ -3,16 +3,27 @@
 A replay on mean op times misses what variation costs where two paths meet: an op that
 waits for two inputs starts at the later of them, and ``E[max(X, Y)] > max(E[X], E[Y])``
 when both are near-critical and noisy, while a single chain of ops adds up to its mean.
-:class:`OpSpread` keeps how measured op times spread about the priced ones (residuals in
-seconds per stage and op kind, and of the runtime's gap before an op), and
+:class:`OpSpread` keeps how measured op times spread about the priced ones, and
 :func:`sampled_iteration_times` times the same device orders with the one simulator
-(:func:`pipeopt.core.simulate.time_orders` over the problem's task graph) once per draw of
-every op's duration (its priced duration plus a residual drawn from its stage and kind, plus
-a gap residual), so a schedule's predicted step is a statistic of these draws
-(:func:`sampled_step`).
+(:func:`pipeopt.core.simulate.time_orders` over the problem's task graph) once per draw, so a
+schedule's predicted step is a statistic of these draws (:func:`sampled_step`).
 
-Draws are independent per op: variation that is shared by every op of a step (the machine's
-load moving) adds to every path alike and is not what this prices.
+A draw has two parts of an op's variation, as the profile's traces split them
+(:func:`pipeopt.costs.profiler.step_trace_costs`):
+
+* shared: a step on one rank runs all its ops and the runtime's gaps between them faster or
+  slower together (the machine's moment; on a CPU also stalls that hit a stretch of a step).
+  Each draw takes one factor per device from :attr:`OpSpread.shared`, independently per
+  device, and scales every op of that device by it (compute, residual and gap), so a chain of
+  one device's ops moves as one and a stall hits a draw whole instead of a share of it
+  hitting every draw;
+* per op: a residual drawn independently per op from its stage and kind (seconds, measured
+  less priced once the shared factor is divided out), plus the runtime's gap before it and,
+  for a message between devices, its delay. The delay of a message is measured up to its
+  receiver's start, so it holds the receiver's gap: an op's gap and the delay of the message
+  it receives are drawn at the same quantile and the message arrives their difference later
+  (at least 0), so an op held up by a message waits the drawn delay, not the delay plus a
+  second gap.
 """
 
 from __future__ import annotations
@@ -59,33 +70,46 @@ def _quantiles(xs: Sequence[float], q: int) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _values(name: str, values: Any) -> tuple[float, ...]:
+def _values(name: str, values: Any, what: str = "seconds") -> tuple[float, ...]:
     if not isinstance(values, (list, tuple)):
-        raise ValueError(f"{name}: must be a list of numbers (seconds), got "
+        raise ValueError(f"{name}: must be a list of numbers ({what}), got "
                          f"{type(values).__name__}")
     out = []
     for i, x in enumerate(values):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-            raise ValueError(f"{name}[{i}]: must be a finite number (seconds), got {x!r}")
+            raise ValueError(f"{name}[{i}]: must be a finite number ({what}), got {x!r}")
         out.append(float(x))
     return tuple(out)
+
+
+def _factors(name: str, values: Any) -> tuple[float, ...]:
+    out = _values(name, values, "a factor on op times")
+    bad = next((i for i, x in enumerate(out) if x <= 0), None)
+    if bad is not None:
+        raise ValueError(f"{name}[{bad}]: must be > 0 (a factor on op times), got {out[bad]!r}")
+    return out
 
 
 @dataclass(frozen=True)
 class OpSpread:
     """How measured op times spread about what the problem prices, as residuals (seconds,
-    measured less the priced mean; either sign), each key's a list to draw from.
+    measured less the priced mean; either sign) and factors, each a list to draw from.
 
     ``ops``: per key, ``"F{k}"``, ``"B{k}"``, ``"W{k}"`` (stage ``k``'s forward, input
     backward and weight backward of a split backward) and ``"B{k} fused"`` (its fused
-    backward); ``gap``: the runtime's time before an op, less its priced mean; ``message``:
-    the delay of a message between devices (its receiver's start less its producer's end,
-    where it held the receiver up), less its priced mean. A key that is missing or empty
-    draws 0."""
+    backward): an op's measured compute time divided by its step and rank's shared factor,
+    less the priced one; ``gap``: the runtime's time before an op, less its priced mean;
+    ``message``: the delay of a message between devices (its receiver's start less its
+    producer's end, where it held the receiver up), less its priced mean; ``shared``: per
+    step and rank the factor (dimensionless, > 0) by which all of that step's ops on that
+    rank ran slower than priced (see :func:`pipeopt.costs.profiler.step_trace_costs`'s
+    callers). A key that is missing or empty draws 0; no ``shared`` factors draw 1 (the
+    spread of a profile written before they were recorded: all variation per op)."""
 
     ops: tuple[tuple[str, tuple[float, ...]], ...] = ()
     gap: tuple[float, ...] = ()
     message: tuple[float, ...] = ()
+    shared: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         ops = self.ops.items() if isinstance(self.ops, Mapping) else self.ops
@@ -102,34 +126,37 @@ class OpSpread:
         object.__setattr__(self, "ops", tuple(sorted(checked)))
         object.__setattr__(self, "gap", _values("gap", list(self.gap)))
         object.__setattr__(self, "message", _values("message", list(self.message)))
+        object.__setattr__(self, "shared", _factors("shared", list(self.shared)))
 
     @classmethod
     def from_residuals(cls, ops: Mapping[str, Sequence[float]], gap: Sequence[float] = (),
-                       message: Sequence[float] = (), quantiles: int = SPREAD_QUANTILES
-                       ) -> OpSpread:
-        """The spread of measured residuals (seconds), each key kept as ``quantiles``
-        mid-quantiles (all of them when fewer)."""
+                       message: Sequence[float] = (), quantiles: int = SPREAD_QUANTILES,
+                       shared: Sequence[float] = ()) -> OpSpread:
+        """The spread of measured residuals (seconds) and shared factors, each kept as
+        ``quantiles`` mid-quantiles (all of them when fewer)."""
         if quantiles < 1:
             raise ValueError(f"quantiles: must be >= 1, got {quantiles}")
         return cls(tuple((k, _quantiles(v, quantiles)) for k, v in ops.items()),
-                   _quantiles(gap, quantiles), _quantiles(message, quantiles))
+                   _quantiles(gap, quantiles), _quantiles(message, quantiles),
+                   _quantiles(shared, quantiles))
 
     def residuals(self, key: str) -> tuple[float, ...]:
         """The residuals of ``key`` (``()`` when it has none)."""
         return dict(self.ops).get(key, ())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document (seconds): ``{"ops": {key: [...]}, "gap": [...],
-        "message": [...]}``."""
+        """A JSON-ready document (seconds; ``shared``: factors): ``{"ops": {key: [...]},
+        "gap": [...], "message": [...], "shared": [...]}``."""
         return {"ops": {k: list(v) for k, v in self.ops}, "gap": list(self.gap),
-                "message": list(self.message)}
+                "message": list(self.message), "shared": list(self.shared)}
 
     @classmethod
     def from_dict(cls, data: Any) -> OpSpread:
-        """The spread of :meth:`to_dict`'s document; raises ``ValueError`` naming the field."""
+        """The spread of :meth:`to_dict`'s document (one without ``shared``, written before
+        it was recorded, has no shared part); raises ``ValueError`` naming the field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"op_spread: must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"ops", "gap", "message"}
+        unknown = set(data) - {"ops", "gap", "message", "shared"}
         if unknown:
             raise ValueError(f"op_spread: unknown field(s) {sorted(unknown)}")
         ops = data.get("ops", {})
@@ -137,24 +164,40 @@ class OpSpread:
             raise ValueError(f"op_spread.ops: must be a mapping, got {type(ops).__name__}")
         return cls(tuple((k, _values(f"op_spread.ops[{k!r}]", v)) for k, v in ops.items()),
                    _values("op_spread.gap", data.get("gap", [])),
-                   _values("op_spread.message", data.get("message", [])))
+                   _values("op_spread.message", data.get("message", [])),
+                   _factors("op_spread.shared", data.get("shared", [])))
 
 
 def _key(kind: str, stage: int, split: bool) -> str:
     return f"{kind}{stage}" if split or kind != "B" else f"B{stage} fused"
 
 
+def _priced_gap(problem: Problem) -> float:
+    """The runtime's gap before an op that ``problem`` prices in every F, B and W
+    (``meta.overheads.action_s``, seconds, :func:`pipeopt.costs.build.with_overheads`; 0
+    without)."""
+    over = dict(problem.meta).get("overheads")
+    gap = over.get("action_s") if isinstance(over, Mapping) else None
+    return float(gap) if isinstance(gap, (int, float)) and math.isfinite(gap) else 0.0
+
+
 def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, *,
                             samples: int = SAMPLES, seed: int = 0) -> tuple[float, ...]:
     """The iteration time (seconds: makespan, or later where a stage's step tail ends after
-    it) of ``orders`` on ``problem``, once per draw: every op lasts its priced duration plus a
-    residual drawn from ``spread`` for its stage and kind (a fused problem's B from
-    ``"B{k} fused"``) plus a gap residual, at least 0 (on micro-batches of different cost the
-    op's residual is scaled by its time factor), and every message between devices arrives
-    its link's latency plus a drawn message residual after its transmission, at least 0
-    after it. ``samples`` draws, reproducible by ``seed``;
-    in draw order. Raises what :func:`pipeopt.simulate.simulate` raises for bad orders, and
-    ``ValueError`` for ``samples`` < 1."""
+    it) of ``orders`` on ``problem``, once per draw (see the module docstring).
+
+    Per draw, every device draws one factor from ``spread.shared`` (1 when it has none);
+    every op then lasts that factor times the sum of its priced compute, a residual drawn
+    from ``spread`` for its stage and kind (a fused problem's B from ``"B{k} fused"``; on
+    micro-batches of different cost the residual is scaled by the op's time factor), its
+    priced gap (``meta.overheads.action_s``) and a gap residual drawn at a uniform quantile
+    ``u`` of ``spread.gap``, at least 0. A message between devices arrives so that its
+    receiver, if the message holds it up, starts its compute the priced delay (link latency
+    + priced gap) plus the message residual at the same quantile ``u`` of ``spread.message``
+    (0 when it has none) after the producer's end: its latency is that delay less the
+    receiver's scaled gap, at least 0. ``samples`` draws, reproducible by
+    ``seed``; in draw order. Raises what :func:`pipeopt.simulate.simulate` raises for bad
+    orders, and ``ValueError`` for ``samples`` < 1."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples: must be an integer >= 1, got {samples!r}")
     simulate(problem, orders)  # checks the orders, naming a fault in the chain's terms
@@ -166,19 +209,42 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     by_key = {k: v for k, v in spread.ops if v}
     pools = [by_key.get(_key(kd, k, split), ()) for kd, k in zip(kind, stage, strict=True)]
     scale = [table[k][j] if table else 1.0 for k, j in zip(stage, mb, strict=True)]
-    gap, message = spread.gap, spread.message
     base = graph.duration
+    # The priced gap in each op (scaled with it, as the problem's durations are) and its
+    # compute.
+    action = _priced_gap(problem)
+    priced_gap = [min(t, action * f) for t, f in zip(base, scale, strict=True)]
+    compute = [t - a for t, a in zip(base, priced_gap, strict=True)]
+    device = graph.device
+    devices = max(device, default=-1) + 1
+    # Sorted, so that one quantile u picks an op's gap and the delay of its message alike.
+    gap, message, shared = sorted(spread.gap), sorted(spread.message), spread.shared
+    n_gap, n_msg = len(gap), len(message)
     tail = graph.tail
     lat = graph.edge_latency
-    cross = [k >= 0 for k in graph.edge_link]  # edges between devices (a link)
+    # Edges between devices (a link) and their receivers: their delay holds the gap.
+    cross = [(e, j) for e, (k, j) in enumerate(zip(graph.edge_link, graph.dst, strict=True))
+             if k >= 0]
+    coupled = bool(cross) and bool(n_gap or n_msg or shared)  # else every delay as priced
     rng = random.Random(seed)
-    pick = rng.choice
+    pick, uniform = rng.choice, rng.random
+    ones = [1.0] * devices
+    zeros = [0.0] * len(base)
     out = []
     for _ in range(samples):
-        dur = [max(0.0, t + (pick(pool) * f if pool else 0.0) + (pick(gap) if gap else 0.0))
-               for t, pool, f in zip(base, pools, scale, strict=True)]
-        edges = ([max(0.0, x + pick(message)) if c else x
-                  for x, c in zip(lat, cross, strict=True)] if message else None)
+        factor = [pick(shared) for _ in range(devices)] if shared else ones
+        u = [uniform() for _ in base] if n_gap or n_msg else zeros
+        g = [gap[int(x * n_gap)] for x in u] if n_gap else zeros
+        # The gap each op pays: its priced one and the drawn residual, both scaled.
+        paid = [factor[d] * (a + r) for d, a, r in zip(device, priced_gap, g, strict=True)]
+        dur = [max(0.0, factor[d] * (w + (pick(pool) * f if pool else 0.0)) + x)
+               for w, pool, f, d, x in zip(compute, pools, scale, device, paid, strict=True)]
+        edges = None
+        if coupled:
+            edges = list(lat)
+            for e, j in cross:
+                edges[e] = max(0.0, lat[e] + priced_gap[j] - paid[j]
+                               + (message[int(u[j] * n_msg)] if n_msg else 0.0))
         _, end, _ = time_orders(graph.with_durations(dur, edges), tasks, check=False)
         out.append(max(e + t for e, t in zip(end, tail, strict=True)))
     return tuple(out)
