@@ -16,7 +16,8 @@ A draw has two parts of an op's variation, as the profile's traces split them
   Each draw takes one factor per device from :attr:`OpSpread.shared`, independently per
   device, and scales every op of that device by it (compute, residual and gap), so a chain of
   one device's ops moves as one and a stall hits a draw whole instead of a share of it
-  hitting every draw;
+  hitting every draw. (On the MLP's 2 CPU ranks the log factors of the two ranks in one step
+  correlated 0.05-0.66: independent draws still overstate a join between devices.)
 * per op: a residual drawn independently per op from its stage and kind (seconds, measured
   less priced once the shared factor is divided out), plus the runtime's gap before it and,
   for a message between devices, its delay. The delay of a message is measured up to its
