@@ -102,10 +102,11 @@ class OpSpread:
     less the priced one; ``gap``: the runtime's time before an op, less its priced mean;
     ``message``: the delay of a message between devices (its receiver's start less its
     producer's end, where it held the receiver up), less its priced mean; ``shared``: per
-    step and rank the factor (dimensionless, > 0) by which all of that step's ops on that
-    rank ran slower than priced (see :func:`pipeopt.costs.profiler.step_trace_costs`'s
-    callers). A key that is missing or empty draws 0; no ``shared`` factors draw 1 (the
-    spread of a profile written before they were recorded: all variation per op)."""
+    step and rank the factor (dimensionless, > 0) by which that step's ops and gaps on that
+    rank together ran slower than priced (as
+    :func:`pipeopt.costs.profiler.step_profile_from_runs` records it). A key that is missing
+    or empty draws 0; no ``shared`` factors draw 1 (the spread of a profile written before
+    they were recorded: all variation per op)."""
 
     ops: tuple[tuple[str, tuple[float, ...]], ...] = ()
     gap: tuple[float, ...] = ()
