@@ -795,8 +795,8 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
     scheds = [solved[g[0]] for g in groups]
     cases = [RANK_CASES[g[0]] for g in groups]
     names = [" = ".join(_case_name(*RANK_CASES[i]) for i in g) for g in groups]
-    for name in (n for n in names if " = " in n):
-        print(f"  {name}: the same orders on every rank, run once as one case")
+    for same in (n for n in names if " = " in n):
+        print(f"  {same}: the same orders on every rank, run once as one case")
     # The profile's own schedules (order generators: the same orders in every round).
     profiled = {m: step_schedules(docs[m], p, m)[2] for m in sizes} if step else {}
     mine = own_orders(cases, scheds, profiled) if step else [None] * len(scheds)
