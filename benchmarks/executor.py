@@ -18,7 +18,7 @@ than 1.05x.
     python benchmarks/executor.py [--ranks 2] [--microbatches 8] [--rounds 5] [--steps 4]
         [--profiler ranks|project] [--no-replan] [--no-vshape]
     python benchmarks/executor.py --ranking   # 6 cases (5 methods) x 3 models: errors, tau-b
-        [--models tiny-gpt,mlp,mlp-1024] [--timing step|warm] [--no-profile-each-round]
+        [--rounds 9] [--models tiny-gpt,mlp,mlp-1024] [--timing step|warm] [--no-profile-each-round]
         [--profile-steps N] [--warmup-rounds N] [--sampled [--samples N]] [--json-out PATH]
 """
 
@@ -45,6 +45,7 @@ from pipeopt.costs.profiler import (
     kendall_tau_b,
     ping_pong_s,
     sampled_step_fit,
+    step_problem,
     step_profile_from_runs,
     step_schedules,
     write_profile,
@@ -317,7 +318,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="interleaved measured rounds (default 5; with --ranking RANK_ROUNDS)")
     ap.add_argument("--steps", type=int, default=None,
                     help="steps per round, the first not counted (default 4; --ranking: "
                     "per model, RANK_STEPS)")
@@ -401,6 +403,8 @@ def main() -> None:
         ap.error(f"{', '.join(ranking_only)}: only with --ranking")
     if args.samples is not None and not args.sampled:
         ap.error("--samples: only with --sampled")
+    if args.rounds is None:
+        args.rounds = RANK_ROUNDS if args.ranking else 5
     if args.json_out is not None and Path(args.json_out).exists():
         ap.error(f"--json-out: {args.json_out} exists; give a new path (nothing is overwritten)")
     args.models = [x.strip() for x in (args.models or ",".join(RANK_MODELS)).split(",")]
@@ -541,6 +545,12 @@ RANK_MODELS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
 #: pre-emption of a rank (a few ms) moved a step by 10-50 % and round spreads reached 20-110 %.
 #: ``mlp-1024`` (steps 45-110 ms) has the MLP's 12, about a second of counted steps a round.
 RANK_STEPS = {MODEL: 4, "mlp": 12, "mlp-1024": 12}
+#: Measured rounds of ``--ranking`` by default (``--rounds``); 9 since 2026-12-05 (5 before):
+#: in three runs of 9 rounds (07:02-07:17 UTC, load 0.8-2.7) the default prediction's worst
+#: error over the first 5 rounds was 3.9-10.5 % on the tiny GPT and 5.7-8.1 % on mlp-1024,
+#: over all 9 5.3-6.3 % and 6.8-8.1 % (the median of 9 interleaved rounds moves less with
+#: one slow stretch of the machine); a run takes about 5 minutes instead of 3.
+RANK_ROUNDS = 9
 #: The instances of ``--ranking``, fixed before any was measured (2026-12-04): (method,
 #: micro-batches of the same batch, memory limit in micro-batches of activations per device,
 #: None = no limit). At 8 micro-batches and no limit, 1F1B, ZB-H1, ZB-H2, greedy and CP-SAT were
@@ -609,19 +619,6 @@ def _case_name(method: str, m: int, limit: float | None) -> str:
     return f"{method} m={m}" + (f" mem={limit:g}" if limit is not None else "")
 
 
-def problem_of(timed: dict[str, Any], m: int, tmp: str) -> Problem:
-    """The config form's problem (``model: {profile: ...}``, ``m`` micro-batches) of the
-    step-timed profile ``timed`` on the partition its runs measured (``in_step.partition``:
-    its factors hold for it; another partition would reuse them per layer)."""
-    from pipeopt.config import parse_config
-
-    part = timed["in_step"]["partition"]
-    write_profile(timed, f"{tmp}/step.json")
-    return parse_config({"pipeline": {"devices": len(part), "microbatches": m},
-                         "model": {"profile": f"{tmp}/step.json"},
-                         "training": {"stage_layers": [hi - lo for lo, hi in part]}}).problem
-
-
 def priced_on(s: Schedule, prob: Problem, limit: float | None) -> Problem:
     """The problem ``s``'s device orders are priced on in ``prob``'s costs: ``prob`` with the
     case's memory ``limit`` (:func:`_limited`), its fused variant when ``s`` fuses the
@@ -648,7 +645,7 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
     from pipeopt.costs.profiler import step_profile
 
     timed = step_profile(doc, model, options, ranks=p, microbatches=m, steps=steps)
-    prob = problem_of(timed, m, tmp)
+    prob = step_problem(timed, m)
     # The warm profile with the same overheads, on the same partition.
     counts = [hi - lo for lo, hi in timed["in_step"]["partition"]]
     write_profile({**doc, "overheads": timed["overheads"]}, f"{tmp}/warm.json")
@@ -838,37 +835,36 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
     spreads: dict[int, OpSpread] = {}
     sampled_probs: dict[int, Problem] = {}
     if each:
-        with tempfile.TemporaryDirectory() as tmp:
-            for rnd in range(args.rounds):
-                probs_r = {}
-                for m in sizes:
-                    runs = [[[per_rank[r][str(j)][rnd]] for j in prof_jobs[m]]
-                            for r in range(p)]
-                    timed = step_profile_from_runs(docs[m], runs, microbatches=m, model=model)
-                    probs_r[m] = problem_of(timed, m, tmp)
-                    for row in timed["in_step"]["replayed"]:
-                        again_steps[m].setdefault(row["method"], []).append(
-                            row["measured_ms"] / 1e3)
-                    if args.sampled:
-                        again = sampled_step_fit(timed, samples=args.samples)
-                        spreads[m] = OpSpread.from_dict(timed["in_step"]["op_spread"])
-                        sampled_probs[m] = problem_of(again, m, tmp)
-                        for det, smp in zip(timed["in_step"]["replayed"],
-                                            again["in_step"]["sampled"]["replayed"],
-                                            strict=True):
-                            own_fit[m].setdefault(det["method"], []).append(
-                                (det["measured_ms"], det["predicted_parts_ms"],
-                                 smp["predicted_parts_ms"]))
-                        own_fit[m].setdefault("fit", []).append(
-                            (timed["in_step"]["step_measured_ms"],
-                             timed["in_step"]["step_fit_ms"],
-                             again["in_step"]["sampled"]["step_fit_ms"]))
-                for i, (s, c) in enumerate(zip(scheds, cases, strict=True)):
-                    per_round[i].append(repriced(s, probs_r[c[1]], c[2]))
-                    if args.sampled:
-                        sampled_round[i].append(sampled_step(
-                            priced_on(s, sampled_probs[c[1]], c[2]), s.device_orders(),
-                            spreads[c[1]], samples=args.samples or SAMPLES))
+        for rnd in range(args.rounds):
+            probs_r = {}
+            for m in sizes:
+                runs = [[[per_rank[r][str(j)][rnd]] for j in prof_jobs[m]]
+                        for r in range(p)]
+                timed = step_profile_from_runs(docs[m], runs, microbatches=m, model=model)
+                probs_r[m] = step_problem(timed, m)
+                for row in timed["in_step"]["replayed"]:
+                    again_steps[m].setdefault(row["method"], []).append(
+                        row["measured_ms"] / 1e3)
+                if args.sampled:
+                    again = sampled_step_fit(timed, samples=args.samples)
+                    spreads[m] = OpSpread.from_dict(timed["in_step"]["op_spread"])
+                    sampled_probs[m] = step_problem(again, m)
+                    for det, smp in zip(timed["in_step"]["replayed"],
+                                        again["in_step"]["sampled"]["replayed"],
+                                        strict=True):
+                        own_fit[m].setdefault(det["method"], []).append(
+                            (det["measured_ms"], det["predicted_parts_ms"],
+                             smp["predicted_parts_ms"]))
+                    own_fit[m].setdefault("fit", []).append(
+                        (timed["in_step"]["step_measured_ms"],
+                         timed["in_step"]["step_fit_ms"],
+                         again["in_step"]["sampled"]["step_fit_ms"]))
+            for i, (s, c) in enumerate(zip(scheds, cases, strict=True)):
+                per_round[i].append(repriced(s, probs_r[c[1]], c[2]))
+                if args.sampled:
+                    sampled_round[i].append(sampled_step(
+                        priced_on(s, sampled_probs[c[1]], c[2]), s.device_orders(),
+                        spreads[c[1]], samples=args.samples or SAMPLES))
     record[name] = {
         "cases": names, "own_method": mine, "steps_per_round": steps,
         "steps": [[round_steps(i, rnd) for rnd in range(args.rounds)]

@@ -604,6 +604,7 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
     from pipeopt.costs.profiler import (
         STEP_METHODS,
         sampled_step_fit,
+        step_problem,
         step_profile_from_runs,
         step_schedules,
     )
@@ -644,6 +645,14 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
         priced = simulate(prob if other.problem.split_backward else fused_variant(prob),
                           other.device_orders()).iteration_time
         assert priced == pytest.approx(_world_runs(other)[1], abs=1e-5), method
+        # step_problem: the same problem without writing the document by hand.
+        again_p = step_problem(doc)
+        assert again_p.microbatches == 4 and again_p.stages == 2
+        assert simulate(again_p if other.problem.split_backward else fused_variant(again_p),
+                        other.device_orders()).iteration_time == pytest.approx(priced, abs=1e-12)
+    assert step_problem(doc, 8).microbatches == 8
+    with pytest.raises(ValueError, match=r"in_step\.partition: missing"):
+        step_problem(base)
     # Identical steps: op times do not spread, so the sampled prediction differs from the
     # replay on mean parts only by the gaps this world's traces show beyond the priced
     # (trimmed-mean) one (some ops start 2 gaps after their input), which the fit against it

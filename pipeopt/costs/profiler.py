@@ -610,6 +610,21 @@ def _profile_problem(doc: dict[str, Any], devices: int, microbatches: int,
                              "model": {"profile": str(path)}, **training}).problem
 
 
+def step_problem(doc: dict[str, Any], microbatches: int | None = None) -> Any:
+    """The :class:`~pipeopt.problem.Problem` the config form (``model: {profile: ...}``)
+    builds from the step-timed profile ``doc`` (:func:`step_profile`) on the partition its
+    runs measured (``in_step.partition``: its in-step factors hold for that partition; another
+    would reuse them per layer), with ``microbatches`` micro-batches (default: the runs',
+    ``in_step.microbatches``). Raises ``ValueError`` when ``doc`` was not timed in steps."""
+    st = doc.get("in_step") or {}
+    if "partition" not in st:
+        raise ValueError("in_step.partition: missing (a profile timed in steps records it; "
+                         "re-time the profile with pipeopt profile --timing step)")
+    part = [(int(a), int(b)) for a, b in st["partition"]]
+    m = int(st["microbatches"]) if microbatches is None else microbatches
+    return _profile_problem(doc, len(part), m, [b - a for a, b in part])
+
+
 def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any]],
               part: list[tuple[int, int]], microbatches: int
               ) -> tuple[float, list[dict[str, Any]]]:
@@ -693,13 +708,13 @@ def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action
     residual)`` op by op; the gaps, each divided by its step and rank's factor, less
     ``action`` (the priced gap); the message delays less their trimmed mean (the priced gap
     plus ``message_s``; a delay between two ranks is not scaled by either's factor)."""
-    from pipeopt.costs.variation import OpSpread
+    from pipeopt.costs.variation import OpSpread, spread_key
 
     # The priced compute per key of each run: what the document prices that run's ops at.
     pools = {f"F{k}": ((fused, f"F{k}"), (split, f"F{k}")) for k in range(stages)}
     pools.update({f"B{k}": ((split, f"B{k}"),) for k in range(stages)})
     pools.update({f"W{k}": ((split, f"W{k}"),) for k in range(stages)})
-    pools.update({f"B{k} fused": ((fused, f"B{k}"),) for k in range(stages)})
+    pools.update({spread_key("B", k, False): ((fused, f"B{k}"),) for k in range(stages)})
     mids = {key: trimmed_mean([x for run, k in src for x in run["ops"].get(k, [])])
             for key, src in pools.items()}
     priced: list[dict[str, float]] = [{}, {}]
@@ -746,11 +761,9 @@ def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: i
                          "re-time the profile with pipeopt profile --timing step)")
     spread = OpSpread.from_dict(st["op_spread"])
     n = SAMPLES if samples is None else samples
-    part = [(int(a), int(b)) for a, b in st["partition"]]
-    m = int(st["microbatches"])
     tail = float(st["step_measured_ms"]) / 1e3
     base_doc = {**doc, "overheads": {**doc["overheads"], "step_s": tail}}
-    prob = _profile_problem(base_doc, len(part), m, [b - a for a, b in part])
+    prob = step_problem(base_doc)
     measured = {r["method"]: r["measured_ms"] / 1e3 for r in st["replayed"]}
     scheds = [solve(prob, meth) for meth in st["methods"]]
     fit, rows = _fit_cost(prob, scheds, [measured[s.method] for s in scheds], tail,

@@ -49,7 +49,7 @@ SPREAD_QUANTILES = 32
 #: Draws per prediction by default: the median of 200 draws moves by about 0.1 % between
 #: seeds on the MLP's and tiny GPT's schedules (2 ranks, 4-8 micro-batches).
 SAMPLES = 200
-#: The keys of :attr:`OpSpread.ops` (see :func:`_key`).
+#: The keys of :attr:`OpSpread.ops` (see :func:`spread_key`).
 _KEY = re.compile(r"[FBW](0|[1-9][0-9]*)|B(0|[1-9][0-9]*) fused")
 #: Statistics :func:`sampled_step` takes over the draws.
 STATISTICS = ("median", "mean")
@@ -170,7 +170,10 @@ class OpSpread:
                    _factors("op_spread.shared", data.get("shared", [])))
 
 
-def _key(kind: str, stage: int, split: bool) -> str:
+def spread_key(kind: str, stage: int, split: bool) -> str:
+    """The key of :attr:`OpSpread.ops` an op of ``kind`` (``"F"``, ``"B"``, ``"W"``) on
+    ``stage`` draws from: ``"B{k} fused"`` for a fused problem's (``split`` false) backward,
+    else ``"{kind}{k}"``."""
     return f"{kind}{stage}" if split or kind != "B" else f"B{stage} fused"
 
 
@@ -209,7 +212,7 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     table = problem.time_table if problem.microbatch_scale else None
     split = problem.split_backward
     by_key = {k: v for k, v in spread.ops if v}
-    pools = [by_key.get(_key(kd, k, split), ()) for kd, k in zip(kind, stage, strict=True)]
+    pools = [by_key.get(spread_key(kd, k, split), ()) for kd, k in zip(kind, stage, strict=True)]
     scale = [table[k][j] if table else 1.0 for k, j in zip(stage, mb, strict=True)]
     base = graph.duration
     # The priced gap in each op (scaled with it, as the problem's durations are) and its
