@@ -663,6 +663,9 @@ def test_step_profile_from_runs_recovers_a_simulated_world(gpt_profile, tmp_path
     assert len(spread["shared"]) == 4  # (1F1B, ZB-H1) x (rank 0, 1) x one counted step
     assert sorted(spread["shared"])[:3] == pytest.approx([1.0] * 3, abs=1e-12)
     assert 1.003 < max(spread["shared"]) < 1.005
+    # The same four factors per step, both ranks' together: one step of each schedule.
+    assert len(spread["joint"]) == 2 and all(len(v) == 2 for v in spread["joint"])
+    assert sorted(x for v in spread["joint"] for x in v) == sorted(spread["shared"])
     assert spread["ops"]["F0"] and max(abs(x) for v in spread["ops"].values() for x in v) < _GAP / 5
     assert set(spread["ops"]) == {"F0", "F1", "B0", "B1", "W0", "W1", "B0 fused", "B1 fused"}
     assert all(abs(g) < 1e-6 or g == pytest.approx(_GAP, rel=0.01) for g in spread["gap"])

@@ -275,7 +275,7 @@ def test_a_spread_without_shared_factors_loads_and_means_none():
     an empty list; factors must be finite and > 0."""
     old = {"ops": {"B0": [-D, D], "W1": [-D, D]}, "gap": [], "message": []}
     spread = OpSpread.from_dict(old)
-    assert spread.shared == () and spread.to_dict() == {**old, "shared": []}
+    assert spread.shared == () and spread.to_dict() == {**old, "shared": [], "joint": []}
     assert OpSpread.from_dict(spread.to_dict()) == spread
     prob, orders = _two_stages()
     times = sampled_iteration_times(prob, orders, spread, samples=4000, seed=1)
@@ -289,3 +289,46 @@ def test_a_spread_without_shared_factors_loads_and_means_none():
         OpSpread.from_dict({"shared": [float("inf")]})
     with pytest.raises(ValueError, match=r"shared\[0\]: must be > 0"):
         OpSpread(shared=(-1.0,))
+
+
+def test_joint_steps_draw_the_ranks_of_one_step_together():
+    """Factors recorded per measured step, every rank's together: two steps, one where both
+    ranks ran at 1 - e and one where both ran at 1 + e. Drawn together, each draw scales
+    the whole two-device step alike, 5 (1 -+ e): none of the mixed races that independent
+    draws from the same four factors give (5 + e and 5 + 3e, test above). Steps with another
+    number of ranks than the problem's devices fall back to the independent draws."""
+    e = D / 5
+    lo, hi = 1 - e, 1 + e
+    prob, orders = _two_stages()
+    together = OpSpread(shared=(lo, lo, hi, hi), joint=((lo, lo), (hi, hi)))
+    times = sampled_iteration_times(prob, orders, together, samples=400, seed=2)
+    assert {round(t, 9) for t in times} == {round(5 * lo, 9), round(5 * hi, 9)}
+    apart = OpSpread(shared=(lo, lo, hi, hi), joint=((lo, lo, lo), (hi, hi, hi)))
+    times = sampled_iteration_times(prob, orders, apart, samples=400, seed=2)
+    assert {round(t, 9) for t in times} == {round(5 + x * e, 9) for x in (-5, 1, 3, 5)}
+
+
+def test_joint_steps_document_and_errors():
+    """``joint`` round-trips, a document without it loads with none, at most JOINT_STEPS
+    steps are kept (evenly spaced by their mean factor), and a ragged or non-positive step
+    names the field."""
+    from pipeopt.costs.variation import JOINT_STEPS
+
+    spread = OpSpread.from_residuals({}, shared=[1.0, 2.0], joint=[(2.0, 1.5), (1.0, 0.5)])
+    assert spread.joint == ((1.0, 0.5), (2.0, 1.5))  # by mean factor
+    assert OpSpread.from_dict(spread.to_dict()) == spread
+    assert OpSpread.from_dict({"shared": [1.0]}).joint == ()
+    many = OpSpread.from_residuals({}, joint=[(1.0 + i / 1000, 1.0) for i in range(1000)])
+    assert len(many.joint) == JOINT_STEPS
+    firsts = [v[0] for v in many.joint]
+    assert firsts == sorted(firsts) and firsts[0] < 1.02 and firsts[-1] > 1.98
+    with pytest.raises(ValueError, match=r"op_spread\.joint\[1\]: every step needs one factor "
+                       r"per rank, as many as step 0's \(2\), got 1"):
+        OpSpread.from_dict({"joint": [[1.0, 1.0], [1.0]]})
+    with pytest.raises(ValueError, match=r"op_spread\.joint\[0\]\[1\]: must be > 0"):
+        OpSpread.from_dict({"joint": [[1.0, 0.0]]})
+    with pytest.raises(ValueError, match=r"op_spread\.joint\[0\]: a step needs a factor per "
+                       "rank, got none"):
+        OpSpread.from_dict({"joint": [[]]})
+    with pytest.raises(ValueError, match=r"op_spread\.joint: must be a list of lists"):
+        OpSpread.from_dict({"joint": 3})

@@ -707,7 +707,8 @@ def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action
     and rank's factor less the trimmed mean, so that ``measured = factor * (priced +
     residual)`` op by op; the gaps, each divided by its step and rank's factor, less
     ``action`` (the priced gap); the message delays less their trimmed mean (the priced gap
-    plus ``message_s``; a delay between two ranks is not scaled by either's factor)."""
+    plus ``message_s``; a delay between two ranks is not scaled by either's factor); the
+    factors also per step, every rank's together (``joint``)."""
     from pipeopt.costs.variation import OpSpread, spread_key
 
     # The priced compute per key of each run: what the document prices that run's ops at.
@@ -735,8 +736,12 @@ def _op_spread(fused: dict[str, Any], split: dict[str, Any], stages: int, action
             for x, (st, rank) in zip(run["gaps"], run["gap_where"], strict=True)]
     delays = fused["delays"] + split["delays"]
     mid = trimmed_mean(delays)
+    # Every rank's factor of one step together (ranks = stages here), where all have one.
+    steps = sorted({(i, st) for i, st, _ in factor})
+    joint = [tuple(factor[(i, st, r)] for r in range(stages)) for i, st in steps
+             if all((i, st, r) in factor for r in range(stages))]
     return OpSpread.from_residuals(ops, gaps, [x - mid for x in delays],
-                                   shared=list(factor.values()))
+                                   shared=list(factor.values()), joint=joint)
 
 
 def sampled_step_fit(doc: dict[str, Any], *, samples: int | None = None, seed: int = 0,

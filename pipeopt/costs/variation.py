@@ -13,11 +13,14 @@ A draw has two parts of an op's variation, as the profile's traces split them
 
 * shared: a step on one rank runs all its ops and the runtime's gaps between them faster or
   slower together (the machine's moment; on a CPU also stalls that hit a stretch of a step).
-  Each draw takes one factor per device from :attr:`OpSpread.shared`, independently per
-  device, and scales every op of that device by it (compute, residual and gap), so a chain of
-  one device's ops moves as one and a stall hits a draw whole instead of a share of it
-  hitting every draw. (On the MLP's 2 CPU ranks the log factors of the two ranks in one step
-  correlated 0.05-0.66: independent draws still overstate a join between devices.)
+  Each draw takes one factor per device and scales every op of that device by it (compute,
+  residual and gap), so a chain of one device's ops moves as one and a stall hits a draw
+  whole instead of a share of it hitting every draw. Where the spread holds whole measured
+  steps (:attr:`OpSpread.joint`) for as many ranks as the problem has devices, a draw takes
+  the factors of one measured step, every device's together: on the MLP's 2 CPU ranks the
+  log factors of the two ranks in one step correlated 0.05-0.66, and independent draws
+  overstate a race between devices. Otherwise each device draws from
+  :attr:`OpSpread.shared` independently.
 * per op: a residual drawn independently per op from its stage and kind (seconds, measured
   less priced once the shared factor is divided out), plus the runtime's gap before it and,
   for a message between devices, its delay. The delay of a message is measured up to its
@@ -49,6 +52,9 @@ SPREAD_QUANTILES = 32
 #: Draws per prediction by default: the median of 200 draws moves by about 0.1 % between
 #: seeds on the MLP's and tiny GPT's schedules (2 ranks, 4-8 micro-batches).
 SAMPLES = 200
+#: Measured steps an :class:`OpSpread` keeps in ``joint`` at most (a profile round has about
+#: 20-50: two schedules x its counted steps).
+JOINT_STEPS = 64
 #: The keys of :attr:`OpSpread.ops` (see :func:`spread_key`).
 _KEY = re.compile(r"[FBW](0|[1-9][0-9]*)|B(0|[1-9][0-9]*) fused")
 #: Statistics :func:`sampled_step` takes over the draws.
@@ -91,6 +97,22 @@ def _factors(name: str, values: Any) -> tuple[float, ...]:
     return out
 
 
+def _joint(name: str, steps: Any) -> tuple[tuple[float, ...], ...]:
+    if not isinstance(steps, (list, tuple)):
+        raise ValueError(f"{name}: must be a list of lists of factors, got "
+                         f"{type(steps).__name__}")
+    out = tuple(_factors(f"{name}[{i}]", list(v) if isinstance(v, (list, tuple)) else v)
+                for i, v in enumerate(steps))
+    empty = next((i for i, v in enumerate(out) if not v), None)
+    if empty is not None:
+        raise ValueError(f"{name}[{empty}]: a step needs a factor per rank, got none")
+    bad = next((i for i, v in enumerate(out) if len(v) != len(out[0])), None)
+    if bad is not None:
+        raise ValueError(f"{name}[{bad}]: every step needs one factor per rank, as many as "
+                         f"step 0's ({len(out[0])}), got {len(out[bad])}")
+    return out
+
+
 @dataclass(frozen=True)
 class OpSpread:
     """How measured op times spread about what the problem prices, as residuals (seconds,
@@ -104,14 +126,19 @@ class OpSpread:
     producer's end, where it held the receiver up), less its priced mean; ``shared``: per
     step and rank the factor (dimensionless, > 0) by which that step's ops and gaps on that
     rank together ran slower than priced (as
-    :func:`pipeopt.costs.profiler.step_profile_from_runs` records it). A key that is missing
-    or empty draws 0; no ``shared`` factors draw 1 (the spread of a profile written before
-    they were recorded: all variation per op)."""
+    :func:`pipeopt.costs.profiler.step_profile_from_runs` records it); ``joint``: the same
+    factors per step, every rank's in rank order (one tuple per step, all of one length), so
+    that a draw can take the ranks' factors of one measured step together (the ranks of one
+    step move partly together: independent draws overstate a race between them). A key that
+    is missing or empty draws 0; no ``shared`` factors draw 1 (the spread of a profile
+    written before they were recorded: all variation per op); no ``joint`` steps draw the
+    devices' factors independently from ``shared``."""
 
     ops: tuple[tuple[str, tuple[float, ...]], ...] = ()
     gap: tuple[float, ...] = ()
     message: tuple[float, ...] = ()
     shared: tuple[float, ...] = ()
+    joint: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         ops = self.ops.items() if isinstance(self.ops, Mapping) else self.ops
@@ -129,36 +156,45 @@ class OpSpread:
         object.__setattr__(self, "gap", _values("gap", list(self.gap)))
         object.__setattr__(self, "message", _values("message", list(self.message)))
         object.__setattr__(self, "shared", _factors("shared", list(self.shared)))
+        object.__setattr__(self, "joint", _joint("joint", self.joint))
 
     @classmethod
     def from_residuals(cls, ops: Mapping[str, Sequence[float]], gap: Sequence[float] = (),
                        message: Sequence[float] = (), quantiles: int = SPREAD_QUANTILES,
-                       shared: Sequence[float] = ()) -> OpSpread:
+                       shared: Sequence[float] = (),
+                       joint: Sequence[Sequence[float]] = ()) -> OpSpread:
         """The spread of measured residuals (seconds) and shared factors, each kept as
-        ``quantiles`` mid-quantiles (all of them when fewer)."""
+        ``quantiles`` mid-quantiles (all of them when fewer); of the ``joint`` steps at most
+        :data:`JOINT_STEPS`, evenly spaced in the order of their mean factor."""
         if quantiles < 1:
             raise ValueError(f"quantiles: must be >= 1, got {quantiles}")
+        steps = sorted((tuple(v) for v in joint), key=lambda v: (sum(v) / max(len(v), 1), v))
+        if len(steps) > JOINT_STEPS:
+            steps = [steps[int((i + 0.5) * len(steps) / JOINT_STEPS)]
+                     for i in range(JOINT_STEPS)]
         return cls(tuple((k, _quantiles(v, quantiles)) for k, v in ops.items()),
                    _quantiles(gap, quantiles), _quantiles(message, quantiles),
-                   _quantiles(shared, quantiles))
+                   _quantiles(shared, quantiles), tuple(steps))
 
     def residuals(self, key: str) -> tuple[float, ...]:
         """The residuals of ``key`` (``()`` when it has none)."""
         return dict(self.ops).get(key, ())
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready document (seconds; ``shared``: factors): ``{"ops": {key: [...]},
-        "gap": [...], "message": [...], "shared": [...]}``."""
+        """A JSON-ready document (seconds; ``shared``, ``joint``: factors): ``{"ops": {key:
+        [...]}, "gap": [...], "message": [...], "shared": [...], "joint": [[...], ...]}``."""
         return {"ops": {k: list(v) for k, v in self.ops}, "gap": list(self.gap),
-                "message": list(self.message), "shared": list(self.shared)}
+                "message": list(self.message), "shared": list(self.shared),
+                "joint": [list(v) for v in self.joint]}
 
     @classmethod
     def from_dict(cls, data: Any) -> OpSpread:
-        """The spread of :meth:`to_dict`'s document (one without ``shared``, written before
-        it was recorded, has no shared part); raises ``ValueError`` naming the field."""
+        """The spread of :meth:`to_dict`'s document (one without ``shared`` or ``joint``,
+        written before they were recorded, has no shared part or draws the devices'
+        factors independently); raises ``ValueError`` naming the field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"op_spread: must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"ops", "gap", "message", "shared"}
+        unknown = set(data) - {"ops", "gap", "message", "shared", "joint"}
         if unknown:
             raise ValueError(f"op_spread: unknown field(s) {sorted(unknown)}")
         ops = data.get("ops", {})
@@ -167,7 +203,8 @@ class OpSpread:
         return cls(tuple((k, _values(f"op_spread.ops[{k!r}]", v)) for k, v in ops.items()),
                    _values("op_spread.gap", data.get("gap", [])),
                    _values("op_spread.message", data.get("message", [])),
-                   _factors("op_spread.shared", data.get("shared", [])))
+                   _factors("op_spread.shared", data.get("shared", [])),
+                   _joint("op_spread.joint", data.get("joint", [])))
 
 
 def spread_key(kind: str, stage: int, split: bool) -> str:
@@ -191,7 +228,9 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     """The iteration time (seconds: makespan, or later where a stage's step tail ends after
     it) of ``orders`` on ``problem``, once per draw (see the module docstring).
 
-    Per draw, every device draws one factor from ``spread.shared`` (1 when it has none);
+    Per draw, the devices take one measured step's factors from ``spread.joint`` where its
+    steps have one per device, else each device draws one from ``spread.shared`` (1 when it
+    has none);
     every op then lasts that factor times the sum of its priced compute, a residual drawn
     from ``spread`` for its stage and kind (a fused problem's B from ``"B{k} fused"``; on
     micro-batches of different cost the residual is scaled by the op's time factor), its
@@ -224,20 +263,23 @@ def sampled_iteration_times(problem: Problem, orders: Orders, spread: OpSpread, 
     devices = max(device, default=-1) + 1
     # Sorted, so that one quantile u picks an op's gap and the delay of its message alike.
     gap, message, shared = sorted(spread.gap), sorted(spread.message), spread.shared
+    # The ranks' factors of one measured step together where the problem has as many devices.
+    joint = spread.joint if spread.joint and len(spread.joint[0]) == devices else ()
     n_gap, n_msg = len(gap), len(message)
     tail = graph.tail
     lat = graph.edge_latency
     # Edges between devices (a link) and their receivers: their delay holds the gap.
     cross = [(e, j) for e, (k, j) in enumerate(zip(graph.edge_link, graph.dst, strict=True))
              if k >= 0]
-    coupled = bool(cross) and bool(n_gap or n_msg or shared)  # else every delay as priced
+    coupled = bool(cross) and bool(n_gap or n_msg or shared or joint)  # else every delay as priced
     rng = random.Random(seed)
     pick, uniform = rng.choice, rng.random
     ones = [1.0] * devices
     zeros = [0.0] * len(base)
     out = []
     for _ in range(samples):
-        factor = [pick(shared) for _ in range(devices)] if shared else ones
+        factor = (list(pick(joint)) if joint else [pick(shared) for _ in range(devices)]
+                  if shared else ones)
         u = [uniform() for _ in base] if n_gap or n_msg else zeros
         g = [gap[int(x * n_gap)] for x in u] if n_gap else zeros
         # The gap each op pays: its priced one and the drawn residual, both scaled.
