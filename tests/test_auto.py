@@ -494,18 +494,66 @@ def test_auto_contains_the_greedy_alones_order_search_on_classes_apart(monkeypat
     assert got.microbatch_order == alone.microbatch_order
 
 
-def test_greedy_ignores_order_share_unless_a_class_apart(monkeypatch):
-    """Micro-batches that rise gently (no class apart, no rounds): ``order_share`` changes
-    nothing, the long search runs as without it; a class apart: it is recorded."""
+# Micro-batches of different cost, none a class apart (drawn from 0.5-1.9, seed 0), p = 4,
+# memory tight enough (5 activations) that the greedy stays above the bound.
+_GENTLE = (1.68, 1.56, 1.09, 0.86, 1.22, 1.07, 1.6, 0.92, 1.17, 1.32, 1.77, 1.21, 0.89, 1.56,
+           1.37, 0.85)
+
+
+def test_greedy_order_share_paths(monkeypatch):
+    """What ``order_share`` asks of the order search (a spy records its arguments): a class
+    apart, the greedy alone's chains (not the long ones) and its rounds; micro-batches that
+    rise gently, the long chains as without it, then the rounds (without it: one round). The
+    share is recorded either way."""
     from pipeopt.solvers import greedy
 
+    seen = []
+    real = greedy._order_search
+
+    def spy(problem, starts, seed, deadline, span=False, long=False, rounds=None):
+        seen.append((greedy._class_apart(problem), long, rounds))
+        return real(problem, starts, seed, deadline, span, long=long, rounds=rounds)
+
     monkeypatch.setattr(greedy, "_ORDER_SEARCH_ITERS", 30)
+    monkeypatch.setattr(greedy, "_order_search", spy)
     opts = SolveOptions(time_limit=30.0)
-    gentle = uniform_problem(4, 8, 1.0, 1.2, 0.8).replace(
-        microbatch_scale=(1.0, 1.2, 1.5, 1.9, 1.1, 1.3, 0.9, 1.6))
-    a = greedy.solve_greedy(gentle, opts, long_search=True, order_share=0.95)
-    b = greedy.solve_greedy(gentle, opts, long_search=True)
-    assert a.ops == b.ops and a.solver.detail("order_share") is None
+    gentle = uniform_problem(4, 16, 1.0, 1.2, 0.8, activation=1.0, weight_grad=0.5).replace(
+        microbatch_scale=_GENTLE, memory_limit=(5.0,) * 4)
     apart = uniform_problem(4, 16, 1.0, 1.2, 0.8).replace(microbatch_scale=_CLASSES)
-    c = greedy.solve_greedy(apart, opts, long_search=True, order_share=0.95)
-    assert c.solver.detail("order_share") == 0.95
+    shares = []
+    for prob in (gentle, apart):
+        for share in (None, 0.95):
+            got = greedy.solve_greedy(prob, opts, long_search=True, order_share=share)
+            shares.append(got.solver.detail("order_share"))
+    assert seen == [(False, True, 1), (False, True, None), (True, True, None),
+                    (True, False, None)]
+    assert shares == [None, 0.95, None, 0.95]
+
+
+def test_auto_gives_the_restarts_time_to_the_order_search_on_gentle_micro_batches(monkeypatch):
+    """Micro-batches of different cost not a class apart, where the restarts and LNS would
+    follow (threshold lowered to take 192 ops): the restarts, which run the given micro-batch
+    order, are skipped (here they reached 78.71 s against the greedy's 69.77 s) and the
+    greedy's order search runs its rounds from its long chains' best order with their time:
+    69.28 s, where the long search alone ends at 69.77 s (both end by the iteration caps,
+    30 timings per chain and round). Identical micro-batches keep the restarts."""
+    from pipeopt.solvers import greedy
+
+    monkeypatch.setattr(greedy, "_ORDER_SEARCH_ITERS", 30)  # the caps end it, not the clock
+    monkeypatch.setattr(auto_mod, "RESTART_MIN_OPS", 100)
+    base = uniform_problem(4, 16, 1.0, 1.2, 0.8, activation=1.0, weight_grad=0.5).replace(
+        memory_limit=(5.0,) * 4)
+    prob = base.replace(microbatch_scale=_GENTLE)
+    assert not greedy._class_apart(prob)
+    opts = SolveOptions(time_limit=4.0)  # 192 ops > 40 x 2 s: auto asks for the long search
+    long = greedy.solve_greedy(prob, opts, long_search=True)
+    assert long.makespan == pytest.approx(69.77)
+    got = validate(solve_auto(prob, replace(opts, time_tolerance=0.0)))
+    cands = dict(got.solver.detail("candidates"))
+    assert cands["greedy"] == pytest.approx(69.28)
+    assert "greedy-restarts" not in cands
+    assert got.solver.detail("greedy_restarts").startswith("skipped")
+    assert got.makespan <= cands["greedy"] + 1e-9
+    same = validate(solve_auto(base, replace(opts, time_tolerance=0.0)))
+    assert "greedy-restarts" in dict(same.solver.detail("candidates"))
+    assert same.solver.detail("greedy_restarts") is None

@@ -11,8 +11,8 @@ within the time limit (:func:`cpsat_skip_reason`; otherwise the reason is in
 as large-neighbourhood search; on instances of at least :data:`RESTART_MIN_OPS` ops, and before
 that search where several stages share a device and a link delays messages
 (:func:`restarts_first`), the greedy's seeded restarts take most of the time left first
-(:data:`RESTART_SHARE`), but for micro-batches a class apart, where its order search takes
-that time (:data:`ORDER_SHARE`). On a problem cut into
+(:data:`RESTART_SHARE`), but for micro-batches of different cost, where its order search
+takes that time (:data:`ORDER_SHARE`). On a problem cut into
 sub-blocks, before the greedy: ``auto``'s answer for the uncut problem run piece by piece
 (:func:`uncut_candidate`), so that cutting never loses to not cutting. The result is the
 candidate with the best objective, so it is never worse than the best hand-made schedule under
@@ -627,8 +627,8 @@ def solve_auto(problem: Problem, options: SolveOptions) -> Schedule:
             limit = max(0.1, left())
             long_search = cpsat_skip_reason(problem, 0.5 * limit) is not None
             # Where the restarts (in the given micro-batch order) and LNS would follow, the
-            # order search takes ORDER_SHARE of the limit instead, if the micro-batches are
-            # a class apart (the greedy decides: its details say "order_share").
+            # order search takes ORDER_SHARE of the limit instead (its details say
+            # "order_share" where it ran: not where the greedy met the bound first).
             share = (ORDER_SHARE if long_search and not problem.uniform_microbatches
                      and problem.num_ops >= RESTART_MIN_OPS and _cpsat_can_follow(problem)
                      else None)

@@ -159,7 +159,8 @@ _LONG_SHARE = 0.85
 #: from the best order, 74.81 / 75.02 with 8 (seed 2: 74.57; the rounds end at the deadline there,
 #: so load moves them). The seed offset of round r is r times :data:`_ROUND_SEED` (a prime far from
 #: the chain offsets), so round 0 draws what the single round drew before. :func:`solve_greedy` runs
-#: rounds only where the long micro-batches are a class apart (:func:`_class_apart`), so every other
+#: rounds only where the long micro-batches are a class apart (:func:`_class_apart`) or where
+#: ``auto`` passes ``order_share`` (the time of its restarts, which would follow), so every other
 #: instance keeps the path it had: on p = 8, m = 32 lognormal they improved the greedy (135.8
 #: against 136.3 s) but took time from CP-SAT, and ``auto`` ended at 135.74 s against 135.38 s
 #: without them (30 s, back to back, load 1.3-1.7; a third run without them, tests beside it: 135.75
@@ -1142,10 +1143,12 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
     Raises :class:`NotApplicable` when some device's memory limit is below what any schedule
     needs. With micro-batches of different cost, the order search (:func:`_order_search`) runs
     until half the time limit, or with ``long_search`` (nothing but a neighbourhood search will
-    run after it) until :data:`_LONG_SHARE` of it, with longer chains. ``order_share``: where
-    the long micro-batches are a class apart (the search runs its rounds), the search runs
-    until this share of the time limit instead, with the chains it has without
-    ``long_search`` (``auto`` passes it where the greedy's answer is what it keeps there).
+    run after it) until :data:`_LONG_SHARE` of it, with longer chains. ``order_share``
+    (``auto`` passes it where its restarts would follow): the search runs until this share of
+    the time limit instead, with its rounds (:data:`_ORDER_ROUNDS`); where the long
+    micro-batches are a class apart with the chains it has without ``long_search`` (the greedy
+    alone's), elsewhere with the chains ``long_search`` gives (so its first round is the long
+    search's, and the rounds go on from its best order).
     """
     t0 = time.perf_counter()
     watch = Stopwatch(t0, time.process_time())
@@ -1236,13 +1239,15 @@ def solve_greedy(problem: Problem, options: SolveOptions, *,
         # there the order is the lever; elsewhere CP-SAT's time after the greedy is worth more
         # (see _ORDER_ROUNDS).
         classes = _class_apart(problem)
-        long = long_search
-        if classes and order_share is not None:  # the chains of the greedy alone, more time
-            share, long = order_share, False
+        long, rounds = long_search, None if classes else 1
+        if order_share is not None:  # the time auto's restarts would take: to the rounds
+            share, rounds = order_share, None
             extra_details += (("order_share", share),)
+            if classes:  # the chains of the greedy alone, with more time
+                long = False
         better = _order_search(problem, starts, options.seed,
                                t0 + max(0.05, share * options.time_limit), span_obj,
-                               long=long, rounds=None if classes else 1)
+                               long=long, rounds=rounds)
         if better is not None:
             mb_orders.append(better[2])
             found.insert(0, (better[0], -1, partial(list, better[1]), better[3].name,
