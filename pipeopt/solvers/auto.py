@@ -152,19 +152,25 @@ KEPT_VARIED_MAX_OPS = 96
 #: Below it, V's behind a slow link take the restarts before LNS too (:func:`restarts_first`).
 RESTART_MIN_OPS = 1600
 RESTART_SHARE = 0.75
-#: Micro-batches a class apart (as images among texts; the greedy's block orders and order
-#: search rounds run) on instances where the restarts and LNS would follow the greedy
-#: (:data:`RESTART_MIN_OPS` ops or more, CP-SAT's full model too large for the time left, but
-#: CP-SAT installed and the instance within its largest model: :func:`_cpsat_can_follow`):
-#: the greedy's order search runs until this share of the time left, with the chains of the
-#: greedy alone (``order_share`` of :func:`pipeopt.solvers.greedy.solve_greedy`), and the
-#: restarts are skipped; LNS gets the rest. There the restarts run the given micro-batch
-#: order and LNS moved nothing: ``benchmarks/variable_microbatches.py``'s p = 16, m = 64
-#: text / image (3,072 ops, 30 s, load 4): restarts 213.9 s, LNS 168.6 s from the greedy's
-#: 168.6 s. With the greedy's long search (0.85 of the time, longer chains) ``auto`` trailed
-#: the greedy alone (167.8 against 164.9 s, quiet machine); with this share it runs the
-#: greedy alone's search with more time (the same chains and seeds): 164.73 s in three runs
-#: at load 1.2-1.6, against 168.61 s before (benchmarks/README.md).
+#: Micro-batches of different cost on instances where the restarts and LNS would follow the
+#: greedy (:data:`RESTART_MIN_OPS` ops or more, CP-SAT's full model too large for the time
+#: left, but CP-SAT installed and the instance within its largest model:
+#: :func:`_cpsat_can_follow`): the greedy's order search runs until this share of the time
+#: left, with its rounds (``order_share`` of :func:`pipeopt.solvers.greedy.solve_greedy`),
+#: and the restarts are skipped; LNS gets the rest. There the restarts run the given
+#: micro-batch order, trail the greedy and never win. A class apart (as images among texts;
+#: the greedy's block orders run): the chains of the greedy alone. ``benchmarks/
+#: variable_microbatches.py``'s p = 16, m = 64 text / image (3,072 ops, 30 s, load 4):
+#: restarts 213.9 s, LNS 168.6 s from the greedy's 168.6 s; with the greedy's long search
+#: (0.85 of the time, longer chains) ``auto`` trailed the greedy alone (167.8 against 164.9 s,
+#: quiet machine); with this share it runs the greedy alone's search with more time (the same
+#: chains and seeds): 164.73 s in three runs at load 1.2-1.6, against 168.61 s before. Not a
+#: class apart: the long search's chains, then rounds from their best order while a round
+#: finds a better one. p = 12, m = 48 and p = 16, m = 64 lognormal there (1,728 / 3,072 ops,
+#: 30 s, 2 workers, load 0.4-1.0, two pairs back to back): restarts 99.5 / 253.2 s against
+#: the greedy's 77.82 / 218.77 s before; now ``auto`` 77.82 -> 77.82 s (the second round
+#: finds nothing; LNS has the rest and moves nothing, as with all the time) and 218.77 ->
+#: 218.22 s (the rounds improve until 23 s) (benchmarks/README.md).
 ORDER_SHARE = 0.95
 #: Share of the time limit the hand-made schedules may take before the rest are skipped (once
 #: one fits): on huge instances each is a full simulation (1-3 s at 786k ops).
