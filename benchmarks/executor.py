@@ -48,7 +48,6 @@ from pipeopt.costs.profiler import (
     step_problem,
     step_profile_from_runs,
     step_schedules,
-    write_profile,
 )
 from pipeopt.costs.variation import SAMPLES, OpSpread, sampled_step
 from pipeopt.executor.check import batch_for
@@ -330,7 +329,8 @@ def main() -> None:
                     "executor runs it, all ranks at once; project: pipeopt.costs.profiler, "
                     "per layer, one process")
     ap.add_argument("--ranking", action="store_true",
-                    help="instead: every case of RANK_CASES on each model of RANK_MODELS, "
+                    help="instead: every case of RANK_CASES on each model of RANK_MODELS "
+                    "(or of --models), "
                     "solved on the project profile (one per micro-batch size), run in "
                     "interleaved rounds; predicted vs measured step time per case, the pairs "
                     "predicted closer than their measured spread and the Kendall tau of the "
@@ -407,11 +407,15 @@ def main() -> None:
         args.rounds = RANK_ROUNDS if args.ranking else 5
     if args.json_out is not None and Path(args.json_out).exists():
         ap.error(f"--json-out: {args.json_out} exists; give a new path (nothing is overwritten)")
-    args.models = [x.strip() for x in (args.models or ",".join(RANK_MODELS)).split(",")]
-    unknown = [x for x in args.models if x not in RANK_MODELS]
-    if unknown or not args.models or len(set(args.models)) < len(args.models):
-        ap.error(f"--models: {', '.join(unknown) or 'empty or repeated'}: give distinct names "
-                 f"of {', '.join(RANK_MODELS)}")
+    if args.json_out is not None and not Path(args.json_out).resolve().parent.is_dir():
+        ap.error(f"--json-out: {args.json_out}: its folder does not exist")
+    given = args.models
+    args.models = [x.strip() for x in (",".join(RANK_MODELS) if given is None
+                                       else given).split(",")]
+    unknown = [repr(x) if x else "an empty name" for x in args.models if x not in RANK_MODELS]
+    if unknown or len(set(args.models)) < len(args.models):
+        ap.error(f"--models: {', '.join(unknown) or 'a name repeated'}: give distinct names "
+                 f"of {', '.join(RANK_MODELS)}, comma-separated")
     if args.ranking:
         ranking(args)
         return
@@ -531,8 +535,8 @@ def main() -> None:
 #: Models of ``--ranking`` (issue 17: >= 5 methods on >= 2 models), by the name printed:
 #: (built-in model, its options). ``mlp-1024`` (added 2026-12-05, after the width-512 MLP's
 #: identical runs were seen to differ by up to 14 %): the same MLP at width 1024, whose
-#: 0.5-3 ms ops are well above this VM's scheduling jitter (benchmarks/README.md, "Why the
-#: MLP's identical runs differ").
+#: 0.3-7 ms ops (0.1-1.5 ms at 512) stand well above this VM's scheduling jitter
+#: (benchmarks/README.md, "Why the MLP's identical runs differ").
 RANK_MODELS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
     MODEL: (MODEL, OPTIONS),
     "mlp": ("mlp", (("layers", 8), ("width", 512))),
@@ -543,7 +547,7 @@ RANK_MODELS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
 #: 22:55): about half a second of counted steps per round. The tiny GPT's steps take 150-250
 #: ms (3 counted); the MLP's 17-60 ms, so 3 counted steps were 0.05-0.2 s, where one
 #: pre-emption of a rank (a few ms) moved a step by 10-50 % and round spreads reached 20-110 %.
-#: ``mlp-1024`` (steps 45-110 ms) has the MLP's 12, about a second of counted steps a round.
+#: ``mlp-1024`` (steps 45-120 ms) has the MLP's 12, about a second of counted steps a round.
 RANK_STEPS = {MODEL: 4, "mlp": 12, "mlp-1024": 12}
 #: Measured rounds of ``--ranking`` by default (``--rounds``); 9 since 2026-12-05 (5 before):
 #: in three runs of 9 rounds (07:02-07:17 UTC, load 0.8-2.7) the default prediction's worst
@@ -634,24 +638,20 @@ def repriced(s: Schedule, prob: Problem, limit: float | None) -> float:
 
 
 def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any], ...],
-                p: int, m: int, tmp: str, steps: int = 4, name: str | None = None
+                p: int, m: int, steps: int = 4, name: str | None = None
                 ) -> tuple[Problem, Problem, dict[str, float]]:
     """The warm profile ``doc`` re-timed in step (``pipeopt profile --timing step``), as the
     config form's problem on the partition the runs measured, the warm profile (with the
     same overheads) on the same partition: what the warm loop would have predicted for the
     same orders, and the median step (seconds) the profile's own runs measured per method
     (:data:`pipeopt.costs.profiler.STEP_METHODS`); printed as ``name`` (default ``model``)."""
-    from pipeopt.config import parse_config
-    from pipeopt.costs.profiler import step_profile
+    from pipeopt.costs.profiler import profile_problem, step_profile
 
     timed = step_profile(doc, model, options, ranks=p, microbatches=m, steps=steps)
     prob = step_problem(timed, m)
     # The warm profile with the same overheads, on the same partition.
     counts = [hi - lo for lo, hi in timed["in_step"]["partition"]]
-    write_profile({**doc, "overheads": timed["overheads"]}, f"{tmp}/warm.json")
-    other = parse_config({"pipeline": {"devices": p, "microbatches": m},
-                          "model": {"profile": f"{tmp}/warm.json"},
-                          "training": {"stage_layers": counts}}).problem
+    other = profile_problem({**doc, "overheads": timed["overheads"]}, p, m, counts)
     st = timed["in_step"]
     print(f"{name or model}, {m} micro-batches: step-timed profile ({st['wall_s']:.0f} s; gap "
           f"{st['gap_ms']:.2f} ms per op, message delay {st['message_delay_ms']:.2f} ms, tail "
@@ -668,17 +668,16 @@ def _step_timed(doc: dict[str, Any], model: str, options: tuple[tuple[str, Any],
 
 
 def ranking(args: argparse.Namespace) -> None:
-    """Per model of :data:`RANK_MODELS` and micro-batch count of :data:`RANK_CASES`: the
-    project profile (``pipeopt profile``; ``--timing step``, the default: re-timed in real
-    steps of the executor, :func:`pipeopt.costs.profiler.step_profile`; ``warm``: each layer
-    in a warm loop, with the executor's fixed costs measured once on a trivial model unless
-    ``--no-overheads``), every case solved on it (the config form; fused methods priced at
-    the fused backward), all cases of the model run ``--rounds`` times interleaved; prints
-    each case's predicted and measured step time (median of the steps after the first of
-    every round), the error, where the error goes (:func:`error_parts`), the pairs whose
-    predicted difference is within the measured spread, and the Kendall tau-b between the
-    predicted and the measured order. Steps per round: ``--steps`` or :data:`RANK_STEPS` of
-    the model, in the profile's runs too.
+    """Per model of :data:`RANK_MODELS` (those ``--models`` names) and micro-batch count of
+    :data:`RANK_CASES`: the project profile (``pipeopt profile``; ``--timing step``, the default:
+    re-timed in real steps of the executor, :func:`pipeopt.costs.profiler.step_profile`; ``warm``:
+    each layer in a warm loop, with the executor's fixed costs measured once on a trivial model
+    unless ``--no-overheads``), every case solved on it (the config form; fused methods priced at
+    the fused backward), all cases of the model run ``--rounds`` times interleaved; prints each
+    case's predicted and measured step time (median of the steps after the first of every round),
+    the error, where the error goes (:func:`error_parts`), the pairs whose predicted difference is
+    within the measured spread, and the Kendall tau-b between the predicted and the measured order.
+    Steps per round: ``--steps`` or :data:`RANK_STEPS` of the model, in the profile's runs too.
 
     With ``--profile-each-round`` (step timing) every round first runs the profile's own
     schedules again (:func:`pipeopt.costs.profiler.step_schedules`, ``--profile-steps``
@@ -777,8 +776,8 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
             if not step:
                 probs[m] = (warm, warm)
             else:
-                split_p, warm_p, own[m] = _step_timed(docs[m], model, options, p, m, tmp,
-                                                      steps, name)
+                split_p, warm_p, own[m] = _step_timed(docs[m], model, options, p, m, steps,
+                                                      name)
                 probs[m] = (split_p, warm_p)
         _show(f"{name}, {m} micro-batches: project profile ({args.timing})", probs[m][0],
               fused_variant(probs[m][0]))
@@ -866,7 +865,7 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
                         priced_on(s, sampled_probs[c[1]], c[2]), s.device_orders(),
                         spreads[c[1]], samples=args.samples or SAMPLES))
     record[name] = {
-        "cases": names, "own_method": mine, "steps_per_round": steps,
+        "cases": names, "own_method": mine, "counted_steps": steps - 1,
         "steps": [[round_steps(i, rnd) for rnd in range(args.rounds)]
                   for i in range(len(scheds))],
         "one_profile": once, "per_round": per_round if each else None,

@@ -591,7 +591,7 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
     return factor
 
 
-def _profile_problem(doc: dict[str, Any], devices: int, microbatches: int,
+def profile_problem(doc: dict[str, Any], devices: int, microbatches: int,
                      stage_layers: list[int] | None = None) -> Any:
     """The :class:`~pipeopt.problem.Problem` the config form (``model: {profile: ...}``)
     builds from the profile document ``doc`` (written to a temporary file for it), on
@@ -617,12 +617,13 @@ def step_problem(doc: dict[str, Any], microbatches: int | None = None) -> Any:
     would reuse them per layer), with ``microbatches`` micro-batches (default: the runs',
     ``in_step.microbatches``). Raises ``ValueError`` when ``doc`` was not timed in steps."""
     st = doc.get("in_step") or {}
-    if "partition" not in st:
-        raise ValueError("in_step.partition: missing (a profile timed in steps records it; "
+    missing = next((k for k in ("partition", "microbatches") if k not in st), None)
+    if missing is not None:
+        raise ValueError(f"in_step.{missing}: missing (a profile timed in steps records it; "
                          "re-time the profile with pipeopt profile --timing step)")
     part = [(int(a), int(b)) for a, b in st["partition"]]
     m = int(st["microbatches"]) if microbatches is None else microbatches
-    return _profile_problem(doc, len(part), m, [b - a for a, b in part])
+    return profile_problem(doc, len(part), m, [b - a for a, b in part])
 
 
 def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any]],
@@ -635,7 +636,7 @@ def _fit_step(doc: dict[str, Any], scheds: list[Any], traced: list[dict[str, Any
     against the predictions with the measured tail and with that cost (ms)."""
     from pipeopt.simulate import simulate
 
-    prob = _profile_problem(doc, len(part), microbatches, [b - a for a, b in part])
+    prob = profile_problem(doc, len(part), microbatches, [b - a for a, b in part])
     return _fit_cost(prob, scheds, [statistics.median(t["steps"]) for t in traced],
                      doc["overheads"]["step_s"],
                      lambda p, orders: simulate(p, orders).iteration_time)
@@ -801,7 +802,7 @@ def step_schedules(doc: dict[str, Any], ranks: int, microbatches: int
     layers = copy.deepcopy(doc["layers"])
     layers[0]["input_grad"] = False
     warm = {**doc, "layers": layers}
-    prob = _profile_problem(warm, ranks, microbatches)
+    prob = profile_problem(warm, ranks, microbatches)
     part = [(int(a), int(b)) for a, b in dict(prob.meta)["partition"]]
     return warm, part, [solve(prob, meth) for meth in STEP_METHODS]
 

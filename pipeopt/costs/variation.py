@@ -52,8 +52,8 @@ SPREAD_QUANTILES = 32
 #: Draws per prediction by default: the median of 200 draws moves by about 0.1 % between
 #: seeds on the MLP's and tiny GPT's schedules (2 ranks, 4-8 micro-batches).
 SAMPLES = 200
-#: Measured steps an :class:`OpSpread` keeps in ``joint`` at most (a profile round has about
-#: 20-50: two schedules x its counted steps).
+#: Measured steps an :class:`OpSpread` keeps in ``joint`` at most (two schedules x the counted
+#: steps of each: 6 for ``--ranking``'s tiny GPT, 22 for its MLPs, per round).
 JOINT_STEPS = 64
 #: The keys of :attr:`OpSpread.ops` (see :func:`spread_key`).
 _KEY = re.compile(r"[FBW](0|[1-9][0-9]*)|B(0|[1-9][0-9]*) fused")
@@ -121,7 +121,8 @@ class OpSpread:
     ``ops``: per key, ``"F{k}"``, ``"B{k}"``, ``"W{k}"`` (stage ``k``'s forward, input
     backward and weight backward of a split backward) and ``"B{k} fused"`` (its fused
     backward): an op's measured compute time divided by its step and rank's shared factor,
-    less the priced one; ``gap``: the runtime's time before an op, less its priced mean;
+    less the priced one; ``gap``: the runtime's time before an op divided by its step and rank's
+    shared factor, less its priced mean;
     ``message``: the delay of a message between devices (its receiver's start less its
     producer's end, where it held the receiver up), less its priced mean; ``shared``: per
     step and rank the factor (dimensionless, > 0) by which that step's ops and gaps on that
