@@ -817,14 +817,12 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
     def reports(i: int) -> list[list[dict[str, Any]]]:  # case i: [rank][round]
         return [per_rank[r][str(first + i)] for r in range(p)]
 
-    def round_steps(i: int, rnd: int) -> list[float]:
-        return _assemble(scheds[i], RunConfig(),
-                         [reports(i)[r][rnd] for r in range(p)]).step_times[1:]
-
-    rounds = [[statistics.median(round_steps(i, rnd)) for rnd in range(args.rounds)]
-              for i in range(len(scheds))]
-    measured = [statistics.median(t for rnd in range(args.rounds) for t in round_steps(i, rnd))
-                for i in range(len(scheds))]
+    # case -> round -> its counted steps (seconds; the first of each round left out)
+    counted = [[_assemble(s, RunConfig(), [reports(i)[r][rnd] for r in range(p)]
+                          ).step_times[1:] for rnd in range(args.rounds)]
+               for i, s in enumerate(scheds)]
+    rounds = [[statistics.median(x) for x in c] for c in counted]
+    measured = [statistics.median(t for x in c for t in x) for c in counted]
     # The step time a schedule predicts: its makespan plus the stages' step tails.
     once = [s.iteration_time for s in scheds]
     per_round: list[list[float]] = [[] for _ in scheds]  # case -> prediction per round
@@ -866,8 +864,7 @@ def _rank_model(args: argparse.Namespace, name: str, model: str,
                         spreads[c[1]], samples=args.samples or SAMPLES))
     record[name] = {
         "cases": names, "own_method": mine, "counted_steps": steps - 1,
-        "steps": [[round_steps(i, rnd) for rnd in range(args.rounds)]
-                  for i in range(len(scheds))],
+        "steps": counted,
         "one_profile": once, "per_round": per_round if each else None,
         "sampled_round": sampled_round if args.sampled else None,
         "own_runs": {str(m): again_steps[m] for m in sizes} if each else None}
