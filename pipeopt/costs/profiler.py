@@ -592,7 +592,7 @@ def _rescale(layers: list[dict[str, Any]], keys: tuple[str, ...], basis: str,
 
 
 def profile_problem(doc: dict[str, Any], devices: int, microbatches: int,
-                     stage_layers: list[int] | None = None) -> Any:
+                    stage_layers: list[int] | None = None) -> Any:
     """The :class:`~pipeopt.problem.Problem` the config form (``model: {profile: ...}``)
     builds from the profile document ``doc`` (written to a temporary file for it), on
     ``devices`` devices with ``microbatches`` micro-batches; ``stage_layers``: layers per
